@@ -1,0 +1,256 @@
+"""Reward functions: GSM8K-style answer matching, the format reward, resolution and the mix."""
+
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from recipes.errors import UserError
+from runtime import rewards
+from runtime.rewards import (
+    build_reward_fn,
+    extract_answer,
+    format_reward,
+    math_reward,
+    parse_number,
+    register_reward,
+    resolve_reward,
+)
+
+GSM8K_GOLD = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
+)
+
+
+# ---------------------------------------------------------------- math
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold", "expected"),
+    [
+        ("<think>48+24</think><answer>72</answer>", GSM8K_GOLD, 1.0),
+        ("<think>48+24</think><answer>73</answer>", GSM8K_GOLD, 0.0),
+        ("so the total is \\boxed{72}.", GSM8K_GOLD, 1.0),
+        ("<answer>72</answer>", "72", 1.0),
+        ("<answer> 72 </answer>", "#### 72", 1.0),
+        ("<answer>$1,234</answer>", "#### 1234", 1.0),
+        ("<answer>1234</answer>", "#### 1,234", 1.0),
+        ("<answer>\\$18</answer>", "#### 18", 1.0),
+        ("<answer>18 dollars</answer>", "#### 18", 1.0),
+        ("<answer>\\boxed{18 \\text{ dollars}}</answer>", "#### 18", 1.0),
+        ("<answer>50%</answer>", "#### 50", 1.0),
+        ("<answer>50\\%</answer>", "#### 50", 1.0),
+        ("<answer>42.</answer>", "#### 42", 1.0),
+        ("<answer>42.0</answer>", "#### 42", 1.0),
+        ("<answer>42.50</answer>", "#### 42.5", 1.0),
+        ("<answer>.5</answer>", "#### 0.5", 1.0),
+        ("<answer>3/4</answer>", "#### 0.75", 1.0),
+        ("<answer>0.75</answer>", "#### 3/4", 1.0),
+        ("\\boxed{\\frac{3}{4}}", "#### 0.75", 1.0),
+        ("\\boxed{\\dfrac{1}{3}}", "#### 0.3333", 1.0),
+        ("<answer>0.33</answer>", "#### 1/3", 0.0),
+        ("<answer>-5</answer>", "#### -5", 1.0),
+        ("<answer>\u22125</answer>", "#### -5", 1.0),
+        ("<answer>-$5</answer>", "#### -5", 1.0),
+        ("<answer>5</answer>", "#### -5", 0.0),
+        ("<answer>1{,}000</answer>", "#### 1000", 1.0),
+        ("<answer>1,000,000</answer>", "#### 1000000", 1.0),
+        ("<answer>x = 7</answer>", "#### 7", 1.0),
+        # several numbers are ambiguous, not "the last one"
+        ("<answer>17 or 18</answer>", "#### 18", 0.0),
+        ("<answer>1,2,3</answer>", "#### 123", 0.0),
+        # the last answer wins, whether tag or box
+        ("<answer>3</answer> wait, no: <answer>4</answer>", "#### 4", 1.0),
+        ("<answer>4</answer> wait, no: <answer>3</answer>", "#### 4", 0.0),
+        ("\\boxed{3} hmm <answer>4</answer>", "#### 4", 1.0),
+        ("<answer>4</answer> hmm \\boxed{3}", "#### 4", 0.0),
+        ("\\boxed{2} then \\boxed{5}", "#### 5", 1.0),
+        ("\\boxed{\\frac{10}{2}}", "#### 5", 1.0),
+        # no final answer at all, or an unclosed one, earns nothing
+        ("The answer is 72.", GSM8K_GOLD, 0.0),
+        ("<answer>72", GSM8K_GOLD, 0.0),
+        ("", GSM8K_GOLD, 0.0),
+        ("<answer></answer>", "#### 0", 0.0),
+        ("<answer>0</answer>", "#### 0", 1.0),
+        ("<answer>1/0</answer>", "#### 0", 0.0),
+        # non-numeric gold falls back to text comparison
+        ("<answer>Paris</answer>", "#### paris", 1.0),
+        ("<answer>Lyon</answer>", "#### Paris", 0.0),
+    ],
+)
+def test_math_reward(completion, gold, expected):
+    assert math_reward("What is it?", completion, gold) == expected
+
+
+def test_math_reward_is_float():
+    assert isinstance(math_reward("", "<answer>1</answer>", "1"), float)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1,234.5", 1234.5),
+        ("$-3", -3.0),
+        ("-3/4", -0.75),
+        ("\\frac{-1}{2}", -0.5),
+        ("1\\,000", 1000.0),
+        ("about", None),
+        ("2 3", None),
+    ],
+)
+def test_parse_number(text, value):
+    assert parse_number(text) == value
+
+
+def test_extract_answer_balances_braces_in_boxed():
+    assert extract_answer("x \\boxed{\\frac{1}{2}} y") == "\\frac{1}{2}"
+    assert extract_answer("no answer here") is None
+
+
+# ---------------------------------------------------------------- format
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("<think>add them</think><answer>72</answer>", 1.0),
+        ("  <think>\nadd\n</think>\n\n<answer>72</answer>\n", 1.0),
+        ("<think>add</think><answer> </answer>", 0.5),
+        ("Sure! <think>add</think><answer>72</answer>", 0.5),
+        ("<think>add</think><answer>72</answer> Done.", 0.5),
+        ("<think>a</think><think>b</think><answer>72</answer>", 0.5),
+        ("<answer>72</answer><think>after</think>", 0.25),
+        ("<answer>72</answer>", 0.25),
+        ("<think>add</think> 72", 0.25),
+        ("<think>add them", 0.0),
+        ("72", 0.0),
+    ],
+)
+def test_format_reward(completion, expected):
+    assert format_reward("Q", completion, "72") == expected
+
+
+def test_format_reward_reads_completion_as_continuing_an_opened_think_block():
+    prompt = "<|im_start|>assistant\n<think>\n"
+    assert format_reward(prompt, "add them</think><answer>72</answer>", "72") == 1.0
+    assert format_reward(prompt, "<think>add</think><answer>72</answer>", "72") == 1.0
+
+
+# ---------------------------------------------------------------- resolution
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "myrewards.py").write_text(
+        textwrap.dedent(
+            """
+            import math
+            SCALE = 3
+            def length(prompt, completion, answer):
+                return len(completion) / 10
+            def bad(prompt, completion, answer):
+                return "high"
+            """
+        )
+    )
+    (tmp_path / "needsdep.py").write_text("import forgesky_missing_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "myrewards"
+    for name in ("myrewards", "needsdep"):
+        sys.modules.pop(name, None)
+
+
+def test_resolves_named_and_user_rewards(user_module):
+    assert resolve_reward("math") is math_reward
+    assert resolve_reward("format") is format_reward
+    assert resolve_reward("myrewards:length")("q", "abcde", "a") == 0.5
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nosuchmod:fn", "reward 'nosuchmod:fn': module 'nosuchmod' not found"),
+        ("nosuchpkg.sub:fn", "reward 'nosuchpkg.sub:fn': module 'nosuchpkg.sub' not found"),
+        (
+            "myrewards:missing",
+            "reward 'myrewards:missing': module 'myrewards' has no function 'missing'",
+        ),
+        ("myrewards:SCALE", "reward 'myrewards:SCALE': myrewards.SCALE is not callable"),
+        (
+            "needsdep:fn",
+            "importing module 'needsdep' failed: No module named 'forgesky_missing_dependency'",
+        ),
+        ("myrewards:", "expected 'module:function'"),
+        ("accuracy", "reward 'accuracy': unknown reward"),
+        ("builtin:nosuchtask", "reward 'builtin:nosuchtask': no builtin reward named 'nosuchtask'"),
+    ],
+)
+def test_unresolvable_rewards_are_one_line_user_errors(user_module, spec, message):
+    with pytest.raises(UserError) as info:
+        resolve_reward(spec)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_builtin_registry(monkeypatch):
+    monkeypatch.setattr(rewards, "_REGISTRY", {})
+    register_reward("parity", lambda p, c, a: float(len(c) % 2 == 0))
+    fn = resolve_reward("builtin:parity")
+    assert fn("", "ab", "") == 1.0
+    with pytest.raises(UserError, match=r"registered: parity"):
+        resolve_reward("builtin:other")
+
+
+def test_builtin_imports_the_shipped_task_that_registers_it(tmp_path, monkeypatch):
+    # A shipped task lives in runtime/<name>/ and registers its reward on import.
+    import runtime
+
+    pkg = tmp_path / "runtime" / "forgesky_testtask"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "from runtime.rewards import register_reward\n"
+        "register_reward('forgesky_testtask', lambda p, c, a: 0.25)\n"
+    )
+    monkeypatch.setattr(runtime, "__path__", [*runtime.__path__, str(pkg.parent)])
+    monkeypatch.setattr(rewards, "_REGISTRY", {})
+    try:
+        assert resolve_reward("builtin:forgesky_testtask")("", "", "") == 0.25
+    finally:
+        sys.modules.pop("runtime.forgesky_testtask", None)
+
+
+# ---------------------------------------------------------------- the mix
+
+
+def test_build_reward_fn_weighted_sum_with_unweighted_parts():
+    mix = build_reward_fn([("math", 1.0), ("format", 0.5)])
+    total, parts = mix("Q", "<think>48+24</think><answer>72</answer>", GSM8K_GOLD)
+    assert parts == {"math": 1.0, "format": 1.0}
+    assert total == 1.5
+    total, parts = mix("Q", "<answer>70</answer>", GSM8K_GOLD)
+    assert parts == {"math": 0.0, "format": 0.25}
+    assert total == 0.125
+
+
+def test_build_reward_fn_accepts_recipe_entries_and_dicts(user_module):
+    entries = [SimpleNamespace(name="myrewards:length", weight=2.0), {"name": "math"}]
+    total, parts = build_reward_fn(entries)("q", "<answer>1</answer>", "1")
+    assert parts == {"myrewards:length": 1.8, "math": 1.0}
+    assert total == pytest.approx(2 * 1.8 + 1.0)
+
+
+def test_build_reward_fn_fails_early(user_module):
+    with pytest.raises(UserError, match="module 'nosuchmod' not found"):
+        build_reward_fn([("math", 1.0), ("nosuchmod:fn", 1.0)])
+    with pytest.raises(UserError, match="listed twice"):
+        build_reward_fn([("math", 1.0), ("math", 2.0)])
+    with pytest.raises(UserError, match="empty"):
+        build_reward_fn([])
+
+
+def test_reward_returning_a_non_number_is_named(user_module):
+    mix = build_reward_fn([("myrewards:bad", 1.0)])
+    with pytest.raises(TypeError, match="reward 'myrewards:bad' returned 'high'"):
+        mix("q", "c", "a")
