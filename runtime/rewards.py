@@ -1,7 +1,8 @@
 """Reward functions `fn(prompt, completion, answer) -> float` and the recipe's reward mix.
 
 A recipe names each reward as one of:
-- "math": 1.0 when the completion's final answer equals the gold number (GSM8K style), else 0.0;
+- "math": 1.0 when the completion's final answer (`<answer>`, `\\boxed{}` or `####`) equals the
+  gold number (GSM8K style), else 0.0;
 - "format": credit for the `<think>...</think><answer>...</answer>` layout;
 - "builtin:<name>": a reward registered with `register_reward` (shipped tasks such as "tiny");
 - "module:function": a user function, imported with importlib.
@@ -35,6 +36,7 @@ _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:\s*/\s*(?:\d+(?:\.\d*)?|\.
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]+?)\s*\}\s*\{\s*([^{}]+?)\s*\}")
 _TEXT = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{[^{}]*\}")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_HASHES = re.compile(r"####[ \t]*([^\n<]*)")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
@@ -54,8 +56,10 @@ def _last_boxed(text: str) -> tuple[int, str] | None:
 
 
 def extract_answer(completion: str) -> str | None:
-    """The completion's final answer: the last `<answer>...</answer>` or `\\boxed{...}`."""
+    """The completion's final answer: the last `<answer>...</answer>`, `\\boxed{...}` or
+    `#### ...` (GSM8K's own marker, to the end of its line), whichever comes last."""
     candidates = [(m.start(), m.group(1)) for m in _ANSWER_TAG.finditer(completion)][-1:]
+    candidates += [(m.start(), m.group(1)) for m in _HASHES.finditer(completion)][-1:]
     boxed = _last_boxed(completion)
     if boxed is not None:
         candidates.append(boxed)

@@ -67,6 +67,11 @@ GSM8K_GOLD = (
         ("\\boxed{3} hmm <answer>4</answer>", "#### 4", 1.0),
         ("<answer>4</answer> hmm \\boxed{3}", "#### 4", 0.0),
         ("\\boxed{2} then \\boxed{5}", "#### 5", 1.0),
+        # GSM8K's own marker, which the catalog's default prompt template asks for
+        ("48 + 24 = 72\n#### 72", GSM8K_GOLD, 1.0),
+        ("#### 72\nActually no.\n#### 71", GSM8K_GOLD, 0.0),
+        ("<answer>#### 72</answer>", GSM8K_GOLD, 1.0),
+        ("#### 70 <answer>72</answer>", GSM8K_GOLD, 1.0),
         ("\\boxed{\\frac{10}{2}}", "#### 5", 1.0),
         # no final answer at all, or an unclosed one, earns nothing
         ("The answer is 72.", GSM8K_GOLD, 0.0),
