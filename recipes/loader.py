@@ -1,0 +1,205 @@
+"""Finding, reading and editing recipes: catalog names, YAML files, `key=value` overrides.
+
+Every failure a user can cause becomes a one-line `UserError` naming the file and field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from recipes.errors import UserError
+from recipes.schema import Recipe
+
+CATALOG_DIR = Path(__file__).parent / "catalog"
+
+# Error types whose pydantic message already says what the value was.
+_SELF_DESCRIBING = {"missing", "extra_forbidden", "recipe", "reward_name", "template", "fsdp"}
+
+
+def list_recipes() -> list[str]:
+    """Names of the recipes in the catalog, sorted."""
+    return sorted(p.stem for p in CATALOG_DIR.glob("*.yaml"))
+
+
+def catalog_path(name: str) -> Path:
+    """The YAML file of catalog recipe `name` (what `forgesky cp` copies)."""
+    path = CATALOG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise UserError(_unknown_recipe_message(name))
+    return path
+
+
+def load_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
+    """A validated recipe from a catalog name ("qwen3-8b") or a YAML file path."""
+    text = os.fspath(name_or_path)
+    if isinstance(name_or_path, os.PathLike) or "/" in text or text.endswith((".yaml", ".yml")):
+        path = Path(text)
+        if not path.is_file():
+            hint = ""
+            if Path(text).stem in list_recipes() and "/" not in text:
+                hint = f" (catalog names have no .yaml: try {Path(text).stem})"
+            raise UserError(f"recipe file not found: {text}{hint}")
+    else:
+        path = catalog_path(text)
+    return _load_file(path)
+
+
+def validate_recipe(data: Any, source: str) -> Recipe:
+    """A `Recipe` from plain data, or a `UserError` prefixed with `source` (a file, say)."""
+    if not isinstance(data, dict):
+        kind = "nothing" if data is None else type(data).__name__
+        raise UserError(f"{source}: expected a mapping of recipe sections, got {kind}")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        raise UserError(f"{source}: {_describe(e)}") from None
+
+
+def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
+    """`recipe` with each "dotted.key=value" applied (values parsed as YAML), re-validated."""
+    if not overrides:
+        return recipe
+    data = recipe.model_dump()
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"override '{item}' must look like KEY=VALUE, e.g. grpo.steps=20")
+        parent, last, current = _walk(data, key.strip().split("."))
+        parent[last] = _parse_value(item, raw, current)
+    return validate_recipe(data, f"{recipe.name} with {' '.join(overrides)}")
+
+
+def _load_file(path: Path) -> Recipe:
+    source = _display(path)
+    try:
+        data = yaml.load(path.read_text(), Loader=_RecipeLoader)
+    except yaml.YAMLError as e:
+        raise UserError(f"{source}{_yaml_position(e)}: {_yaml_problem(e)}") from None
+    except OSError as e:
+        raise UserError(f"cannot read recipe {source}: {e.strerror}") from None
+    return validate_recipe(data, source)
+
+
+def _walk(data: dict[str, Any], parts: list[str]) -> tuple[Any, Any, Any]:
+    """(container, key, current value) for a dotted path, checking every step exists."""
+    node: Any = data
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth]) or "the top level"
+        if isinstance(node, dict):
+            if part not in node:
+                valid = ", ".join(sorted(node))
+                raise UserError(
+                    f"unknown key '{'.'.join(parts)}'; valid keys under {where}: {valid}"
+                )
+            key: Any = part
+        elif isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise UserError(
+                    f"unknown key '{'.'.join(parts)}': {where} is a list of {len(node)}; "
+                    f"use an index 0..{len(node) - 1}"
+                )
+            key = int(part)
+        else:
+            raise UserError(f"unknown key '{'.'.join(parts)}': {where} is a value, not a section")
+        if depth == len(parts) - 1:
+            return node, key, node[key]
+        node = node[key]
+    raise AssertionError("unreachable: parts is never empty")
+
+
+def _parse_value(item: str, raw: str, current: Any) -> Any:
+    # A string field keeps the text as typed: YAML would turn "dataset.config=1" into an int.
+    if isinstance(current, str):
+        return raw
+    try:
+        return yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        raise UserError(f"override '{item}': value is not valid YAML") from None
+
+
+def _describe(err: ValidationError) -> str:
+    errors = err.errors()
+    first = errors[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        valid = ", ".join(_fields_at(first["loc"][:-1]))
+        msg = f"{loc}: unknown key; valid keys here: {valid}"
+    elif kind == "missing":
+        msg = f"{loc}: required field is missing"
+    elif not loc:
+        msg = first["msg"]
+    else:
+        msg = f"{loc}: {first['msg']}"
+    if kind not in _SELF_DESCRIBING:
+        msg += f" (got {first['input']!r})"
+    if len(errors) > 1:
+        msg += f" (and {len(errors) - 1} more)"
+    return msg
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the model that sits at `loc` inside a Recipe."""
+    model: type[BaseModel] = Recipe
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[part].annotation
+        inner = [a for a in getattr(annotation, "__args__", ()) if isinstance(a, type)]
+        candidates = [annotation, *inner]
+        model = next(c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel))
+    return sorted(model.model_fields)
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _yaml_position(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    return f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None)
+    return f"{problem} ({context})" if context else problem
+
+
+def _unknown_recipe_message(name: str) -> str:
+    close = difflib.get_close_matches(name, list_recipes(), n=2, cutoff=0.6)
+    if close:
+        return f"unknown recipe '{name}'; did you mean: {', '.join(close)}? (forgesky recipes lists them)"
+    return f"unknown recipe '{name}' (forgesky recipes lists them)"
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys, which plain YAML silently resolves to the last."""
+
+
+def _construct_mapping(loader: _RecipeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, Hashable):
+            continue  # yaml's own constructor reports unhashable keys
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key '{key}'", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_RecipeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)

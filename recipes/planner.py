@@ -1,0 +1,331 @@
+"""From a recipe and a GPU count to a plan: which service runs where, on how many GPUs.
+
+The launcher (laptop) and the runtime (head node) both call `plan()` with the same recipe and GPU
+count, so they agree on the layout without passing it around.
+
+Extra GPUs. The recipe's layout is the minimum; GPUs beyond it are handed out one unit at a time
+by a single rule:
+
+1. while the generator holds fewer than twice the trainer's GPUs, add a generator replica
+   (generator.tp GPUs);
+2. otherwise widen the trainer by one data-parallel rank (trainer.tp GPUs: fsdp + 1);
+3. stop when neither unit fits; the GPUs left are listed as idle in the plan.
+
+Why 2:1: in GRPO each step first samples group_size responses per prompt, one token at a time
+(memory-bandwidth bound), then trains once on the finished batch (one compute-bound forward and
+backward). Sampling ~1k-token responses takes about twice as long as training on them, so the
+generator gets twice the trainer's GPUs before the trainer gets more. A step on the unit that
+does not fit falls through to the other, so GPUs stay idle only when no unit fits.
+
+Nodes. More GPUs than gpus_per_node means several nodes, each with the same number of GPUs (as
+SkyPilot provisions them). Tensor-parallel groups (a generator replica, the reference, each
+trainer TP group) never cross a node; the trainer's FSDP ranks may. Groups go to nodes largest
+first, each into the first node with room; within a node GPUs are numbered in service order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from recipes.errors import UserError
+from recipes.memory import ACCELERATOR_GB, estimate_memory
+from recipes.schema import Recipe
+
+Service = Literal["generator", "reference", "trainer", "reward"]
+GENERATOR_TO_TRAINER_GPUS = 2
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One service unit on one node.
+
+    generator and reference: one replica (its whole TP group). trainer: its GPUs on one node
+    (replica numbers the trainer's nodes in FSDP rank order). reward: one CPU proc on node 0.
+    `gpus` are local indices on `node` (what CUDA_VISIBLE_DEVICES gets); () on CPU.
+    """
+
+    service: Service
+    replica: int
+    node: int
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where every service runs. `gpus_per_node` is the GPU count of each node in this plan."""
+
+    recipe_name: str
+    total_gpus: int
+    gpus_per_node: int
+    num_nodes: int
+    cpu: bool
+    generator_replicas: int
+    generator_tp: int
+    trainer_gpus: int
+    trainer_fsdp: int
+    trainer_tp: int
+    reference_enabled: bool
+    reference_tp: int
+    reward_procs: int
+    placements: tuple[Placement, ...]
+    memory: dict[str, float] = field(hash=False)
+    idle_gpus: tuple[tuple[int, int], ...] = ()  # (node, local GPU index) given to no service
+    accelerator: str = "H100"
+    minimum_gpus: int = 0
+
+    def placements_of(self, service: Service) -> tuple[Placement, ...]:
+        """The placements of one service, in replica order."""
+        return tuple(p for p in self.placements if p.service == service)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of every field."""
+        d = asdict(self)
+        d["placements"] = [{**p, "gpus": list(p["gpus"])} for p in d["placements"]]
+        d["idle_gpus"] = [list(g) for g in self.idle_gpus]
+        return d
+
+    def describe(self) -> str:
+        """A table for people: service, replica, node, GPUs, parallelism, GB per GPU."""
+        if self.cpu:
+            head = f"{self.recipe_name} on CPU (one process per row)"
+        else:
+            nodes = f"{self.num_nodes} node{'s' if self.num_nodes > 1 else ''}"
+            head = (
+                f"{self.recipe_name} on {self.total_gpus} x {self.accelerator} "
+                f"({nodes} x {self.gpus_per_node} GPUs; minimum {self.minimum_gpus})"
+            )
+        rows = [("service", "replica", "node", "GPUs", "parallel", "GB/GPU")]
+        for p in self.placements:
+            mem = self.memory.get(p.service)
+            rows.append(
+                (
+                    p.service,
+                    str(p.replica),
+                    str(p.node),
+                    _gpu_list(p.gpus) if p.gpus else "cpu",
+                    self._parallel(p),
+                    f"{mem:.1f}" if mem is not None and p.gpus else "-",
+                )
+            )
+        for node in sorted({n for n, _ in self.idle_gpus}):
+            gpus = tuple(g for n, g in self.idle_gpus if n == node)
+            rows.append(("idle", "-", str(node), _gpu_list(gpus), "-", "-"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = [head] + [
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+        ]
+        if not self.cpu:
+            lines.append(
+                f"GB/GPU is an estimate (recipes/memory.py); an {self.accelerator} has "
+                f"{ACCELERATOR_GB[self.accelerator]:.0f} GB"
+            )
+        return "\n".join(lines)
+
+    def _parallel(self, p: Placement) -> str:
+        if self.cpu or p.service == "reward":
+            return "-"
+        if p.service == "generator":
+            return f"TP{self.generator_tp}"
+        if p.service == "reference":
+            return f"TP{self.reference_tp}"
+        if p.service == "trainer":
+            return f"FSDP{self.trainer_fsdp}xTP{self.trainer_tp}"
+        return "-"
+
+
+def minimum_gpus(recipe: Recipe) -> int:
+    """GPUs the recipe's own layout uses: the least `plan()` accepts (0 on CPU)."""
+    if recipe.cpu:
+        return 0
+    lay = recipe.layout
+    reference = lay.reference.tp if lay.reference.enabled else 0
+    return lay.generator.tp * lay.generator.replicas + reference + lay.trainer.gpus
+
+
+def plan(recipe: Recipe, gpus: int, gpus_per_node: int | None = None) -> Plan:
+    """Place every service of `recipe` on `gpus` GPUs (nodes of at most `gpus_per_node`).
+
+    `gpus_per_node` defaults to the recipe's resources.gpus_per_node. A CPU recipe takes 0 GPUs.
+    """
+    gpn = recipe.resources.gpus_per_node if gpus_per_node is None else gpus_per_node
+    if recipe.cpu:
+        if gpus != 0:
+            raise UserError(
+                f"{recipe.name} runs on CPU (resources.accelerator: cpu) and takes 0 GPUs, "
+                f"got {gpus}; run it with forgesky local {recipe.name}"
+            )
+        return _cpu_plan(recipe)
+    if gpn < 1:
+        raise UserError(f"gpus_per_node must be at least 1, got {gpn}")
+    need = minimum_gpus(recipe)
+    if gpus < need:
+        raise UserError(
+            f"{recipe.name} needs at least {need} GPUs ({_breakdown(recipe)}); got {gpus}"
+        )
+    num_nodes = math.ceil(gpus / gpn)
+    if gpus % num_nodes:
+        raise UserError(
+            f"{gpus} GPUs need {num_nodes} nodes of at most {gpn} GPUs, and every node gets the "
+            f"same number; use {' or '.join(map(str, _even_counts(gpus, gpn, need)))} GPUs"
+        )
+    per_node = gpus // num_nodes
+    lay = recipe.layout
+    gen_tp, tr_tp = lay.generator.tp, lay.trainer.tp
+    ref_tp = lay.reference.tp if lay.reference.enabled else 0
+    replicas, fsdp = lay.generator.replicas, lay.trainer.resolved_fsdp
+
+    def packing(replicas: int, fsdp: int) -> list[tuple[Service, int, int, int]] | None:
+        groups = _groups(replicas, gen_tp, ref_tp, fsdp, tr_tp)
+        if sum(g[2] for g in groups) > gpus:
+            return None
+        return _pack(groups, num_nodes, per_node)
+
+    packed = packing(replicas, fsdp)
+    if packed is None:
+        largest = max(gen_tp, ref_tp, tr_tp)
+        raise UserError(
+            f"{recipe.name}: cannot place its services on {num_nodes} nodes of {per_node} GPUs "
+            f"without splitting a tensor-parallel group (largest TP {largest}); "
+            f"use a GPU count that gives nodes of {gpn}"
+        )
+    while True:
+        if gen_tp * replicas < GENERATOR_TO_TRAINER_GPUS * fsdp * tr_tp:
+            attempts = [(replicas + 1, fsdp), (replicas, fsdp + 1)]
+        else:
+            attempts = [(replicas, fsdp + 1), (replicas + 1, fsdp)]
+        for r, f in attempts:
+            if (grown := packing(r, f)) is not None:
+                replicas, fsdp, packed = r, f, grown
+                break
+        else:
+            break
+
+    placements, used = _placements(packed, recipe.layout.reward.procs)
+    idle = tuple((n, g) for n in range(num_nodes) for g in range(per_node) if (n, g) not in used)
+    return Plan(
+        recipe_name=recipe.name,
+        total_gpus=gpus,
+        gpus_per_node=per_node,
+        num_nodes=num_nodes,
+        cpu=False,
+        generator_replicas=replicas,
+        generator_tp=gen_tp,
+        trainer_gpus=fsdp * tr_tp,
+        trainer_fsdp=fsdp,
+        trainer_tp=tr_tp,
+        reference_enabled=lay.reference.enabled,
+        reference_tp=lay.reference.tp,
+        reward_procs=lay.reward.procs,
+        placements=placements,
+        memory=estimate_memory(recipe, generator_replicas=replicas, trainer_fsdp=fsdp),
+        idle_gpus=idle,
+        accelerator=recipe.resources.accelerator,
+        minimum_gpus=need,
+    )
+
+
+def _cpu_plan(recipe: Recipe) -> Plan:
+    lay = recipe.layout
+    placements = [Placement("generator", r, 0, ()) for r in range(lay.generator.replicas)]
+    if lay.reference.enabled:
+        placements.append(Placement("reference", 0, 0, ()))
+    placements.append(Placement("trainer", 0, 0, ()))
+    placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
+    return Plan(
+        recipe_name=recipe.name,
+        total_gpus=0,
+        gpus_per_node=0,
+        num_nodes=1,
+        cpu=True,
+        generator_replicas=lay.generator.replicas,
+        generator_tp=1,
+        trainer_gpus=0,
+        trainer_fsdp=1,
+        trainer_tp=1,
+        reference_enabled=lay.reference.enabled,
+        reference_tp=1,
+        reward_procs=lay.reward.procs,
+        placements=tuple(placements),
+        memory=estimate_memory(recipe),
+        accelerator="cpu",
+        minimum_gpus=0,
+    )
+
+
+def _groups(
+    replicas: int, gen_tp: int, ref_tp: int, fsdp: int, tr_tp: int
+) -> list[tuple[Service, int, int]]:
+    """(service, index, size) of every group that must sit on one node, in service order."""
+    groups: list[tuple[Service, int, int]] = [("generator", r, gen_tp) for r in range(replicas)]
+    if ref_tp:
+        groups.append(("reference", 0, ref_tp))
+    groups += [("trainer", k, tr_tp) for k in range(fsdp)]
+    return groups
+
+
+def _pack(
+    groups: list[tuple[Service, int, int]], num_nodes: int, per_node: int
+) -> list[tuple[Service, int, int, int]] | None:
+    """(service, index, size, node) per group, largest groups first into the first node with
+    room; None if some group fits no node."""
+    free = [per_node] * num_nodes
+    node_of: dict[int, int] = {}
+    for i in sorted(range(len(groups)), key=lambda i: -groups[i][2]):
+        node = next((n for n in range(num_nodes) if free[n] >= groups[i][2]), None)
+        if node is None:
+            return None
+        free[node] -= groups[i][2]
+        node_of[i] = node
+    return [(*g, node_of[i]) for i, g in enumerate(groups)]
+
+
+def _placements(
+    packed: list[tuple[Service, int, int, int]], reward_procs: int
+) -> tuple[tuple[Placement, ...], set[tuple[int, int]]]:
+    next_gpu: dict[int, int] = {}
+    trainer_gpus: dict[int, list[int]] = {}
+    placements: list[Placement] = []
+    for service, index, size, node in packed:
+        start = next_gpu.get(node, 0)
+        gpus = tuple(range(start, start + size))
+        next_gpu[node] = start + size
+        if service == "trainer":
+            trainer_gpus.setdefault(node, []).extend(gpus)
+        else:
+            placements.append(Placement(service, index, node, gpus))
+    for replica, node in enumerate(sorted(trainer_gpus)):
+        placements.append(Placement("trainer", replica, node, tuple(trainer_gpus[node])))
+    placements += [Placement("reward", r, 0, ()) for r in range(reward_procs)]
+    used = {(p.node, g) for p in placements for g in p.gpus}
+    return tuple(placements), used
+
+
+def _breakdown(recipe: Recipe) -> str:
+    lay = recipe.layout
+    g, t = lay.generator, lay.trainer
+    parts = [f"generator {g.tp * g.replicas} = TP{g.tp}×{g.replicas}"]
+    if lay.reference.enabled:
+        tp = lay.reference.tp
+        parts.append(f"reference {tp}" + (f" = TP{tp}" if tp > 1 else ""))
+    parts.append(f"trainer {t.gpus} = FSDP{t.resolved_fsdp}×TP{t.tp}")
+    return ", ".join(parts)
+
+
+def _even_counts(gpus: int, gpn: int, need: int) -> list[int]:
+    """The nearest GPU counts below and above `gpus` that split evenly over nodes."""
+
+    def even(n: int) -> bool:
+        return n % math.ceil(n / gpn) == 0
+
+    below = next((n for n in range(gpus - 1, need - 1, -1) if even(n)), None)
+    above = next(n for n in range(gpus + 1, gpus + gpn + 1) if even(n))
+    return [n for n in (below, above) if n is not None]
+
+
+def _gpu_list(gpus: tuple[int, ...]) -> str:
+    """ "0-3" for a contiguous run, "0,2,5" otherwise."""
+    if len(gpus) > 1 and list(gpus) == list(range(gpus[0], gpus[-1] + 1)):
+        return f"{gpus[0]}-{gpus[-1]}"
+    return ",".join(map(str, gpus))

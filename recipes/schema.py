@@ -1,0 +1,221 @@
+"""The recipe: one YAML file describing a GRPO run (model, data, algorithm, layout, resources).
+
+Field checks live on the fields; checks that span sections (tensor-parallel sizes against the
+architecture, the trainer's FSDP x TP against its GPUs, the memory estimate against the
+accelerator) live in `Recipe._check_consistency`. Every message names the dotted field path.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from recipes.architectures import ARCHITECTURES, Arch, architecture, sizes
+from recipes.memory import estimate_memory, memory_errors
+
+BUILTIN_REWARDS = ("math", "format")
+DEFAULT_PROMPT_TEMPLATE = "{question}\nThink step by step, then give the final answer after '####'."
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Model(_Strict):
+    hf_id: str
+    family: Literal["qwen3", "llama3"]
+    size: str
+    gated: bool = False
+    tokenizer: str | None = None
+    init: Literal["hub", "random"] = "hub"
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+
+
+class Reward(_Strict):
+    name: str
+    weight: float = 1.0
+
+    @field_validator("name")
+    @classmethod
+    def _known_form(cls, name: str) -> str:
+        if name in BUILTIN_REWARDS or (":" in name and all(name.split(":", 1))):
+            return name
+        raise PydanticCustomError(
+            "reward_name",
+            "unknown reward '{name}'; use math, format, builtin:<name> or module:function",
+            {"name": name},
+        )
+
+
+class Dataset(_Strict):
+    path: str
+    config: str | None = None
+    split: str = "train"
+    prompt_field: str = "question"
+    answer_field: str = "answer"
+    prompt_template: str = DEFAULT_PROMPT_TEMPLATE
+    system_prompt: str | None = None
+    rewards: list[Reward] = Field(min_length=1)
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _only_question(cls, template: str) -> str:
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+        except ValueError as e:
+            raise PydanticCustomError(
+                "template", "not a format string: {err}", {"err": str(e)}
+            ) from None
+        unknown = sorted(names - {"question"})
+        if unknown:
+            raise PydanticCustomError(
+                "template",
+                "unknown placeholder {{name}}; the only one is {question}",
+                {"name": unknown[0]},
+            )
+        return template
+
+
+class Grpo(_Strict):
+    group_size: int = Field(ge=2)
+    prompts_per_step: int = Field(ge=1)
+    max_prompt_tokens: int = Field(gt=0)
+    max_response_tokens: int = Field(gt=0)
+    learning_rate: float = Field(gt=0)
+    kl_beta: float = Field(ge=0)
+    clip_low: float = Field(ge=0)
+    clip_high: float = Field(ge=0)
+    loss: Literal["grpo", "dr_grpo", "gspo"]
+    max_policy_age: int = Field(ge=0)
+    steps: int = Field(ge=1)
+    checkpoint_interval: int = Field(ge=0)
+    temperature: float = Field(default=1.0, gt=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    seed: int = 0
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+
+
+class GeneratorLayout(_Strict):
+    tp: int = Field(default=1, ge=1)
+    replicas: int = Field(default=1, ge=1)
+
+
+class ReferenceLayout(_Strict):
+    enabled: bool = True
+    tp: int = Field(default=1, ge=1)
+
+
+class TrainerLayout(_Strict):
+    gpus: int = Field(default=1, ge=1)
+    fsdp: int = -1
+    tp: int = Field(default=1, ge=1)
+
+    @field_validator("fsdp")
+    @classmethod
+    def _fill_or_positive(cls, fsdp: int) -> int:
+        if fsdp == -1 or fsdp >= 1:
+            return fsdp
+        raise PydanticCustomError(
+            "fsdp", "must be -1 (fill: gpus / tp) or >= 1, got {v}", {"v": fsdp}
+        )
+
+    @property
+    def resolved_fsdp(self) -> int:
+        """The data-parallel (FSDP) degree, with -1 resolved to gpus / tp."""
+        return self.gpus // self.tp if self.fsdp == -1 else self.fsdp
+
+
+class RewardLayout(_Strict):
+    procs: int = Field(default=1, ge=1)
+
+
+class Layout(_Strict):
+    generator: GeneratorLayout = GeneratorLayout()
+    reference: ReferenceLayout = ReferenceLayout()
+    trainer: TrainerLayout = TrainerLayout()
+    reward: RewardLayout = RewardLayout()
+
+
+class Resources(_Strict):
+    accelerator: Literal["H100", "H200", "cpu"] = "H100"
+    alternatives: list[Literal["H100", "H200"]] = ["H200"]
+    disk_gb: int = Field(default=256, ge=1)
+    gpus_per_node: int = Field(default=8, ge=1)
+
+
+class Recipe(_Strict):
+    """A complete, validated GRPO run description."""
+
+    name: str = Field(min_length=1)
+    description: str
+    model: Model
+    dataset: Dataset
+    grpo: Grpo
+    layout: Layout = Layout()
+    resources: Resources = Resources()
+
+    @property
+    def arch(self) -> Arch:
+        """The architecture the model family and size name."""
+        return architecture(self.model.family, self.model.size)
+
+    @property
+    def cpu(self) -> bool:
+        return self.resources.accelerator == "cpu"
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Recipe:
+        errors = _consistency_errors(self)
+        if errors:
+            # The message names its own field path; the loader prints it as is.
+            raise PydanticCustomError("recipe", errors[0])
+        return self
+
+
+def _consistency_errors(r: Recipe) -> list[str]:
+    fam, size = r.model.family, r.model.size
+    if (fam, size) not in ARCHITECTURES:
+        return [f"model.size: unknown {fam} size '{size}'; known sizes: {', '.join(sizes(fam))}"]
+    arch = r.arch
+    errors = []
+    seq = r.grpo.max_prompt_tokens + r.grpo.max_response_tokens
+    if seq > arch.max_seq_len:
+        errors.append(
+            f"grpo.max_prompt_tokens + grpo.max_response_tokens: {seq} exceeds the "
+            f"{fam} {size} context of {arch.max_seq_len} tokens"
+        )
+    lay = r.layout
+    tps = [("layout.generator.tp", lay.generator.tp), ("layout.trainer.tp", lay.trainer.tp)]
+    if lay.reference.enabled:
+        tps.insert(1, ("layout.reference.tp", lay.reference.tp))
+    for path, tp in tps:
+        if arch.n_heads % tp or arch.n_kv_heads % tp:
+            errors.append(
+                f"{path}: {tp} must divide the {fam} {size} head counts "
+                f"(n_heads {arch.n_heads}, n_kv_heads {arch.n_kv_heads})"
+            )
+        elif r.cpu and tp != 1:
+            errors.append(f"{path}: must be 1 on accelerator cpu, got {tp}")
+        elif tp > r.resources.gpus_per_node:
+            errors.append(
+                f"{path}: {tp} exceeds resources.gpus_per_node {r.resources.gpus_per_node}; "
+                "a tensor-parallel group must sit on one node"
+            )
+    t = lay.trainer
+    if t.fsdp == -1 and t.gpus % t.tp:
+        errors.append(f"layout.trainer.gpus: {t.gpus} is not divisible by layout.trainer.tp {t.tp}")
+    elif t.fsdp != -1 and t.fsdp * t.tp != t.gpus:
+        errors.append(
+            f"layout.trainer.fsdp: fsdp {t.fsdp} x tp {t.tp} = {t.fsdp * t.tp} must equal "
+            f"layout.trainer.gpus {t.gpus} (or set fsdp: -1 to fill)"
+        )
+    if r.cpu and t.gpus != 1:
+        errors.append(f"layout.trainer.gpus: must be 1 on accelerator cpu (one proc), got {t.gpus}")
+    if errors:
+        return errors
+    return memory_errors(r, estimate_memory(r))
