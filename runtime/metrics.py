@@ -1,0 +1,221 @@
+"""Where a run's numbers go: RUN_DIR/metrics.jsonl, the console, W&B, and RUN_DIR/curves.png.
+
+metrics.jsonl is the record of truth (one JSON object per step, flushed as written); W&B is an
+optional mirror; curves.png is drawn from the jsonl at close, so a resumed run that appends to the
+same file gets one plot of the whole run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from recipes.errors import UserError
+
+WandbMode = Literal["online", "offline", "disabled"]
+
+# What every step's record carries; the controller guarantees them, readers may rely on them.
+REQUIRED_KEYS = (
+    "step",
+    "reward/mean",
+    "loss",
+    "kl",
+    "policy_version",
+    "time/step_s",
+    "time/weight_sync_s",
+)
+
+
+class MetricsLogger:
+    """Logs one record per training step; `close()` finishes W&B and draws curves.png."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        wandb_mode: WandbMode = "disabled",
+        project: str = "forgesky",
+        run_name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        resume_id: str | None = None,
+        total_steps: int | None = None,
+        stream: TextIO | None = None,
+    ):
+        if wandb_mode not in ("online", "offline", "disabled"):
+            raise UserError(f"wandb mode {wandb_mode!r}: use online, offline or disabled")
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self.curves_path = self.run_dir / "curves.png"
+        self.total_steps = total_steps
+        self.last_step = max((r["step"] for r in read_metrics(self.path)), default=None)
+        self._file = self._open_for_append()
+        self._stream = stream if stream is not None else sys.stdout
+        self._bar = self._progress_bar()
+        self._run = None
+        if wandb_mode != "disabled":
+            self._run = _start_wandb(
+                wandb_mode, project, run_name, dict(config or {}), self.run_dir, resume_id
+            )
+
+    @property
+    def wandb_run_id(self) -> str | None:
+        """The W&B run id (None when W&B is disabled); saved in checkpoints to resume the run."""
+        return self._run.id if self._run is not None else None
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record one step: a jsonl line, a console line, and a W&B point."""
+        record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items() if k != "step"}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        self.last_step = record["step"]
+        self._console(record)
+        if self._run is not None:
+            self._run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def close(self) -> None:
+        """Finish W&B, close the jsonl and write curves.png from the whole file. Idempotent."""
+        if self._file.closed:
+            return
+        self._file.close()
+        if self._bar is not None:
+            self._bar.close()
+        if self._run is not None:
+            self._run.finish()
+        plot_curves(read_metrics(self.path), self.curves_path)
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open_for_append(self) -> TextIO:
+        f = self.path.open("a", encoding="utf-8")
+        # A run killed mid-write leaves a partial last line: start ours on a fresh one.
+        if f.tell() > 0:
+            with self.path.open("rb") as r:
+                r.seek(-1, os.SEEK_END)
+                if r.read(1) != b"\n":
+                    f.write("\n")
+        return f
+
+    def _progress_bar(self) -> Any:
+        isatty = getattr(self._stream, "isatty", None)
+        if not (isatty and isatty()):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(
+            total=self.total_steps,
+            initial=self.last_step or 0,
+            file=self._stream,
+            desc="training",
+            unit="step",
+            dynamic_ncols=True,
+        )
+
+    def _console(self, record: Mapping[str, Any]) -> None:
+        line = format_step(record, self.total_steps)
+        if self._bar is None:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+            return
+        self._bar.write(line, file=self._stream)
+        self._bar.update(max(record["step"] - self._bar.n, 0))
+
+
+def format_step(record: Mapping[str, Any], total_steps: int | None = None) -> str:
+    """`step 12/200 | reward 0.43 | loss 0.012 | kl 0.001 | 0.8 s/step` (missing parts left out)."""
+    step = f"step {record['step']}" + (f"/{total_steps}" if total_steps else "")
+    parts = [step]
+    for key, label in (("reward/mean", "reward"), ("loss", "loss"), ("kl", "kl")):
+        if isinstance(record.get(key), (int, float)):
+            parts.append(f"{label} {record[key]:.3g}")
+    if isinstance(record.get("time/step_s"), (int, float)):
+        parts.append(f"{record['time/step_s']:.3g} s/step")
+    return " | ".join(parts)
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl, oldest first; a step logged twice (a resumed run redoing
+    steps after its last checkpoint) keeps its latest record. Partial lines are skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def plot_curves(records: list[dict[str, Any]], path: str | os.PathLike[str]) -> None:
+    """Draw reward/mean and kl against step into a PNG (written atomically)."""
+    # The object API with the Agg canvas: no pyplot, no global backend switch in the caller.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 3.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    for ax, key in zip(fig.subplots(1, 2), ("reward/mean", "kl"), strict=True):
+        points = [(r["step"], r[key]) for r in records if _finite(r.get(key))]
+        if points:
+            steps, values = zip(*points, strict=True)
+            ax.plot(steps, values, marker="." if len(points) < 50 else None)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel("step")
+        ax.set_title(key)
+        ax.grid(alpha=0.3)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, format="png", dpi=100)
+    os.replace(tmp, path)
+
+
+def _start_wandb(
+    mode: str,
+    project: str,
+    run_name: str | None,
+    config: dict[str, Any],
+    run_dir: Path,
+    resume_id: str | None,
+) -> Any:
+    import wandb  # only when enabled: importing it is slow and starts nothing we need otherwise
+
+    try:
+        return wandb.init(
+            project=project,
+            name=run_name,
+            config=config,
+            mode=mode,
+            dir=str(run_dir),
+            id=resume_id,
+            resume="allow" if resume_id else None,
+        )
+    except wandb.errors.UsageError as e:
+        raise UserError(
+            f"W&B ({mode}): {str(e).strip().splitlines()[0]}; set WANDB_API_KEY, "
+            "or use wandb mode offline or disabled"
+        ) from None
+
+
+def _plain(value: Any) -> Any:
+    """Tensors and numpy scalars as Python numbers, so every record is plain JSON."""
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return value
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)

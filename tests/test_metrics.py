@@ -1,0 +1,224 @@
+"""MetricsLogger: jsonl record, console lines, curves.png, resume, and W&B modes."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from recipes.errors import UserError
+from runtime.metrics import REQUIRED_KEYS, MetricsLogger, format_step, read_metrics
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def step_metrics(step: int) -> dict:
+    return {
+        "reward/mean": 0.1 * step,
+        "loss": torch.tensor(0.5 / step),
+        "kl": 0.001 * step,
+        "policy_version": step - 1,
+        "time/step_s": 0.8,
+        "time/weight_sync_s": 0.05,
+    }
+
+
+def run_logged(run_dir, steps, **kw):
+    out = io.StringIO()
+    with MetricsLogger(run_dir, stream=out, **kw) as logger:
+        for step in steps:
+            logger.log(step, step_metrics(step))
+    return out.getvalue()
+
+
+def subprocess_env(tmp_path, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    return {**env, "HOME": str(tmp_path / "home"), "WANDB_DIR": str(tmp_path / "wandb"), **extra}
+
+
+def test_each_step_is_one_flushed_json_line(tmp_path):
+    logger = MetricsLogger(tmp_path, stream=io.StringIO())
+    logger.log(1, step_metrics(1))
+    # readable before close: a crash loses nothing already logged
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {
+            "step": 1,
+            "reward/mean": 0.1,
+            "loss": 0.5,
+            "kl": 0.001,
+            "policy_version": 0,
+            "time/step_s": 0.8,
+            "time/weight_sync_s": 0.05,
+        }
+    ]
+    logger.log(2, step_metrics(2))
+    logger.close()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(set(REQUIRED_KEYS) <= set(r) for r in records)
+    assert isinstance(records[1]["loss"], float)
+
+
+def test_plain_console_lines_when_not_a_tty(tmp_path):
+    out = run_logged(tmp_path, [1, 2], total_steps=200)
+    assert out.splitlines() == [
+        "step 1/200 | reward 0.1 | loss 0.5 | kl 0.001 | 0.8 s/step",
+        "step 2/200 | reward 0.2 | loss 0.25 | kl 0.002 | 0.8 s/step",
+    ]
+
+
+def test_progress_bar_on_a_tty(tmp_path):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Tty()
+    with MetricsLogger(tmp_path, stream=out, total_steps=3) as logger:
+        for step in (1, 2, 3):
+            logger.log(step, step_metrics(step))
+    text = out.getvalue()
+    assert "step 3/3 | reward 0.3 | loss 0.167 | kl 0.003 | 0.8 s/step" in text
+    assert "3/3 [" in text  # the tqdm bar, redrawn in place
+    assert "\r" in text
+
+
+def test_format_step_leaves_out_missing_parts():
+    assert format_step({"step": 7, "reward/mean": 0.4321}) == "step 7 | reward 0.432"
+
+
+def test_close_writes_a_png_of_the_curves(tmp_path):
+    run_logged(tmp_path, range(1, 6))
+    png = (tmp_path / "curves.png").read_bytes()
+    assert png.startswith(PNG_MAGIC)
+    assert len(png) > 5000
+    assert not (tmp_path / "curves.png.tmp").exists()
+
+
+def test_close_is_idempotent_and_plots_an_empty_run(tmp_path):
+    logger = MetricsLogger(tmp_path, stream=io.StringIO())
+    logger.close()
+    logger.close()
+    assert (tmp_path / "curves.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_resume_appends_and_the_plot_covers_the_whole_file(tmp_path):
+    run_logged(tmp_path, [1, 2, 3])
+    first_png = (tmp_path / "curves.png").read_bytes()
+    resumed = MetricsLogger(tmp_path, stream=io.StringIO())
+    assert resumed.last_step == 3
+    for step in (4, 5):
+        resumed.log(step, step_metrics(step))
+    resumed.close()
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    assert (tmp_path / "curves.png").read_bytes() != first_png
+
+
+def test_resume_after_a_crash_mid_line_and_redone_steps(tmp_path):
+    run_logged(tmp_path, [1, 2, 3])
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "reward/me')  # killed while writing
+    # resumed from the checkpoint of step 2: steps 3 and 4 are done again
+    logger = MetricsLogger(tmp_path, stream=io.StringIO())
+    logger.log(3, {**step_metrics(3), "reward/mean": 0.9})
+    logger.log(4, step_metrics(4))
+    logger.close()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert records[2]["reward/mean"] == 0.9
+    assert (tmp_path / "metrics.jsonl").read_text().endswith('"time/weight_sync_s": 0.05}\n')
+
+
+def test_unknown_wandb_mode_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="wandb mode 'on'"):
+        MetricsLogger(tmp_path, wandb_mode="on")
+
+
+def test_disabled_mode_never_imports_wandb(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import io, sys
+        from runtime.metrics import MetricsLogger
+        logger = MetricsLogger({str(tmp_path)!r}, wandb_mode="disabled", stream=io.StringIO())
+        logger.log(1, {{"reward/mean": 0.5, "kl": 0.0}})
+        assert logger.wandb_run_id is None
+        logger.close()
+        print(sorted(m for m in sys.modules if m == "wandb" or m.startswith("wandb.")))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(tmp_path),
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    assert (tmp_path / "curves.png").exists()
+
+
+def test_offline_wandb_records_the_run_locally_and_resumes_by_id(tmp_path):
+    run_dir = tmp_path / "run"
+    code = textwrap.dedent(
+        f"""
+        import io, sys
+        from runtime.metrics import MetricsLogger
+        resume = sys.argv[1] if len(sys.argv) > 1 else None
+        logger = MetricsLogger({str(run_dir)!r}, wandb_mode="offline", project="forgesky-test",
+                               run_name="t", config={{"grpo": {{"steps": 2}}}},
+                               resume_id=resume, stream=io.StringIO())
+        start = (logger.last_step or 0) + 1
+        for step in (start, start + 1):
+            logger.log(step, {{"reward/mean": 0.5 * step, "kl": 0.0, "loss": 1.0}})
+        logger.close()
+        print(logger.wandb_run_id)
+        """
+    )
+
+    def run(*args):
+        out = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(tmp_path, WANDB_SILENT="true"),
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip().splitlines()[-1]
+
+    run_id = run()
+    assert run_id
+    run_files = list((run_dir / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert len(run_files) == 1 and run_files[0].stat().st_size > 0
+    assert run(run_id) == run_id
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_online_wandb_without_a_key_is_a_user_error(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        from recipes.errors import UserError
+        from runtime.metrics import MetricsLogger
+        try:
+            MetricsLogger({str(tmp_path / "run")!r}, wandb_mode="online")
+        except UserError as e:
+            print(e)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(tmp_path),
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    assert line.startswith("W&B (online): ")
+    assert "WANDB_API_KEY" in line
+    assert "\n" not in line
