@@ -1,0 +1,135 @@
+"""Atomic checkpoint directories: write, flush, commit; resume from the newest committed one.
+
+Layout under the checkpoint dir:
+
+    step_000050/            a committed checkpoint (holds COMMITTED, written last)
+    step_000100.partial/    being written, or cut off by a crash: never read
+
+A checkpoint is written into `<name>.partial/`, every file is fsynced, the directory is renamed to
+its final name and only then the COMMITTED marker is written and fsynced. A reader trusts a
+directory only if the marker is there, so a bucket mounted with MOUNT_CACHED (which uploads files
+asynchronously and may upload the marker before a rename is visible) never yields a partial one:
+the marker is the last file written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from recipes import UserError
+
+MARKER = "COMMITTED"
+_NAME = re.compile(r"^step_(\d{6,})$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def begin(root: Path, step: int) -> Path:
+    """A fresh `.partial` directory to write checkpoint `step` into."""
+    root.mkdir(parents=True, exist_ok=True)
+    partial = root / f"{step_dir_name(step)}.partial"
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir()
+    return partial
+
+
+def commit(root: Path, partial: Path, step: int, keep: int = 3) -> Checkpoint:
+    """Flush `partial`, rename it to its final name, write the marker; keep the last `keep`."""
+    for f in sorted(partial.rglob("*")):
+        if f.is_file():
+            _fsync_path(f)
+    _fsync_path(partial)
+    final = root / step_dir_name(step)
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(partial, final)
+    _fsync_path(root)
+    files = {
+        str(f.relative_to(final)): f.stat().st_size for f in sorted(final.rglob("*")) if f.is_file()
+    }
+    marker = final / MARKER
+    with open(marker, "w") as fh:
+        json.dump({"step": step, "files": files}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_path(final)
+    prune(root, keep)
+    return Checkpoint(step, final)
+
+
+def committed(root: Path) -> list[Checkpoint]:
+    """Committed checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.iterdir():
+        m = _NAME.match(d.name)
+        if m and d.is_dir() and (d / MARKER).is_file():
+            found.append(Checkpoint(int(m.group(1)), d))
+    return sorted(found, key=lambda c: c.step)
+
+
+def verify(ckpt: Checkpoint) -> None:
+    """Check the marker against the files on disk; a mismatch is a UserError naming the file."""
+    hint = "delete that checkpoint directory to resume from an earlier one"
+    try:
+        marker = json.loads((ckpt.path / MARKER).read_text())
+        marked, files = marker["step"], marker["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{ckpt.path / MARKER}: unreadable checkpoint marker ({e}); {hint}") from None
+    if marked != ckpt.step:
+        raise UserError(
+            f"{ckpt.path / MARKER}: marker says step {marked} but the directory is step "
+            f"{ckpt.step}; {hint}"
+        )
+    for rel, size in files.items():
+        f = ckpt.path / rel
+        actual = f.stat().st_size if f.is_file() else None
+        if actual != size:
+            what = "missing" if actual is None else f"{actual} bytes, expected {size}"
+            raise UserError(f"{f}: checkpoint file is cut short or damaged ({what}); {hint}")
+
+
+def latest(root: Path) -> Checkpoint | None:
+    """The newest committed checkpoint, verified against its marker."""
+    ckpts = committed(root)
+    if not ckpts:
+        return None
+    verify(ckpts[-1])
+    return ckpts[-1]
+
+
+def prune(root: Path, keep: int) -> None:
+    """Delete all but the newest `keep` committed checkpoints and any stale `.partial` dirs."""
+    ckpts = committed(root)
+    for old in ckpts[: max(0, len(ckpts) - keep)]:
+        # drop the marker first so a crash mid-delete leaves an uncommitted, ignored dir
+        (old.path / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(old.path, ignore_errors=True)
+    newest = ckpts[-1].step if ckpts else -1
+    for d in root.glob("step_*.partial"):
+        m = re.match(r"^step_(\d+)\.partial$", d.name)
+        if m and int(m.group(1)) <= newest:
+            shutil.rmtree(d, ignore_errors=True)

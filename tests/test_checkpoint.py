@@ -1,0 +1,53 @@
+import json
+
+import pytest
+
+from recipes import UserError
+from runtime import checkpoint
+
+
+def write(root, step, payload=b"weights"):
+    d = checkpoint.begin(root, step)
+    (d / "trainer.pt").write_bytes(payload)
+    (d / "controller.json").write_text(json.dumps({"step": step}))
+    return checkpoint.commit(root, d, step, keep=2)
+
+
+def test_commit_makes_a_checkpoint_that_latest_finds(tmp_path):
+    ck = write(tmp_path, 5)
+    assert ck.path.name == "step_000005"
+    assert (ck.path / checkpoint.MARKER).is_file()
+    assert checkpoint.latest(tmp_path) == ck
+
+
+def test_partial_directories_are_never_resumed(tmp_path):
+    write(tmp_path, 5)
+    partial = checkpoint.begin(tmp_path, 10)
+    (partial / "trainer.pt").write_bytes(b"half")
+    assert checkpoint.latest(tmp_path).step == 5
+
+
+def test_renamed_but_unmarked_directory_is_ignored(tmp_path):
+    # a crash between the rename and the marker
+    write(tmp_path, 5)
+    (tmp_path / "step_000010").mkdir()
+    (tmp_path / "step_000010" / "trainer.pt").write_bytes(b"x")
+    assert checkpoint.latest(tmp_path).step == 5
+
+
+def test_only_the_last_k_are_kept(tmp_path):
+    for s in (1, 2, 3, 4):
+        write(tmp_path, s)
+    assert [c.step for c in checkpoint.committed(tmp_path)] == [3, 4]
+
+
+def test_truncated_file_in_committed_checkpoint_is_a_clear_user_error(tmp_path):
+    ck = write(tmp_path, 7, payload=b"0123456789")
+    (ck.path / "trainer.pt").write_bytes(b"01234")
+    with pytest.raises(UserError, match=r"trainer.pt: checkpoint file is cut short"):
+        checkpoint.latest(tmp_path)
+
+
+def test_empty_or_missing_dir_has_no_checkpoint(tmp_path):
+    assert checkpoint.latest(tmp_path / "nope") is None
+    assert checkpoint.latest(tmp_path) is None
