@@ -1,0 +1,125 @@
+"""The recipe commands that stay on the laptop: list, show, copy, validate.
+
+No SkyPilot and no torch here: these answer in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from launcher.options import is_recipe_file, resolve_recipe
+from recipes import Recipe, UserError, catalog_path, list_recipes, load_recipe, minimum_gpus, plan
+
+
+def recipe_rows() -> list[dict[str, Any]]:
+    """One dict per catalog recipe: what `forgesky recipes --json` prints."""
+    rows = []
+    for name in list_recipes():
+        recipe = load_recipe(name)
+        rows.append(
+            {
+                "name": recipe.name,
+                "model": recipe.model.hf_id,
+                "family": recipe.model.family,
+                "size": recipe.model.size,
+                "params": recipe.arch.params,
+                "min_gpus": minimum_gpus(recipe),
+                "accelerator": recipe.resources.accelerator,
+                "gated": recipe.model.gated,
+                "description": recipe.description,
+            }
+        )
+    return rows
+
+
+def recipes_table(rows: list[dict[str, Any]]) -> str:
+    """The catalog as a table for people."""
+    header = ("NAME", "MODEL", "PARAMS", "MIN GPUS", "ON", "GATED")
+    body = [
+        (
+            r["name"],
+            r["model"],
+            _params(r["params"]),
+            str(r["min_gpus"]),
+            r["accelerator"],
+            "yes" if r["gated"] else "no",
+        )
+        for r in rows
+    ]
+    table = [header, *body]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
+    ]
+    lines.append("")
+    lines.append("forgesky show NAME · forgesky plan NAME --gpus N · forgesky cp NAME my.yaml")
+    return "\n".join(lines)
+
+
+def recipe_source(source: str) -> Path:
+    """The YAML file behind NAME: the catalog file, or the path itself."""
+    if is_recipe_file(source):
+        path = Path(source)
+        if not path.is_file():
+            raise UserError(f"recipe file not found: {source}")
+        return path
+    return catalog_path(source)
+
+
+def show(source: str) -> str:
+    """The recipe's YAML as written, then what forgesky derives from it."""
+    recipe = load_recipe(source)
+    text = recipe_source(source).read_text()
+    return f"{text.rstrip()}\n\n{derived_summary(recipe)}"
+
+
+def derived_summary(recipe: Recipe) -> str:
+    """Comment lines: the minimum GPUs and where to go next."""
+    need = minimum_gpus(recipe)
+    if recipe.cpu:
+        return f"# derived: runs on CPU (0 GPUs); forgesky local {recipe.name}"
+    lay = recipe.layout
+    reference = f" + reference {lay.reference.tp}" if lay.reference.enabled else ""
+    return (
+        f"# derived: minimum {need} x {recipe.resources.accelerator} = generator "
+        f"{lay.generator.tp * lay.generator.replicas}{reference} + trainer {lay.trainer.gpus}; "
+        f"see forgesky plan {recipe.name} --gpus {need}"
+    )
+
+
+def copy_recipe(source: str, dest: str, force: bool = False) -> Path:
+    """Copy a recipe's YAML (comments and all) to `dest` for editing; returns the new file."""
+    src = recipe_source(source)
+    target = Path(dest)
+    if target.is_dir():
+        target = target / src.name
+    if target.exists() and not force:
+        raise UserError(f"{target} already exists; pass --force to overwrite it")
+    if target.resolve() == src.resolve():
+        raise UserError(f"{target} is the recipe itself; copy it somewhere else")
+    if not target.parent.is_dir():
+        raise UserError(f"cannot write {target}: directory {target.parent} does not exist")
+    target.write_text(src.read_text())
+    return target
+
+
+def validate(source: str, gpus: int | None, overrides: tuple[str, ...]) -> str:
+    """Load, override and plan a recipe; one line saying it is fine (else UserError)."""
+    recipe = resolve_recipe(source, overrides)
+    need = minimum_gpus(recipe)
+    count = need if gpus is None else gpus
+    run_plan = plan(recipe, count)
+    where = "CPU" if run_plan.cpu else f"{count} x {run_plan.accelerator}"
+    return (
+        f"{source}: ok (recipe {recipe.name}, {recipe.model.hf_id}, minimum {need} GPUs; "
+        f"plans on {where})"
+    )
+
+
+def _params(count: int) -> str:
+    if count >= 1e9:
+        return f"{count / 1e9:.1f}B"
+    if count >= 1e6:
+        return f"{count / 1e6:.0f}M"
+    return f"{count / 1e3:.0f}K"

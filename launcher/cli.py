@@ -1,0 +1,385 @@
+"""`forgesky`: the recipe catalog, plans, and GRPO runs on SkyPilot clusters or this machine.
+
+The catalog commands (recipes, show, plan, validate, cp) import neither SkyPilot nor torch, so
+they answer at once; render/launch and the cluster commands import SkyPilot when they run, and
+`local` imports the runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+
+from launcher.options import (
+    PROJECT_DIR,
+    RECOVERY_STRATEGIES,
+    SECRETS,
+    WANDB_MODES,
+    LaunchOptions,
+    resolve_job,
+    resolve_recipe,
+    secret_values,
+)
+from recipes import UserError, minimum_gpus, plan
+
+PROG = "forgesky"
+Handler = Callable[[argparse.Namespace], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one forgesky command; returns the exit code (2 for mistakes the user can fix)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    args.argv = argv
+    try:
+        return args.handler(args)
+    except UserError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if _is_cloud_error(e):
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            print(f"{PROG}: error: {first}", file=sys.stderr)
+            return 1
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="GRPO post-training of Qwen3/Llama models on cloud GPUs through SkyPilot.",
+        epilog="NAME is a catalog recipe (forgesky recipes) or a recipe YAML file.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = _add(sub, "recipes", "list the recipe catalog", _cmd_recipes)
+    p.add_argument("--json", action="store_true", help="one JSON object per recipe, in a list")
+
+    p = _add(sub, "show", "print a recipe's YAML and its minimum GPUs", _cmd_show)
+    p.add_argument("recipe", metavar="NAME")
+
+    p = _add(sub, "plan", "where each service runs on N GPUs", _cmd_plan)
+    p.add_argument("recipe", metavar="NAME")
+    _add_plan_options(p)
+    p.add_argument("--json", action="store_true", help="the plan as JSON")
+
+    p = _add(sub, "render", "print the SkyPilot task YAML for a run", _cmd_render)
+    p.add_argument("recipe", metavar="NAME")
+    _add_launch_options(p)
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+
+    p = _add(sub, "launch", "launch a run on SkyPilot (a cluster, or a managed job)", _cmd_launch)
+    p.add_argument("recipe", metavar="NAME")
+    _add_launch_options(p)
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument(
+        "--dryrun",
+        action="store_true",
+        help="check everything and print the task, but call no cloud",
+    )
+    p.add_argument(
+        "--down", action="store_true", help="tear the cluster down when the run ends (clusters)"
+    )
+
+    p = _add(sub, "status", "clusters (or managed jobs with --managed)", _cmd_status)
+    p.add_argument("names", nargs="*", metavar="NAME", help="cluster or job names (default: all)")
+    _add_managed(p)
+
+    p = _add(sub, "logs", "stream the log of a run", _cmd_logs)
+    p.add_argument("name", metavar="CLUSTER", help="cluster name (job name with --managed)")
+    _add_managed(p)
+    p.add_argument("--job-id", type=int, help="a job id (default: the latest job)")
+    p.add_argument("--no-follow", action="store_true", help="print the log so far and exit")
+
+    p = _add(sub, "down", "tear down a cluster", _cmd_down)
+    p.add_argument("name", metavar="CLUSTER")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+
+    p = _add(sub, "cancel", "cancel the jobs on a cluster, or a managed job", _cmd_cancel)
+    p.add_argument("name", metavar="CLUSTER", help="cluster name (job name with --managed)")
+    _add_managed(p)
+    p.add_argument(
+        "--job-id",
+        type=int,
+        action="append",
+        default=[],
+        help="cancel only this job (repeatable; default: all jobs of CLUSTER)",
+    )
+
+    p = _add(sub, "cp", "copy a recipe to a file to edit", _cmd_cp)
+    p.add_argument("recipe", metavar="NAME")
+    p.add_argument("dest", metavar="FILE", help="file (or directory) to write")
+    p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+
+    p = _add(sub, "validate", "check a recipe file (schema, layout, plan)", _cmd_validate)
+    p.add_argument("recipe", metavar="FILE")
+    _add_plan_options(p)
+
+    p = _add(
+        sub,
+        "local",
+        "run a recipe on this machine (python -m runtime)",
+        _cmd_local,
+        epilog="Options after NAME go to the runtime: [--gpus N] [--steps N] [--run-dir DIR] "
+        "[--set k=v ...] [--checkpoint-every N] [--wandb online|offline|disabled]",
+    )
+    p.add_argument("recipe", metavar="NAME")
+    p.add_argument("runtime_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> LaunchOptions:
+    """The LaunchOptions that `render`/`launch` arguments describe."""
+    return LaunchOptions(
+        gpus=args.gpus,
+        gpus_per_node=args.gpus_per_node,
+        managed=args.managed,
+        spot=args.spot,
+        infra=args.infra,
+        checkpoint_bucket=args.checkpoint_bucket,
+        recovery=args.recovery,
+        max_restarts_on_errors=args.max_restarts_on_errors,
+        overrides=tuple(args.overrides),
+        name=args.cluster_name,
+        steps=args.steps,
+        wandb=args.wandb,
+    )
+
+
+def render_text(args: argparse.Namespace) -> str:
+    """What `forgesky render` writes for these arguments (python -m launcher.write_sky too)."""
+    from launcher.render import render_recipe
+
+    command = f"{PROG} {shlex.join(args.argv)}"
+    return render_recipe(args.recipe, options_from_args(args), command, args.output)
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+def _cmd_recipes(args: argparse.Namespace) -> int:
+    from launcher.catalog import recipe_rows, recipes_table
+
+    rows = recipe_rows()
+    print(json.dumps(rows, indent=2) if args.json else recipes_table(rows))
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from launcher.catalog import show
+
+    print(show(args.recipe))
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    recipe = resolve_recipe(args.recipe, _plan_overrides(args))
+    gpus = minimum_gpus(recipe) if args.gpus is None else args.gpus
+    run_plan = plan(recipe, gpus)
+    print(json.dumps(run_plan.to_dict(), indent=2) if args.json else run_plan.describe())
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from launcher.catalog import validate
+
+    print(validate(args.recipe, args.gpus, _plan_overrides(args)))
+    return 0
+
+
+def _cmd_cp(args: argparse.Namespace) -> int:
+    from launcher.catalog import copy_recipe
+
+    target = copy_recipe(args.recipe, args.dest, force=args.force)
+    print(f"wrote {target}; edit it, then: {PROG} plan {target} · {PROG} launch {target}")
+    return 0
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    text = render_text(args)
+    if args.output:
+        try:
+            with open(args.output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise UserError(f"cannot write {args.output}: {e.strerror}") from None
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    options = options_from_args(args)
+    if args.down and options.managed:
+        raise UserError("--down applies to clusters; a managed job's cluster goes when it ends")
+    job = resolve_job(args.recipe, options)
+    # Preflight on this machine: a missing token fails here, not after provisioning.
+    secrets = secret_values(job, os.environ)
+    from launcher import cloud
+    from launcher.render import render
+    from launcher.task import build_task
+
+    task = build_task(job, secrets, workdir=str(PROJECT_DIR))
+    kind = "managed job" if options.managed else "cluster"
+    spot = " on spot instances" if options.spot else ""
+    print(job.plan.describe(), file=sys.stderr)
+    given = [k for k in SECRETS if secrets.get(k)]
+    print(
+        f"{kind} {job.name}{spot}; secrets from your environment: "
+        f"{', '.join(given) if given else 'none'}",
+        file=sys.stderr,
+    )
+    if options.managed and options.spot and not options.checkpoint_bucket:
+        print(
+            f"{PROG}: warning: no --checkpoint-bucket: a preempted job restarts from step 0",
+            file=sys.stderr,
+        )
+    if args.dryrun:
+        # The placeholder task: the real one carries secret values, which are never printed.
+        shown = build_task(job, secret_values(job, None), workdir=str(PROJECT_DIR))
+        sys.stdout.write(render(job, shown, f"{PROG} {shlex.join(args.argv)}"))
+        print(f"{PROG}: dry run: nothing launched", file=sys.stderr)
+        return 0
+    if not args.yes:
+        _confirm(f"Launch {kind} {job.name}?")
+    print(cloud.launch(task, job.name, managed=options.managed, down=args.down))
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from launcher import cloud
+
+    cloud.status(args.names, managed=args.managed)
+    return 0
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    from launcher import cloud
+
+    return cloud.logs(
+        args.name, managed=args.managed, follow=not args.no_follow, job_id=args.job_id
+    )
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    from launcher import cloud
+
+    if not args.yes:
+        _confirm(f"Tear down cluster {args.name} (its disks are lost)?")
+    cloud.down(args.name)
+    print(f"cluster {args.name} is down")
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from launcher import cloud
+
+    cloud.cancel(args.name, managed=args.managed, job_ids=args.job_id)
+    what = f"managed job {args.name}" if args.managed else f"jobs on {args.name}"
+    print(f"cancelled {what}")
+    return 0
+
+
+def _cmd_local(args: argparse.Namespace) -> int:
+    rest = list(args.runtime_args)
+    if "--recipe" in rest:
+        raise UserError("forgesky local takes the recipe as NAME, not --recipe")
+    from runtime.entry import main as runtime_main
+
+    return runtime_main(["--recipe", args.recipe, *rest], prog=f"{PROG} local")
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _add(sub, name: str, help_text: str, handler: Handler, **kwargs) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", **kwargs
+    )
+    p.set_defaults(handler=handler)
+    return p
+
+
+def _add_plan_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=int, metavar="N", help="total GPUs (default: the minimum)")
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        metavar="K",
+        help="GPUs per node (default: the recipe's resources.gpus_per_node, 8)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe field, e.g. --set grpo.steps=20 (repeatable)",
+    )
+
+
+def _add_launch_options(p: argparse.ArgumentParser) -> None:
+    _add_plan_options(p)
+    p.add_argument("--managed", action="store_true", help="a managed job (sky jobs launch)")
+    p.add_argument("--spot", action="store_true", help="spot instances")
+    p.add_argument("--infra", metavar="X", help="where to run: aws, gcp/us-central1, k8s, ...")
+    p.add_argument(
+        "--checkpoint-bucket",
+        metavar="URL",
+        help="bucket for checkpoints (s3://, gs://, r2://, ...), mounted at /checkpoints",
+    )
+    p.add_argument(
+        "--recovery",
+        choices=RECOVERY_STRATEGIES,
+        help="managed-job recovery after preemption (default: eager_next_region)",
+    )
+    p.add_argument(
+        "--max-restarts-on-errors",
+        type=int,
+        metavar="K",
+        help="managed jobs: restart up to K times when the run itself fails",
+    )
+    p.add_argument("--name", dest="cluster_name", help="cluster or job name (default: grpo-NAME)")
+    p.add_argument("--steps", type=int, metavar="N", help="training steps (sets MAX_STEPS)")
+    p.add_argument("--wandb", choices=WANDB_MODES, help="W&B mode (sets WANDB_MODE)")
+
+
+def _add_managed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--managed", action="store_true", help="managed jobs instead of clusters")
+
+
+def _plan_overrides(args: argparse.Namespace) -> tuple[str, ...]:
+    overrides = list(args.overrides)
+    if args.gpus_per_node is not None:
+        overrides.append(f"resources.gpus_per_node={args.gpus_per_node}")
+    return tuple(overrides)
+
+
+def _confirm(question: str) -> None:
+    if not sys.stdin.isatty():
+        raise UserError(f"{question} needs an answer and stdin is not a terminal; pass --yes")
+    answer = input(f"{question} [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise UserError("not confirmed; nothing done")
+
+
+def _is_cloud_error(error: Exception) -> bool:
+    cloud = sys.modules.get("launcher.cloud")
+    return cloud is not None and isinstance(error, cloud.CLOUD_ERRORS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

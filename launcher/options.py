@@ -1,0 +1,231 @@
+"""From a recipe and the `render`/`launch` options to a `Job`: everything the task builder needs.
+
+Every check a user can fail happens here, before SkyPilot is imported and long before anything
+is provisioned: the recipe and its overrides, the GPU count (the planner), the bucket URL, the
+recovery settings, and at launch time the secrets in the environment.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recipes import Plan, Recipe, UserError, apply_overrides, load_recipe, minimum_gpus, plan
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+CHECKPOINT_MOUNT = "/checkpoints"
+# Recipe files from outside the catalog reach the nodes through a file mount here.
+RECIPE_MOUNT_DIR = "/forgesky/recipes"
+RECOVERY_STRATEGIES = ("eager_next_region", "failover")
+WANDB_MODES = ("online", "offline", "disabled")
+SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
+# Store URL schemes SkyPilot mounts (sky.data.storage.StoreType prefixes); https:// is Azure blob.
+BUCKET_SCHEMES = ("s3", "gs", "r2", "cos", "oci", "nebius", "cw", "vastdata", "https")
+_BUCKET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# SkyPilot's cluster-name rule (sky.utils.common_utils.check_cluster_name_is_valid).
+_CLUSTER_NAME = re.compile(r"[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?")
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What `forgesky render/launch` were asked for; None means the default."""
+
+    gpus: int | None = None
+    gpus_per_node: int | None = None
+    managed: bool = False
+    spot: bool = False
+    infra: str | None = None
+    checkpoint_bucket: str | None = None
+    recovery: str | None = None
+    max_restarts_on_errors: int | None = None
+    overrides: tuple[str, ...] = ()
+    name: str | None = None
+    steps: int | None = None
+    wandb: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A recipe resolved for one launch: the plan, the names and the knobs on the node."""
+
+    recipe: Recipe
+    plan: Plan
+    options: LaunchOptions
+    name: str
+    min_gpus: int
+    # What `python -m runtime --recipe` gets on the node, and the file mount that puts it there
+    # (remote path, local path) when it is a file rather than a catalog name.
+    recipe_ref: str
+    recipe_mount: tuple[str, str] | None
+    # Overrides the node re-applies with --set (model.hf_id travels as $MODEL instead).
+    node_overrides: tuple[str, ...]
+    envs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> str:
+        """Where the runtime keeps metrics and checkpoints on the node."""
+        if self.options.checkpoint_bucket:
+            return f"{CHECKPOINT_MOUNT}/{self.name}"
+        return f"runs/{self.name}"
+
+    @property
+    def recovery_strategy(self) -> str:
+        """SkyPilot's name of the managed-job recovery strategy."""
+        return (self.options.recovery or RECOVERY_STRATEGIES[0]).upper()
+
+    @property
+    def required_secrets(self) -> tuple[str, ...]:
+        """Secrets without which the run cannot start."""
+        needed = []
+        if self.recipe.model.gated:
+            needed.append("HF_TOKEN")
+        if self.envs["WANDB_MODE"] == "online":
+            needed.append("WANDB_API_KEY")
+        return tuple(needed)
+
+
+def is_recipe_file(source: str) -> bool:
+    """True when NAME on the command line is a file path rather than a catalog name."""
+    return "/" in source or source.endswith((".yaml", ".yml")) or Path(source).is_file()
+
+
+def resolve_recipe(source: str, overrides: tuple[str, ...] = ()) -> Recipe:
+    """The recipe `source` names (catalog name or file), with `--set` overrides applied."""
+    recipe = load_recipe(source)
+    return apply_overrides(recipe, list(overrides)) if overrides else recipe
+
+
+def resolve_job(source: str, options: LaunchOptions) -> Job:
+    """Check every option against the recipe and plan the run; raises UserError."""
+    overrides = list(options.overrides)
+    if options.gpus_per_node is not None:
+        if options.gpus_per_node < 1:
+            raise UserError(f"--gpus-per-node must be at least 1 (got {options.gpus_per_node})")
+        # Through the recipe, so the node (which plans from the recipe) agrees.
+        overrides.append(f"resources.gpus_per_node={options.gpus_per_node}")
+    recipe = resolve_recipe(source, tuple(overrides))
+    need = minimum_gpus(recipe)
+    # The planner refuses counts below the minimum (0 included) with the per-service breakdown.
+    run_plan = plan(recipe, need if options.gpus is None else options.gpus)
+    _check_managed_options(options)
+    if options.checkpoint_bucket is not None:
+        check_bucket_url(options.checkpoint_bucket)
+    if options.steps is not None and options.steps < 1:
+        raise UserError(f"--steps must be at least 1 (got {options.steps})")
+    if options.wandb is not None and options.wandb not in WANDB_MODES:
+        raise UserError(f"--wandb must be one of {', '.join(WANDB_MODES)} (got {options.wandb!r})")
+    name = options.name or default_name(recipe.name)
+    if not _CLUSTER_NAME.fullmatch(name):
+        raise UserError(
+            f"--name {name!r} is not a valid cluster/job name: start with a letter, then "
+            "letters, digits, '-', '_' or '.', ending with a letter or digit"
+        )
+    if is_recipe_file(source):
+        remote = f"{RECIPE_MOUNT_DIR}/{Path(source).name}"
+        recipe_ref, mount = remote, (remote, str(Path(source).resolve()))
+    else:
+        recipe_ref, mount = recipe.name, None
+    envs = {
+        # Knobs of the task, like SkyPilot's torchforge example: change them with
+        # `sky launch --env KEY=VALUE` without re-rendering.
+        "MODEL": recipe.model.hf_id,
+        "MIN_GPUS": str(need),
+        "MAX_STEPS": "" if options.steps is None else str(options.steps),
+        "WANDB_MODE": options.wandb or "disabled",
+    }
+    node_overrides = tuple(o for o in overrides if o.partition("=")[0].strip() != "model.hf_id")
+    return Job(
+        recipe=recipe,
+        plan=run_plan,
+        options=options,
+        name=name,
+        min_gpus=need,
+        recipe_ref=recipe_ref,
+        recipe_mount=mount,
+        node_overrides=node_overrides,
+        envs=envs,
+    )
+
+
+def default_name(recipe_name: str) -> str:
+    """The cluster (or managed job) name for a recipe: grpo-<recipe>, cleaned to SkyPilot's rule."""
+    cleaned = re.sub(r"[^-_.a-zA-Z0-9]+", "-", recipe_name).strip("-_.")
+    return f"grpo-{cleaned}" if cleaned else "grpo"
+
+
+def secret_values(job: Job, environ: Mapping[str, str] | None) -> dict[str, str | None]:
+    """The `secrets:` of the task.
+
+    With environ None (render, sky/ files) no value is read: a secret the run needs is None (a
+    SkyPilot reference: `sky launch` refuses to start until `--secret NAME` gives it) and an
+    optional one is "" (an empty placeholder `--secret NAME` can fill). With an environment
+    (launch) values come from it; a missing required one is a UserError.
+    """
+    required = job.required_secrets
+    if environ is None:
+        return {key: (None if key in required else "") for key in SECRETS}
+    values: dict[str, str | None] = {}
+    for key in SECRETS:
+        value = environ.get(key, "")
+        if not value and key in required:
+            raise UserError(_missing_secret_message(job, key))
+        values[key] = value
+    return values
+
+
+def check_bucket_url(url: str) -> None:
+    """Raise UserError unless `url` names a bucket SkyPilot can mount (s3://bucket/path, ...)."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in BUCKET_SCHEMES:
+        close = difflib.get_close_matches(scheme, BUCKET_SCHEMES, n=1)
+        hint = f" (did you mean {close[0]}://?)" if close and scheme else ""
+        kinds = ", ".join(f"{s}://" for s in BUCKET_SCHEMES if s != "https")
+        raise UserError(
+            f"--checkpoint-bucket {url!r}: not a bucket URL{hint}; use {kinds} "
+            "or https://<account>.blob.core.windows.net/<container>"
+        )
+    if not parts.netloc or not _BUCKET_NAME.fullmatch(parts.netloc):
+        raise UserError(f"--checkpoint-bucket {url!r}: bucket name missing or invalid")
+    if parts.query or parts.fragment or " " in url:
+        raise UserError(f"--checkpoint-bucket {url!r}: no spaces, '?' or '#' in a bucket URL")
+    if scheme == "https" and (
+        not parts.netloc.endswith(".blob.core.windows.net") or not parts.path.strip("/")
+    ):
+        raise UserError(
+            f"--checkpoint-bucket {url!r}: an https:// bucket must be an Azure blob container, "
+            "https://<account>.blob.core.windows.net/<container>"
+        )
+    if scheme == "cos" and not parts.path.strip("/"):
+        raise UserError(f"--checkpoint-bucket {url!r}: IBM COS URLs are cos://<region>/<bucket>")
+
+
+def _check_managed_options(options: LaunchOptions) -> None:
+    if options.recovery is not None:
+        if options.recovery.lower() not in RECOVERY_STRATEGIES:
+            raise UserError(
+                f"--recovery must be one of {', '.join(RECOVERY_STRATEGIES)} "
+                f"(got {options.recovery!r})"
+            )
+        if not options.managed:
+            raise UserError("--recovery applies to managed jobs: add --managed")
+    if options.max_restarts_on_errors is not None:
+        if options.max_restarts_on_errors < 0:
+            raise UserError(
+                f"--max-restarts-on-errors must be 0 or more (got {options.max_restarts_on_errors})"
+            )
+        if not options.managed:
+            raise UserError("--max-restarts-on-errors applies to managed jobs: add --managed")
+
+
+def _missing_secret_message(job: Job, key: str) -> str:
+    if key == "HF_TOKEN":
+        return (
+            f"{job.recipe.model.hf_id} is gated on the Hugging Face Hub and HF_TOKEN is not set; "
+            "export HF_TOKEN=<token with access to it> and launch again"
+        )
+    return "--wandb online needs WANDB_API_KEY in the environment; export it or use --wandb offline"

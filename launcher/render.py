@@ -1,0 +1,132 @@
+"""A task as the YAML file `sky launch` / `sky jobs launch` reads, with a header saying how.
+
+The YAML is SkyPilot's own serialisation (`Task.to_yaml_config`, resources factored with
+`Task.get_resource_config`); this module only orders the keys for people and adds the header.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+import sky
+from launcher.options import Job, LaunchOptions, resolve_job, secret_values
+from launcher.task import build_task
+
+# Keys in the order a reader wants them: what and where first, the long scripts last.
+_KEY_ORDER = (
+    "name",
+    "resources",
+    "num_nodes",
+    "workdir",
+    "file_mounts",
+    "envs",
+    "secrets",
+    "setup",
+    "run",
+)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, scripts as literal blocks, no anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def task_config(task: sky.Task) -> dict[str, Any]:
+    """SkyPilot's YAML config of `task`, keys in reading order, empty sections dropped."""
+    config = task.to_yaml_config()
+    # Factored form: shared fields once, then `ordered:` with just the accelerators.
+    # Underscore keys are SkyPilot internals it re-derives when parsing (e.g. _requires_fuse).
+    config["resources"] = {
+        k: v for k, v in task.get_resource_config().items() if not k.startswith("_")
+    }
+    ordered = {k: config[k] for k in _KEY_ORDER if config.get(k) not in (None, {}, "")}
+    rest = {k: v for k, v in config.items() if k not in _KEY_ORDER and v not in (None, {}, [])}
+    return {**ordered, **rest}
+
+
+def dump_yaml(config: dict[str, Any]) -> str:
+    """YAML text of a task config, a blank line between top-level sections."""
+    return "\n".join(
+        yaml.dump({key: value}, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+        for key, value in config.items()
+    )
+
+
+def header(job: Job, command: str, path: str | None) -> str:
+    """The comment block on top of a rendered task: what it is and the exact commands.
+
+    command: the forgesky command line that writes this file; path: the file, as the user will
+    type it (None when printed to stdout).
+    """
+    recipe, plan, options = job.recipe, job.plan, job.options
+    file = path or "<file>"
+    if plan.cpu:
+        hardware = "one CPU node"
+    else:
+        alternatives = [
+            a for a in recipe.resources.alternatives if a != recipe.resources.accelerator
+        ]
+        alt = f" ({' or '.join(alternatives)} also accepted)" if alternatives else ""
+        nodes = f"{plan.num_nodes} nodes x " if plan.num_nodes > 1 else ""
+        hardware = f"{nodes}{plan.gpus_per_node} x {recipe.resources.accelerator}{alt}"
+    secret_flags = "".join(f" --secret {key}" for key in job.required_secrets)
+    lines = [
+        f"forgesky recipe {recipe.name}: {recipe.description}",
+        f"{recipe.model.hf_id} on {hardware}; the recipe needs at least {job.min_gpus} GPUs.",
+        f"Written by `{command}`: edit the recipe, not this file.",
+        "",
+        "Run from the repository root (workdir: . is synced to every node):",
+    ]
+    if options.managed:
+        lines += [
+            f"  sky jobs launch -n {job.name} {file}{secret_flags}",
+            f"  sky jobs logs -n {job.name}",
+            f"  sky jobs cancel -n {job.name}",
+        ]
+    else:
+        lines += [
+            f"  sky launch -c {job.name} {file}{secret_flags}",
+            f"  sky logs {job.name}",
+            f"  sky down {job.name}",
+        ]
+    hf = "" if "HF_TOKEN" in job.required_secrets else ", --secret HF_TOKEN (a Hub token)"
+    lines += [
+        "Knobs: --env MAX_STEPS=20 (a short run), --env WANDB_MODE=online --secret WANDB_API_KEY",
+        f"(secrets are read from your environment){hf}.",
+        "GPU counts cannot be templated in SkyPilot YAML: for another count render another file,",
+        f"  forgesky render {recipe.name if job.recipe_mount is None else job.recipe_mount[1]}"
+        f" --gpus N{' --managed --spot' if options.managed else ''} -o my.yaml",
+    ]
+    if options.managed and not options.checkpoint_bucket:
+        lines += [
+            "Checkpoints stay on the node here: after a preemption the job starts again from step 0.",
+            "To resume instead, keep them in a bucket (mounted at /checkpoints):",
+            f"  forgesky render {recipe.name} --managed --spot --checkpoint-bucket s3://<bucket>/forgesky",
+        ]
+    return "\n".join(f"# {line}".rstrip() for line in lines)
+
+
+def render(job: Job, task: sky.Task, command: str, path: str | None = None) -> str:
+    """The whole file: the header and SkyPilot's YAML of `task`."""
+    return f"{header(job, command, path)}\n\n{dump_yaml(task_config(task))}"
+
+
+def render_recipe(
+    source: str, options: LaunchOptions, command: str, path: str | None = None, workdir: str = "."
+) -> str:
+    """`forgesky render`: the file for `source` with `options`, secrets as placeholders only."""
+    job = resolve_job(source, options)
+    task = build_task(job, secret_values(job, None), workdir)
+    return render(job, task, command, path)

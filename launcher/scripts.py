@@ -1,0 +1,109 @@
+"""The shell that SkyPilot runs on every node: `setup` (install the stack) and `run` (train).
+
+Pure string building, no SkyPilot import: `forgesky render` output and the files in sky/ come
+from here, so the exact commands are reviewable in one place.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+# The GPU stack, pinned. vLLM 0.20-0.26 pin torch==2.11.0, so torch follows vLLM; PyPI's Linux
+# torch wheel is the CUDA build.
+RUNTIME_STACK: tuple[str, ...] = (
+    "torch==2.11.0",
+    "vllm==0.24.0",
+    "torchmonarch==0.7.0",
+    "torchtitan==0.3.0",
+)
+# Its metadata pins torch==2.9.0 and torchmonarch==0.1.2; runtime/compat/torchstore.py bridges
+# the difference, so it goes in without dependencies.
+TORCHSTORE = "torchstore==0.1.2"
+VENV = "$HOME/forgesky-venv"
+PYTHON_VERSION = "3.11"
+
+
+def setup_script() -> str:
+    """Install uv, a Python 3.11 venv and the pinned stack, from wheels only."""
+    stack = " ".join(RUNTIME_STACK)
+    return (
+        "\n".join(
+            [
+                "set -euo pipefail",
+                "# uv installs the CUDA stack in about a minute where pip takes several.",
+                "python3 -m pip install --quiet --upgrade uv",
+                "# uv's standalone Python: node images often ship an older one.",
+                f'[ -x "{VENV}/bin/python" ] || python3 -m uv venv --python {PYTHON_VERSION} "{VENV}"',
+                "# Wheels only (--only-binary :all:): no git clones, no source builds. The project",
+                "# itself (the synced workdir) is installed editable with its [runtime] extra.",
+                f'python3 -m uv pip install --python "{VENV}/bin/python" --only-binary :all: \\',
+                f"  {stack} -e '.[runtime]'",
+                f'python3 -m uv pip install --python "{VENV}/bin/python" --only-binary :all: '
+                f"--no-deps {TORCHSTORE}",
+                f'"{VENV}/bin/python" -c "import torch, monarch, torchtitan, torchstore; '
+                "print('forgesky: torch', torch.__version__, 'cuda', torch.version.cuda)\"",
+            ]
+        )
+        + "\n"
+    )
+
+
+def run_script(
+    *,
+    recipe_name: str,
+    recipe_ref: str,
+    gated: bool,
+    run_dir: str,
+    overrides: Sequence[str] = (),
+) -> str:
+    """Check the GPUs SkyPilot gave against MIN_GPUS, then start `python -m runtime`.
+
+    recipe_ref is what `--recipe` gets on the node: a catalog name or a path there.
+    overrides are `key=value` recipe overrides, passed on as `--set`.
+    """
+    lines = [
+        "set -euo pipefail",
+        f'source "{VENV}/bin/activate"',
+        "# An empty placeholder secret means not given: drop it so no library tries it.",
+        'if [ -z "${HF_TOKEN:-}" ]; then unset HF_TOKEN; fi',
+        'if [ -z "${WANDB_API_KEY:-}" ]; then unset WANDB_API_KEY; fi',
+        "# A cluster can come up smaller than the plan (`sky launch --gpus H100:2`, reused",
+        "# clusters): stop before anything heavy starts.",
+        "GPUS=$(( ${SKYPILOT_NUM_GPUS_PER_NODE:-0} * ${SKYPILOT_NUM_NODES:-1} ))",
+        'if [ "$GPUS" -lt "$MIN_GPUS" ]; then',
+        f'  echo "forgesky: error: recipe {recipe_name} needs at least $MIN_GPUS GPUs but this'
+        " cluster has $GPUS (${SKYPILOT_NUM_NODES:-1} node(s) x"
+        ' ${SKYPILOT_NUM_GPUS_PER_NODE:-0}); launch it with more" >&2',
+        "  exit 2",
+        "fi",
+    ]
+    if gated:
+        lines += [
+            'if [ -z "${HF_TOKEN:-}" ]; then',
+            '  echo "forgesky: error: $MODEL is gated on the Hugging Face Hub; launch with'
+            ' --secret HF_TOKEN (your token in the local environment)" >&2',
+            "  exit 2",
+            "fi",
+        ]
+    args = [
+        "--recipe",
+        shlex.quote(recipe_ref),
+        "--gpus",
+        '"$GPUS"',
+        "--set",
+        '"model.hf_id=$MODEL"',
+        "--wandb",
+        '"$WANDB_MODE"',
+        "--run-dir",
+        shlex.quote(run_dir),
+    ]
+    for item in overrides:
+        args += ["--set", shlex.quote(item)]
+    lines += [
+        f"ARGS=({' '.join(args)})",
+        'if [ -n "${MAX_STEPS:-}" ]; then ARGS+=(--steps "$MAX_STEPS"); fi',
+        "# exec: SkyPilot's SIGTERM (cancel, preemption) reaches the runtime, which checkpoints.",
+        'exec python -m runtime "${ARGS[@]}"',
+    ]
+    return "\n".join(lines) + "\n"

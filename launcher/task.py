@@ -1,0 +1,77 @@
+"""A resolved `Job` as SkyPilot's own objects: `sky.Task`, `sky.Resources`, `sky.Storage`.
+
+Imported only by the commands that talk to SkyPilot (render, launch): importing SkyPilot takes
+seconds, and the catalog commands must stay fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import sky
+from launcher.options import CHECKPOINT_MOUNT, Job
+from launcher.scripts import run_script, setup_script
+
+# vCPUs for CPU recipes: the runtime starts one process per service (see recipes.plan).
+CPU_NODE_CPUS = "8+"
+
+
+def build_resources(job: Job) -> list[sky.Resources]:
+    """One `sky.Resources` per accelerator the recipe accepts, in preference order.
+
+    A list is SkyPilot's `ordered:` set: the optimizer tries the recipe's accelerator first and
+    falls back to its alternatives (H200 for H100 recipes) when that is unavailable.
+    """
+    recipe, options = job.recipe, job.options
+    common: dict = {
+        "infra": options.infra,
+        "disk_size": recipe.resources.disk_gb,
+        "use_spot": True if options.spot else None,
+    }
+    if options.managed:
+        recovery: dict[str, str | int] = {"strategy": job.recovery_strategy}
+        if options.max_restarts_on_errors is not None:
+            recovery["max_restarts_on_errors"] = options.max_restarts_on_errors
+        common["job_recovery"] = recovery
+    if job.plan.cpu:
+        return [sky.Resources(cpus=CPU_NODE_CPUS, **common)]
+    per_node = job.plan.gpus_per_node
+    accelerators = [recipe.resources.accelerator, *recipe.resources.alternatives]
+    unique = list(dict.fromkeys(accelerators))
+    return [sky.Resources(accelerators={acc: per_node}, **common) for acc in unique]
+
+
+def build_task(job: Job, secrets: Mapping[str, str | None], workdir: str) -> sky.Task:
+    """The SkyPilot task for `job`.
+
+    secrets: from `launcher.options.secret_values` (None marks a reference SkyPilot must be
+    given at launch). workdir: the project directory, synced to every node.
+    """
+    task = sky.Task(
+        name=job.name,
+        setup=setup_script(),
+        run=run_script(
+            recipe_name=job.recipe.name,
+            recipe_ref=job.recipe_ref,
+            gated=job.recipe.model.gated,
+            run_dir=job.run_dir,
+            overrides=job.node_overrides,
+        ),
+        workdir=workdir,
+        num_nodes=job.plan.num_nodes,
+        envs=dict(job.envs),
+        secrets=dict(secrets),
+    )
+    if job.recipe_mount is not None:
+        remote, local = job.recipe_mount
+        task.set_file_mounts({remote: local})
+    if job.options.checkpoint_bucket:
+        # MOUNT_CACHED: checkpoints are written to local disk and uploaded in the background,
+        # so a save does not wait on the bucket; SkyPilot flushes the cache before teardown.
+        storage = sky.Storage(
+            source=job.options.checkpoint_bucket, mode=sky.StorageMode.MOUNT_CACHED
+        )
+        task.set_storage_mounts({CHECKPOINT_MOUNT: storage})
+    # After the storage mounts: SkyPilot marks resources that need FUSE when they are set.
+    task.set_resources(build_resources(job))
+    return task
