@@ -7,20 +7,26 @@ Extra GPUs. The recipe's layout is the minimum; GPUs beyond it are handed out on
 by a single rule:
 
 1. while the generator holds fewer than twice the trainer's GPUs, add a generator replica
-   (generator.tp GPUs);
-2. otherwise widen the trainer by one data-parallel rank (trainer.tp GPUs: fsdp + 1);
-3. stop when neither unit fits; the GPUs left are listed as idle in the plan.
+   (generator.tp GPUs) or, if a replica no longer fits, widen the trainer by one data-parallel
+   rank (trainer.tp GPUs: fsdp + 1);
+2. once the generator holds twice the trainer's GPUs, widen the trainer by one rank;
+3. stop when the step a rule asks for does not fit; the GPUs left are listed as idle.
 
 Why 2:1: in GRPO each step first samples group_size responses per prompt, one token at a time
 (memory-bandwidth bound), then trains once on the finished batch (one compute-bound forward and
 backward). Sampling ~1k-token responses takes about twice as long as training on them, so the
-generator gets twice the trainer's GPUs before the trainer gets more. A step on the unit that
-does not fit falls through to the other, so GPUs stay idle only when no unit fits.
+generator gets up to twice the trainer's GPUs, and never more: a generator that outruns the
+trainer only produces samples that go stale (max_policy_age). The rule also makes the plan
+monotonic: more GPUs never mean fewer generator replicas. (The trainer may shrink by a rank when
+one more GPU lets a generator replica take the GPUs a trainer rank would have used.)
 
-Nodes. More GPUs than gpus_per_node means several nodes, each with the same number of GPUs (as
-SkyPilot provisions them). Tensor-parallel groups (a generator replica, the reference, each
-trainer TP group) never cross a node; the trainer's FSDP ranks may. Groups go to nodes largest
-first, each into the first node with room; within a node GPUs are numbered in service order.
+Nodes. Up to gpus_per_node GPUs is one node of that many GPUs. Beyond it, a run uses whole nodes
+(a multiple of gpus_per_node), the shape clouds sell and SkyPilot provisions (every node of a
+cluster gets the same accelerators). Tensor-parallel groups (a generator replica, the reference,
+each trainer TP group) never cross a node; the trainer's FSDP ranks may. Groups go to nodes
+largest first, each into the first node with room (with power-of-two group sizes this finds a
+placement whenever one exists); within a node GPUs are numbered in service order. Reward procs
+run on CPU on node 0, next to the controller.
 """
 
 from __future__ import annotations
@@ -165,10 +171,11 @@ def plan(recipe: Recipe, gpus: int, gpus_per_node: int | None = None) -> Plan:
             f"{recipe.name} needs at least {need} GPUs ({_breakdown(recipe)}); got {gpus}"
         )
     num_nodes = math.ceil(gpus / gpn)
-    if gpus % num_nodes:
+    if num_nodes > 1 and gpus % gpn:
+        options = [n for n in ((num_nodes - 1) * gpn, num_nodes * gpn) if n >= need]
         raise UserError(
-            f"{gpus} GPUs need {num_nodes} nodes of at most {gpn} GPUs, and every node gets the "
-            f"same number; use {' or '.join(map(str, _even_counts(gpus, gpn, need)))} GPUs"
+            f"{gpus} GPUs span {num_nodes} nodes, and a multi-node run uses whole nodes of "
+            f"{gpn} GPUs: use {' or '.join(map(str, options))} GPUs"
         )
     per_node = gpus // num_nodes
     lay = recipe.layout
@@ -188,13 +195,12 @@ def plan(recipe: Recipe, gpus: int, gpus_per_node: int | None = None) -> Plan:
         raise UserError(
             f"{recipe.name}: cannot place its services on {num_nodes} nodes of {per_node} GPUs "
             f"without splitting a tensor-parallel group (largest TP {largest}); "
-            f"use a GPU count that gives nodes of {gpn}"
+            "use more GPUs per node"
         )
     while True:
+        attempts = [(replicas, fsdp + 1)]
         if gen_tp * replicas < GENERATOR_TO_TRAINER_GPUS * fsdp * tr_tp:
-            attempts = [(replicas + 1, fsdp), (replicas, fsdp + 1)]
-        else:
-            attempts = [(replicas, fsdp + 1), (replicas + 1, fsdp)]
+            attempts.insert(0, (replicas + 1, fsdp))
         for r, f in attempts:
             if (grown := packing(r, f)) is not None:
                 replicas, fsdp, packed = r, f, grown
@@ -311,17 +317,6 @@ def _breakdown(recipe: Recipe) -> str:
         parts.append(f"reference {tp}" + (f" = TP{tp}" if tp > 1 else ""))
     parts.append(f"trainer {t.gpus} = FSDP{t.resolved_fsdp}×TP{t.tp}")
     return ", ".join(parts)
-
-
-def _even_counts(gpus: int, gpn: int, need: int) -> list[int]:
-    """The nearest GPU counts below and above `gpus` that split evenly over nodes."""
-
-    def even(n: int) -> bool:
-        return n % math.ceil(n / gpn) == 0
-
-    below = next((n for n in range(gpus - 1, need - 1, -1) if even(n)), None)
-    above = next(n for n in range(gpus + 1, gpus + gpn + 1) if even(n))
-    return [n for n in (below, above) if n is not None]
 
 
 def _gpu_list(gpus: tuple[int, ...]) -> str:

@@ -21,7 +21,7 @@ DEFAULT_PROMPT_TEMPLATE = "{question}\nThink step by step, then give the final a
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Model(_Strict):

@@ -1,0 +1,153 @@
+"""The shipped catalog: names, header comments, upstream GRPO settings, and that each fits."""
+
+import re
+
+import pytest
+
+from recipes import estimate_memory, list_recipes, load_recipe, minimum_gpus, plan
+from recipes.loader import catalog_path
+from recipes.memory import ACCELERATOR_GB
+
+NAMES = [
+    "llama3.1-8b",
+    "llama3.2-1b",
+    "llama3.2-3b",
+    "qwen3-0.6b",
+    "qwen3-1.7b",
+    "qwen3-14b",
+    "qwen3-32b",
+    "qwen3-4b",
+    "qwen3-8b",
+    "tiny",
+]
+GPU_NAMES = [n for n in NAMES if n != "tiny"]
+
+
+def header(name: str) -> str:
+    lines = catalog_path(name).read_text().splitlines()
+    comments = []
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        comments.append(line)
+    return "\n".join(comments)
+
+
+def test_catalog_names():
+    assert list_recipes() == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_recipe_name_matches_file(name):
+    assert load_recipe(name).name == name
+
+
+@pytest.mark.parametrize("name", GPU_NAMES)
+def test_header_states_the_computed_minimum_and_run_command(name):
+    text = header(name)
+    assert text.startswith(f"# {name}: ")
+    need = minimum_gpus(load_recipe(name))
+    assert re.search(r"Minimum: (\d+) GPUs", text).group(1) == str(need)
+    assert f"forgesky launch {name} --gpus {need}" in text
+    assert f"forgesky cp {name} " in text
+
+
+def test_tiny_header_says_cpu():
+    text = header("tiny")
+    assert "Minimum: 0 GPUs (runs on CPU)" in text and "forgesky local tiny" in text
+    assert minimum_gpus(load_recipe("tiny")) == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "need", "gated"),
+    [("qwen3-1.7b", 3, False), ("qwen3-8b", 5, False), ("llama3.1-8b", 5, True)],
+)
+def test_headline_minimums(name, need, gated):
+    r = load_recipe(name)
+    assert minimum_gpus(r) == need
+    assert r.model.gated is gated
+
+
+def test_headline_layouts():
+    lay = load_recipe("qwen3-8b").layout
+    assert (lay.generator.tp, lay.reference.tp, lay.trainer.gpus, lay.trainer.resolved_fsdp) == (
+        2,
+        1,
+        2,
+        2,
+    )
+    assert load_recipe("llama3.1-8b").model.hf_id == "meta-llama/Meta-Llama-3.1-8B-Instruct"
+
+
+@pytest.mark.parametrize(
+    ("name", "prompts"), [("qwen3-1.7b", 16), ("qwen3-8b", 12), ("llama3.1-8b", 4)]
+)
+def test_upstream_grpo_settings_on_gsm8k(name, prompts):
+    r = load_recipe(name)
+    d, g = r.dataset, r.grpo
+    assert (d.path, d.config, d.split, d.prompt_field, d.answer_field) == (
+        "openai/gsm8k",
+        "main",
+        "train",
+        "question",
+        "answer",
+    )
+    assert [w.name for w in d.rewards] == ["math", "format"]
+    assert (g.group_size, g.prompts_per_step, g.max_prompt_tokens, g.max_response_tokens) == (
+        8,
+        prompts,
+        1024,
+        1024,
+    )
+    assert (g.learning_rate, g.kl_beta, g.clip_low, g.clip_high, g.loss, g.max_policy_age) == (
+        1e-5,
+        0.1,
+        0.2,
+        0.28,
+        "grpo",
+        1,
+    )
+
+
+def test_llama_recipes_are_gated_and_qwen_are_not():
+    for name in GPU_NAMES:
+        assert load_recipe(name).model.gated == name.startswith("llama")
+
+
+def test_qwen3_32b_needs_two_nodes():
+    r = load_recipe("qwen3-32b")
+    need = minimum_gpus(r)
+    assert need > 8
+    p = plan(r, need)
+    assert p.num_nodes == 2
+    assert plan(r, 16).num_nodes == 2
+
+
+@pytest.mark.parametrize("name", GPU_NAMES)
+def test_every_gpu_recipe_fits_h100_at_its_minimum(name):
+    r = load_recipe(name)
+    assert r.resources.accelerator == "H100"
+    memory = estimate_memory(r)
+    assert set(memory) == {"generator", "reference", "trainer"}
+    assert all(0 < gb <= ACCELERATOR_GB["H100"] for gb in memory.values()), memory
+    p = plan(r, minimum_gpus(r))
+    assert p.memory == memory and not p.idle_gpus
+
+
+def test_tiny_recipe():
+    r = load_recipe("tiny")
+    assert r.cpu and r.resources.accelerator == "cpu"
+    assert (r.model.family, r.model.size, r.model.tokenizer, r.model.init, r.model.dtype) == (
+        "qwen3",
+        "tiny",
+        "builtin:tiny",
+        "random",
+        "float32",
+    )
+    assert r.dataset.path == "builtin:tiny" and [w.name for w in r.dataset.rewards] == [
+        "builtin:tiny"
+    ]
+    g = r.grpo
+    assert (g.group_size, g.prompts_per_step, g.loss, g.max_policy_age) == (8, 8, "grpo", 1)
+    assert (g.steps, g.checkpoint_interval, g.kl_beta) == (200, 50, 0.0)
+    assert g.max_prompt_tokens + g.max_response_tokens <= r.arch.max_seq_len

@@ -1,0 +1,256 @@
+"""The planner: minimums, the extra-GPU rule, nodes, CPU plans, and invariants over many layouts."""
+
+import functools
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recipes import UserError, apply_overrides, load_recipe, minimum_gpus, plan
+
+
+@functools.cache
+def recipe(name: str, *overrides: str):
+    return apply_overrides(load_recipe(name), list(overrides))
+
+
+def error_of(*args, **kwargs) -> str:
+    with pytest.raises(UserError) as info:
+        plan(*args, **kwargs)
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+def shape(p):
+    return (p.generator_replicas, p.trainer_fsdp, len(p.idle_gpus))
+
+
+def test_minimum_is_the_sum_of_services():
+    assert minimum_gpus(recipe("qwen3-8b")) == 2 + 1 + 2
+    assert minimum_gpus(recipe("qwen3-8b", "layout.reference.enabled=false")) == 4
+    assert minimum_gpus(recipe("qwen3-8b", "layout.generator.replicas=3")) == 6 + 1 + 2
+    assert minimum_gpus(recipe("tiny")) == 0
+
+
+def test_below_minimum_names_the_breakdown():
+    assert error_of(recipe("qwen3-8b"), 4) == (
+        "qwen3-8b needs at least 5 GPUs (generator 2 = TP2×1, reference 1, trainer 2 = FSDP2×TP1); got 4"
+    )
+    assert "got 0" in error_of(recipe("qwen3-8b"), 0)
+    assert "(generator 4 = TP4×1, reference 4 = TP4, trainer 8 = FSDP8×TP1); got 12" in error_of(
+        recipe("qwen3-32b"), 12
+    )
+
+
+def test_minimum_plan_is_the_recipe_layout():
+    p = plan(recipe("qwen3-8b"), 5)
+    assert (p.total_gpus, p.num_nodes, p.gpus_per_node, p.minimum_gpus) == (5, 1, 5, 5)
+    assert [(x.service, x.replica, x.node, x.gpus) for x in p.placements] == [
+        ("generator", 0, 0, (0, 1)),
+        ("reference", 0, 0, (2,)),
+        ("trainer", 0, 0, (3, 4)),
+        ("reward", 0, 0, ()),
+        ("reward", 1, 0, ()),
+    ]
+    assert (p.trainer_gpus, p.trainer_fsdp, p.trainer_tp, p.idle_gpus) == (2, 2, 1, ())
+
+
+def test_extra_gpus_go_to_the_generator_until_twice_the_trainer():
+    r = recipe("qwen3-1.7b")  # generator TP1, reference 1, trainer 1
+    # gpus: (generator replicas, trainer fsdp, idle)
+    expected = {3: (1, 1, 0), 4: (2, 1, 0), 5: (2, 2, 0), 6: (3, 2, 0), 7: (4, 2, 0), 8: (4, 3, 0)}
+    expected[16] = (10, 5, 0)  # two nodes: generator 10 = 2 x trainer 5
+    assert {n: shape(plan(r, n)) for n in expected} == expected
+
+
+def test_generator_tp_sets_the_replica_unit():
+    r = recipe("qwen3-8b")  # generator TP2, trainer 2
+    assert shape(plan(r, 6)) == (1, 3, 0)  # one spare GPU cannot hold a TP2 replica
+    assert shape(plan(r, 7)) == (2, 2, 0)
+    assert shape(plan(r, 8)) == (2, 3, 0)  # 4 generator GPUs reach 2 x 2: the trainer grows
+
+
+def test_generator_never_exceeds_twice_the_trainer():
+    r = recipe("qwen3-1.7b", "layout.trainer.tp=2", "layout.trainer.gpus=2")  # units of 2
+    p = plan(r, 8)  # generator 4 = 2 x trainer 2; one GPU too few for another trainer rank
+    assert shape(p) == (4, 1, 1) and p.idle_gpus == ((0, 7),)
+    assert shape(plan(r, 9, gpus_per_node=16)) == (4, 2, 0)
+
+
+def test_leftover_gpus_are_reported_idle():
+    r = recipe("qwen3-8b", "layout.trainer.tp=2")  # units of 2 both ways
+    p = plan(r, 6)
+    assert shape(p) == (1, 1, 1) and p.idle_gpus == ((0, 5),)
+    assert "idle" in p.describe()
+    assert p.to_dict()["idle_gpus"] == [[0, 5]]
+
+
+def test_memory_follows_the_grown_layout():
+    r = recipe("qwen3-8b")
+    small, big = plan(r, 5).memory, plan(r, 8).memory
+    assert big["trainer"] < small["trainer"]  # FSDP3 shards the optimizer state wider
+    assert big["generator"] < small["generator"]  # KV reserve spread over 2 replicas
+    assert big["reference"] == small["reference"]
+
+
+def test_multi_node_keeps_tp_groups_whole():
+    p = plan(recipe("qwen3-32b"), 16)
+    assert (p.num_nodes, p.gpus_per_node) == (2, 8)
+    assert [(x.service, x.node, x.gpus) for x in p.placements if x.service != "reward"] == [
+        ("generator", 0, (0, 1, 2, 3)),
+        ("reference", 0, (4, 5, 6, 7)),
+        ("trainer", 1, (0, 1, 2, 3, 4, 5, 6, 7)),
+    ]
+    p = plan(recipe("qwen3-32b"), 32)
+    assert (p.num_nodes, p.generator_replicas, p.trainer_fsdp, p.idle_gpus) == (4, 4, 12, ())
+    for x in p.placements_of("generator") + p.placements_of("reference"):
+        assert len(x.gpus) == 4 and max(x.gpus) < 8
+    trainer = p.placements_of("trainer")
+    assert sum(len(x.gpus) for x in trainer) == p.trainer_gpus == 12
+    assert [x.replica for x in trainer] == list(range(len(trainer)))
+    assert all(x.node == 0 for x in p.placements_of("reward"))
+
+
+def test_multi_node_uses_whole_nodes():
+    assert error_of(recipe("qwen3-8b"), 9) == (
+        "9 GPUs span 2 nodes, and a multi-node run uses whole nodes of 8 GPUs: use 8 or 16 GPUs"
+    )
+    assert error_of(recipe("qwen3-32b"), 20).endswith("use 16 or 24 GPUs")
+    p = plan(recipe("qwen3-8b"), 8, gpus_per_node=4)
+    assert (p.num_nodes, p.gpus_per_node) == (2, 4)
+    assert plan(recipe("qwen3-8b"), 6).gpus_per_node == 6  # one node: as many GPUs as asked
+
+
+def test_gpus_per_node_defaults_to_the_recipe():
+    r = recipe("qwen3-8b", "resources.gpus_per_node=4")
+    assert plan(r, 8).num_nodes == 2
+    assert plan(r, 8, gpus_per_node=8).num_nodes == 1
+
+
+def test_tp_group_that_cannot_sit_on_a_node_is_an_error():
+    r = recipe("qwen3-8b", "layout.generator.tp=8")  # 8 + 1 + 2 = 11 GPUs
+    message = error_of(r, 12, gpus_per_node=6)  # the TP8 replica fits neither node
+    assert message.startswith("qwen3-8b: cannot place its services on 2 nodes of 6 GPUs")
+    assert "largest TP 8" in message
+    assert plan(r, 16).num_nodes == 2
+
+
+def test_cpu_plan():
+    p = plan(recipe("tiny"), 0)
+    assert p.cpu and (p.total_gpus, p.num_nodes, p.generator_replicas, p.trainer_fsdp) == (
+        0,
+        1,
+        1,
+        1,
+    )
+    assert [(x.service, x.replica, x.gpus) for x in p.placements] == [
+        ("generator", 0, ()),
+        ("reference", 0, ()),
+        ("trainer", 0, ()),
+        ("reward", 0, ()),
+    ]
+    p = plan(recipe("tiny", "layout.reward.procs=3", "layout.reference.enabled=false"), 0)
+    assert [x.service for x in p.placements] == [
+        "generator",
+        "trainer",
+        "reward",
+        "reward",
+        "reward",
+    ]
+    assert error_of(recipe("tiny"), 2) == (
+        "tiny runs on CPU (resources.accelerator: cpu) and takes 0 GPUs, got 2; "
+        "run it with forgesky local tiny"
+    )
+    assert "tiny on CPU" in plan(recipe("tiny"), 0).describe()
+
+
+def test_to_dict_is_json_and_describe_is_a_table():
+    p = plan(recipe("qwen3-8b"), 8)
+    d = json.loads(json.dumps(p.to_dict()))
+    assert d["placements"][0] == {"service": "generator", "replica": 0, "node": 0, "gpus": [0, 1]}
+    assert d["memory"] == p.memory and d["num_nodes"] == 1
+    text = p.describe()
+    assert text.splitlines()[0] == "qwen3-8b on 8 x H100 (1 node x 8 GPUs; minimum 5)"
+    assert "generator  1        0     2-3   TP2" in text
+    assert "FSDP3xTP1" in text
+
+
+# --- invariants over many layouts --------------------------------------------------------------
+
+layouts = st.fixed_dictionaries(
+    {
+        "layout.generator.tp": st.sampled_from([1, 2, 4]),
+        "layout.generator.replicas": st.integers(1, 3),
+        "layout.reference.enabled": st.booleans(),
+        "layout.reference.tp": st.sampled_from([1, 2]),
+        "layout.trainer.tp": st.sampled_from([1, 2, 4]),
+        "layout.trainer.fsdp": st.integers(1, 3),
+    }
+)
+
+
+def layout_recipe(layout: dict):
+    trainer_gpus = layout["layout.trainer.tp"] * layout["layout.trainer.fsdp"]
+    items = [f"{k}={v}" for k, v in sorted(layout.items())]
+    return recipe("qwen3-0.6b", *items, f"layout.trainer.gpus={trainer_gpus}")
+
+
+def try_plan(r, gpus, gpn):
+    try:
+        return plan(r, gpus, gpus_per_node=gpn)
+    except UserError:
+        return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(layouts, st.integers(0, 40), st.sampled_from([2, 4, 8]))
+def test_plan_invariants(layout, gpus, gpn):
+    r = layout_recipe(layout)
+    need = minimum_gpus(r)
+    if gpus < need:
+        with pytest.raises(UserError, match=f"needs at least {need} GPUs"):
+            plan(r, gpus, gpus_per_node=gpn)
+        return
+    p = try_plan(r, gpus, gpn)
+    if p is None:
+        return  # uneven node split, or a TP group larger than a node: a UserError, checked above
+    assert p == plan(r, gpus, gpus_per_node=gpn)  # deterministic
+    assert p.num_nodes * p.gpus_per_node == gpus and p.gpus_per_node <= gpn
+    assert p.num_nodes == 1 or p.gpus_per_node == gpn
+    used = [(x.node, g) for x in p.placements for g in x.gpus]
+    assert len(used) == len(set(used))  # no GPU given twice
+    assert all(0 <= g < p.gpus_per_node and 0 <= n < p.num_nodes for n, g in used)
+    assert len(used) + len(p.idle_gpus) == gpus
+    assert not set(used) & set(p.idle_gpus)
+    for x in p.placements:
+        if x.service == "generator":
+            assert len(x.gpus) == p.generator_tp
+        elif x.service == "reference":
+            assert len(x.gpus) == p.reference_tp
+        elif x.service == "reward":
+            assert x.gpus == () and x.node == 0
+    trainer = p.placements_of("trainer")
+    assert sum(len(x.gpus) for x in trainer) == p.trainer_gpus == p.trainer_fsdp * p.trainer_tp
+    assert all(len(x.gpus) % p.trainer_tp == 0 for x in trainer)  # trainer TP groups stay whole
+    assert (
+        len(p.placements_of("generator"))
+        == p.generator_replicas
+        >= layout["layout.generator.replicas"]
+    )
+    assert p.trainer_fsdp >= layout["layout.trainer.fsdp"]
+    # GPUs stay idle only when no generator replica and no trainer rank could take them.
+    assert len(p.idle_gpus) < max(p.generator_tp, p.trainer_tp)
+    # A replica is added only while the generator holds fewer than twice the trainer's GPUs.
+    assert p.generator_replicas == layout["layout.generator.replicas"] or (
+        (p.generator_replicas - 1) * p.generator_tp < 2 * p.trainer_gpus
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts, st.integers(1, 40), st.integers(1, 24), st.sampled_from([2, 4, 8]))
+def test_more_gpus_never_mean_fewer_generator_replicas(layout, gpus, more, gpn):
+    r = layout_recipe(layout)
+    small, big = try_plan(r, gpus, gpn), try_plan(r, gpus + more, gpn)
+    if small is not None and big is not None:
+        assert big.generator_replicas >= small.generator_replicas

@@ -1,0 +1,395 @@
+"""Recipe validation, loading and overrides: every user mistake ends as one clear line."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+import recipes
+from recipes import UserError, apply_overrides, load_recipe, schema
+from recipes.loader import catalog_path
+
+
+def write(tmp_path: Path, data, name: str = "x.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def catalog_data(name: str = "qwen3-8b") -> dict:
+    return yaml.safe_load(catalog_path(name).read_text())
+
+
+def load_with(tmp_path: Path, section: str, key: str, value, base: str = "qwen3-8b"):
+    data = catalog_data(base)
+    node = data
+    for part in section.split("."):
+        node = node[part]
+    node[key] = value
+    return load_recipe(write(tmp_path, data))
+
+
+def error_of(fn, *args) -> str:
+    with pytest.raises(UserError) as info:
+        fn(*args)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "expected"),
+    [
+        (
+            "grpo",
+            "group_size",
+            1,
+            "grpo.group_size: Input should be greater than or equal to 2 (got 1)",
+        ),
+        (
+            "grpo",
+            "max_prompt_tokens",
+            0,
+            "grpo.max_prompt_tokens: Input should be greater than 0 (got 0)",
+        ),
+        (
+            "grpo",
+            "max_response_tokens",
+            -5,
+            "grpo.max_response_tokens: Input should be greater than 0",
+        ),
+        ("grpo", "learning_rate", 0, "grpo.learning_rate: Input should be greater than 0 (got 0)"),
+        ("grpo", "learning_rate", ".nan", "grpo.learning_rate: Input should be a finite number"),
+        ("grpo", "clip_low", -0.1, "grpo.clip_low: Input should be greater than or equal to 0"),
+        ("grpo", "clip_high", -1, "grpo.clip_high: Input should be greater than or equal to 0"),
+        (
+            "grpo",
+            "loss",
+            "ppo",
+            "grpo.loss: Input should be 'grpo', 'dr_grpo' or 'gspo' (got 'ppo')",
+        ),
+        (
+            "grpo",
+            "max_policy_age",
+            -1,
+            "grpo.max_policy_age: Input should be greater than or equal to 0",
+        ),
+        (
+            "layout.generator",
+            "replicas",
+            0,
+            "layout.generator.replicas: Input should be greater than or equal to 1",
+        ),
+        (
+            "layout.trainer",
+            "fsdp",
+            0,
+            "layout.trainer.fsdp: must be -1 (fill: gpus / tp) or >= 1, got 0",
+        ),
+        ("model", "family", "gpt", "model.family: Input should be 'qwen3' or 'llama3' (got 'gpt')"),
+        (
+            "model",
+            "size",
+            "9b",
+            "model.size: unknown qwen3 size '9b'; known sizes: 0.6b, 1.7b, 4b, 8b",
+        ),
+        (
+            "resources",
+            "accelerator",
+            "A100",
+            "resources.accelerator: Input should be 'H100', 'H200' or 'cpu'",
+        ),
+    ],
+)
+def test_bad_values_name_the_field(tmp_path, section, key, value, expected):
+    if value == ".nan":
+        value = float("nan")
+    message = error_of(load_with, tmp_path, section, key, value)
+    assert message.startswith(str(tmp_path / "x.yaml") + ": ") or message.startswith("x.yaml: ")
+    assert expected in message
+
+
+def test_wrong_type_shows_file_path_and_value(tmp_path):
+    message = error_of(load_with, tmp_path, "grpo", "group_size", "eight")
+    assert message.endswith(
+        "x.yaml: grpo.group_size: Input should be a valid integer, unable to parse string as an "
+        "integer (got 'eight')"
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "expected"),
+    [
+        (
+            "layout.generator",
+            "tp",
+            3,
+            "layout.generator.tp: 3 must divide the qwen3 8b head counts (n_heads 32, n_kv_heads 8)",
+        ),
+        (
+            "layout.reference",
+            "tp",
+            16,
+            "layout.reference.tp: 16 must divide the qwen3 8b head counts",
+        ),
+        ("layout.trainer", "tp", 16, "layout.trainer.tp: 16 must divide the qwen3 8b head counts"),
+    ],
+)
+def test_tensor_parallel_must_divide_heads(tmp_path, section, key, value, expected):
+    assert expected in error_of(load_with, tmp_path, section, key, value)
+
+
+def test_tp_dividing_query_heads_but_not_kv_heads_is_rejected(tmp_path):
+    data = catalog_data("llama3.2-3b")  # 24 query heads, 8 kv heads
+    data["layout"]["generator"]["tp"] = 3
+    message = error_of(load_recipe, write(tmp_path, data))
+    assert (
+        "layout.generator.tp: 3 must divide the llama3 3b head counts (n_heads 24, n_kv_heads 8)"
+        in message
+    )
+
+
+def test_disabled_reference_tp_is_not_checked(tmp_path):
+    data = catalog_data()
+    data["layout"]["reference"] = {"enabled": False, "tp": 3}
+    assert not load_recipe(write(tmp_path, data)).layout.reference.enabled
+
+
+def test_trainer_fsdp_times_tp_must_equal_gpus(tmp_path):
+    data = catalog_data()
+    data["layout"]["trainer"] = {"gpus": 2, "fsdp": 4, "tp": 1}
+    assert "layout.trainer.fsdp: fsdp 4 x tp 1 = 4 must equal layout.trainer.gpus 2" in error_of(
+        load_recipe, write(tmp_path, data)
+    )
+    data["layout"]["trainer"] = {"gpus": 3, "fsdp": -1, "tp": 2}
+    assert "layout.trainer.gpus: 3 is not divisible by layout.trainer.tp 2" in error_of(
+        load_recipe, write(tmp_path, data)
+    )
+    data["layout"]["trainer"] = {"gpus": 4, "fsdp": -1, "tp": 2}
+    assert load_recipe(write(tmp_path, data)).layout.trainer.resolved_fsdp == 2
+
+
+def test_memory_must_fit_the_accelerator(tmp_path):
+    data = catalog_data()
+    data["layout"]["trainer"]["gpus"] = 1  # 8B params x 16 bytes on one GPU
+    message = error_of(load_recipe, write(tmp_path, data))
+    assert "resources.accelerator: trainer needs ~136 GB per GPU but H100 has 80 GB" in message
+    assert "raise layout.trainer.gpus" in message
+
+    data["resources"] = {"accelerator": "H200", "alternatives": []}
+    assert load_recipe(write(tmp_path, data)).resources.accelerator == "H200"
+
+    data["resources"]["alternatives"] = ["H100"]
+    message = error_of(load_recipe, write(tmp_path, data))
+    assert "resources.alternatives.0: trainer needs ~136 GB per GPU but H100 has 80 GB" in message
+
+
+def test_generator_kv_reserve_counts_against_memory(tmp_path):
+    data = catalog_data("qwen3-1.7b")
+    data["grpo"]["prompts_per_step"] = 64  # 64 x 8 x 2048 tokens of KV cache on one GPU
+    assert "resources.accelerator: generator needs" in error_of(load_recipe, write(tmp_path, data))
+    data["layout"]["generator"]["replicas"] = 4
+    assert load_recipe(write(tmp_path, data)).grpo.prompts_per_step == 64
+
+
+def test_cpu_recipes_skip_the_memory_check_but_need_single_procs(tmp_path):
+    data = catalog_data("tiny")
+    data["model"]["size"] = "32b"
+    data["grpo"]["max_prompt_tokens"] = 1024
+    assert load_recipe(write(tmp_path, data)).cpu
+    data = catalog_data("tiny")
+    data["layout"]["trainer"]["gpus"] = 2
+    assert "layout.trainer.gpus: must be 1 on accelerator cpu" in error_of(
+        load_recipe, write(tmp_path, data)
+    )
+    data = catalog_data("tiny")
+    data["layout"]["generator"]["tp"] = 2
+    assert "layout.generator.tp: must be 1 on accelerator cpu, got 2" in error_of(
+        load_recipe, write(tmp_path, data)
+    )
+
+
+def test_token_budget_must_fit_the_context(tmp_path):
+    data = catalog_data("tiny")
+    data["grpo"]["max_prompt_tokens"] = 60
+    assert (
+        "grpo.max_prompt_tokens + grpo.max_response_tokens: 68 exceeds the qwen3 tiny context of 64"
+        in error_of(load_recipe, write(tmp_path, data))
+    )
+
+
+def test_rewards_and_template_are_checked(tmp_path):
+    data = catalog_data()
+    data["dataset"]["rewards"] = [{"name": "maths"}]
+    assert (
+        "dataset.rewards.0.name: unknown reward 'maths'; use math, format, builtin:<name> or module:function"
+        in error_of(load_recipe, write(tmp_path, data))
+    )
+    data["dataset"]["rewards"] = []
+    assert "dataset.rewards: List should have at least 1 item" in error_of(
+        load_recipe, write(tmp_path, data)
+    )
+    data["dataset"]["rewards"] = [{"name": "mypkg.rewards:exact"}, {"name": "builtin:tiny"}]
+    data["dataset"]["prompt_template"] = "Q: {prompt}"
+    assert (
+        "dataset.prompt_template: unknown placeholder {prompt}; the only one is {question}"
+        in error_of(load_recipe, write(tmp_path, data))
+    )
+    data["dataset"]["prompt_template"] = "Q: {question"
+    assert "dataset.prompt_template: not a format string" in error_of(
+        load_recipe, write(tmp_path, data)
+    )
+
+
+def test_unknown_and_missing_keys(tmp_path):
+    data = catalog_data()
+    data["grpo"]["stepz"] = 3
+    message = error_of(load_recipe, write(tmp_path, data))
+    assert "grpo.stepz: unknown key; valid keys here: checkpoint_interval, clip_high" in message
+    data = catalog_data()
+    data["layout"]["trainer"]["dp"] = 2
+    assert "layout.trainer.dp: unknown key; valid keys here: fsdp, gpus, tp" in error_of(
+        load_recipe, write(tmp_path, data)
+    )
+    data = catalog_data()
+    data["dataset"]["rewards"][0]["scale"] = 2
+    assert "dataset.rewards.0.scale: unknown key; valid keys here: name, weight" in error_of(
+        load_recipe, write(tmp_path, data)
+    )
+    data = catalog_data()
+    del data["grpo"]["steps"]
+    assert "grpo.steps: required field is missing" in error_of(load_recipe, write(tmp_path, data))
+
+
+def test_every_model_forbids_extra_keys():
+    models = [
+        v
+        for v in vars(schema).values()
+        if isinstance(v, type) and issubclass(v, BaseModel) and v is not BaseModel
+    ]
+    assert {m.__name__ for m in models} >= {
+        "Recipe",
+        "Model",
+        "Dataset",
+        "Grpo",
+        "Layout",
+        "Resources",
+    }
+    assert all(m.model_config.get("extra") == "forbid" for m in models)
+
+
+def test_malformed_yaml_points_at_line_and_column(tmp_path):
+    path = write(tmp_path, "name: x\ngrpo:\n  steps: [1, 2\n  loss: grpo\n")
+    message = error_of(load_recipe, path)
+    assert message.startswith(f"{path}:4:") or message.startswith("x.yaml:4:")
+    assert "expected ',' or ']'" in message
+
+
+def test_duplicate_keys_are_rejected(tmp_path):
+    text = (
+        catalog_path("qwen3-8b").read_text().replace("  steps: 500\n", "  steps: 500\n  steps: 5\n")
+    )
+    message = error_of(load_recipe, write(tmp_path, text))
+    assert "duplicate key 'steps'" in message
+    line = text.splitlines().index("  steps: 5") + 1
+    assert f"x.yaml:{line}:3:" in message
+
+
+def test_non_mapping_file(tmp_path):
+    assert "x.yaml: expected a mapping of recipe sections, got list" in error_of(
+        load_recipe, write(tmp_path, "- a\n- b\n")
+    )
+    assert "x.yaml: expected a mapping of recipe sections, got nothing" in error_of(
+        load_recipe, write(tmp_path, "")
+    )
+
+
+def test_load_by_name_path_and_yml(tmp_path):
+    assert load_recipe("qwen3-8b").name == "qwen3-8b"
+    path = write(tmp_path, catalog_path("qwen3-1.7b").read_text(), "mine.yml")
+    assert load_recipe(path).name == "qwen3-1.7b"
+    assert load_recipe(Path(path)).model.size == "1.7b"
+
+
+def test_unknown_recipe_suggests_close_names():
+    assert error_of(load_recipe, "qwen3-1.8b") == (
+        "unknown recipe 'qwen3-1.8b'; did you mean: qwen3-1.7b, qwen3-8b? (forgesky recipes lists them)"
+    )
+    assert (
+        error_of(load_recipe, "mistral") == "unknown recipe 'mistral' (forgesky recipes lists them)"
+    )
+    assert error_of(load_recipe, "nope/x.yaml") == "recipe file not found: nope/x.yaml"
+    assert "try qwen3-8b" in error_of(load_recipe, "qwen3-8b.yaml")
+
+
+def test_overrides_apply_and_revalidate():
+    base = load_recipe("qwen3-8b")
+    r = apply_overrides(
+        base,
+        [
+            "grpo.steps=20",
+            "layout.generator.replicas=2",
+            "grpo.learning_rate=3e-6",
+            "dataset.config=1",
+            "dataset.rewards.1.weight=0.5",
+            "resources.alternatives=[]",
+            "model.tokenizer=",
+        ],
+    )
+    assert (r.grpo.steps, r.layout.generator.replicas, r.grpo.learning_rate) == (20, 2, 3e-6)
+    assert r.dataset.config == "1"  # a string field keeps the text as typed
+    assert r.dataset.rewards[1].weight == 0.5 and r.resources.alternatives == []
+    assert r.model.tokenizer is None
+    assert base.grpo.steps == 500  # the original is untouched
+    assert apply_overrides(base, []) is base
+
+
+def test_override_mistakes():
+    base = load_recipe("qwen3-8b")
+    assert error_of(apply_overrides, base, ["grpo.stepz=3"]).startswith(
+        "unknown key 'grpo.stepz'; valid keys under grpo: checkpoint_interval, clip_high, clip_low"
+    )
+    assert "valid keys under the top level: dataset, description, grpo, layout, model, name" in (
+        error_of(apply_overrides, base, ["gpro.steps=3"])
+    )
+    assert "dataset.rewards is a list of 2; use an index 0..1" in error_of(
+        apply_overrides, base, ["dataset.rewards.5.weight=1"]
+    )
+    assert "grpo.steps is a value, not a section" in error_of(
+        apply_overrides, base, ["grpo.steps.x=1"]
+    )
+    assert "must look like KEY=VALUE" in error_of(apply_overrides, base, ["grpo.steps"])
+    assert "value is not valid YAML" in error_of(apply_overrides, base, ["grpo.steps=[1"])
+    assert error_of(apply_overrides, base, ["grpo.group_size=1"]) == (
+        "qwen3-8b with grpo.group_size=1: grpo.group_size: Input should be greater than or "
+        "equal to 2 (got 1)"
+    )
+    assert "layout.generator.tp: 3 must divide" in error_of(
+        apply_overrides, base, ["layout.generator.tp=3"]
+    )
+
+
+def test_import_is_torch_and_skypilot_free():
+    code = (
+        "import sys, recipes; recipes.plan(recipes.load_recipe('qwen3-8b'), 8); "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'sky', 'skypilot', 'launcher', 'runtime')]; "
+        "print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_package_reexports_the_contract_api():
+    for name in (
+        "load_recipe",
+        "list_recipes",
+        "apply_overrides",
+        "minimum_gpus",
+        "plan",
+        "UserError",
+    ):
+        assert callable(getattr(recipes, name))
+    assert issubclass(recipes.UserError, Exception)
