@@ -235,12 +235,11 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     task = build_task(job, secrets, workdir=str(PROJECT_DIR))
     kind = "managed job" if options.managed else "cluster"
     spot = " on spot instances" if options.spot else ""
-    print(job.plan.describe(), file=sys.stderr)
+    print(job.plan.describe())
     given = [k for k in SECRETS if secrets.get(k)]
     print(
         f"{kind} {job.name}{spot}; secrets from your environment: "
-        f"{', '.join(given) if given else 'none'}",
-        file=sys.stderr,
+        f"{', '.join(given) if given else 'none'}"
     )
     if options.managed and options.spot and not options.checkpoint_bucket:
         print(
@@ -254,7 +253,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         print(f"{PROG}: dry run: nothing launched", file=sys.stderr)
         return 0
     if not args.yes:
-        _confirm(f"Launch {kind} {job.name}?")
+        _confirm(f"Launch {kind} {job.name}?", f"not launching {kind} {job.name}")
     print(cloud.launch(task, job.name, managed=options.managed, down=args.down))
     return 0
 
@@ -278,7 +277,10 @@ def _cmd_down(args: argparse.Namespace) -> int:
     from launcher import cloud
 
     if not args.yes:
-        _confirm(f"Tear down cluster {args.name} (its disks are lost)?")
+        _confirm(
+            f"Tear down cluster {args.name} (its disks are lost)?",
+            f"not tearing down {args.name}",
+        )
     cloud.down(args.name)
     print(f"cluster {args.name} is down")
     return 0
@@ -368,12 +370,11 @@ def _plan_overrides(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(overrides)
 
 
-def _confirm(question: str) -> None:
+def _confirm(question: str, refusal: str) -> None:
     if not sys.stdin.isatty():
-        raise UserError(f"{question} needs an answer and stdin is not a terminal; pass --yes")
-    answer = input(f"{question} [y/N] ").strip().lower()
-    if answer not in ("y", "yes"):
-        raise UserError("not confirmed; nothing done")
+        raise UserError(f"{refusal} without confirmation (stdin is not a terminal); pass --yes")
+    if input(f"{question} [y/N] ").strip().lower() not in ("y", "yes"):
+        raise UserError(f"{refusal}: not confirmed")
 
 
 def _is_cloud_error(error: Exception) -> bool:

@@ -182,7 +182,7 @@ def check_bucket_url(url: str) -> None:
     parts = urllib.parse.urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in BUCKET_SCHEMES:
-        close = difflib.get_close_matches(scheme, BUCKET_SCHEMES, n=1)
+        close = difflib.get_close_matches(scheme, BUCKET_SCHEMES, n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]}://?)" if close and scheme else ""
         kinds = ", ".join(f"{s}://" for s in BUCKET_SCHEMES if s != "https")
         raise UserError(

@@ -1,0 +1,354 @@
+"""The forgesky CLI on the laptop side: catalog commands, their speed-critical imports, and every
+mistake a user can make ending as one line on stderr with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+import sky
+from launcher.cli import main
+from recipes import list_recipes, load_recipe, minimum_gpus
+
+REPO = Path(__file__).resolve().parent.parent
+FORGESKY = Path(sys.executable).parent / "forgesky"
+
+
+def run_main(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_user_error(code: int, err: str, *fragments: str) -> None:
+    """Exit 2, exactly one line on stderr in forgesky's format, no traceback."""
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("forgesky: error: "), err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture
+def no_cloud(monkeypatch):
+    """Fail the test if any command reaches a SkyPilot cloud call."""
+    calls = []
+
+    def refuse(name):
+        def call(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"{name} called")
+
+        return call
+
+    for name in ("launch", "stream_and_get", "get", "status", "down", "cancel", "tail_logs"):
+        monkeypatch.setattr(sky, name, refuse(f"sky.{name}"))
+    monkeypatch.setattr(sky.jobs, "launch", refuse("sky.jobs.launch"))
+    return calls
+
+
+# --- catalog commands ------------------------------------------------------------------------
+
+
+def test_recipes_json_lists_every_catalog_recipe(capsys):
+    code, out, _ = run_main(capsys, "recipes", "--json")
+    assert code == 0
+    rows = json.loads(out)
+    assert [r["name"] for r in rows] == list_recipes()
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["qwen3-8b"]["model"] == "Qwen/Qwen3-8B"
+    assert by_name["qwen3-8b"]["min_gpus"] == minimum_gpus(load_recipe("qwen3-8b"))
+    assert by_name["llama3.1-8b"]["gated"] is True
+    assert by_name["qwen3-8b"]["gated"] is False
+    assert by_name["tiny"]["min_gpus"] == 0
+    assert all(isinstance(r["params"], int) and r["params"] > 0 for r in rows)
+
+
+def test_recipes_table_has_a_row_per_recipe(capsys):
+    code, out, _ = run_main(capsys, "recipes")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["NAME", "MODEL", "PARAMS"]
+    for name in list_recipes():
+        row = next(line for line in lines if line.startswith(name + " "))
+        recipe = load_recipe(name)
+        assert recipe.model.hf_id in row
+        assert f" {minimum_gpus(recipe)} " in row
+
+
+def test_show_prints_the_catalog_file_and_the_minimum(capsys):
+    code, out, _ = run_main(capsys, "show", "qwen3-8b")
+    assert code == 0
+    text = (REPO / "recipes/catalog/qwen3-8b.yaml").read_text()
+    assert out.startswith(text.rstrip())
+    assert "# derived: minimum 5 x H100" in out
+
+
+def test_show_takes_a_file_path(capsys, tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text((REPO / "recipes/catalog/qwen3-1.7b.yaml").read_text())
+    code, out, _ = run_main(capsys, "show", str(path))
+    assert code == 0
+    assert "hf_id: Qwen/Qwen3-1.7B" in out
+    assert "# derived: minimum 3 x H100" in out
+
+
+def test_plan_describes_nodes_and_json_matches(capsys):
+    code, out, _ = run_main(capsys, "plan", "qwen3-8b", "--gpus", "16")
+    assert code == 0
+    assert "2 nodes x 8 GPUs" in out
+    code, out, _ = run_main(capsys, "plan", "qwen3-8b", "--gpus", "16", "--json")
+    data = json.loads(out)
+    assert (data["total_gpus"], data["num_nodes"], data["gpus_per_node"]) == (16, 2, 8)
+
+
+def test_plan_gpus_per_node_splits_nodes(capsys):
+    argv = ["plan", "qwen3-8b", "--gpus", "8", "--gpus-per-node", "4", "--json"]
+    code, out, _ = run_main(capsys, *argv)
+    assert code == 0
+    assert (json.loads(out)["num_nodes"], json.loads(out)["gpus_per_node"]) == (2, 4)
+
+
+def test_plan_defaults_to_the_minimum(capsys):
+    code, out, _ = run_main(capsys, "plan", "qwen3-1.7b", "--json")
+    assert code == 0
+    assert json.loads(out)["total_gpus"] == 3
+
+
+def test_validate_a_good_file(capsys, tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text((REPO / "recipes/catalog/qwen3-4b.yaml").read_text())
+    code, out, _ = run_main(capsys, "validate", str(path))
+    assert code == 0
+    assert out.startswith(f"{path}: ok")
+
+
+def test_cp_copies_and_refuses_to_overwrite_without_force(capsys, tmp_path):
+    dest = tmp_path / "my-run.yaml"
+    code, out, _ = run_main(capsys, "cp", "qwen3-8b", str(dest))
+    assert code == 0
+    assert dest.read_text() == (REPO / "recipes/catalog/qwen3-8b.yaml").read_text()
+    dest.write_text(dest.read_text().replace("steps: 500", "steps: 7"))
+    code, _, err = run_main(capsys, "cp", "qwen3-8b", str(dest))
+    assert_user_error(code, err, str(dest), "--force")
+    assert "steps: 7" in dest.read_text()
+    code, _, _ = run_main(capsys, "cp", "qwen3-8b", str(dest), "--force")
+    assert code == 0
+    assert "steps: 7" not in dest.read_text()
+
+
+def test_cp_into_a_directory_keeps_the_name(capsys, tmp_path):
+    code, _, _ = run_main(capsys, "cp", "tiny", str(tmp_path))
+    assert code == 0
+    assert load_recipe(str(tmp_path / "tiny.yaml")).name == "tiny"
+
+
+def test_copied_recipe_runs_through_every_command(capsys, tmp_path):
+    dest = tmp_path / "mine.yaml"
+    assert main(["cp", "qwen3-1.7b", str(dest)]) == 0
+    dest.write_text(dest.read_text().replace("steps: 500", "steps: 30"))
+    capsys.readouterr()
+    for argv in (["validate", str(dest)], ["plan", str(dest)], ["show", str(dest)]):
+        code, out, err = run_main(capsys, *argv)
+        assert code == 0, err
+    code, out, _ = run_main(capsys, "render", str(dest))
+    assert code == 0
+    config = yaml.safe_load(out)
+    # The edited file reaches the node through a file mount, and the node is told to use it.
+    assert config["file_mounts"] == {"/forgesky/recipes/mine.yaml": str(dest.resolve())}
+    assert "--recipe /forgesky/recipes/mine.yaml" in config["run"]
+
+
+def test_catalog_commands_import_neither_skypilot_nor_torch(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from launcher.cli import main
+        commands = [
+            ["recipes"], ["recipes", "--json"], ["show", "qwen3-8b"],
+            ["plan", "qwen3-8b", "--gpus", "8"], ["validate", "recipes/catalog/tiny.yaml"],
+            ["cp", "qwen3-8b", {str(tmp_path / "x.yaml")!r}],
+        ]
+        for argv in commands:
+            assert main(argv) == 0, argv
+            heavy = [m for m in ("sky", "torch") if m in sys.modules]
+            assert not heavy, (argv, heavy)
+        print("clean")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("clean")
+
+
+# --- bad input: one line, exit 2, nothing launched ---------------------------------------------
+
+
+def test_unknown_recipe_suggests_close_names(capsys, no_cloud):
+    code, _, err = run_main(capsys, "plan", "qwen3-8")
+    assert_user_error(code, err, "unknown recipe 'qwen3-8'", "qwen3-8b")
+    code, _, err = run_main(capsys, "launch", "qwen-8b", "--yes")
+    assert_user_error(code, err, "qwen3-8b")
+    assert no_cloud == []
+
+
+def test_malformed_yaml_names_file_and_line(capsys, tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nmodel:\n  hf_id: [unclosed\n  family: qwen3\n")
+    code, _, err = run_main(capsys, "validate", str(path))
+    assert_user_error(code, err, "broken.yaml:")
+    line = err.split("broken.yaml:")[1].split(":")[0]
+    assert line.isdigit() and int(line) >= 3
+
+
+def test_wrong_type_and_unknown_key_name_their_path(capsys, tmp_path):
+    base = yaml.safe_load((REPO / "recipes/catalog/qwen3-1.7b.yaml").read_text())
+    wrong = {**base, "grpo": {**base["grpo"], "steps": "many"}}
+    path = tmp_path / "wrong.yaml"
+    path.write_text(yaml.safe_dump(wrong))
+    code, _, err = run_main(capsys, "validate", str(path))
+    assert_user_error(code, err, "grpo.steps")
+    extra = {**base, "layout": {**base["layout"], "generater": {"tp": 1}}}
+    path.write_text(yaml.safe_dump(extra))
+    code, _, err = run_main(capsys, "plan", str(path))
+    assert_user_error(code, err, "layout.generater")
+
+
+def test_gpus_zero_or_below_minimum(capsys, no_cloud):
+    for argv in (
+        ["plan", "qwen3-8b", "--gpus", "0"],
+        ["render", "qwen3-8b", "--gpus", "4"],
+        ["launch", "qwen3-8b", "--gpus", "2", "--yes"],
+        ["validate", "recipes/catalog/qwen3-8b.yaml", "--gpus", "-1"],
+    ):
+        code, _, err = run_main(capsys, *argv)
+        assert_user_error(code, err, "at least 5 GPUs")
+    assert no_cloud == []
+
+
+def test_unknown_set_key(capsys, no_cloud):
+    code, _, err = run_main(capsys, "render", "qwen3-8b", "--set", "grpo.stepz=3")
+    assert_user_error(code, err, "grpo.stepz")
+    code, _, err = run_main(capsys, "launch", "qwen3-8b", "--set", "nope=1", "--yes")
+    assert_user_error(code, err, "nope")
+    assert no_cloud == []
+
+
+def test_tensor_parallel_that_does_not_divide_the_heads(capsys):
+    # Qwen3-8B has 32 query heads and 8 KV heads: TP 3 cannot split them.
+    code, _, err = run_main(capsys, "plan", "qwen3-8b", "--set", "layout.generator.tp=3")
+    assert_user_error(code, err, "layout.generator.tp")
+
+
+def test_gated_model_without_hf_token_launches_nothing(capsys, monkeypatch, no_cloud):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    code, _, err = run_main(capsys, "launch", "llama3.1-8b", "--yes")
+    assert_user_error(code, err, "meta-llama/Meta-Llama-3.1-8B-Instruct is gated", "HF_TOKEN")
+    monkeypatch.setenv("HF_TOKEN", "")
+    code, _, err = run_main(capsys, "launch", "llama3.1-8b", "--managed", "--yes")
+    assert_user_error(code, err, "HF_TOKEN")
+    assert no_cloud == []
+
+
+def test_wandb_online_without_a_key_launches_nothing(capsys, monkeypatch, no_cloud):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    code, _, err = run_main(capsys, "launch", "qwen3-1.7b", "--wandb", "online", "--yes")
+    assert_user_error(code, err, "WANDB_API_KEY")
+    assert no_cloud == []
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("my-bucket/ckpt", "not a bucket URL"),
+        ("s4://bucket/ckpt", "did you mean s3://"),
+        ("s3://", "bucket name"),
+        ("gs://bad bucket/x", "bucket"),
+        ("https://example.com/ckpt", "Azure"),
+    ],
+)
+def test_bad_bucket_url(capsys, no_cloud, url, fragment):
+    code, _, err = run_main(
+        capsys, "launch", "qwen3-8b", "--managed", "--checkpoint-bucket", url, "--yes"
+    )
+    assert_user_error(code, err, "--checkpoint-bucket", fragment)
+    assert no_cloud == []
+
+
+def test_managed_only_options_need_managed(capsys):
+    code, _, err = run_main(capsys, "render", "qwen3-8b", "--recovery", "failover")
+    assert_user_error(code, err, "--managed")
+    code, _, err = run_main(capsys, "render", "qwen3-8b", "--max-restarts-on-errors", "2")
+    assert_user_error(code, err, "--managed")
+    code, _, err = run_main(
+        capsys, "render", "qwen3-8b", "--managed", "--max-restarts-on-errors", "-1"
+    )
+    assert_user_error(code, err, "--max-restarts-on-errors")
+
+
+def test_bad_names_and_steps(capsys):
+    code, _, err = run_main(capsys, "render", "qwen3-8b", "--name", "9lives")
+    assert_user_error(code, err, "--name")
+    code, _, err = run_main(capsys, "render", "qwen3-8b", "--steps", "0")
+    assert_user_error(code, err, "--steps")
+
+
+def test_argparse_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["render", "qwen3-8b", "--managed", "--recovery", "sometimes"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "qwen3-8b", "--gpus", "eight"])
+    assert exc.value.code == 2
+
+
+def test_launch_without_a_terminal_needs_yes(capsys, monkeypatch, no_cloud):
+    monkeypatch.setattr(sys, "stdin", open("/dev/null"))  # noqa: SIM115 - closed by pytest
+    code, _, err = run_main(capsys, "launch", "qwen3-1.7b")
+    assert_user_error(code, err, "--yes")
+    assert no_cloud == []
+
+
+def test_console_script_reports_one_line_and_exit_2(tmp_path):
+    broken = tmp_path / "bad.yaml"
+    broken.write_text("name: [\n")
+    for argv in (["show", "no-such-recipe"], ["validate", str(broken)]):
+        result = subprocess.run(
+            [str(FORGESKY), *argv], cwd=REPO, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 2
+        assert result.stderr.count("\n") == 1
+        assert result.stderr.startswith("forgesky: error: ")
+        assert result.stdout == ""
+
+
+# --- local -------------------------------------------------------------------------------------
+
+
+def test_local_forwards_to_the_runtime_entry(capsys):
+    # The runtime's own argument checks answer, under forgesky's name: the forwarding is real.
+    code, _, err = run_main(capsys, "local", "tiny", "--steps", "0")
+    assert code == 2
+    assert err.strip() == "forgesky: error: --steps must be at least 1 (got 0)"
+    code, _, err = run_main(capsys, "local", "tiny", "--gpus", "2")
+    assert code == 2
+    assert "takes 0 GPUs" in err
+    code, _, err = run_main(capsys, "local", "no-such")
+    assert code == 2
+    assert "unknown recipe 'no-such'" in err
+
+
+def test_local_refuses_a_second_recipe(capsys):
+    code, _, err = run_main(capsys, "local", "tiny", "--recipe", "qwen3-8b")
+    assert_user_error(code, err, "NAME")
