@@ -26,6 +26,7 @@ class Group:
     policy_version: int
     rewards: list[float] = field(default_factory=list)
     reward_parts: dict[str, list[float]] = field(default_factory=dict)
+    ref_logprobs: list[list[float]] = field(default_factory=list)
 
 
 class RolloutBuffer:

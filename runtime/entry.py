@@ -93,9 +93,7 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime"):
         recipe = apply_overrides(recipe, overrides)
     gpus = args.gpus if args.gpus is not None else _default_gpus(recipe)
     run_plan = plan(recipe, gpus)
-    run_dir = Path(
-        args.run_dir or Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    run_dir = Path(args.run_dir or Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     wandb_mode = args.wandb or os.environ.get("WANDB_MODE") or "disabled"
     if wandb_mode not in ("online", "offline", "disabled"):
         raise UserError(f"WANDB_MODE must be online, offline or disabled (got {wandb_mode!r})")
@@ -109,6 +107,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m runtime") -> int:
     except UserError as e:
         print(f"{prog.split()[0]}: error: {e}", file=sys.stderr)
         return 2
-    from runtime.controller import run
+    from runtime.run import run
 
     return run(config)

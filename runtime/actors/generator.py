@@ -1,0 +1,96 @@
+"""The generator actor: samples groups of completions and switches policy versions between them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from monarch.actor import Actor, endpoint
+
+from runtime import services
+
+
+class GeneratorActor(Actor):
+    def __init__(self) -> None:
+        self.backend: Any = None
+        self.store: Any = None
+        self.tokenizer: Any = None
+        self.recipe: Any = None
+
+    @endpoint
+    async def setup(self, recipe: Any, store: Any) -> dict[str, Any]:
+        """Build the sampling model; its weights arrive with the first `update_weights`."""
+        from runtime.backends import HFGenerator
+
+        self.recipe, self.store = recipe, store
+        self.tokenizer = services.load_tokenizer(recipe)
+        self.backend = HFGenerator(
+            services.model_spec(recipe),
+            eos_token_id=services.eos_ids(self.tokenizer),
+            pad_token_id=services.pad_id(self.tokenizer),
+            device=services.device(),
+            dtype=services.dtype(recipe),
+            seed=recipe.grpo.seed,
+        )
+        self.backend.policy_version = -1
+        return {"device": str(services.device())}
+
+    @endpoint
+    async def update_weights(self, version: int) -> dict[str, float]:
+        """Load policy `version` from the store, replacing the previous one.
+
+        Endpoints run one at a time, so this starts only after the generation in flight has
+        returned: no completion mixes two versions.
+        """
+        start = time.perf_counter()
+        fetched = await self.store.fetch(version, wait_s=60.0)
+        self.backend.load_weights(fetched.state_dict)
+        self.backend.policy_version = version
+        return {"bytes": fetched.stats.bytes, "seconds": time.perf_counter() - start}
+
+    @endpoint
+    async def generate(
+        self, prompts: list[list[dict[str, str]]], seed: int | None = None
+    ) -> list[dict[str, Any]]:
+        """`group_size` completions per prompt (chat messages), prompt-major, each with token ids,
+        log-probs, decoded text and the policy version that sampled it."""
+        g = self.recipe.grpo
+        ids = [self._encode(p) for p in prompts]
+        start = time.perf_counter()
+        completions = self.backend.generate(
+            ids,
+            n=g.group_size,
+            max_new_tokens=g.max_response_tokens,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            seed=seed,
+        )
+        elapsed = time.perf_counter() - start
+        out = []
+        for c in completions:
+            out.append(
+                {
+                    "prompt_ids": c.prompt_ids,
+                    "response_ids": c.response_ids,
+                    "response_logprobs": c.response_logprobs,
+                    "policy_version": c.policy_version,
+                    "finish_reason": c.finish_reason,
+                    "text": self.tokenizer.decode(c.response_ids, skip_special_tokens=True),
+                }
+            )
+        if out:
+            out[0]["time/generate_s"] = elapsed
+        return out
+
+    def _encode(self, messages: list[dict[str, str]]) -> list[int]:
+        if getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True
+            )
+            ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        else:
+            text = "\n".join(m["content"] for m in messages)
+            ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        limit = self.recipe.grpo.max_prompt_tokens
+        # keep the end of an over-long prompt: that is where the question and instructions are
+        return ids[-limit:] if len(ids) > limit else ids

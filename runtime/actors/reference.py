@@ -1,0 +1,37 @@
+"""The reference actor: a frozen copy of the initial policy that scores tokens for the KL term."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from monarch.actor import Actor, endpoint
+
+from runtime import services
+
+
+class ReferenceActor(Actor):
+    def __init__(self) -> None:
+        self.backend: Any = None
+
+    @endpoint
+    async def setup(self, recipe: Any) -> dict[str, Any]:
+        from runtime.backends import TitanReference
+
+        spec = services.model_spec(recipe)
+        self.backend = TitanReference(
+            spec,
+            temperature=recipe.grpo.temperature,
+            weights=services.initial_weights(recipe, spec),
+            seed=recipe.grpo.seed,
+            device=services.device(),
+            dtype=services.dtype(recipe),
+        )
+        return {"device": str(services.device())}
+
+    @endpoint
+    async def logprobs(self, tokens: torch.Tensor, response_mask: torch.Tensor) -> dict[str, Any]:
+        start = time.perf_counter()
+        lp = self.backend.logprobs(tokens, response_mask).float().cpu()
+        return {"logprobs": lp, "seconds": time.perf_counter() - start}

@@ -1,0 +1,345 @@
+"""The controller: one process that drives every service through Monarch endpoints.
+
+Rollouts run continuously, one loop per generator replica: sample a group per prompt, score it
+(reward procs), score it again under the frozen reference, and queue it. The training loop takes
+`prompts_per_step` groups no older than `max_policy_age` versions, steps the trainer, publishes
+the new version to TorchStore and tells every generator to switch. Rollouts and training overlap;
+only the staleness bound ties them together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runtime import checkpoint
+from runtime.buffer import Group, RolloutBuffer
+from runtime.config import RunConfig
+
+
+class Controller:
+    def __init__(self, config: RunConfig, services: Any, stopping: asyncio.Event) -> None:
+        self.config = config
+        self.recipe = config.recipe
+        self.services = services  # runtime.launch.Services: the actor meshes and the store
+        self.stopping = stopping
+        g = self.recipe.grpo
+        self.buffer = RolloutBuffer(
+            g.max_policy_age, capacity=g.prompts_per_step * (g.max_policy_age + 1)
+        )
+        self.step = 0  # optimizer steps done
+        self.version = 0  # policy version the trainer holds (== step)
+        self.generate_calls = 0
+        self.source: Any = None
+        self.metrics: Any = None
+        self.resumed_from: int | None = None
+        self._rollouts_open = True
+        self._rollout_tasks: list[asyncio.Task] = []
+        self._update_tasks: set[asyncio.Task] = set()
+        self._recent: dict[str, list[float]] = {}
+        self._last_load_s = 0.0
+        self._calls_in_flight = 0
+        self.wandb_run_id: str | None = None
+
+    # --- start ------------------------------------------------------------------------------
+
+    async def prepare(self) -> None:
+        """Data source, resume state and version 0 (or the resumed version) on every generator."""
+        from runtime.data import build_prompt_source
+
+        self.source = build_prompt_source(self.recipe.dataset, seed=self.recipe.grpo.seed)
+        ckpt = checkpoint.latest(self.config.checkpoint_dir)
+        if ckpt is not None:
+            await self._restore(ckpt)
+        await self._publish_and_load(self.version)
+
+    async def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
+        s = self.services
+        restored = await s.call("trainer", s.trainer.load.call_one(str(ckpt.path)))
+        state = torch.load(ckpt.path / "controller.pt", weights_only=False)
+        if state["step"] != restored or state["step"] != ckpt.step:
+            raise RuntimeError(
+                f"{ckpt.path}: trainer step {restored}, controller step {state['step']}, "
+                f"directory step {ckpt.step} disagree"
+            )
+        self.step, self.version = state["step"], state["version"]
+        self.generate_calls = state["generate_calls"]
+        self.source.load_state_dict(state["data"])
+        random.setstate(state["python_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        for group in state["buffer"]:
+            await self.buffer.put(Group(**group))
+        self.wandb_run_id = state.get("wandb_run_id")
+        self.resumed_from = self.step
+        print(f"resumed from step {self.step} ({ckpt.path})", flush=True)
+
+    # --- weights ------------------------------------------------------------------------------
+
+    async def _publish_and_load(self, version: int) -> float:
+        """Publish `version` and load it on every generator now (start of run)."""
+        s = self.services
+        pub = await s.call("trainer", s.trainer.publish.call_one(version))
+        loads = await asyncio.gather(
+            *(s.call("generator", gen.update_weights.call_one(version)) for gen in s.generators)
+        )
+        self._last_load_s = max(r["seconds"] for r in loads)
+        return pub["seconds"] + self._last_load_s
+
+    def _switch_generators(self, version: int) -> None:
+        """Ask every generator to load `version` after its generation in flight; then drop v-1."""
+        s = self.services
+
+        async def switch() -> None:
+            loads = await asyncio.gather(
+                *(s.call("generator", gen.update_weights.call_one(version)) for gen in s.generators)
+            )
+            self._last_load_s = max(r["seconds"] for r in loads)
+            if version - 1 >= 0:
+                await s.call("trainer", s.trainer.drop.call_one(version - 1))
+
+        task = asyncio.create_task(switch())
+        self._update_tasks.add(task)
+        task.add_done_callback(self._update_done)
+
+    def _update_done(self, task: asyncio.Task) -> None:
+        self._update_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.services.fail(task.exception())
+
+    # --- rollouts -----------------------------------------------------------------------------
+
+    def start_rollouts(self) -> None:
+        for replica, gen in enumerate(self.services.generators):
+            task = asyncio.create_task(self._rollout_loop(replica, gen))
+            task.add_done_callback(self._rollout_done)
+            self._rollout_tasks.append(task)
+
+    def _rollout_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.services.fail(task.exception())
+
+    async def _rollout_loop(self, replica: int, gen: Any) -> None:
+        s = self.services
+        g = self.recipe.grpo
+        per_call = max(1, -(-g.prompts_per_step // len(s.generators)))
+        while self._rollouts_open:
+            prompts = self.source.take(per_call)
+            self.generate_calls += 1
+            seed = hash((g.seed, self.generate_calls)) & 0x7FFFFFFF
+            start = time.perf_counter()
+            self._calls_in_flight += 1
+            try:
+                out = await s.call(
+                    "generator", gen.generate.call_one([p.messages() for p in prompts], seed)
+                )
+                self._note("time/generate_s", time.perf_counter() - start)
+                groups = self._groups(prompts, out)
+                await self._score(groups)
+                await self._reference(groups)
+            finally:
+                self._calls_in_flight -= 1
+            for group in groups:
+                await self.buffer.put(group)
+
+    def _groups(self, prompts: list[Any], out: list[dict[str, Any]]) -> list[Group]:
+        n = self.recipe.grpo.group_size
+        groups = []
+        for i, p in enumerate(prompts):
+            done = out[i * n : (i + 1) * n]
+            versions = {c["policy_version"] for c in done}
+            if len(versions) != 1:
+                raise RuntimeError(f"one group spans policy versions {sorted(versions)}")
+            groups.append(
+                Group(
+                    prompt_id=p.id,
+                    prompt=p.text,
+                    answer=p.answer,
+                    prompt_tokens=done[0]["prompt_ids"],
+                    responses=[c["response_ids"] for c in done],
+                    response_logprobs=[c["response_logprobs"] for c in done],
+                    texts=[c["text"] for c in done],
+                    policy_version=versions.pop(),
+                )
+            )
+        return groups
+
+    async def _score(self, groups: list[Group]) -> None:
+        s = self.services
+        items = [(gr.prompt, text, gr.answer) for gr in groups for text in gr.texts]
+        start = time.perf_counter()
+        scores = await s.score(items)
+        self._note("time/reward_s", time.perf_counter() - start)
+        k = 0
+        for gr in groups:
+            for _ in gr.texts:
+                total, parts = scores[k]
+                gr.rewards.append(total)
+                for name, value in parts.items():
+                    gr.reward_parts.setdefault(name, []).append(value)
+                k += 1
+
+    async def _reference(self, groups: list[Group]) -> None:
+        """Score the groups under the frozen reference (for the KL term and its metric)."""
+        s = self.services
+        if s.reference is None:
+            return
+        batch = self._batch(groups)
+        start = time.perf_counter()
+        ref = await s.call(
+            "reference", s.reference.logprobs.call_one(batch.tokens, batch.response_mask)
+        )
+        self._note("time/reference_s", time.perf_counter() - start)
+        rows = iter(ref["logprobs"])
+        for gr in groups:
+            for resp in gr.responses:
+                row = next(rows)
+                start_col = len(gr.prompt_tokens)
+                gr.ref_logprobs.append(row[start_col : start_col + len(resp)].tolist())
+
+    def _note(self, key: str, value: float) -> None:
+        self._recent.setdefault(key, []).append(value)
+
+    # --- training -----------------------------------------------------------------------------
+
+    def _batch(self, groups: list[Group], ref: bool = False) -> Any:
+        """Groups in the [B, T] layout; with `ref`, the reference log-probs in place of the
+        generator's (same collation, so the two line up exactly)."""
+        from runtime.backends import Completion, collate
+
+        completions = [
+            Completion(gr.prompt_tokens, resp, lps, gr.policy_version, "stop")
+            for gr in groups
+            for resp, lps in zip(
+                gr.responses, gr.ref_logprobs if ref else gr.response_logprobs, strict=True
+            )
+        ]
+        return collate(completions, pad_id=self.services.pad_id)
+
+    def _collate(self, groups: list[Group]) -> tuple[dict[str, Any], dict[str, float]]:
+        from runtime.grpo import group_advantages
+
+        g = self.recipe.grpo
+        batch = self._batch(groups)
+        rewards = torch.tensor([r for gr in groups for r in gr.rewards], dtype=torch.float32)
+        advantages = group_advantages(
+            rewards.view(len(groups), g.group_size), scale_by_std=g.loss != "dr_grpo"
+        ).flatten()
+        info = {
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "response/len_mean": float(batch.response_lengths.float().mean()),
+            "policy/staleness_mean": float(
+                sum(self.version - gr.policy_version for gr in groups) / len(groups)
+            ),
+        }
+        for name in groups[0].reward_parts:
+            vals = [v for gr in groups for v in gr.reward_parts[name]]
+            info[f"reward/{name}"] = sum(vals) / len(vals)
+        train = {
+            "tokens": batch.tokens,
+            "response_mask": batch.response_mask,
+            "advantages": advantages,
+            "old_logprobs": batch.logprobs,
+            "ref_logprobs": self._batch(groups, ref=True).logprobs
+            if groups[0].ref_logprobs
+            else None,
+        }
+        return train, info
+
+    async def train(self) -> None:
+        """Train until the recipe's step count or until asked to stop."""
+        s = self.services
+        g = self.recipe.grpo
+        total = g.steps
+        while self.step < total and not self.stopping.is_set():
+            t0 = time.perf_counter()
+            groups = await self._wait(self.buffer.take(g.prompts_per_step, self.version))
+            if groups is None:
+                break
+            t_wait = time.perf_counter() - t0
+            batch, info = self._collate(groups)
+            stats = await s.call("trainer", s.trainer.train_step.call_one(batch))
+            self.step += 1
+            self.version += 1
+            pub = await s.call("trainer", s.trainer.publish.call_one(self.version))
+            self._switch_generators(self.version)
+            record = {
+                "step": self.step,
+                **info,
+                "loss": stats.get("loss", 0.0),
+                "kl": stats.get("kl", 0.0),
+                "policy_version": self.version,
+                "time/step_s": time.perf_counter() - t0,
+                "time/wait_rollouts_s": t_wait,
+                "time/weight_sync_s": pub["seconds"] + self._last_load_s,
+                "time/publish_s": pub["seconds"],
+                "time/train_s": stats.get("time/train_s", 0.0),
+                "buffer/dropped_stale": self.buffer.dropped_stale,
+                **{k: v for k, v in stats.items() if k not in ("loss", "kl", "time/train_s")},
+            }
+            for key, values in self._recent.items():
+                if values:
+                    record[key] = sum(values) / len(values)
+            self._recent.clear()
+            self.metrics.log(self.step, record)
+            interval = g.checkpoint_interval
+            if interval and self.step % interval == 0 and self.step < total:
+                await self.save_checkpoint()
+
+    async def _wait(self, coro: Any) -> Any:
+        """Await `coro` unless a stop is requested first (then cancel it and return None)."""
+        task = asyncio.ensure_future(coro)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        done, _ = await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            stop.cancel()
+            return task.result()
+        task.cancel()
+        return None
+
+    # --- checkpoints and shutdown ---------------------------------------------------------------
+
+    async def save_checkpoint(self) -> Path:
+        root = self.config.checkpoint_dir
+        partial = checkpoint.begin(root, self.step)
+        s = self.services
+        await s.call("trainer", s.trainer.save.call_one(str(partial)))
+        state = {
+            "step": self.step,
+            "version": self.version,
+            "generate_calls": self.generate_calls,
+            "data": self.source.state_dict(),
+            "python_rng": random.getstate(),
+            "torch_rng": torch.get_rng_state(),
+            "buffer": [asdict(gr) for gr in self.buffer.groups()],
+            "wandb_run_id": self.metrics.wandb_run_id if self.metrics else None,
+        }
+        torch.save(state, partial / "controller.pt")
+        (partial / "meta.json").write_text(
+            json.dumps({"recipe": self.recipe.name, "step": self.step, "version": self.version})
+        )
+        ckpt = checkpoint.commit(root, partial, self.step)
+        print(f"checkpoint step {self.step} -> {ckpt.path}", flush=True)
+        return ckpt.path
+
+    async def stop_rollouts(self, timeout_s: float = 60.0) -> None:
+        """No new generation; let the calls in flight return; stop the loops."""
+        self._rollouts_open = False
+        # A loop blocked on a full buffer never ends by itself: wait until no endpoint call is
+        # in flight (generation drained), then cancel what is left.
+        deadline = time.monotonic() + timeout_s
+        while self._calls_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        pending = [t for t in self._rollout_tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self._update_tasks:
+            await asyncio.gather(*self._update_tasks, return_exceptions=True)

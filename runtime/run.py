@@ -1,0 +1,139 @@
+"""One run: start the weight store and every service from the plan, train, shut down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.config import RunConfig
+from runtime.lifecycle import RunLifecycle
+from runtime.mesh import ActorFailure, available_cores, root_cause
+
+
+@dataclass
+class Services:
+    """The actor meshes of one run and the supervised way to call them."""
+
+    life: RunLifecycle
+    trainer: Any
+    generators: list[Any]
+    reference: Any | None
+    reward: Any
+    reward_procs: int
+    pad_id: int
+
+    async def call(self, service: str, awaitable: Any) -> Any:
+        return await self.life.call(service, awaitable)
+
+    async def score(self, items: list[tuple[str, str, str]]) -> list[Any]:
+        """Score on every reward proc at once, in contiguous slices."""
+        n = self.reward_procs
+        size = -(-len(items) // n)
+        parts = [items[i * size : (i + 1) * size] for i in range(n)]
+        calls = [
+            self.call("reward", self.reward.slice(procs=i).score.call_one(part))
+            for i, part in enumerate(parts)
+            if part
+        ]
+        return [score for chunk in await asyncio.gather(*calls) for score in chunk]
+
+    def fail(self, error: BaseException) -> None:
+        """A background task of the controller died: end the run with its cause."""
+        if isinstance(error, ActorFailure):
+            self.life.fail(error)
+            return
+        traceback.print_exception(error)  # a bug here keeps its traceback
+        self.life.fail(ActorFailure("controller", root_cause(error), error))
+
+
+def _placements(plan: Any, service: str) -> list[Any]:
+    return [p for p in plan.placements if p.service == service]
+
+
+async def _start(life: RunLifecycle, config: RunConfig) -> Services:
+    from runtime import services as svc
+    from runtime import weights
+    from runtime.actors import GeneratorActor, ReferenceActor, RewardActor, TrainerActor
+
+    plan, recipe = config.plan, config.recipe
+    store = await life.call("weights", weights.start_store())
+    life.register("weight store", lambda: weights.stop_store(store))
+
+    gens = _placements(plan, "generator")
+    refs = _placements(plan, "reference") if plan.reference_enabled else []
+    trainers = _placements(plan, "trainer")
+    # CPU threads: every service proc computes at once (rollouts overlap training)
+    busy = 1 + len(gens) + len(refs) + plan.reward_procs
+    threads = max(1, available_cores() // busy)
+
+    # The trainer sees all its GPUs in one proc; FSDP across procs belongs to the GPU backend.
+    trainer_gpus = tuple(g for p in trainers for g in p.gpus)
+    trainer_mesh = await life.spawn_service("trainer", 1, gpus=[trainer_gpus], threads=threads)
+    trainer = trainer_mesh.spawn_actor(TrainerActor)
+    generators = []
+    for p in gens:
+        mesh = await life.spawn_service(f"generator{p.replica}", 1, gpus=[p.gpus], threads=threads)
+        generators.append(mesh.spawn_actor(GeneratorActor))
+    reference = None
+    if refs:
+        mesh = await life.spawn_service("reference", 1, gpus=[refs[0].gpus], threads=threads)
+        reference = mesh.spawn_actor(ReferenceActor)
+    reward_mesh = await life.spawn_service("reward", plan.reward_procs, threads=1)
+    reward = reward_mesh.spawn_actor(RewardActor)
+
+    rewards = [r.model_dump() for r in recipe.dataset.rewards]
+    setups = [
+        life.call("trainer", trainer.setup.call_one(recipe, store)),
+        *(life.call("generator", g.setup.call_one(recipe, store)) for g in generators),
+        life.call("reward", reward.setup.call(rewards)),
+    ]
+    if reference is not None:
+        setups.append(life.call("reference", reference.setup.call_one(recipe)))
+    await asyncio.gather(*setups)
+    tokenizer = svc.load_tokenizer(recipe)
+    return Services(
+        life, trainer, generators, reference, reward, plan.reward_procs, svc.pad_id(tokenizer)
+    )
+
+
+async def _main(life: RunLifecycle, config: RunConfig) -> None:
+    from runtime.controller import Controller
+    from runtime.metrics import MetricsLogger
+
+    recipe = config.recipe
+    print(config.plan.describe(), flush=True)
+    services = await _start(life, config)
+    controller = Controller(config, services, life.stopping)
+    await controller.prepare()
+    metrics = MetricsLogger(
+        config.run_dir,
+        wandb_mode=config.wandb_mode,
+        run_name=config.run_dir.name,
+        config=recipe.model_dump(mode="json"),
+        resume_id=controller.wandb_run_id,
+        total_steps=recipe.grpo.steps,
+    )
+    controller.metrics = metrics
+
+    async def close_metrics() -> None:
+        metrics.close()
+
+    life.register("metrics", close_metrics)
+    controller.start_rollouts()
+    await controller.train()
+    await controller.stop_rollouts()
+    if controller.step > (controller.resumed_from or 0) or life.stopping.is_set():
+        await controller.save_checkpoint()
+    status = "stopped" if controller.step < recipe.grpo.steps else "finished"
+    print(f"{status} at step {controller.step}; outputs in {config.run_dir}", flush=True)
+
+
+def run(config: RunConfig) -> int:
+    """Run to the end, a stop or a failure; the process exit code."""
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    life = RunLifecycle("forgesky")
+    return asyncio.run(life.run(lambda lf: _main(lf, config)))
