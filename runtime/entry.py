@@ -73,7 +73,6 @@ def _default_gpus(recipe) -> int:
 def parse_config(argv: list[str] | None, prog: str = "python -m runtime"):
     """Parse arguments into a RunConfig: recipe (with overrides) and its plan."""
     from recipes import apply_overrides, load_recipe, plan
-
     from runtime.config import RunConfig
 
     args = build_parser(prog).parse_args(argv)
