@@ -1,0 +1,262 @@
+"""One Monarch proc mesh per service: spawn procs pinned to their GPUs and CPU threads, and
+translate Monarch's failure wrappers into one readable line.
+
+Pinning: each proc gets its own bootstrap environment (Monarch's per-rank `BootstrapCommand`),
+so `CUDA_VISIBLE_DEVICES` is in place before the proc imports torch. Monarch's
+`per_host={"gpus": n}` would only be a label.
+
+Thread policy: a proc that computes on CPU gets `cores // busy procs on its host` threads (at
+least 1) through OMP/MKL/OpenBLAS variables, which torch reads at import. Without that, every
+proc starts one thread per core and five procs on a 2-core machine fight over the cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import sysconfig
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from monarch.actor import (
+    Actor,
+    ActorError,
+    HostMesh,
+    ProcMesh,
+    default_bootstrap_cmd,
+    endpoint,
+    this_host,
+)
+
+T = TypeVar("T")
+
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+RUN_ID_ENV = "FORGESKY_RUN_ID"
+SERVICE_ENV = "FORGESKY_SERVICE"
+RANK_ENV = "FORGESKY_PROC_RANK"
+
+# A name resolution that does not answer quickly belongs to a mesh that never came up.
+_NAME_TIMEOUT_S = 2.0
+
+
+class ActorFailure(Exception):
+    """A service's actor or proc failed; `str()` is one line naming the service and root cause."""
+
+    def __init__(self, service: str, cause: str, original: BaseException | None = None) -> None:
+        super().__init__(f"{service} actor failed: {cause}")
+        self.service = service
+        self.cause = cause
+        self.original = original
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity masks
+        return os.cpu_count() or 1
+
+
+def threads_per_proc(busy_procs: int, cores: int | None = None) -> int:
+    """Intra-op threads for each of `busy_procs` procs computing at once on one host."""
+    cores = available_cores() if cores is None else cores
+    return max(1, cores // max(1, busy_procs))
+
+
+def proc_env(
+    service: str,
+    rank: int,
+    gpus: tuple[int, ...],
+    threads: int,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment one proc starts with: its GPUs, its thread budget, its identity.
+
+    An empty `gpus` hides every GPU (`CUDA_VISIBLE_DEVICES=""`), so a CPU service on a GPU host
+    cannot create a CUDA context on GPU 0 by accident.
+    """
+    extra = dict(extra or {})
+    if "CUDA_VISIBLE_DEVICES" in extra:
+        raise ValueError(f"{service}: pass GPUs through `gpus`, not CUDA_VISIBLE_DEVICES in env")
+    env = {var: str(threads) for var in THREAD_ENV_VARS}
+    env.update(extra)
+    # PCI bus order makes the indices match nvidia-smi, which is what placements are written in.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    env[SERVICE_ENV] = service
+    env[RANK_ENV] = str(rank)
+    if RUN_ID_ENV in os.environ:
+        env[RUN_ID_ENV] = os.environ[RUN_ID_ENV]
+    return env
+
+
+class ProcProbe(Actor):
+    """Answers who and where a proc is; spawned on every service mesh to learn its pids."""
+
+    @endpoint
+    async def describe(self, with_torch: bool = False) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "env": dict(os.environ),
+        }
+        if with_torch:
+            import torch
+
+            info["torch_threads"] = torch.get_num_threads()
+        return info
+
+
+class ServiceMesh:
+    """The procs of one service (on one or more hosts) and the actors spawned on them."""
+
+    def __init__(self, service: str, procs: ProcMesh, gpus: Sequence[tuple[int, ...]]) -> None:
+        self.service = service
+        self.procs = procs
+        self.gpus = tuple(tuple(g) for g in gpus)
+        self.pids: list[int] = []
+        self.stopped = False
+        self._actors: list[Any] = []
+        self._names: set[str] = set()
+        self._probe: Any = None
+
+    @classmethod
+    async def spawn(
+        cls,
+        service: str,
+        procs: int,
+        gpus: Sequence[tuple[int, ...]] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        threads: int | None = None,
+        host: HostMesh | None = None,
+    ) -> ServiceMesh:
+        """Start `procs` procs per host of `host` (default: this machine), pinned and ready.
+
+        `gpus[i]` lists the local GPU indices of proc i (the same on every host); `()` or None
+        means CPU. `threads` defaults to `threads_per_proc(procs)`; pass the value for all busy
+        procs of the host when several services share it. Raises ActorFailure if the procs
+        cannot start.
+        """
+        gpus = [()] * procs if gpus is None else [tuple(g) for g in gpus]
+        if len(gpus) != procs:
+            raise ValueError(f"{service}: {procs} procs but {len(gpus)} GPU assignments")
+        threads = threads_per_proc(procs) if threads is None else threads
+        envs = [proc_env(service, rank, gpus[rank], threads, env) for rank in range(procs)]
+        base = default_bootstrap_cmd()
+
+        def bootstrap(point: Any) -> Any:
+            return base.with_env(envs[point["procs"]])
+
+        host = this_host() if host is None else host
+        proc_mesh = host.spawn_procs(
+            per_host={"procs": procs}, name=service, bootstrap_command=bootstrap
+        )
+        mesh = cls(service, proc_mesh, gpus)
+        mesh._probe = mesh.spawn_actor(ProcProbe, name=f"{service}_probe")
+        try:
+            infos = await mesh.describe()
+        except Exception as e:
+            raise ActorFailure(service, f"procs did not start: {root_cause(e)}", e) from None
+        mesh.pids = [info["pid"] for info in infos]
+        return mesh
+
+    def spawn_actor(
+        self, actor_class: type[T], *args: Any, name: str | None = None, **kwargs: Any
+    ) -> T:
+        """Spawn `actor_class` on every proc of this service (Monarch's `ProcMesh.spawn`)."""
+        actor = self.procs.spawn(name or self.service, actor_class, *args, **kwargs)
+        self._actors.append(actor)
+        return actor
+
+    async def describe(self, with_torch: bool = False) -> list[dict[str, Any]]:
+        """pid, host name and environment of every proc, in rank order."""
+        values = await self._probe.describe.call(with_torch)
+        return [info for _, info in values.items()]
+
+    async def mesh_names(self) -> set[str]:
+        """Monarch's names of the actor meshes on this service (how failures name them)."""
+        for actor in self._actors[len(self._names) :]:
+            try:
+                self._names.add(await asyncio.wait_for(_await(actor._name), _NAME_TIMEOUT_S))
+            except Exception:  # noqa: BLE001 - a mesh without a name never failed
+                break
+        return set(self._names)
+
+    async def stop(self) -> None:
+        """Stop the actors and the procs of this service."""
+        if self.stopped:
+            return
+        self.stopped = True
+        await _await(self.procs.stop())
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+# --- Monarch failures as one line ---------------------------------------------------------------
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_KILLED = re.compile(r"Killed\(sig=(\d+)\)")
+_RANK = re.compile(r"\{'?\w+'?: (\d+/\d+)\}")
+_LIBRARY_DIRS = tuple(
+    p for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]} if p
+)
+
+
+def root_cause(error: BaseException | str) -> str:
+    """One line for a failure: the exception, or how the proc died, and where.
+
+    Accepts Monarch's ActorError (an endpoint raised), SupervisionError (an actor or proc
+    died), a MeshFailure report, or any exception.
+    """
+    if isinstance(error, ActorError):
+        exc = error.exception
+        head = _exception_line(exc)
+        text = error.exception_formatted
+    elif isinstance(error, str):
+        text = error
+        head = _last_line(text)
+    elif type(error).__name__ == "SupervisionError":
+        text = str(error)
+        head = _last_line(text)
+    else:
+        return _exception_line(error)
+    killed = _KILLED.search(head)
+    if killed:
+        rank = _RANK.search(text)
+        where = f" (proc {rank.group(1)})" if rank else ""
+        return f"process killed by {_signal_name(int(killed.group(1)))}{where}"
+    head = head.removeprefix("actor explicitly aborted due to: ")
+    frame = _user_frame(text)
+    return f"{head} (in {frame})" if frame else head
+
+
+def _exception_line(exc: BaseException) -> str:
+    message = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "unknown failure"
+
+
+def _user_frame(text: str) -> str | None:
+    frames = _FRAME.findall(text)
+    if not frames:
+        return None
+    own = [f for f in frames if not f[0].startswith(_LIBRARY_DIRS)]
+    path, line, func = (own or frames)[-1]
+    return f"{os.path.basename(path)}:{line} {func}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

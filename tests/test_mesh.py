@@ -1,0 +1,135 @@
+"""runtime.mesh: proc meshes pinned per proc, and Monarch failures as one line (real procs)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+from monarch.actor import Actor, endpoint
+
+from runtime.mesh import ServiceMesh, proc_env, root_cause, threads_per_proc
+
+# Procs unpickle the actor classes below by module name, so they need this directory on their path.
+TEST_ENV = {"PYTHONPATH": str(Path(__file__).parent)}
+
+
+def test_threads_share_the_cores_among_busy_procs():
+    assert threads_per_proc(5, cores=2) == 1
+    assert threads_per_proc(3, cores=16) == 5
+    assert threads_per_proc(1, cores=8) == 8
+    assert threads_per_proc(0, cores=8) == 8
+
+
+def test_proc_env_pins_gpus_threads_and_identity():
+    env = proc_env("trainer", 1, (2, 3), 4, {"HF_HOME": "/data/hf"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "4"
+    assert env["FORGESKY_SERVICE"] == "trainer" and env["FORGESKY_PROC_RANK"] == "1"
+    assert env["HF_HOME"] == "/data/hf"
+    # A CPU proc on a GPU host sees no GPU at all.
+    assert proc_env("reward", 0, (), 1)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_gpus_go_through_the_gpus_argument_not_env():
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
+        proc_env("generator", 0, (0,), 1, {"CUDA_VISIBLE_DEVICES": "5"})
+
+
+class Scorer(Actor):
+    @endpoint
+    async def score(self, x: float) -> float:
+        return _divide(x, 0.0)
+
+    @endpoint
+    async def ping(self) -> None:
+        return None
+
+
+def _divide(a: float, b: float) -> float:
+    return a / b
+
+
+@pytest.mark.slow
+def test_each_proc_starts_with_its_gpus_and_thread_budget():
+    async def scenario():
+        mesh = await ServiceMesh.spawn(
+            "generator", 2, gpus=[(0,), (1, 2)], env={"FORGESKY_TEST": "yes"}, threads=1
+        )
+        try:
+            infos = await mesh.describe(with_torch=True)
+        finally:
+            await mesh.stop()
+        return mesh, infos
+
+    mesh, infos = asyncio.run(scenario())
+    assert [i["env"]["CUDA_VISIBLE_DEVICES"] for i in infos] == ["0", "1,2"]
+    assert [i["env"]["FORGESKY_PROC_RANK"] for i in infos] == ["0", "1"]
+    assert all(i["env"]["OMP_NUM_THREADS"] == "1" for i in infos)
+    assert all(i["env"]["FORGESKY_TEST"] == "yes" for i in infos)
+    assert all(i["torch_threads"] == 1 for i in infos)
+    assert sorted(mesh.pids) == sorted(i["pid"] for i in infos)
+    assert os.getpid() not in mesh.pids
+    assert not [p for p in mesh.pids if psutil.pid_exists(p) and _alive(p)]
+
+
+@pytest.mark.slow
+def test_root_cause_names_the_exception_and_the_users_line():
+    async def scenario():
+        mesh = await ServiceMesh.spawn("reward", 1, env=TEST_ENV, threads=1)
+        try:
+            scorer = mesh.spawn_actor(Scorer)
+            with pytest.raises(Exception) as raised:
+                await scorer.score.call_one(1.0)
+        finally:
+            await mesh.stop()
+        return raised.value
+
+    error = asyncio.run(scenario())
+    line = _divide.__code__.co_firstlineno + 1
+    assert (
+        root_cause(error)
+        == f"ZeroDivisionError: float division by zero (in test_mesh.py:{line} _divide)"
+    )
+
+
+@pytest.mark.slow
+def test_root_cause_of_a_killed_proc_says_how_it_died(monkeypatch):
+    import monarch.actor
+
+    failures = []
+    # Monarch's default hook exits the process on an unhandled failure; record it instead.
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", failures.append)
+
+    async def scenario():
+        mesh = await ServiceMesh.spawn("reward", 1, env=TEST_ENV, threads=1)
+        scorer = mesh.spawn_actor(Scorer)
+        await scorer.ping.call_one()
+        os.kill(mesh.pids[0], signal.SIGKILL)
+        try:
+            with pytest.raises(Exception) as raised:
+                await asyncio.wait_for(_forever(scorer), 60)
+        finally:
+            await mesh.stop()
+        return raised.value
+
+    error = asyncio.run(scenario())
+    assert root_cause(error) == "process killed by SIGKILL (proc 0/1)"
+    assert any(root_cause(f.report()) == "process killed by SIGKILL (proc 0/1)" for f in failures)
+
+
+async def _forever(scorer) -> None:
+    while True:
+        await scorer.ping.call_one()
+        await asyncio.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
