@@ -40,8 +40,9 @@ def launch(task: sky.Task, name: str, *, managed: bool, down: bool = False) -> s
     return f"job {job_id} running on cluster {name}; follow it: forgesky logs {name}"
 
 
-def status(names: Sequence[str], *, managed: bool, out: TextIO = sys.stdout) -> None:
+def status(names: Sequence[str], *, managed: bool, out: TextIO | None = None) -> None:
     """Print a table of clusters (or managed jobs), those in `names` or all."""
+    out = out or sys.stdout
     if managed:
         result = sky.get(sky.jobs.queue(refresh=False, skip_finished=False, version=2))
         # version=2 answers (records, total, status counts, total before filtering).

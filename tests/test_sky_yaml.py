@@ -1,0 +1,129 @@
+"""sky/*.yaml: generated from the catalog, current, and accepted by SkyPilot's own parser."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+import sky
+from launcher import write_sky
+from launcher.cli import main
+from recipes import list_recipes, load_recipe, minimum_gpus, plan
+
+REPO = Path(__file__).resolve().parent.parent
+SKY_DIR = REPO / "sky"
+FILES = sorted(p.name for p in SKY_DIR.glob("*.yaml"))
+
+
+def test_sky_dir_is_current():
+    """Fails when a recipe or the launcher changed without `python -m launcher.write_sky`."""
+    expected = write_sky.generate()
+    assert sorted(expected) == FILES
+    stale = [name for name, text in expected.items() if (SKY_DIR / name).read_text() != text]
+    assert not stale, f"regenerate with `python -m launcher.write_sky`: {stale}"
+
+
+def test_every_recipe_has_a_cluster_and_a_spot_file():
+    assert sorted(f"{n}{suffix}.yaml" for n in list_recipes() for suffix in ("", "-spot")) == FILES
+
+
+def test_write_sky_writes_and_prunes(tmp_path):
+    (tmp_path / "gone.yaml").write_text("name: old\n")
+    written = write_sky.write(tmp_path)
+    assert sorted(p.name for p in written) == FILES
+    assert not (tmp_path / "gone.yaml").exists()
+    assert (tmp_path / "qwen3-8b.yaml").read_text() == (SKY_DIR / "qwen3-8b.yaml").read_text()
+
+
+def test_cli_render_writes_the_same_file(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sky").mkdir()
+    assert main(["render", "qwen3-8b", "--managed", "--spot", "-o", "sky/qwen3-8b-spot.yaml"]) == 0
+    written = (tmp_path / "sky" / "qwen3-8b-spot.yaml").read_text()
+    assert written == (SKY_DIR / "qwen3-8b-spot.yaml").read_text()
+
+
+@pytest.mark.parametrize("file_name", FILES)
+def test_skypilot_parses_the_file(file_name):
+    text = (SKY_DIR / file_name).read_text()
+    config = yaml.safe_load(text)
+    # from_yaml_config empties the dict it gets.
+    task = sky.Task.from_yaml_config(copy.deepcopy(config))
+    spot = file_name.endswith("-spot.yaml")
+    recipe = load_recipe(file_name.removesuffix(".yaml").removesuffix("-spot"))
+    need = minimum_gpus(recipe)
+    expected_plan = plan(recipe, need)
+
+    assert task.name == f"grpo-{recipe.name}"
+    assert task.num_nodes == expected_plan.num_nodes
+    assert task.workdir == "."
+    if recipe.cpu:
+        assert [r.accelerators for r in task.resources] == [None]
+    else:
+        per_node = expected_plan.gpus_per_node
+        wanted = [recipe.resources.accelerator, *recipe.resources.alternatives]
+        assert [r.accelerators for r in task.resources] == [{a: per_node} for a in wanted]
+        assert per_node * task.num_nodes == need
+    assert task.envs["MIN_GPUS"] == str(need)
+    assert task.envs["MODEL"] == recipe.model.hf_id
+    assert set(task.envs) == {"MODEL", "MIN_GPUS", "MAX_STEPS", "WANDB_MODE"}
+    # No secret values in a committed file: empty slots, or references for needed ones.
+    assert all(v.get_secret_value() == "" for v in task.secrets.values())
+    refs = {ref.name for ref in task.managed_secret_refs}
+    assert refs == ({"HF_TOKEN"} if recipe.model.gated else set())
+    assert set(task.secrets) | refs == {"HF_TOKEN", "WANDB_API_KEY"}
+    assert f"--recipe {recipe.name} " in task.run
+    assert "python -m runtime" in task.run
+
+    for r in task.resources:
+        assert r.disk_size == recipe.resources.disk_gb
+        assert bool(r.use_spot) is spot
+        if spot:
+            strategy = r.job_recovery["strategy"]
+            # SkyPilot checks names only on its server; its registry is the same check.
+            assert sky.JOBS_RECOVERY_STRATEGY_REGISTRY.from_str(strategy) is not None
+            assert strategy == "EAGER_NEXT_REGION"
+        else:
+            assert r.job_recovery is None
+
+
+@pytest.mark.parametrize("file_name", FILES)
+def test_header_gives_the_commands(file_name):
+    text = (SKY_DIR / file_name).read_text()
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    name = file_name.removesuffix(".yaml").removesuffix("-spot")
+    secret = " --secret HF_TOKEN" if load_recipe(name).model.gated else ""
+    if file_name.endswith("-spot.yaml"):
+        commands = [
+            f"#   sky jobs launch -n grpo-{name} sky/{file_name}{secret}",
+            f"#   sky jobs logs -n grpo-{name}",
+            f"#   sky jobs cancel -n grpo-{name}",
+        ]
+    else:
+        commands = [
+            f"#   sky launch -c grpo-{name} sky/{file_name}{secret}",
+            f"#   sky logs grpo-{name}",
+            f"#   sky down grpo-{name}",
+        ]
+    for command in commands:
+        assert command in header
+    assert f"-o sky/{file_name}`" in header[2]
+
+
+def test_bucket_and_recovery_render_as_skypilot_reads_them(capsys):
+    argv = ["render", "qwen3-1.7b", "--managed", "--spot", "--recovery", "failover"]
+    argv += ["--max-restarts-on-errors", "2", "--checkpoint-bucket", "r2://ckpt/run1"]
+    assert main(argv) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert config["file_mounts"]["/checkpoints"]["mode"] == "MOUNT_CACHED"
+    assert config["resources"]["job_recovery"] == {
+        "strategy": "FAILOVER",
+        "max_restarts_on_errors": 2,
+    }
+    task = sky.Task.from_yaml_config(copy.deepcopy(config))
+    assert task.storage_mounts["/checkpoints"].source == "r2://ckpt/run1"
+    for r in task.resources:
+        assert sky.JOBS_RECOVERY_STRATEGY_REGISTRY.from_str(r.job_recovery["strategy"]) is not None

@@ -1,0 +1,498 @@
+"""The SkyPilot task that `forgesky launch` hands to the cloud, and the cluster commands.
+
+Only the final SDK calls are replaced (sky.launch, sky.jobs.launch, the status/logs/down/cancel
+calls and the request waits); the Task they receive is SkyPilot's real object and is checked
+field by field, and the node scripts are run with bash.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+import sky
+from launcher.cli import main
+from launcher.options import PROJECT_DIR, LaunchOptions, resolve_job, secret_values
+from launcher.scripts import RUNTIME_STACK, TORCHSTORE, run_script, setup_script
+from launcher.task import build_task
+
+TOKEN = "hf_secret_value_never_printed"
+WANDB_KEY = "wandb_secret_value_never_printed"
+
+
+class FakeSky:
+    """Records the SDK calls a command makes; each returns a request id, waits return results."""
+
+    def __init__(self, monkeypatch, results=None):
+        self.calls: list[tuple[str, tuple, dict]] = []
+        self.results = results or {}
+        for name in ("launch", "status", "down", "cancel", "tail_logs"):
+            monkeypatch.setattr(sky, name, self._record(f"sky.{name}"))
+        for name in ("launch", "queue", "cancel", "tail_logs"):
+            monkeypatch.setattr(sky.jobs, name, self._record(f"sky.jobs.{name}"))
+        monkeypatch.setattr(sky, "stream_and_get", self._wait("stream_and_get"))
+        monkeypatch.setattr(sky, "get", self._wait("get"))
+
+    def _record(self, name):
+        def call(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            return self.results.get(name, f"request-{name}")
+
+        return call
+
+    def _wait(self, name):
+        def wait(request_id, *args, **kwargs):
+            self.calls.append((name, (request_id,), kwargs))
+            return self.results[request_id]
+
+        return wait
+
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+    def task(self) -> sky.Task:
+        launched = [c for c in self.calls if c[0] in ("sky.launch", "sky.jobs.launch")]
+        assert len(launched) == 1
+        return launched[0][1][0]
+
+
+@pytest.fixture
+def env(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("WANDB_API_KEY", WANDB_KEY)
+
+
+def launch(monkeypatch, capsys, *argv):
+    fake = FakeSky(
+        monkeypatch,
+        {"request-sky.launch": (1, None), "request-sky.jobs.launch": ([7], None)},
+    )
+    code = main(["launch", *argv, "--yes"])
+    out, err = capsys.readouterr()
+    assert TOKEN not in out + err and WANDB_KEY not in out + err
+    return code, fake, out, err
+
+
+def resources(task: sky.Task) -> list[sky.Resources]:
+    assert isinstance(task.resources, list), "accelerators must be an ordered preference"
+    return task.resources
+
+
+# --- launch ------------------------------------------------------------------------------------
+
+
+def test_launch_builds_a_cluster_task(monkeypatch, capsys, env):
+    code, fake, out, _ = launch(monkeypatch, capsys, "qwen3-8b", "--gpus", "8")
+    assert code == 0
+    assert fake.names() == ["sky.launch", "stream_and_get"]
+    _, args, kwargs = fake.calls[0]
+    assert kwargs["cluster_name"] == "grpo-qwen3-8b"
+    task = fake.task()
+    assert [r.accelerators for r in resources(task)] == [{"H100": 8}, {"H200": 8}]
+    assert all(r.disk_size == 256 and not r.use_spot for r in task.resources)
+    assert all(r.job_recovery is None for r in task.resources)
+    assert task.num_nodes == 1
+    assert task.workdir == str(PROJECT_DIR)
+    assert task.envs == {
+        "MODEL": "Qwen/Qwen3-8B",
+        "MIN_GPUS": "5",
+        "MAX_STEPS": "",
+        "WANDB_MODE": "disabled",
+    }
+    # Secrets ride as SkyPilot secrets (redacted in its YAML and logs), never as envs.
+    assert set(task.secrets) == {"HF_TOKEN", "WANDB_API_KEY"}
+    assert task.secrets["HF_TOKEN"].get_secret_value() == TOKEN
+    assert TOKEN not in str(task.envs) and TOKEN not in task.run
+    assert task.storage_mounts == {}
+    assert "GPUS=$(( ${SKYPILOT_NUM_GPUS_PER_NODE:-0} * ${SKYPILOT_NUM_NODES:-1} ))" in task.run
+    assert 'if [ "$GPUS" -lt "$MIN_GPUS" ]' in task.run
+    assert 'exec python -m runtime "${ARGS[@]}"' in task.run
+    assert "--recipe qwen3-8b" in task.run
+    assert "--run-dir runs/grpo-qwen3-8b" in task.run
+    assert "job 1 running on cluster grpo-qwen3-8b" in out
+
+
+def test_launch_multi_node_sets_nodes_and_per_node_gpus(monkeypatch, capsys, env):
+    code, fake, _, _ = launch(monkeypatch, capsys, "qwen3-8b", "--gpus", "16")
+    assert code == 0
+    task = fake.task()
+    assert task.num_nodes == 2
+    assert [r.accelerators for r in task.resources] == [{"H100": 8}, {"H200": 8}]
+    code, fake, _, _ = launch(
+        monkeypatch, capsys, "qwen3-8b", "--gpus", "8", "--gpus-per-node", "4"
+    )
+    task = fake.task()
+    assert task.num_nodes == 2
+    assert [r.accelerators for r in task.resources] == [{"H100": 4}, {"H200": 4}]
+    # The node plans from the recipe, so the per-node count travels as an override.
+    assert "--set resources.gpus_per_node=4" in task.run
+
+
+def test_launch_managed_spot_with_bucket(monkeypatch, capsys, env):
+    code, fake, out, _ = launch(
+        monkeypatch,
+        capsys,
+        "qwen3-8b",
+        "--gpus",
+        "8",
+        "--managed",
+        "--spot",
+        "--checkpoint-bucket",
+        "s3://my-bucket/forgesky",
+        "--max-restarts-on-errors",
+        "3",
+        "--infra",
+        "aws",
+        "--name",
+        "my-run",
+    )
+    assert code == 0
+    assert fake.names() == ["sky.jobs.launch", "stream_and_get"]
+    assert fake.calls[0][2]["name"] == "my-run"
+    task = fake.task()
+    assert task.name == "my-run"
+    for r in task.resources:
+        assert r.use_spot
+        assert r.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3}
+        assert str(r.cloud).lower() == "aws"
+    storage = task.storage_mounts["/checkpoints"]
+    assert storage.source == "s3://my-bucket/forgesky"
+    assert storage.mode == sky.StorageMode.MOUNT_CACHED
+    assert "--run-dir /checkpoints/my-run" in task.run
+    assert "managed job my-run submitted (id 7)" in out
+
+
+def test_launch_recovery_failover(monkeypatch, capsys, env):
+    code, fake, _, _ = launch(
+        monkeypatch, capsys, "qwen3-1.7b", "--managed", "--recovery", "failover"
+    )
+    assert code == 0
+    assert {r.job_recovery["strategy"] for r in fake.task().resources} == {"FAILOVER"}
+    assert not any(r.use_spot for r in fake.task().resources)
+
+
+def test_launch_knobs_become_envs(monkeypatch, capsys, env):
+    code, fake, _, _ = launch(
+        monkeypatch,
+        capsys,
+        "qwen3-1.7b",
+        "--steps",
+        "20",
+        "--wandb",
+        "online",
+        "--set",
+        "model.hf_id=Qwen/Qwen3-1.7B-Base",
+        "--set",
+        "grpo.learning_rate=2e-6",
+    )
+    assert code == 0
+    task = fake.task()
+    assert task.envs["MAX_STEPS"] == "20"
+    assert task.envs["WANDB_MODE"] == "online"
+    assert task.envs["MODEL"] == "Qwen/Qwen3-1.7B-Base"
+    assert task.secrets["WANDB_API_KEY"].get_secret_value() == WANDB_KEY
+    # The node re-applies overrides; the model id travels as $MODEL instead of a second --set.
+    assert "--set grpo.learning_rate=2e-6" in task.run
+    assert "model.hf_id=Qwen/Qwen3-1.7B-Base" not in task.run
+
+
+def test_launch_gated_model_with_token_checks_it_on_the_node(monkeypatch, capsys, env):
+    code, fake, _, _ = launch(monkeypatch, capsys, "llama3.2-1b")
+    assert code == 0
+    task = fake.task()
+    assert task.secrets["HF_TOKEN"].get_secret_value() == TOKEN
+    assert "is gated on the Hugging Face Hub" in task.run
+
+
+def test_launch_optional_secrets_missing_are_empty(monkeypatch, capsys):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    code, fake, _, _ = launch(monkeypatch, capsys, "qwen3-0.6b")
+    assert code == 0
+    secrets = fake.task().secrets
+    assert {k: v.get_secret_value() for k, v in secrets.items()} == {
+        "HF_TOKEN": "",
+        "WANDB_API_KEY": "",
+    }
+
+
+def test_launch_cpu_recipe_asks_for_cpus(monkeypatch, capsys, env):
+    code, fake, _, _ = launch(monkeypatch, capsys, "tiny")
+    assert code == 0
+    (r,) = fake.task().resources
+    assert r.accelerators is None
+    assert r.cpus == "8+"
+    assert '--gpus "$GPUS"' in fake.task().run
+
+
+def test_launch_dryrun_calls_no_cloud_and_prints_no_secret(monkeypatch, capsys, env):
+    code, fake, out, err = launch(monkeypatch, capsys, "llama3.1-8b", "--dryrun")
+    assert code == 0
+    assert fake.calls == []
+    assert "nothing launched" in err
+    rendered = yaml.safe_load(out[out.index("# forgesky recipe") :])
+    assert rendered["secrets"] == {"HF_TOKEN": None, "WANDB_API_KEY": ""}
+
+
+def test_launch_down_is_for_clusters(monkeypatch, capsys, env):
+    code, fake, _, _ = launch(monkeypatch, capsys, "qwen3-1.7b", "--down")
+    assert code == 0
+    assert fake.calls[0][2]["down"] is True
+    code, fake, _, err = launch(monkeypatch, capsys, "qwen3-1.7b", "--down", "--managed")
+    assert code == 2 and fake.calls == []
+    assert err.startswith("forgesky: error: --down")
+
+
+# --- render: the same task, secrets as placeholders ----------------------------------------------
+
+
+def test_render_shows_secret_keys_without_values(capsys, env):
+    assert main(["render", "llama3.1-8b", "--wandb", "online"]) == 0
+    out = capsys.readouterr().out
+    assert TOKEN not in out and WANDB_KEY not in out
+    config = yaml.safe_load(out)
+    # Needed secrets are references SkyPilot refuses to launch without; others empty slots.
+    assert config["secrets"] == {"HF_TOKEN": None, "WANDB_API_KEY": None}
+    assert main(["render", "qwen3-8b"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["secrets"] == {
+        "HF_TOKEN": "",
+        "WANDB_API_KEY": "",
+    }
+
+
+def test_render_parses_back_into_the_same_task(capsys):
+    argv = ["render", "qwen3-8b", "--gpus", "16", "--managed", "--spot"]
+    argv += ["--checkpoint-bucket", "gs://b/ckpt", "--recovery", "failover"]
+    assert main(argv) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    parsed = sky.Task.from_yaml_config(copy.deepcopy(config))
+    job = resolve_job(
+        "qwen3-8b",
+        LaunchOptions(
+            gpus=16, managed=True, spot=True, checkpoint_bucket="gs://b/ckpt", recovery="failover"
+        ),
+    )
+    built = build_task(job, secret_values(job, None), ".")
+    assert parsed.num_nodes == built.num_nodes == 2
+    assert [r.accelerators for r in parsed.resources] == [r.accelerators for r in built.resources]
+    assert [r.job_recovery for r in parsed.resources] == [r.job_recovery for r in built.resources]
+    assert parsed.envs == built.envs
+    assert parsed.run == built.run and parsed.setup == built.setup
+    assert parsed.storage_mounts["/checkpoints"].mode == sky.StorageMode.MOUNT_CACHED
+    # SkyPilot re-derives what the render leaves out (its underscore keys).
+    assert all(r.requires_fuse for r in parsed.resources)
+
+
+# --- the node scripts --------------------------------------------------------------------------
+
+
+def test_setup_installs_pinned_wheels_with_uv_only():
+    script = setup_script()
+    for pin in (*RUNTIME_STACK, TORCHSTORE):
+        assert pin in script
+    assert "torch==2.11.0" in RUNTIME_STACK and "vllm==0.24.0" in RUNTIME_STACK
+    install_lines = [line for line in script.splitlines() if "pip install" in line]
+    uv_installs = [line for line in install_lines if "uv pip install" in line]
+    assert len(uv_installs) == 2 and all("--only-binary :all:" in line for line in uv_installs)
+    assert "--no-deps torchstore==0.1.2" in script
+    assert "-e '.[runtime]'" in script
+    commands = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+    assert "git clone" not in commands and "git+" not in commands
+    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A HOME with a venv whose `python` records its arguments instead of training."""
+    home = tmp_path / "home"
+    bindir = home / "forgesky-venv" / "bin"
+    bindir.mkdir(parents=True)
+    (bindir / "activate").write_text(f'export PATH="{bindir}:$PATH"\n')
+    stub = bindir / "python"
+    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$HOME/args"\n')
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+
+    def run(script: str, **envs: str) -> tuple[int, list[str], str]:
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), **envs}
+        result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+        args_file = home / "args"
+        args = args_file.read_text().splitlines() if args_file.exists() else []
+        if args_file.exists():
+            args_file.unlink()
+        return result.returncode, args, result.stderr
+
+    return run
+
+
+def _script(gated=False, overrides=()):
+    return run_script(
+        recipe_name="qwen3-8b",
+        recipe_ref="qwen3-8b",
+        gated=gated,
+        run_dir="/checkpoints/grpo-qwen3-8b",
+        overrides=overrides,
+    )
+
+
+BASE_ENV = {"MODEL": "Qwen/Qwen3-8B", "MIN_GPUS": "5", "MAX_STEPS": "", "WANDB_MODE": "disabled"}
+
+
+def test_run_refuses_fewer_gpus_than_the_minimum(node):
+    code, args, err = node(
+        _script(), **BASE_ENV, SKYPILOT_NUM_GPUS_PER_NODE="4", SKYPILOT_NUM_NODES="1"
+    )
+    assert code == 2
+    assert args == []
+    assert "forgesky: error: recipe qwen3-8b needs at least 5 GPUs" in err
+    assert "this cluster has 4 (1 node(s) x 4)" in err
+
+
+def test_run_starts_the_runtime_with_the_gpus_it_got(node):
+    code, args, _ = node(
+        _script(overrides=("grpo.kl_beta=0.05",)),
+        **{**BASE_ENV, "MAX_STEPS": "20", "WANDB_MODE": "offline"},
+        SKYPILOT_NUM_GPUS_PER_NODE="8",
+        SKYPILOT_NUM_NODES="2",
+    )
+    assert code == 0
+    assert args[:2] == ["-m", "runtime"]
+    flags = args[2:]
+    assert flags[flags.index("--recipe") + 1] == "qwen3-8b"
+    assert flags[flags.index("--gpus") + 1] == "16"
+    assert flags[flags.index("--wandb") + 1] == "offline"
+    assert flags[flags.index("--steps") + 1] == "20"
+    assert flags[flags.index("--run-dir") + 1] == "/checkpoints/grpo-qwen3-8b"
+    sets = [flags[i + 1] for i, f in enumerate(flags) if f == "--set"]
+    assert sets == ["model.hf_id=Qwen/Qwen3-8B", "grpo.kl_beta=0.05"]
+
+
+def test_run_without_max_steps_keeps_the_recipe_steps(node):
+    code, args, _ = node(_script(), **BASE_ENV, SKYPILOT_NUM_GPUS_PER_NODE="5")
+    assert code == 0
+    assert "--steps" not in args
+
+
+def test_run_gated_model_needs_a_token_on_the_node(node):
+    code, args, err = node(
+        _script(gated=True), **BASE_ENV, SKYPILOT_NUM_GPUS_PER_NODE="8", HF_TOKEN=""
+    )
+    assert code == 2 and args == []
+    assert "is gated" in err and "--secret HF_TOKEN" in err
+    code, args, _ = node(
+        _script(gated=True), **BASE_ENV, SKYPILOT_NUM_GPUS_PER_NODE="8", HF_TOKEN="t"
+    )
+    assert code == 0 and args
+
+
+# --- status / logs / down / cancel -------------------------------------------------------------
+
+
+def test_status_clusters(monkeypatch, capsys):
+    record = {
+        "name": "grpo-qwen3-8b",
+        "status": sky.ClusterStatus.UP,
+        "resources_str": "1x AWS(p5.48xlarge, {'H100': 8})",
+        "launched_at": 0,
+    }
+    fake = FakeSky(monkeypatch, {"request-sky.status": [record]})
+    assert main(["status", "grpo-qwen3-8b"]) == 0
+    assert fake.names() == ["sky.status", "get"]
+    assert fake.calls[0][2]["cluster_names"] == ["grpo-qwen3-8b"]
+    out = capsys.readouterr().out
+    row = out.splitlines()[1]
+    assert row.startswith("grpo-qwen3-8b") and "UP" in row and "H100" in row
+    fake = FakeSky(monkeypatch, {"request-sky.status": []})
+    assert main(["status"]) == 0
+    assert fake.calls[0][2]["cluster_names"] is None
+    assert capsys.readouterr().out.strip() == "no clusters"
+
+
+def test_status_managed_jobs(monkeypatch, capsys):
+    records = [
+        {
+            "job_id": 7,
+            "job_name": "grpo-qwen3-8b",
+            "status": sky.ManagedJobStatus.RECOVERING,
+            "cluster_resources": "1x[H100:8]",
+            "recovery_count": 2,
+            "job_duration": 3725,
+        },
+        {"job_id": 8, "job_name": "other", "status": sky.ManagedJobStatus.RUNNING},
+    ]
+    fake = FakeSky(monkeypatch, {"request-sky.jobs.queue": (records, 2, {}, 2)})
+    assert main(["status", "--managed", "grpo-qwen3-8b"]) == 0
+    assert fake.names() == ["sky.jobs.queue", "get"]
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert lines[1].split() == ["7", "grpo-qwen3-8b", "RECOVERING", "1x[H100:8]", "2", "1h02m"]
+
+
+def test_logs_return_the_job_exit_code(monkeypatch, capsys):
+    fake = FakeSky(monkeypatch, {"sky.tail_logs": 100})
+    assert main(["logs", "grpo-qwen3-8b", "--no-follow"]) == 100
+    assert fake.calls == [
+        ("sky.tail_logs", (), {"cluster_name": "grpo-qwen3-8b", "job_id": None, "follow": False})
+    ]
+    fake = FakeSky(monkeypatch, {"sky.jobs.tail_logs": 0})
+    assert main(["logs", "--managed", "grpo-qwen3-8b"]) == 0
+    assert fake.calls == [
+        ("sky.jobs.tail_logs", (), {"name": "grpo-qwen3-8b", "job_id": None, "follow": True})
+    ]
+
+
+def test_down_waits_for_the_request(monkeypatch, capsys):
+    fake = FakeSky(monkeypatch, {"request-sky.down": None})
+    assert main(["down", "grpo-qwen3-8b", "--yes"]) == 0
+    assert fake.calls == [
+        ("sky.down", ("grpo-qwen3-8b",), {}),
+        ("stream_and_get", ("request-sky.down",), {}),
+    ]
+    assert "grpo-qwen3-8b is down" in capsys.readouterr().out
+
+
+def test_cancel_cluster_jobs_and_managed_jobs(monkeypatch, capsys):
+    fake = FakeSky(monkeypatch, {"request-sky.cancel": None})
+    assert main(["cancel", "grpo-qwen3-8b"]) == 0
+    assert fake.calls[0] == ("sky.cancel", ("grpo-qwen3-8b",), {"all": True, "job_ids": None})
+    fake = FakeSky(monkeypatch, {"request-sky.cancel": None})
+    assert main(["cancel", "grpo-qwen3-8b", "--job-id", "3"]) == 0
+    assert fake.calls[0] == ("sky.cancel", ("grpo-qwen3-8b",), {"all": False, "job_ids": [3]})
+    fake = FakeSky(monkeypatch, {"request-sky.jobs.cancel": None})
+    assert main(["cancel", "--managed", "grpo-qwen3-8b"]) == 0
+    assert fake.names() == ["sky.jobs.cancel", "stream_and_get"]
+    assert fake.calls[0][2] == {"name": "grpo-qwen3-8b"}
+
+
+def test_cloud_errors_are_one_line(monkeypatch, capsys):
+    def missing(name):
+        raise sky.exceptions.ClusterDoesNotExist(f"Cluster {name!r} does not exist.\nmore")
+
+    monkeypatch.setattr(sky, "down", missing)
+    assert main(["down", "ghost", "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert err == "forgesky: error: Cluster 'ghost' does not exist.\n"
+
+
+def test_project_dir_is_the_repository():
+    assert (PROJECT_DIR / "pyproject.toml").is_file()
+    assert Path(PROJECT_DIR / "launcher" / "task.py").is_file()
+
+
+def test_bucket_schemes_are_the_stores_skypilot_mounts():
+    from sky.data import storage
+
+    from launcher.options import BUCKET_SCHEMES
+
+    prefixes = set()
+    for store in storage.StoreType:
+        if store is not storage.StoreType.VOLUME:
+            prefixes.add(store.store_prefix().split("://")[0])
+    # Hugging Face buckets are left out: a checkpoint mount needs a writable object store.
+    assert prefixes - set(BUCKET_SCHEMES) == {"hf"}
+    assert set(BUCKET_SCHEMES) <= prefixes
