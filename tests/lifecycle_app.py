@@ -1,0 +1,85 @@
+"""A small controller on RunLifecycle, run as a real process by tests/test_lifecycle.py.
+
+Two services: "work" (2 procs that count in a loop and share a shared-memory segment) and
+"reward" (1 proc whose endpoint divides by zero in --mode bad). Prints "started" once signals
+are handled, "ready <json>" once the procs run, and "finished <steps>" when the loop ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from monarch.actor import Actor, endpoint
+
+from runtime.lifecycle import RunLifecycle, attach_shared_memory, create_shared_memory, run
+
+
+class Worker(Actor):
+    def __init__(self) -> None:
+        self.count = 0
+        self.segments: list = []
+
+    @endpoint
+    async def step(self, seconds: float) -> int:
+        await asyncio.sleep(seconds)
+        self.count += 1
+        return self.count
+
+    @endpoint
+    async def share(self, tag: str) -> str:
+        segment = create_shared_memory(tag, 4096)
+        segment.buf[0] = 7
+        self.segments.append(segment)
+        return segment.name
+
+    @endpoint
+    async def peek(self, name: str) -> int:
+        segment = attach_shared_memory(name)
+        value = segment.buf[0]
+        segment.close()
+        return value
+
+
+class Scorer(Actor):
+    @endpoint
+    async def score(self, x: float) -> float:
+        return x / 0
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", choices=["normal", "bad"], default="normal")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--step-seconds", type=float, default=0.05)
+    return p.parse_args()
+
+
+async def controller(life: RunLifecycle, args: argparse.Namespace) -> None:
+    print("started", flush=True)
+    work = await life.spawn_service("work", 2, threads=1)
+    reward = await life.spawn_service("reward", 1, threads=1)
+    worker = work.spawn_actor(Worker)
+    scorer = reward.spawn_actor(Scorer)
+    name = await life.call("work", worker.slice(procs=0).share.call_one("weights"))
+    assert await life.call("work", worker.slice(procs=1).peek.call_one(name)) == 7
+    state = {"pids": work.pids + reward.pids, "reward_pids": reward.pids, "shm": name}
+    print("ready", json.dumps(state), flush=True)
+    step = 0
+    while not life.stopping.is_set() and step < args.steps:
+        await life.call("work", worker.step.call(args.step_seconds))
+        if args.mode == "bad" and step == 2:
+            await life.call("reward", scorer.score.call_one(1.0))
+        step += 1
+    print("finished", step, flush=True)
+
+
+def main() -> int:
+    args = parse_args()
+    return run(lambda life: controller(life, args), drain_timeout=5.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

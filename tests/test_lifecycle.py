@@ -1,0 +1,201 @@
+"""runtime.lifecycle end to end: tests/lifecycle_app.py runs as a real process with real Monarch
+procs, and every way it can end (normal end, SIGTERM, SIGINT, double SIGINT, an endpoint raising,
+a proc killed) must end it with the right exit code, one readable line, and nothing left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+APP = Path(__file__).with_name("lifecycle_app.py")
+# Bounds that catch a hang; they do not measure speed.
+EXIT_BOUND_S = 30.0
+START_BOUND_S = 60.0
+NOISE = (
+    "Traceback",
+    "SupervisionError",
+    "resource_tracker",
+    "leaked",
+    "Monarch internal logs",
+    "Unhandled monarch error",
+    "KeyboardInterrupt",
+    "CancelledError",
+)
+
+pytestmark = pytest.mark.slow
+
+
+class App:
+    """tests/lifecycle_app.py as a child process whose output is read line by line."""
+
+    def __init__(self, *args: str) -> None:
+        self.run_id = f"test-{uuid.uuid4().hex[:10]}"
+        env = {**os.environ, "FORGESKY_RUN_ID": self.run_id, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(APP), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.state: dict = {}
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for(self, prefix: str) -> str:
+        deadline = time.monotonic() + START_BOUND_S
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            self.lines.append(line)
+            if line.startswith(prefix):
+                if prefix == "ready":
+                    self.state = json.loads(line.split(" ", 1)[1])
+                return line
+        self.proc.kill()
+        raise AssertionError(f"no line {prefix!r}; output:\n{self.output}")
+
+    def signal(self, sig: int) -> float:
+        self.proc.send_signal(sig)
+        return time.monotonic()
+
+    def finish(self) -> tuple[int, float]:
+        """Wait for the exit; returns (exit code, seconds since the call)."""
+        start = time.monotonic()
+        try:
+            code = self.proc.wait(timeout=EXIT_BOUND_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"still running after {EXIT_BOUND_S} s:\n{self.output}") from None
+        elapsed = time.monotonic() - start
+        while (line := self._queue.get(timeout=5)) is not None:
+            self.lines.append(line)
+        return code, elapsed
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def assert_clean(app: App) -> None:
+    """Nothing of the run survives it: no process, no shared memory, no noise in its output."""
+    leftovers = [p for p in app.state.get("pids", []) if _alive(p)]
+    leftovers += _processes_of_run(app.run_id)
+    assert not leftovers, f"processes left: {leftovers}"
+    segments = list(Path("/dev/shm").glob(f"forgesky_{app.run_id}_*"))
+    assert not segments, f"shared memory left: {segments}"
+    noisy = [word for word in NOISE if word in app.output]
+    assert not noisy, f"{noisy} in output:\n{app.output}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _processes_of_run(run_id: str) -> list[int]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("FORGESKY_RUN_ID") == run_id and _alive(proc.pid):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_normal_end_exits_zero_and_leaves_nothing():
+    app = App("--steps", "5")
+    app.wait_for("ready")
+    code, _ = app.finish()
+    assert code == 0, app.output
+    assert "finished 5" in app.output
+    assert_clean(app)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("point", ["started", "ready"], ids=["while-spawning", "while-working"])
+def test_stop_signal_finishes_in_flight_work_and_exits_zero(sig, point):
+    app = App("--steps", "100000", "--step-seconds", "0.2")
+    app.wait_for(point)
+    app.signal(sig)
+    code, _ = app.finish()
+    assert code == 0, app.output
+    assert "forgesky: stopping: finishing in-flight work (Ctrl-C again to force)" in app.output
+    assert "finished" in app.output
+    assert_clean(app)
+
+
+def test_second_sigint_forces_exit_130_and_kills_children():
+    # Steps of 20 s: the first Ctrl-C alone would wait for the step to finish.
+    app = App("--steps", "100000", "--step-seconds", "20")
+    app.wait_for("ready")
+    app.signal(signal.SIGINT)
+    app.wait_for("forgesky: stopping")
+    app.signal(signal.SIGINT)
+    code, _ = app.finish()
+    assert code == 130, app.output
+    assert "forgesky: forced exit" in app.output
+    assert "finished" not in app.output
+    assert_clean(app)
+
+
+def test_endpoint_exception_ends_run_with_one_root_cause_line():
+    app = App("--mode", "bad", "--steps", "100000")
+    app.wait_for("ready")
+    code, _ = app.finish()
+    assert code == 1, app.output
+    line = APP.read_text().splitlines().index("        return x / 0") + 1
+    reports = [line for line in app.lines if line.startswith("forgesky:")]
+    assert reports == [
+        "forgesky: reward actor failed: ZeroDivisionError: float division by zero "
+        f"(in lifecycle_app.py:{line} score)\n"
+    ], app.output
+    assert_clean(app)
+
+
+def test_killed_proc_ends_run_naming_its_service():
+    app = App("--steps", "100000")
+    app.wait_for("ready")
+    os.kill(app.state["reward_pids"][0], signal.SIGKILL)
+    code, _ = app.finish()
+    assert code == 1, app.output
+    reports = [line for line in app.lines if line.startswith("forgesky:")]
+    assert reports == ["forgesky: reward actor failed: process killed by SIGKILL (proc 0/1)\n"]
+    assert_clean(app)
+
+
+def test_two_runs_at_once_do_not_clash():
+    apps = [App("--steps", "10"), App("--steps", "10")]
+    for app in apps:
+        app.wait_for("ready")
+    assert apps[0].state["shm"] != apps[1].state["shm"]
+    for app in apps:
+        code, _ = app.finish()
+        assert code == 0, app.output
+        assert_clean(app)
