@@ -354,7 +354,12 @@ def _add_launch_options(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="managed jobs: restart up to K times when the run itself fails",
     )
-    p.add_argument("--name", dest="cluster_name", help="cluster or job name (default: grpo-NAME)")
+    p.add_argument(
+        "--name",
+        dest="cluster_name",
+        metavar="CLUSTER",
+        help="cluster or job name (default: grpo-NAME)",
+    )
     p.add_argument("--steps", type=int, metavar="N", help="training steps (sets MAX_STEPS)")
     p.add_argument("--wandb", choices=WANDB_MODES, help="W&B mode (sets WANDB_MODE)")
 

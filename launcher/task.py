@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import sky
 from launcher.options import CHECKPOINT_MOUNT, Job
 from launcher.scripts import run_script, setup_script
+from recipes import UserError
 
 # vCPUs for CPU recipes: the runtime starts one process per service (see recipes.plan).
 CPU_NODE_CPUS = "8+"
@@ -33,12 +34,17 @@ def build_resources(job: Job) -> list[sky.Resources]:
         if options.max_restarts_on_errors is not None:
             recovery["max_restarts_on_errors"] = options.max_restarts_on_errors
         common["job_recovery"] = recovery
-    if job.plan.cpu:
-        return [sky.Resources(cpus=CPU_NODE_CPUS, **common)]
-    per_node = job.plan.gpus_per_node
-    accelerators = [recipe.resources.accelerator, *recipe.resources.alternatives]
-    unique = list(dict.fromkeys(accelerators))
-    return [sky.Resources(accelerators={acc: per_node}, **common) for acc in unique]
+    try:
+        if job.plan.cpu:
+            return [sky.Resources(cpus=CPU_NODE_CPUS, **common)]
+        per_node = job.plan.gpus_per_node
+        accelerators = [recipe.resources.accelerator, *recipe.resources.alternatives]
+        unique = list(dict.fromkeys(accelerators))
+        return [sky.Resources(accelerators={acc: per_node}, **common) for acc in unique]
+    except ValueError as e:
+        # SkyPilot parses --infra here ("Cloud 'x' is not a valid cloud among [...]").
+        first = (str(e).strip().splitlines() or ["not valid"])[0]
+        raise UserError(f"--infra {options.infra!r}: {first}") from None
 
 
 def build_task(job: Job, secrets: Mapping[str, str | None], workdir: str) -> sky.Task:

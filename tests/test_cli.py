@@ -303,6 +303,12 @@ def test_bad_names_and_steps(capsys):
     assert_user_error(code, err, "--steps")
 
 
+def test_unknown_infra(capsys, no_cloud):
+    code, _, err = run_main(capsys, "launch", "qwen3-8b", "--infra", "awz", "--yes")
+    assert_user_error(code, err, "--infra 'awz'", "aws")
+    assert no_cloud == []
+
+
 def test_argparse_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["render", "qwen3-8b", "--managed", "--recovery", "sometimes"])
