@@ -20,31 +20,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import sys
-import tempfile
 import threading
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
-from pathlib import Path
 from typing import Any, TypeVar
 
-import psutil
+from monarch.actor import HostMesh
 
-from runtime.mesh import RUN_ID_ENV, ActorFailure, ServiceMesh, root_cause
+from runtime.mesh import (
+    RUN_ID_ENV,
+    ActorFailure,
+    ServiceMesh,
+    become_subreaper,
+    failure_of,
+    is_monarch_error,
+    kill_descendants,
+    root_cause,
+    start_monarch,
+    sweep_shared_memory,
+)
 
 T = TypeVar("T")
 
 FORCED_EXIT_CODE = 130
-_SHM_DIR = Path("/dev/shm")
-# Monarch polls proc state every 10 s by default: a killed proc would go unnoticed that long.
-_MONARCH_ENV_DEFAULTS = {"HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "1s"}
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 class RunStopping(Exception):
@@ -91,8 +94,8 @@ class RunLifecycle:
         self._failed: asyncio.Future[None] = self._loop.create_future()
         self._stop_requested: asyncio.Future[None] = self._loop.create_future()
         os.environ.setdefault(RUN_ID_ENV, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        _become_subreaper()
-        _start_monarch_quietly()
+        become_subreaper()
+        start_monarch()
         import monarch.actor
 
         monarch.actor.unhandled_fault_hook = self._fault_hook
@@ -118,13 +121,12 @@ class RunLifecycle:
                     self._force_exit()
                 if number in (signal.SIGINT, signal.SIGTERM):
                     self._stop_signals += 1
-                    name = signal.Signals(number).name
-                    self._call_soon(self.request_stop, f"received {name}")
+                    self._call_soon(self.request_stop)
         os.close(read_fd)
 
     def _force_exit(self) -> None:
         _say(self.name, "forced exit: killing child processes")
-        _kill_descendants(grace=0.0)
+        kill_descendants(grace=0.0)
         sweep_shared_memory()
         os._exit(FORCED_EXIT_CODE)
 
@@ -134,7 +136,7 @@ class RunLifecycle:
 
     # --- stop and failure -----------------------------------------------------------------------
 
-    def request_stop(self, reason: str = "") -> None:
+    def request_stop(self) -> None:
         """Ask the run to finish its in-flight work and end (what the first Ctrl-C does)."""
         if self.stopping.is_set():
             return
@@ -203,7 +205,7 @@ class RunLifecycle:
         *,
         env: Mapping[str, str] | None = None,
         threads: int | None = None,
-        host: Any = None,
+        host: HostMesh | None = None,
         stop_timeout: float = 30.0,
     ) -> ServiceMesh:
         """`ServiceMesh.spawn`, watched for failures and stopped at shutdown."""
@@ -241,9 +243,9 @@ class RunLifecycle:
             except ActorFailure as e:
                 self.fail(e)
             except Exception as e:  # noqa: BLE001 - Monarch's ActorError/SupervisionError
-                if not _is_monarch_error(e):
+                if not is_monarch_error(e):
                     raise
-                self.fail(ActorFailure(service, root_cause(e), e))
+                self.fail(failure_of(e, service))
             assert self.failure is not None
             raise self.failure
         _abandon(task)
@@ -264,23 +266,27 @@ class RunLifecycle:
         code = 0
         try:
             await self._supervise(main)
-        except ActorFailure:
-            code = 1
-        except (RunStopping, asyncio.CancelledError):
-            code = 0
+        except (ActorFailure, RunStopping, asyncio.CancelledError):
+            pass
         except UserError as e:
             _say(self.name, str(e))
             code = 2
-        except Exception:
-            traceback.print_exc()
-            code = 1
-        finally:
+        except Exception as e:
+            if not is_monarch_error(e):
+                traceback.print_exc()
+                code = 1
+            else:  # main awaited a call without `call`
+                self.fail(failure_of(e))
+        reported = self.failure
+        if reported is not None:
+            _say(self.name, str(reported))
+        try:
             await self.shutdown()
+        finally:
             self._uninstall_signals()
-        if self.failure is not None:
+        if self.failure is not None and self.failure is not reported:
             _say(self.name, str(self.failure))
-            code = code or 1
-        return code
+        return 1 if self.failure is not None else code
 
     async def _supervise(self, main: Callable[[RunLifecycle], Awaitable[None]]) -> None:
         # main may await things other than `call`: racing it against failures ends the run on a
@@ -289,12 +295,12 @@ class RunLifecycle:
         first = {task, self._failed, self._stop_requested}
         await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
         if not task.done() and self.failure is None:
-            timeout = self.stop_grace
-            await asyncio.wait({task, self._failed}, timeout=timeout, return_when="FIRST_COMPLETED")
+            grace = self.stop_grace
+            await asyncio.wait(
+                {task, self._failed}, timeout=grace, return_when=asyncio.FIRST_COMPLETED
+            )
             if not task.done() and self.failure is None:
-                _say(
-                    self.name, f"in-flight work did not finish within {timeout:g} s; cancelling it"
-                )
+                _say(self.name, f"in-flight work did not finish within {grace} s; cancelling it")
         if not task.done():
             task.cancel()
             await asyncio.wait({task}, timeout=self.drain_timeout)
@@ -321,7 +327,7 @@ class RunLifecycle:
                 _say(self.name, f"{resource.name}: stop failed: {root_cause(e)}")
         self._resources.clear()
         await _stop_monarch()
-        _kill_descendants(grace=2.0)
+        kill_descendants(grace=2.0)
         sweep_shared_memory()
 
     def _uninstall_signals(self) -> None:
@@ -348,51 +354,11 @@ def _say(name: str, message: str) -> None:
     print(f"{name}: {message}", file=sys.stderr, flush=True)
 
 
-def _is_monarch_error(error: BaseException) -> bool:
-    from monarch.actor import ActorError
-
-    return isinstance(error, ActorError) or type(error).__name__ == "SupervisionError"
-
-
 def _abandon(task: asyncio.Future[Any]) -> None:
     # A call whose answer nobody awaits any more must not print "exception was never retrieved"
     # when its mesh stops under it.
     task.add_done_callback(lambda t: t.cancelled() or t.exception())
     task.cancel()
-
-
-def _become_subreaper() -> None:
-    # Orphans of a dead proc (its resource tracker, workers) are reparented to us instead of init,
-    # so the final sweep can find and end them.
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def _start_monarch_quietly() -> None:
-    """Start Monarch's client with our defaults, keeping its one-line banner off stderr."""
-    for key, value in _MONARCH_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    import monarch.actor
-    from monarch._rust_bindings.monarch_hyperactor.config import reload_config_from_env
-
-    reload_config_from_env()
-    # The host agent prints where Monarch's own log file is, unconditionally, to fd 2.
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            monarch.actor.context()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        captured.seek(0)
-        other = [
-            line
-            for line in captured.read().decode(errors="replace").splitlines(keepends=True)
-            if not line.startswith("Monarch internal logs are being written to")
-        ]
-    sys.stderr.write("".join(other))
 
 
 async def _stop_monarch() -> None:
@@ -404,63 +370,3 @@ async def _stop_monarch() -> None:
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
-
-
-def _kill_descendants(grace: float) -> int:
-    """End every process below this one (SIGTERM, then SIGKILL after `grace` s); reap them."""
-    try:
-        children = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return 0
-    for sig in (signal.SIGTERM, signal.SIGKILL) if grace > 0 else (signal.SIGKILL,):
-        for child in children:
-            with contextlib.suppress(psutil.Error):
-                child.send_signal(sig)
-        _, children = psutil.wait_procs(children, timeout=grace or 1.0)
-        if not children:
-            break
-    return len(children)
-
-
-# --- shared memory ------------------------------------------------------------------------------
-# Python 3.11 registers every SharedMemory it creates *or attaches* with the process's resource
-# tracker. When one proc unlinks a segment another proc attached to, the other's tracker unlinks
-# it again at exit and prints "No such file or directory" and "leaked shared_memory objects".
-# Segments made here are untracked instead, named after the run, and swept at shutdown.
-
-
-def shm_prefix() -> str:
-    """Name prefix of this run's shared-memory segments."""
-    return f"forgesky_{os.environ.get(RUN_ID_ENV, os.getpid())}_"
-
-
-def create_shared_memory(tag: str, size: int) -> shared_memory.SharedMemory:
-    """A new segment named after the run, unknown to the resource tracker."""
-    return _untracked(shared_memory.SharedMemory(shm_prefix() + tag, create=True, size=size))
-
-
-def attach_shared_memory(name: str) -> shared_memory.SharedMemory:
-    """Open a segment another proc created, without registering it for cleanup here."""
-    return _untracked(shared_memory.SharedMemory(name))
-
-
-def unlink_shared_memory(segment: shared_memory.SharedMemory) -> None:
-    """Remove a segment made by these helpers (`segment.unlink()` would confuse the tracker)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(_SHM_DIR / segment.name)
-
-
-def sweep_shared_memory(prefix: str | None = None) -> int:
-    """Unlink every segment left by this run; returns how many there were."""
-    prefix = shm_prefix() if prefix is None else prefix
-    removed = 0
-    for path in _SHM_DIR.glob(prefix + "*") if _SHM_DIR.is_dir() else ():
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            removed += 1
-    return removed
-
-
-def _untracked(segment: shared_memory.SharedMemory) -> shared_memory.SharedMemory:
-    resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-    return segment

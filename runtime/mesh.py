@@ -1,5 +1,6 @@
-"""One Monarch proc mesh per service: spawn procs pinned to their GPUs and CPU threads, and
-translate Monarch's failure wrappers into one readable line.
+"""The procs of a run: one Monarch proc mesh per service, pinned to its GPUs and CPU threads;
+Monarch's failure wrappers as one readable line; and what procs leave on a host (descendant
+processes, shared memory) found and removed.
 
 Pinning: each proc gets its own bootstrap environment (Monarch's per-rank `BootstrapCommand`),
 so `CUDA_VISIBLE_DEVICES` is in place before the proc imports torch. Monarch's
@@ -13,14 +14,21 @@ proc starts one thread per core and five procs on a 2-core machine fight over th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import os
 import re
 import signal
 import socket
+import sys
 import sysconfig
+import tempfile
 from collections.abc import Mapping, Sequence
+from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
 from monarch.actor import (
     Actor,
     ActorError,
@@ -40,6 +48,12 @@ RANK_ENV = "FORGESKY_PROC_RANK"
 
 # A name resolution that does not answer quickly belongs to a mesh that never came up.
 _NAME_TIMEOUT_S = 2.0
+_STOP_FAILED_TIMEOUT_S = 10.0
+# Monarch polls proc state every 10 s by default: a killed proc would go unnoticed that long.
+MONARCH_ENV_DEFAULTS = {"HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "1s"}
+_MONARCH_BANNER = "Monarch internal logs are being written to"
+_SHM_DIR = Path("/dev/shm")
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 class ActorFailure(Exception):
@@ -120,7 +134,7 @@ class ServiceMesh:
         self.pids: list[int] = []
         self.stopped = False
         self._actors: list[Any] = []
-        self._names: set[str] = set()
+        self._names: dict[int, str] = {}
         self._probe: Any = None
 
     @classmethod
@@ -141,6 +155,7 @@ class ServiceMesh:
         procs of the host when several services share it. Raises ActorFailure if the procs
         cannot start.
         """
+        start_monarch()
         gpus = [()] * procs if gpus is None else [tuple(g) for g in gpus]
         if len(gpus) != procs:
             raise ValueError(f"{service}: {procs} procs but {len(gpus)} GPU assignments")
@@ -160,6 +175,8 @@ class ServiceMesh:
         try:
             infos = await mesh.describe()
         except Exception as e:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(mesh.stop(), _STOP_FAILED_TIMEOUT_S)
             raise ActorFailure(service, f"procs did not start: {root_cause(e)}", e) from None
         mesh.pids = [info["pid"] for info in infos]
         return mesh
@@ -179,12 +196,12 @@ class ServiceMesh:
 
     async def mesh_names(self) -> set[str]:
         """Monarch's names of the actor meshes on this service (how failures name them)."""
-        for actor in self._actors[len(self._names) :]:
-            try:
-                self._names.add(await asyncio.wait_for(_await(actor._name), _NAME_TIMEOUT_S))
-            except Exception:  # noqa: BLE001 - a mesh without a name never failed
-                break
-        return set(self._names)
+        for index, actor in enumerate(self._actors):
+            if index not in self._names:
+                with contextlib.suppress(Exception):  # a mesh that never started never failed
+                    name = await asyncio.wait_for(_await(actor._name), _NAME_TIMEOUT_S)
+                    self._names[index] = name
+        return set(self._names.values())
 
     async def stop(self) -> None:
         """Stop the actors and the procs of this service."""
@@ -203,9 +220,8 @@ async def _await(awaitable: Any) -> Any:
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _KILLED = re.compile(r"Killed\(sig=(\d+)\)")
 _RANK = re.compile(r"\{'?\w+'?: (\d+/\d+)\}")
-_LIBRARY_DIRS = tuple(
-    p for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]} if p
-)
+_LIBRARY_DIRS = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib")})
+_CALL = re.compile(r"call (\w[\w-]*)\.\w+")
 
 
 def root_cause(error: BaseException | str) -> str:
@@ -236,6 +252,19 @@ def root_cause(error: BaseException | str) -> str:
     return f"{head} (in {frame})" if frame else head
 
 
+def failure_of(error: BaseException, service: str | None = None) -> ActorFailure:
+    """An ActorFailure for a Monarch error; without `service`, the actor named in the error."""
+    if service is None:
+        named = _CALL.search(str(error).splitlines()[0] if str(error) else "")
+        service = named.group(1) if named else "unknown"
+    return ActorFailure(service, root_cause(error), error)
+
+
+def is_monarch_error(error: BaseException) -> bool:
+    """Whether `error` is how Monarch reports a failed call (ActorError, SupervisionError)."""
+    return isinstance(error, ActorError) or type(error).__name__ == "SupervisionError"
+
+
 def _exception_line(exc: BaseException) -> str:
     message = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
@@ -260,3 +289,109 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+# --- Monarch client and host cleanup -------------------------------------------------------------
+
+_monarch_started = False
+
+
+def become_subreaper() -> None:
+    """Adopt the orphans of dead procs (their resource trackers, workers) instead of init, so
+    `kill_descendants` still finds them (Linux; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def start_monarch() -> None:
+    """Start Monarch's client in this process with our defaults, its banner kept off stderr.
+
+    Idempotent; `ServiceMesh.spawn` calls it. Call it before anything else touches Monarch.
+    """
+    global _monarch_started
+    if _monarch_started:
+        return
+    _monarch_started = True
+    for key, value in MONARCH_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    import monarch.actor
+    from monarch._rust_bindings.monarch_hyperactor.config import reload_config_from_env
+
+    reload_config_from_env()
+    # The host agent prints where Monarch's own log file is, unconditionally, to fd 2; anything
+    # else printed meanwhile is passed on.
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            monarch.actor.context()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(x for x in lines if not x.startswith(_MONARCH_BANNER)))
+
+
+def kill_descendants(grace: float) -> int:
+    """End every process below this one (SIGTERM, then SIGKILL after `grace` s); reap them."""
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    for sig in (signal.SIGTERM, signal.SIGKILL) if grace > 0 else (signal.SIGKILL,):
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(sig)
+        _, children = psutil.wait_procs(children, timeout=grace or 1.0)
+        if not children:
+            break
+    return len(children)
+
+
+# --- shared memory ------------------------------------------------------------------------------
+# Python 3.11 registers every SharedMemory it creates *or attaches* with the process's resource
+# tracker. When one proc unlinks a segment another proc attached to, the other's tracker unlinks
+# it again at exit and prints "No such file or directory" and "leaked shared_memory objects".
+# Segments made here are untracked instead, named after the run, and swept at shutdown.
+
+
+def shm_prefix() -> str:
+    """Name prefix of this run's shared-memory segments."""
+    return f"forgesky_{os.environ.get(RUN_ID_ENV, os.getpid())}_"
+
+
+def create_shared_memory(tag: str, size: int) -> shared_memory.SharedMemory:
+    """A new segment named after the run, unknown to the resource tracker."""
+    return _untracked(shared_memory.SharedMemory(shm_prefix() + tag, create=True, size=size))
+
+
+def attach_shared_memory(name: str) -> shared_memory.SharedMemory:
+    """Open a segment another proc created, without registering it for cleanup here."""
+    return _untracked(shared_memory.SharedMemory(name))
+
+
+def unlink_shared_memory(segment: shared_memory.SharedMemory) -> None:
+    """Remove a segment made by these helpers (`segment.unlink()` would confuse the tracker)."""
+    from multiprocessing import _posixshmem  # type: ignore[attr-defined]
+
+    with contextlib.suppress(FileNotFoundError):
+        _posixshmem.shm_unlink(segment._name)  # type: ignore[attr-defined]
+
+
+def sweep_shared_memory(prefix: str | None = None) -> int:
+    """Unlink every segment left by this run; returns how many there were."""
+    prefix = shm_prefix() if prefix is None else prefix
+    removed = 0
+    for path in _SHM_DIR.glob(prefix + "*") if _SHM_DIR.is_dir() else ():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed += 1
+    return removed
+
+
+def _untracked(segment: shared_memory.SharedMemory) -> shared_memory.SharedMemory:
+    resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+    return segment

@@ -14,7 +14,8 @@ import sys
 
 from monarch.actor import Actor, endpoint
 
-from runtime.lifecycle import RunLifecycle, attach_shared_memory, create_shared_memory, run
+from runtime.lifecycle import RunLifecycle, run
+from runtime.mesh import attach_shared_memory, create_shared_memory
 
 
 class Worker(Actor):
@@ -51,7 +52,8 @@ class Scorer(Actor):
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["normal", "bad"], default="normal")
+    # bad: an endpoint raises, awaited through life.call; bad-raw: awaited directly.
+    p.add_argument("--mode", choices=["normal", "bad", "bad-raw"], default="normal")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--step-seconds", type=float, default=0.05)
     return p.parse_args()
@@ -62,7 +64,7 @@ async def controller(life: RunLifecycle, args: argparse.Namespace) -> None:
     work = await life.spawn_service("work", 2, threads=1)
     reward = await life.spawn_service("reward", 1, threads=1)
     worker = work.spawn_actor(Worker)
-    scorer = reward.spawn_actor(Scorer)
+    scorer = reward.spawn_actor(Scorer, name="reward")
     name = await life.call("work", worker.slice(procs=0).share.call_one("weights"))
     assert await life.call("work", worker.slice(procs=1).peek.call_one(name)) == 7
     state = {"pids": work.pids + reward.pids, "reward_pids": reward.pids, "shm": name}
@@ -72,6 +74,8 @@ async def controller(life: RunLifecycle, args: argparse.Namespace) -> None:
         await life.call("work", worker.step.call(args.step_seconds))
         if args.mode == "bad" and step == 2:
             await life.call("reward", scorer.score.call_one(1.0))
+        if args.mode == "bad-raw" and step == 2:
+            await scorer.score.call_one(1.0)
         step += 1
     print("finished", step, flush=True)
 

@@ -165,8 +165,9 @@ def test_second_sigint_forces_exit_130_and_kills_children():
     assert_clean(app)
 
 
-def test_endpoint_exception_ends_run_with_one_root_cause_line():
-    app = App("--mode", "bad", "--steps", "100000")
+@pytest.mark.parametrize("mode", ["bad", "bad-raw"], ids=["through-call", "awaited-directly"])
+def test_endpoint_exception_ends_run_with_one_root_cause_line(mode):
+    app = App("--mode", mode, "--steps", "100000")
     app.wait_for("ready")
     code, _ = app.finish()
     assert code == 1, app.output
