@@ -14,6 +14,8 @@ import sky
 from launcher.options import Job, LaunchOptions, resolve_job, secret_values
 from launcher.task import build_task
 
+# GPUs per VM that clouds sell; other counts need Kubernetes or a cloud that splits nodes.
+VM_GPU_COUNTS = (1, 2, 4, 8)
 # Keys in the order a reader wants them: what and where first, the long scripts last.
 _KEY_ORDER = (
     "name",
@@ -109,6 +111,14 @@ def header(job: Job, command: str, path: str | None) -> str:
         f"  forgesky render {recipe.name if job.recipe_mount is None else job.recipe_mount[1]}"
         f" --gpus N{' --managed --spot' if options.managed else ''} -o my.yaml",
     ]
+    if not plan.cpu and plan.gpus_per_node not in VM_GPU_COUNTS:
+        vm = min(c for c in VM_GPU_COUNTS if c >= plan.gpus_per_node)
+        lines += [
+            f"Cloud VMs come with 1, 2, 4 or 8 GPUs; {plan.gpus_per_node} per node suits Kubernetes "
+            "and clouds that sell",
+            f"any count. Elsewhere use --gpus {vm * plan.num_nodes}: the plan gives the extra GPUs "
+            "to generation and training.",
+        ]
     if options.managed and not options.checkpoint_bucket:
         lines += [
             "Checkpoints stay on the node here: after a preemption the job starts again from step 0.",

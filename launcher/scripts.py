@@ -64,7 +64,8 @@ def run_script(
     """
     lines = [
         "set -euo pipefail",
-        f'source "{VENV}/bin/activate"',
+        # The venv's bin first on PATH rather than `activate`, which is not written for set -u.
+        f'export VIRTUAL_ENV="{VENV}" PATH="{VENV}/bin:$PATH"',
         "# An empty placeholder secret means not given: drop it so no library tries it.",
         'if [ -z "${HF_TOKEN:-}" ]; then unset HF_TOKEN; fi',
         'if [ -z "${WANDB_API_KEY:-}" ]; then unset WANDB_API_KEY; fi',

@@ -313,7 +313,6 @@ def node(tmp_path):
     home = tmp_path / "home"
     bindir = home / "forgesky-venv" / "bin"
     bindir.mkdir(parents=True)
-    (bindir / "activate").write_text(f'export PATH="{bindir}:$PATH"\n')
     stub = bindir / "python"
     stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$HOME/args"\n')
     stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
