@@ -1,0 +1,393 @@
+"""runtime.weights: versioned policy weights over real TorchStore between real Monarch procs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torchstore as ts
+from hypothesis import given
+from hypothesis import strategies as st
+from monarch.actor import Actor, endpoint, this_host
+from torch import nn
+
+from runtime.weights import (
+    SyncStats,
+    VersionNotPublished,
+    WeightStore,
+    manifest_key,
+    parse_weight_key,
+    start_store,
+    stop_store,
+    weight_key,
+)
+
+TESTS_DIR = str(Path(__file__).parent)
+
+
+# --- a tiny policy with HF parameter names --------------------------------------------------
+
+
+class _Attention(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, dim // 2, bias=False)
+        self.v_proj = nn.Linear(dim, dim // 2, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+
+
+class _MLP(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, 2 * dim, bias=False)
+        self.up_proj = nn.Linear(dim, 2 * dim, bias=False)
+        self.down_proj = nn.Linear(2 * dim, dim, bias=False)
+
+
+class _Layer(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(dim)
+        self.self_attn = _Attention(dim)
+        self.post_attention_layernorm = nn.RMSNorm(dim)
+        self.mlp = _MLP(dim)
+
+
+class _Decoder(nn.Module):
+    def __init__(self, vocab: int, dim: int, layers: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(_Layer(dim) for _ in range(layers))
+        self.norm = nn.RMSNorm(dim)
+
+
+class TinyPolicy(nn.Module):
+    def __init__(self, vocab: int = 96, dim: int = 32, layers: int = 2) -> None:
+        super().__init__()
+        self.model = _Decoder(vocab, dim, layers)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+
+def policy_state_dict(version: int) -> dict[str, torch.Tensor]:
+    """Version ``version`` of the policy: bf16 matrices, fp32 norms, as a trainer would hold."""
+    with torch.random.fork_rng():
+        torch.manual_seed(version)
+        policy = TinyPolicy()
+        for module in policy.modules():
+            if isinstance(module, nn.RMSNorm):
+                nn.init.normal_(module.weight)
+    return {
+        name: t if name.endswith("norm.weight") else t.to(torch.bfloat16)
+        for name, t in policy.state_dict().items()
+    }
+
+
+def assert_bit_exact(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert list(got) == list(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype, name
+        assert got[name].shape == tensor.shape, name
+        assert torch.equal(got[name].view(torch.uint8), tensor.view(torch.uint8)), name
+
+
+# --- actors, each in its own proc mesh ------------------------------------------------------
+
+
+class Trainer(Actor):
+    @endpoint
+    async def publish(self, store: WeightStore, version: int) -> SyncStats:
+        return await store.publish(version, policy_state_dict(version))
+
+
+class Generator(Actor):
+    @endpoint
+    async def fetch(
+        self, store: WeightStore, version: int, wait_s: float = 0.0
+    ) -> dict[str, torch.Tensor]:
+        state_dict, _ = await store.fetch(version, wait_s=wait_s)
+        return state_dict
+
+    @endpoint
+    async def fetch_in_place(self, store: WeightStore, version: int) -> bool:
+        """True when every fetched tensor is the preallocated one, filled with the weights."""
+        into = {n: torch.empty_like(t) for n, t in policy_state_dict(0).items()}
+        state_dict, stats = await store.fetch(version, into=into)
+        same = all(state_dict[n] is t for n, t in into.items())
+        want = policy_state_dict(version)
+        exact = all(torch.equal(into[n], t) for n, t in want.items())
+        return same and exact and stats.bytes == sum(t.nbytes for t in want.values())
+
+    @endpoint
+    async def latest_version(self, store: WeightStore) -> int | None:
+        return await store.latest_version()
+
+
+@pytest.fixture(scope="module")
+def procs_can_import_tests():
+    """Spawned procs import this module by name to build the actors above."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = TESTS_DIR if not old else TESTS_DIR + os.pathsep + old
+    yield
+    if old is None:
+        del os.environ["PYTHONPATH"]
+    else:
+        os.environ["PYTHONPATH"] = old
+
+
+class Cluster:
+    """A store owned by this process, a trainer proc and a generator proc."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    async def start(self) -> None:
+        self.store = await start_store()
+        self.trainer_procs = this_host().spawn_procs(per_host={"procs": 1})
+        self.generator_procs = this_host().spawn_procs(per_host={"procs": 1})
+        self.trainer = self.trainer_procs.spawn("trainer", Trainer)
+        self.generator = self.generator_procs.spawn("generator", Generator)
+
+    async def stop(self) -> None:
+        await self.generator_procs.stop()
+        await self.trainer_procs.stop()
+        await stop_store(self.store)
+
+
+@pytest.fixture(scope="module")
+def cluster(procs_can_import_tests):
+    c = Cluster()
+    c.run(c.start())
+    yield c
+    c.run(c.stop())
+    c.loop.close()
+
+
+# --- key naming -----------------------------------------------------------------------------
+
+
+def test_weight_key_layout():
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert weight_key(12, name) == f"policy/v000012/{name}"
+    assert manifest_key(12) == "policy/v000012/__manifest__"
+    assert weight_key(1234567, "lm_head.weight") == "policy/v1234567/lm_head.weight"
+    assert parse_weight_key(weight_key(12, name)) == (12, name)
+    assert parse_weight_key(manifest_key(3)) == (3, "__manifest__")
+
+
+@pytest.mark.parametrize("bad", ["policy/v12/x", "policy/v000012/", "other/v000012/x", "x"])
+def test_parse_weight_key_rejects_foreign_keys(bad):
+    with pytest.raises(ValueError, match="not a policy weight key"):
+        parse_weight_key(bad)
+
+
+@pytest.mark.parametrize("version", [-1, 1.0, True, "3"])
+def test_weight_key_rejects_bad_versions(version):
+    with pytest.raises(ValueError, match="non-negative int"):
+        weight_key(version, "lm_head.weight")
+
+
+def test_weight_key_rejects_reserved_and_empty_names():
+    for name in ("", "__manifest__"):
+        with pytest.raises(ValueError, match="invalid parameter name"):
+            weight_key(1, name)
+
+
+@given(
+    version=st.integers(min_value=0, max_value=10**9),
+    name=st.text(min_size=1).filter(lambda s: s != "__manifest__"),
+)
+def test_key_round_trip(version, name):
+    assert parse_weight_key(weight_key(version, name)) == (version, name)
+
+
+def test_sync_stats_throughput():
+    assert SyncStats(version=1, tensors=2, bytes=3_000_000_000, seconds=2.0).gb_per_s == 1.5
+
+
+# --- publish / fetch between procs ----------------------------------------------------------
+
+
+def test_generator_fetches_each_published_version_bit_exactly(cluster):
+    for version in (1, 2, 3):
+        want = policy_state_dict(version)
+        stats = cluster.run(cluster.trainer.publish.call_one(cluster.store, version))
+        assert stats.version == version and stats.tensors == len(want)
+        assert stats.bytes == sum(t.nbytes for t in want.values()) and stats.seconds > 0
+        got = cluster.run(cluster.generator.fetch.call_one(cluster.store, version))
+        assert_bit_exact(got, want)
+    # Guard against a comparison that could not fail: versions really differ.
+    assert not torch.equal(policy_state_dict(1)["lm_head.weight"], got["lm_head.weight"])
+    assert cluster.run(cluster.generator.latest_version.call_one(cluster.store)) >= 3
+
+
+def test_fetch_into_preallocated_tensors(cluster):
+    cluster.run(cluster.trainer.publish.call_one(cluster.store, 5))
+    assert cluster.run(cluster.generator.fetch_in_place.call_one(cluster.store, 5))
+
+
+def test_fetch_of_unpublished_version_raises_clearly(cluster):
+    with pytest.raises(Exception, match="policy version 99 is not published"):
+        cluster.run(cluster.generator.fetch.call_one(cluster.store, 99, 0.2))
+    with pytest.raises(VersionNotPublished, match="policy version 99 is not published"):
+        cluster.run(cluster.store.fetch(99))
+
+
+def test_fetch_waits_until_the_manifest_is_written(cluster):
+    async def scenario():
+        waiting = asyncio.ensure_future(cluster.generator.fetch.call_one(cluster.store, 7, 120.0))
+        await asyncio.sleep(1.0)
+        assert not waiting.done()
+        await cluster.trainer.publish.call_one(cluster.store, 7)
+        return await waiting
+
+    assert_bit_exact(cluster.run(scenario()), policy_state_dict(7))
+
+
+def test_publishing_a_version_twice_is_refused(cluster):
+    cluster.run(cluster.trainer.publish.call_one(cluster.store, 8))
+    with pytest.raises(Exception, match="policy version 8 is already published"):
+        cluster.run(cluster.trainer.publish.call_one(cluster.store, 8))
+
+
+def test_dropped_versions_are_gone(cluster):
+    store = cluster.store
+    for version in (20, 21):
+        cluster.run(cluster.trainer.publish.call_one(store, version))
+    assert cluster.run(store.latest_version()) == 21
+    n_keys = len(policy_state_dict(0)) + 1
+    assert cluster.run(store.drop(21)) == n_keys
+    assert cluster.run(store.drop(21)) == 0
+    assert 21 not in cluster.run(store.versions())
+    assert cluster.run(store.latest_version()) == 20
+    with pytest.raises(Exception, match="policy version 21 is not published"):
+        cluster.run(cluster.generator.fetch.call_one(store, 21))
+    assert_bit_exact(
+        cluster.run(cluster.generator.fetch.call_one(store, 20)), policy_state_dict(20)
+    )
+
+
+def test_unfinished_publish_is_invisible_and_drop_cleans_it(cluster):
+    store = cluster.store
+    # A trainer that died mid-publish leaves tensors without a manifest.
+    cluster.run(ts.put(weight_key(30, "lm_head.weight"), torch.ones(2), store_name=store.name))
+    assert 30 not in cluster.run(store.versions())
+    with pytest.raises(VersionNotPublished):
+        cluster.run(store.fetch(30))
+    assert cluster.run(store.drop(30)) == 1
+
+
+# --- shutdown -------------------------------------------------------------------------------
+
+
+def _shm_entries() -> set[str]:
+    """Regular files under /dev/shm: what shm_open and torch's shared tensors create."""
+    return {e.name for e in os.scandir("/dev/shm") if e.is_file(follow_symlinks=False)}
+
+
+def _shm_in_use() -> set[str]:
+    """Names under /dev/shm that some live process has open or mapped."""
+    used = set()
+    for proc in psutil.process_iter():
+        try:
+            used.update(Path(m.path).name for m in proc.memory_maps() if "/dev/shm/" in m.path)
+            used.update(Path(f.path).name for f in proc.open_files() if "/dev/shm/" in f.path)
+        except (psutil.Error, OSError):
+            continue
+    return used
+
+
+def test_stop_store_leaves_no_processes_or_shared_memory(procs_can_import_tests):
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+    shm_before = _shm_entries()
+
+    async def lifecycle():
+        store = await start_store()
+        trainer_procs = this_host().spawn_procs(per_host={"procs": 1})
+        trainer = trainer_procs.spawn("trainer", Trainer)
+        await trainer.publish.call_one(store, 1)
+        state_dict, _ = await store.fetch(1)
+        assert_bit_exact(state_dict, policy_state_dict(1))
+        assert {p.pid for p in me.children(recursive=True)} - children_before
+        await trainer_procs.stop()
+        await stop_store(store)
+
+    asyncio.run(lifecycle())
+    assert {p.pid for p in me.children(recursive=True)} - children_before == set()
+    assert (_shm_entries() - shm_before) - _shm_in_use() == set()
+
+
+RUN_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, psutil
+    from monarch.actor import this_host
+    from runtime.weights import start_store, stop_store
+    from test_weights import Trainer, assert_bit_exact, policy_state_dict
+
+    async def main():
+        store = await start_store()
+        trainer_procs = this_host().spawn_procs(per_host={"procs": 1})
+        trainer = trainer_procs.spawn("trainer", Trainer)
+        for version in (1, 2):
+            await trainer.publish.call_one(store, version)
+            got, _ = await store.fetch(version)
+            assert_bit_exact(got, policy_state_dict(version))
+        await trainer_procs.stop()
+        await stop_store(store)
+        print("children", [p.pid for p in psutil.Process().children(recursive=True)])
+
+    asyncio.run(main())
+    print("done")
+    """
+)
+
+
+def _procs_with_marker(marker: str) -> list[int]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("FORGESKY_TEST_RUN") == marker:
+                found.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_two_runs_on_one_host_are_isolated_and_exit_cleanly():
+    shm_before = _shm_entries()
+    markers = [uuid.uuid4().hex for _ in range(2)]
+    runs = []
+    for marker in markers:
+        env = dict(os.environ, FORGESKY_TEST_RUN=marker)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, env.get("PYTHONPATH")) if p)
+        runs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", RUN_SCRIPT],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for run in runs:
+        out, err = run.communicate(timeout=400)
+        assert run.returncode == 0, err
+        assert "children []" in out and out.rstrip().endswith("done"), out
+        for noise in ("Traceback", "SupervisionError", "resource_tracker", "Warning", "Error"):
+            assert noise not in err, err
+    for marker in markers:
+        assert _procs_with_marker(marker) == []
+    assert (_shm_entries() - shm_before) - _shm_in_use() == set()
