@@ -495,3 +495,25 @@ def test_bucket_schemes_are_the_stores_skypilot_mounts():
     # Hugging Face buckets are left out: a checkpoint mount needs a writable object store.
     assert prefixes - set(BUCKET_SCHEMES) == {"hf"}
     assert set(BUCKET_SCHEMES) <= prefixes
+
+
+def test_node_plans_exactly_what_the_launcher_planned(node):
+    """The run script's arguments, read by the runtime's own parser, give the launcher's plan."""
+    from runtime.entry import parse_config
+
+    options = LaunchOptions(
+        gpus=8, gpus_per_node=4, overrides=("grpo.kl_beta=0.05",), steps=20, wandb="offline"
+    )
+    job = resolve_job("qwen3-8b", options)
+    task = build_task(job, secret_values(job, None), ".")
+    code, args, err = node(
+        task.run, **task.envs, SKYPILOT_NUM_GPUS_PER_NODE="4", SKYPILOT_NUM_NODES="2"
+    )
+    assert code == 0, err
+    config = parse_config(args[2:])
+    assert config.plan == job.plan
+    assert (config.plan.num_nodes, config.plan.gpus_per_node) == (2, 4)
+    assert config.recipe.grpo.steps == 20
+    assert config.recipe.grpo.kl_beta == 0.05
+    assert config.wandb_mode == "offline"
+    assert str(config.run_dir) == "runs/grpo-qwen3-8b"
