@@ -1,0 +1,1 @@
+"""Laptop side of forgesky: the `forgesky` CLI and the SkyPilot task builder."""
