@@ -8,9 +8,7 @@ they answer at once; render/launch and the cluster commands import SkyPilot when
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 
@@ -160,6 +158,8 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
 
 def render_text(args: argparse.Namespace) -> str:
     """What `forgesky render` writes for these arguments (python -m launcher.write_sky too)."""
+    import shlex
+
     from launcher.render import render_recipe
 
     command = f"{PROG} {shlex.join(args.argv)}"
@@ -173,7 +173,7 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
     from launcher.catalog import recipe_rows, recipes_table
 
     rows = recipe_rows()
-    print(json.dumps(rows, indent=2) if args.json else recipes_table(rows))
+    print(_json(rows) if args.json else recipes_table(rows))
     return 0
 
 
@@ -188,7 +188,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     recipe = resolve_recipe(args.recipe, _plan_overrides(args))
     gpus = minimum_gpus(recipe) if args.gpus is None else args.gpus
     run_plan = plan(recipe, gpus)
-    print(json.dumps(run_plan.to_dict(), indent=2) if args.json else run_plan.describe())
+    print(_json(run_plan.to_dict()) if args.json else run_plan.describe())
     return 0
 
 
@@ -247,6 +247,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.dryrun:
+        import shlex
+
         # The placeholder task: the real one carries secret values, which are never printed.
         shown = build_task(job, secret_values(job, None), workdir=str(PROJECT_DIR))
         sys.stdout.write(render(job, shown, f"{PROG} {shlex.join(args.argv)}"))
@@ -380,6 +382,12 @@ def _confirm(question: str, refusal: str) -> None:
         raise UserError(f"{refusal} without confirmation (stdin is not a terminal); pass --yes")
     if input(f"{question} [y/N] ").strip().lower() not in ("y", "yes"):
         raise UserError(f"{refusal}: not confirmed")
+
+
+def _json(data: object) -> str:
+    import json  # only --json pays for it
+
+    return json.dumps(data, indent=2)
 
 
 def _is_cloud_error(error: Exception) -> bool:

@@ -7,7 +7,6 @@ recovery settings, and at launch time the secrets in the environment.
 
 from __future__ import annotations
 
-import difflib
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -182,6 +181,8 @@ def check_bucket_url(url: str) -> None:
     parts = urllib.parse.urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in BUCKET_SCHEMES:
+        import difflib
+
         close = difflib.get_close_matches(scheme, BUCKET_SCHEMES, n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]}://?)" if close and scheme else ""
         kinds = ", ".join(f"{s}://" for s in BUCKET_SCHEMES if s != "https")
