@@ -8,9 +8,12 @@ Layout in the store, one key per parameter (HF names are the wire format):
 A version exists for readers once its manifest exists: ``publish`` writes every tensor first and
 the manifest last, ``drop`` deletes the manifest first. The controller process owns the store
 (``start_store`` / ``stop_store``); it hands the returned :class:`WeightStore` (a small picklable
-handle) to actors in other proc meshes, which call ``publish`` / ``fetch`` on it. Those calls find
-TorchStore's controller actor by name through monarch's per-job controller registry
-(``get_or_spawn_controller``), which every proc spawned from the controller process shares.
+handle, just the store's name) to actors in other proc meshes, which call ``publish`` / ``fetch``
+on it. There, torchstore looks its controller actor up by that name with monarch's
+``get_or_spawn_controller``: the registry behind it is an actor in the controller process, and
+every actor spawned from that process (directly or through its children) holds a reference to
+it, so the lookup returns the one controller, which lives in the controller process. Unpickling
+the handle imports this module, which applies the torchstore compat patch in that proc.
 
 ``publish`` and ``fetch`` speak in plain state dicts and :class:`SyncStats`, not in transport
 terms, so a faster byte path (CUDA IPC, NCCL) can sit behind them while TorchStore stays the
@@ -37,13 +40,13 @@ from runtime.compat.torchstore import ensure_torchstore_compatible
 ensure_torchstore_compatible()
 
 import torchstore as ts  # noqa: E402
-from monarch.actor import ProcMesh, this_host  # noqa: E402
+from monarch.actor import HostMesh, ProcMesh, this_host  # noqa: E402
 
 PREFIX = "policy"
 MANIFEST = "__manifest__"
 _KEY_RE = re.compile(rf"{PREFIX}/v(\d{{6,}})/(.+)", re.DOTALL)
 # Bounded so that a large model is not copied into in-flight messages all at once.
-_MAX_IN_FLIGHT = 8
+_MAX_IN_FLIGHT = 16
 
 
 def version_prefix(version: int) -> str:
@@ -243,16 +246,17 @@ class WeightStore:
 _volume_meshes: dict[str, ProcMesh] = {}
 
 
-async def start_store(name: str | None = None) -> WeightStore:
+async def start_store(name: str | None = None, host: HostMesh | None = None) -> WeightStore:
     """Start TorchStore (controller here, one storage volume in its own proc). Controller only.
 
-    The default name is unique per call, so two stores (or two runs) never share a name.
+    ``host`` (one host; default: this one) is where the storage volume's proc runs. The default
+    name is unique per call, so two stores (or two runs) never share a name.
     """
     ensure_torchstore_compatible()
     name = name or f"forgesky-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     if name in _volume_meshes:
         raise ValueError(f"weight store {name!r} is already running")
-    procs = this_host().spawn_procs(per_host={"procs": 1})
+    procs = (host or this_host()).spawn_procs(per_host={"procs": 1})
     try:
         await ts.initialize(num_storage_volumes=1, store_name=name, mesh=procs)
     except BaseException:

@@ -278,6 +278,21 @@ def test_dropped_versions_are_gone(cluster):
     )
 
 
+def test_views_ship_only_their_own_bytes(cluster):
+    base = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    state_dict = {"model.norm.weight": base[2], "lm_head.weight": base.t()}
+    stats = cluster.run(cluster.store.publish(40, state_dict))
+    assert stats.bytes == (8 + 64) * 4
+    assert cluster.run(cluster.store.manifest(40)) == {
+        "model.norm.weight": ((8,), "float32"),
+        "lm_head.weight": ((8, 8), "float32"),
+    }
+    got, _ = cluster.run(cluster.store.fetch(40))
+    assert torch.equal(got["model.norm.weight"], base[2])
+    assert torch.equal(got["lm_head.weight"], base.t())
+    assert got["model.norm.weight"].untyped_storage().nbytes() == 8 * 4
+
+
 def test_unfinished_publish_is_invisible_and_drop_cleans_it(cluster):
     store = cluster.store
     # A trainer that died mid-publish leaves tensors without a manifest.

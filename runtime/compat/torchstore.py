@@ -24,8 +24,10 @@ What :func:`ensure_torchstore_compatible` patches, in place on the imported clas
    (``RDMABuffer(t)``, ``read_into``, ``write_from``, ``drop``) match monarch 0.7.
 
 Also, before torchstore is first imported, ``HYPERACTOR_CODEC_MAX_FRAME_LENGTH`` is set to the
-value torchstore would set itself: otherwise torchstore's import calls its ``init_logging()``,
-which lowers the root logger to INFO and adds a stdout handler in every process.
+value torchstore would set itself: when it is missing, torchstore's import prints a warning and
+calls its ``init_logging()``, which lowers the root logger to INFO and adds a stdout handler in
+every process. (monarch 0.7 reads the variable once, at its first use in a process, and its
+default, 10 GiB per message, already fits any single parameter we send.)
 
 Where the patch must run: monarch re-checks the class in every process that builds an
 ``ActorMesh`` for it. The torchstore ``Controller`` lives in the process that called
