@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -105,7 +106,13 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
 
     recipe = config.recipe
     print(config.plan.describe(), flush=True)
+    start = time.perf_counter()
+    print("starting services (weight store, trainer, generator, reference, reward) ...", flush=True)
     services = await _start(life, config)
+    print(
+        f"services ready in {time.perf_counter() - start:.1f} s; run dir {config.run_dir}",
+        flush=True,
+    )
     controller = Controller(config, services, life.stopping)
     await controller.prepare()
     metrics = MetricsLogger(

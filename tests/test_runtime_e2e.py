@@ -1,0 +1,137 @@
+"""The runtime end to end on CPU: real Monarch procs, real TorchStore, the `tiny` recipe.
+
+Each test runs `python -m runtime` in its own session and checks what a user would see: exit
+codes, output free of tracebacks and shutdown noise, no process or shared-memory segment left.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runtime_helpers import (
+    NOISE,
+    ROOT,
+    finish,
+    kill_tree,
+    leftover_processes,
+    metrics,
+    shm_entries,
+    start,
+    wait_for_line,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def assert_clean(out: str, pgid: int, shm_before: set[str]) -> None:
+    for word in NOISE:
+        assert word not in out, f"{word!r} in output:\n{out}"
+    time.sleep(0.5)
+    assert leftover_processes(pgid) == []
+    assert not (shm_entries() - shm_before), shm_entries() - shm_before
+
+
+def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path):
+    shm = shm_entries()
+    run_dir = tmp_path / "run"
+    proc = start(["--recipe", "tiny", "--run-dir", str(run_dir)])
+    code, out = finish(proc, timeout=900)
+    assert code == 0, out
+    assert_clean(out, proc.pid, shm)
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    for key in ("reward/mean", "loss", "kl", "policy_version", "time/step_s", "time/weight_sync_s"):
+        assert key in rows[0], key
+    first = sum(r["reward/mean"] for r in rows[:5]) / 5
+    last = sum(r["reward/mean"] for r in rows[-5:]) / 5
+    # a broken sign or advantage leaves the reward where it started
+    assert last >= first + 0.3, (first, last)
+    assert last >= 0.6, (first, last)
+    assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert any(p.name.startswith("step_") for p in (run_dir / "checkpoints").iterdir())
+
+
+def test_sigterm_checkpoints_exits_zero_and_the_rerun_resumes(tmp_path: Path):
+    shm = shm_entries()
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny", "--steps", "12", "--run-dir", str(run_dir)]
+    proc = start(args)
+    wait_for_line(proc, "step 4/12", timeout=600)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc, timeout=60)
+    assert time.monotonic() - sent < 30
+    assert code == 0, out
+    assert_clean(out, proc.pid, shm)
+    stopped_at = metrics(run_dir)[-1]["step"]
+    assert f"checkpoint step {stopped_at}" in out
+    assert stopped_at < 12
+
+    again = start(args)
+    code, out = finish(again, timeout=600)
+    assert code == 0, out
+    assert f"resumed from step {stopped_at}" in out
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert rows[-1]["policy_version"] == 12
+
+
+@pytest.mark.parametrize("when", ["startup", "training"])
+def test_sigint_stops_cleanly(tmp_path: Path, when: str):
+    shm = shm_entries()
+    proc = start(["--recipe", "tiny", "--steps", "50", "--run-dir", str(tmp_path / "run")])
+    wait_for_line(proc, "starting services" if when == "startup" else "step 2/50", timeout=600)
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout=60)
+    assert code == 0, out
+    assert "stopping" in out
+    assert_clean(out, proc.pid, shm)
+
+
+def test_second_sigint_forces_exit(tmp_path: Path):
+    shm = shm_entries()
+    proc = start(["--recipe", "tiny", "--steps", "50", "--run-dir", str(tmp_path / "run")])
+    wait_for_line(proc, "step 1/50", timeout=600)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout=20)
+    assert code == 130, out
+    time.sleep(1.0)
+    assert leftover_processes(proc.pid) == []
+    assert not (shm_entries() - shm)
+
+
+def test_reward_failure_ends_the_run_with_its_root_cause(tmp_path: Path):
+    recipe = yaml.safe_load((ROOT / "recipes/catalog/tiny.yaml").read_text())
+    recipe["name"] = "tiny-faulty"
+    recipe["dataset"]["rewards"] = [{"name": "faulty_rewards:explode"}]
+    path = tmp_path / "faulty.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    shm = shm_entries()
+    proc = start(["--recipe", str(path), "--run-dir", str(tmp_path / "run")])
+    wait_for_line(proc, "services ready", timeout=600)
+    began = time.monotonic()
+    code, out = finish(proc, timeout=60)
+    assert time.monotonic() - began < 30
+    assert code == 1, out
+    assert "reward actor failed: ZeroDivisionError: division by zero" in out
+    assert "faulty_rewards.py" in out
+    assert "Traceback" not in out and "SupervisionError" not in out
+    time.sleep(0.5)
+    assert leftover_processes(proc.pid) == []
+    assert not (shm_entries() - shm)
+
+
+def test_bad_recipe_is_one_line_and_exit_2(tmp_path: Path):
+    proc = start(["--recipe", "tiny", "--set", "grpo.group_sise=4", "--run-dir", str(tmp_path)])
+    code, out = finish(proc, timeout=120)
+    assert code == 2
+    assert len(out.strip().splitlines()) == 1, out
+    assert "group_sise" in out
+    kill_tree(proc)
