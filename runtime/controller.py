@@ -45,6 +45,12 @@ class Controller:
         self._update_tasks: set[asyncio.Task] = set()
         self._recent: dict[str, list[float]] = {}
         self._last_load_s = 0.0
+        # Versions loaded on each generator, whether the trainer is mid-step, and groups being
+        # generated: what decides if a new rollout would still be fresh when it is trained on.
+        self._gen_versions: list[int] = []
+        self._training = False
+        self._groups_in_flight = 0
+        self._progress = asyncio.Condition()
         self._calls_in_flight = 0
         self.wandb_run_id: str | None = None
 
@@ -90,17 +96,22 @@ class Controller:
             *(s.call("generator", gen.update_weights.call_one(version)) for gen in s.generators)
         )
         self._last_load_s = max(r["seconds"] for r in loads)
+        self._gen_versions = [version] * len(s.generators)
         return pub["seconds"] + self._last_load_s
 
     def _switch_generators(self, version: int) -> None:
         """Ask every generator to load `version` after its generation in flight; then drop v-1."""
         s = self.services
 
+        async def load(replica: int, gen: Any) -> float:
+            result = await s.call("generator", gen.update_weights.call_one(version))
+            self._gen_versions[replica] = max(self._gen_versions[replica], version)
+            await self._notify()
+            return result["seconds"]
+
         async def switch() -> None:
-            loads = await asyncio.gather(
-                *(s.call("generator", gen.update_weights.call_one(version)) for gen in s.generators)
-            )
-            self._last_load_s = max(r["seconds"] for r in loads)
+            loads = await asyncio.gather(*(load(i, gen) for i, gen in enumerate(s.generators)))
+            self._last_load_s = max(loads)
             if version - 1 >= 0:
                 await s.call("trainer", s.trainer.drop.call_one(version - 1))
 
@@ -130,6 +141,9 @@ class Controller:
         g = self.recipe.grpo
         per_call = max(1, -(-g.prompts_per_step // len(s.generators)))
         while self._rollouts_open:
+            await self._wait_until_fresh_enough(replica, per_call)
+            if not self._rollouts_open:
+                break
             prompts = self.source.take(per_call)
             self.generate_calls += 1
             seed = hash((g.seed, self.generate_calls)) & 0x7FFFFFFF
@@ -147,6 +161,31 @@ class Controller:
                 self._calls_in_flight -= 1
             for group in groups:
                 await self.buffer.put(group)
+            self._groups_in_flight -= per_call
+            await self._notify()
+
+    def _consumer_version(self) -> int:
+        """The trainer version that will consume the next group generated now."""
+        queued = len(self.buffer) + self._groups_in_flight
+        per_step = self.recipe.grpo.prompts_per_step
+        return self.version + (1 if self._training else 0) + queued // per_step
+
+    async def _wait_until_fresh_enough(self, replica: int, groups: int) -> None:
+        """Hold a rollout until it would be at most `max_policy_age` versions old when trained
+        on: generation that would be dropped as stale is never started."""
+        age = self.recipe.grpo.max_policy_age
+        async with self._progress:
+            await self._progress.wait_for(
+                lambda: (
+                    not self._rollouts_open
+                    or self._gen_versions[replica] >= self._consumer_version() - age
+                )
+            )
+            self._groups_in_flight += groups
+
+    async def _notify(self) -> None:
+        async with self._progress:
+            self._progress.notify_all()
 
     def _groups(self, prompts: list[Any], out: list[dict[str, Any]]) -> list[Group]:
         n = self.recipe.grpo.group_size
@@ -263,11 +302,14 @@ class Controller:
             groups = await self._wait(self.buffer.take(g.prompts_per_step, self.version))
             if groups is None:
                 break
+            self._training = True
+            await self._notify()
             t_wait = time.perf_counter() - t0
             batch, info = self._collate(groups)
             stats = await s.call("trainer", s.trainer.train_step.call_one(batch))
             self.step += 1
             self.version += 1
+            self._training = False
             pub = await s.call("trainer", s.trainer.publish.call_one(self.version))
             self._switch_generators(self.version)
             record = {
@@ -332,6 +374,7 @@ class Controller:
     async def stop_rollouts(self, timeout_s: float = 60.0) -> None:
         """No new generation; let the calls in flight return; stop the loops."""
         self._rollouts_open = False
+        await self._notify()
         # A loop blocked on a full buffer never ends by itself: wait until no endpoint call is
         # in flight (generation drained), then cancel what is left.
         deadline = time.monotonic() + timeout_s
