@@ -25,7 +25,6 @@ import signal
 import sys
 import threading
 import traceback
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -33,7 +32,6 @@ from typing import Any, TypeVar
 from monarch.actor import HostMesh
 
 from runtime.mesh import (
-    RUN_ID_ENV,
     ActorFailure,
     ServiceMesh,
     become_subreaper,
@@ -48,6 +46,7 @@ from runtime.mesh import (
 T = TypeVar("T")
 
 FORCED_EXIT_CODE = 130
+_FAILED_MESH_STOP_S = 1.0
 
 
 class RunStopping(Exception):
@@ -59,6 +58,7 @@ class _Resource:
     name: str
     stop: Callable[[], Awaitable[Any]]
     timeout: float
+    mesh: ServiceMesh | None = None
 
 
 class RunLifecycle:
@@ -71,16 +71,17 @@ class RunLifecycle:
         drain_timeout: float = 10.0,
         stop_grace: float | None = 300.0,
         failure_grace: float = 1.0,
+        failure_shutdown: float = 10.0,
     ) -> None:
         self.name = name
         self.drain_timeout = drain_timeout
         self.stop_grace = stop_grace
         self.failure_grace = failure_grace
+        self.failure_shutdown = failure_shutdown
         self.failure: ActorFailure | None = None
         self._resources: list[_Resource] = []
         self._meshes: list[ServiceMesh] = []
         self._inflight: set[asyncio.Future[Any]] = set()
-        self._background: set[asyncio.Task[Any]] = set()
         self._stop_signals = 0
         self._shutting_down = False
         self._signal_fds: tuple[int, int] | None = None
@@ -93,7 +94,6 @@ class RunLifecycle:
         self.stopping = asyncio.Event()
         self._failed: asyncio.Future[None] = self._loop.create_future()
         self._stop_requested: asyncio.Future[None] = self._loop.create_future()
-        os.environ.setdefault(RUN_ID_ENV, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
         become_subreaper()
         start_monarch()
         import monarch.actor
@@ -157,33 +157,20 @@ class RunLifecycle:
             name, report = failure.mesh_name, failure.report()
         except Exception:  # noqa: BLE001 - a hook that raises makes Monarch exit the process
             name, report = "unknown", str(failure)
-        self._call_soon(self._start_attribution, name, report)
+        self._call_soon(self._on_mesh_failure, name, report)
 
-    def _start_attribution(self, mesh_name: str, report: str) -> None:
-        task = self._loop.create_task(self._attribute(mesh_name, report))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _attribute(self, mesh_name: str, report: str) -> None:
-        mesh = await self._mesh_of(mesh_name)
-        if mesh is None:
-            # A proc's death first fails Monarch's internal logger mesh, then the service's own
-            # meshes; wait briefly for a failure that names the service.
-            if self._shutting_down:
-                return
-            await asyncio.sleep(self.failure_grace)
+    def _on_mesh_failure(self, mesh_name: str, report: str) -> None:
+        mesh = next((m for m in self._meshes if m.owns(mesh_name)), None)
+        if mesh is not None:
+            if not mesh.stopped:
+                mesh.failed = True
+                self.fail(ActorFailure(mesh.service, root_cause(report)))
+        elif not self._shutting_down:
+            # A proc's death fails Monarch's own logger mesh first, then the service's meshes:
+            # give a failure that names the service a moment to arrive.
             service = mesh_name.rsplit("-", 1)[0]
-        elif mesh.stopped:
-            return
-        else:
-            service = mesh.service
-        self.fail(ActorFailure(service, root_cause(report)))
-
-    async def _mesh_of(self, mesh_name: str) -> ServiceMesh | None:
-        for mesh in self._meshes:
-            if mesh_name in await mesh.mesh_names():
-                return mesh
-        return None
+            failure = ActorFailure(service, root_cause(report))
+            self._loop.call_later(self.failure_grace, self.fail, failure)
 
     # --- resources and calls --------------------------------------------------------------------
 
@@ -212,7 +199,7 @@ class RunLifecycle:
         spawn = ServiceMesh.spawn(service, procs, gpus, env=env, threads=threads, host=host)
         mesh = await self.call(service, spawn)
         self.watch(mesh)
-        self.register(f"{service} procs", mesh.stop, stop_timeout)
+        self._resources.append(_Resource(f"{service} procs", mesh.stop, stop_timeout, mesh))
         return mesh
 
     async def call(
@@ -310,21 +297,34 @@ class RunLifecycle:
             task.result()
 
     async def shutdown(self) -> None:
-        """Drain in-flight calls, stop resources newest first, end Monarch, clean up the host."""
+        """Drain in-flight calls, stop resources newest first, end Monarch, clean up the host.
+
+        After a failure everything gets `failure_shutdown` seconds in all: a mesh with a dead
+        proc may never stop cleanly, and what does not stop is killed at the end anyway.
+        """
         self._shutting_down = True
+        failed = self.failure is not None
+        deadline = self._loop.time() + self.failure_shutdown
         if self._inflight:
             # After a failure the answers no longer matter, and some would never come.
-            drain = 0.0 if self.failure is not None else self.drain_timeout
-            await asyncio.wait(set(self._inflight), timeout=drain)
+            await asyncio.wait(set(self._inflight), timeout=0.0 if failed else self.drain_timeout)
             for task in list(self._inflight):
                 _abandon(task)
         for resource in reversed(self._resources):
+            timeout = resource.timeout
+            if failed:
+                timeout = max(0.5, min(timeout, deadline - self._loop.time()))
+            if resource.mesh is not None and resource.mesh.failed:
+                # Monarch waits out its 30 s spawn timeout for actors on a dead proc.
+                timeout = min(timeout, _FAILED_MESH_STOP_S)
             try:
-                await asyncio.wait_for(resource.stop(), resource.timeout)
+                await asyncio.wait_for(resource.stop(), timeout)
             except TimeoutError:
-                _say(self.name, f"{resource.name}: did not stop within {resource.timeout:g} s")
+                if not failed:
+                    _say(self.name, f"{resource.name}: did not stop within {timeout:g} s")
             except Exception as e:  # noqa: BLE001 - one line per resource, the others still stop
-                _say(self.name, f"{resource.name}: stop failed: {root_cause(e)}")
+                if not failed:
+                    _say(self.name, f"{resource.name}: stop failed: {root_cause(e)}")
         self._resources.clear()
         await _stop_monarch()
         kill_descendants(grace=2.0)

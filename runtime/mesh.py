@@ -23,6 +23,7 @@ import socket
 import sys
 import sysconfig
 import tempfile
+import uuid
 from collections.abc import Mapping, Sequence
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
@@ -46,8 +47,6 @@ RUN_ID_ENV = "FORGESKY_RUN_ID"
 SERVICE_ENV = "FORGESKY_SERVICE"
 RANK_ENV = "FORGESKY_PROC_RANK"
 
-# A name resolution that does not answer quickly belongs to a mesh that never came up.
-_NAME_TIMEOUT_S = 2.0
 _STOP_FAILED_TIMEOUT_S = 10.0
 # Monarch polls proc state every 10 s by default: a killed proc would go unnoticed that long.
 MONARCH_ENV_DEFAULTS = {"HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "1s"}
@@ -133,8 +132,10 @@ class ServiceMesh:
         self.gpus = tuple(tuple(g) for g in gpus)
         self.pids: list[int] = []
         self.stopped = False
-        self._actors: list[Any] = []
-        self._names: dict[int, str] = {}
+        self.failed = False  # set by whoever learns that one of its actors or procs died
+        # Given names of the actor meshes: failures name meshes by them, so they must differ
+        # between services (the default is the service's name).
+        self.actor_names: set[str] = set()
         self._probe: Any = None
 
     @classmethod
@@ -185,23 +186,19 @@ class ServiceMesh:
         self, actor_class: type[T], *args: Any, name: str | None = None, **kwargs: Any
     ) -> T:
         """Spawn `actor_class` on every proc of this service (Monarch's `ProcMesh.spawn`)."""
-        actor = self.procs.spawn(name or self.service, actor_class, *args, **kwargs)
-        self._actors.append(actor)
-        return actor
+        name = name or self.service
+        self.actor_names.add(name)
+        return self.procs.spawn(name, actor_class, *args, **kwargs)
 
     async def describe(self, with_torch: bool = False) -> list[dict[str, Any]]:
         """pid, host name and environment of every proc, in rank order."""
         values = await self._probe.describe.call(with_torch)
         return [info for _, info in values.items()]
 
-    async def mesh_names(self) -> set[str]:
-        """Monarch's names of the actor meshes on this service (how failures name them)."""
-        for index, actor in enumerate(self._actors):
-            if index not in self._names:
-                with contextlib.suppress(Exception):  # a mesh that never started never failed
-                    name = await asyncio.wait_for(_await(actor._name), _NAME_TIMEOUT_S)
-                    self._names[index] = name
-        return set(self._names.values())
+    def owns(self, mesh_name: str) -> bool:
+        """Whether Monarch's name of a failed mesh (`<given name>-<suffix>`) is one of ours."""
+        given = mesh_name.rsplit("-", 1)[0]
+        return given == self.service or given in self.actor_names
 
     async def stop(self) -> None:
         """Stop the actors and the procs of this service."""
@@ -313,6 +310,8 @@ def start_monarch() -> None:
     if _monarch_started:
         return
     _monarch_started = True
+    # Procs inherit the run id: it names the run's shared memory and marks its processes.
+    os.environ.setdefault(RUN_ID_ENV, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
     for key, value in MONARCH_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     import monarch.actor
@@ -352,10 +351,11 @@ def kill_descendants(grace: float) -> int:
 
 
 # --- shared memory ------------------------------------------------------------------------------
-# Python 3.11 registers every SharedMemory it creates *or attaches* with the process's resource
-# tracker. When one proc unlinks a segment another proc attached to, the other's tracker unlinks
-# it again at exit and prints "No such file or directory" and "leaked shared_memory objects".
-# Segments made here are untracked instead, named after the run, and swept at shutdown.
+# Python 3.11 registers every SharedMemory a process creates *or attaches to* with that process's
+# resource tracker, which unlinks whatever is still registered when the process exits. So a proc
+# that only read a segment deletes it on exit, under its owner; the owner's unlink then fails with
+# "No such file or directory", and the trackers warn about "leaked shared_memory objects".
+# Segments made here are untracked, named after the run, and swept by the controller at shutdown.
 
 
 def shm_prefix() -> str:
@@ -375,7 +375,7 @@ def attach_shared_memory(name: str) -> shared_memory.SharedMemory:
 
 def unlink_shared_memory(segment: shared_memory.SharedMemory) -> None:
     """Remove a segment made by these helpers (`segment.unlink()` would confuse the tracker)."""
-    from multiprocessing import _posixshmem  # type: ignore[attr-defined]
+    import _posixshmem  # the module SharedMemory.unlink calls, minus the tracker
 
     with contextlib.suppress(FileNotFoundError):
         _posixshmem.shm_unlink(segment._name)  # type: ignore[attr-defined]

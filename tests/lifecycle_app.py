@@ -1,7 +1,7 @@
 """A small controller on RunLifecycle, run as a real process by tests/test_lifecycle.py.
 
 Two services: "work" (2 procs that count in a loop and share a shared-memory segment) and
-"reward" (1 proc whose endpoint divides by zero in --mode bad). Prints "started" once signals
+"reward" (1 proc whose endpoint divides by zero in --mode bad, killed in --mode kill-reward). Prints "started" once signals
 are handled, "ready <json>" once the procs run, and "finished <steps>" when the loop ends.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import sys
 
 from monarch.actor import Actor, endpoint
@@ -52,8 +54,9 @@ class Scorer(Actor):
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    # bad: an endpoint raises, awaited through life.call; bad-raw: awaited directly.
-    p.add_argument("--mode", choices=["normal", "bad", "bad-raw"], default="normal")
+    # bad: an endpoint raises, awaited through life.call; bad-raw: awaited directly;
+    # kill-reward: the reward proc dies (SIGKILL) while its actor is being spawned.
+    p.add_argument("--mode", choices=["normal", "bad", "bad-raw", "kill-reward"], default="normal")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--step-seconds", type=float, default=0.05)
     return p.parse_args()
@@ -64,6 +67,8 @@ async def controller(life: RunLifecycle, args: argparse.Namespace) -> None:
     work = await life.spawn_service("work", 2, threads=1)
     reward = await life.spawn_service("reward", 1, threads=1)
     worker = work.spawn_actor(Worker)
+    if args.mode == "kill-reward":
+        os.kill(reward.pids[0], signal.SIGKILL)
     scorer = reward.spawn_actor(Scorer, name="reward")
     name = await life.call("work", worker.slice(procs=0).share.call_one("weights"))
     assert await life.call("work", worker.slice(procs=1).peek.call_one(name)) == 7

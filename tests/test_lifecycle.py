@@ -180,10 +180,16 @@ def test_endpoint_exception_ends_run_with_one_root_cause_line(mode):
     assert_clean(app)
 
 
-def test_killed_proc_ends_run_naming_its_service():
-    app = App("--steps", "100000")
-    app.wait_for("ready")
-    os.kill(app.state["reward_pids"][0], signal.SIGKILL)
+@pytest.mark.parametrize("when", ["working", "spawning-actor"])
+def test_killed_proc_ends_run_naming_its_service(when):
+    if when == "working":
+        app = App("--steps", "100000")
+        app.wait_for("ready")
+        os.kill(app.state["reward_pids"][0], signal.SIGKILL)
+    else:
+        # The app kills its reward proc itself, right before spawning an actor on it.
+        app = App("--steps", "100000", "--mode", "kill-reward")
+        app.wait_for("ready")
     code, _ = app.finish()
     assert code == 1, app.output
     reports = [line for line in app.lines if line.startswith("forgesky:")]
