@@ -41,6 +41,7 @@ class RolloutBuffer:
         self._groups: deque[Group] = deque()
         self._changed = asyncio.Condition()
         self.dropped_stale = 0
+        self._blocked: set[asyncio.Task | None] = set()
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -56,10 +57,24 @@ class RolloutBuffer:
         return evicted
 
     async def put(self, group: Group) -> None:
+        task = asyncio.current_task()
         async with self._changed:
-            await self._changed.wait_for(lambda: len(self._groups) < self.capacity)
+            if len(self._groups) >= self.capacity:
+                self._blocked.add(task)
+                try:
+                    await self._changed.wait_for(lambda: len(self._groups) < self.capacity)
+                finally:
+                    self._blocked.discard(task)
             self._groups.append(group)
             self._changed.notify_all()
+
+    def full_waiters(self, task: asyncio.Task | None) -> bool:
+        """Whether `task` is waiting in `put` for room in a full buffer."""
+        return task in self._blocked
+
+    def restore(self, groups: list[Group]) -> None:
+        """Put back groups saved in a checkpoint, in order, even beyond capacity."""
+        self._groups.extend(groups)
 
     async def take(self, n: int, trainer_version: int) -> list[Group]:
         """Wait for n groups fresh enough for `trainer_version`, oldest first."""

@@ -50,6 +50,7 @@ class Controller:
         self._gen_versions: list[int] = []
         self._training = False
         self._groups_in_flight = 0
+        self._unqueued: list[Group] = []  # generated but not queued when rollouts stopped
         self._progress = asyncio.Condition()
         self._calls_in_flight = 0
         self.wandb_run_id: str | None = None
@@ -80,8 +81,7 @@ class Controller:
         self.source.load_state_dict(state["data"])
         random.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
-        for group in state["buffer"]:
-            await self.buffer.put(Group(**group))
+        self.buffer.restore([Group(**group) for group in state["buffer"]])
         self.wandb_run_id = state.get("wandb_run_id")
         self.resumed_from = self.step
         print(f"resumed from step {self.step} ({ckpt.path})", flush=True)
@@ -159,8 +159,13 @@ class Controller:
                 await self._reference(groups)
             finally:
                 self._calls_in_flight -= 1
-            for group in groups:
-                await self.buffer.put(group)
+            for i, group in enumerate(groups):
+                try:
+                    await self.buffer.put(group)
+                except asyncio.CancelledError:
+                    # stopping while the buffer is full: keep them for the checkpoint
+                    self._unqueued.extend(groups[i:])
+                    raise
             self._groups_in_flight -= per_call
             await self._notify()
 
@@ -360,7 +365,7 @@ class Controller:
             "data": self.source.state_dict(),
             "python_rng": random.getstate(),
             "torch_rng": torch.get_rng_state(),
-            "buffer": [asdict(gr) for gr in self.buffer.groups()],
+            "buffer": [asdict(gr) for gr in [*self.buffer.groups(), *self._unqueued]],
             "wandb_run_id": self.metrics.wandb_run_id if self.metrics else None,
         }
         torch.save(state, partial / "controller.pt")
@@ -375,12 +380,16 @@ class Controller:
         """No new generation; let the calls in flight return; stop the loops."""
         self._rollouts_open = False
         await self._notify()
-        # A loop blocked on a full buffer never ends by itself: wait until no endpoint call is
-        # in flight (generation drained), then cancel what is left.
+        # Loops end by themselves once their call in flight returns and its groups are queued;
+        # one blocked on a full buffer never does: cancel it after the calls drained (its groups
+        # go into the checkpoint, see _rollout_loop).
         deadline = time.monotonic() + timeout_s
-        while self._calls_in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
         pending = [t for t in self._rollout_tasks if not t.done()]
+        while pending and time.monotonic() < deadline:
+            if not self._calls_in_flight and all(self.buffer.full_waiters(t) for t in pending):
+                break
+            await asyncio.sleep(0.02)
+            pending = [t for t in pending if not t.done()]
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

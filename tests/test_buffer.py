@@ -56,3 +56,17 @@ def test_take_waits_for_enough_fresh_groups_and_full_buffer_blocks_producers():
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError):
         RolloutBuffer(max_policy_age=0, capacity=0)
+
+
+def test_restore_keeps_order_beyond_capacity_and_full_waiters_are_visible():
+    async def go():
+        buf = RolloutBuffer(max_policy_age=0, capacity=1)
+        buf.restore([group(0, 0), group(0, 1)])
+        producer = asyncio.create_task(buf.put(group(0, 2)))
+        await asyncio.sleep(0.01)
+        blocked = buf.full_waiters(producer)
+        producer.cancel()
+        await asyncio.gather(producer, return_exceptions=True)
+        return [g.prompt_id for g in buf.groups()], blocked, buf.full_waiters(producer)
+
+    assert run(go()) == ([0, 1], True, False)
