@@ -1,0 +1,202 @@
+"""CPU trainer and reference: TorchTitan model definitions, AdamW, teacher-forced log-probs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from runtime.backends.base import LossFn, token_logprobs
+from runtime.models import ModelSpec, build_model, to_hf
+
+# Stats that add up across micro-batches (the loss is normalised by the whole batch's size).
+_SUMMED_STATS = ("loss", "pg_loss", "response_tokens")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with linear warmup to a constant learning rate, and gradient-norm clipping."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+
+    @classmethod
+    def from_grpo(cls, grpo: Any) -> OptimizerConfig:
+        """From a recipe's `grpo` section (learning_rate, weight_decay, max_grad_norm, warmup)."""
+        return cls(
+            lr=grpo.learning_rate,
+            weight_decay=grpo.weight_decay,
+            max_grad_norm=grpo.max_grad_norm,
+            warmup_steps=grpo.warmup_steps,
+        )
+
+
+def _load_or_init(
+    spec: ModelSpec,
+    weights: Mapping[str, Tensor] | None,
+    seed: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> torch.nn.Module:
+    model = build_model(spec, device=device, dtype=dtype, seed=seed)
+    if weights is not None:
+        model.load_state_dict(dict(weights), strict=True)
+    return model
+
+
+class TitanTrainer:
+    """The policy: a TorchTitan model with causal SDPA attention, trained by `train_step`.
+
+    `weights` (TorchTitan names, e.g. from `load_pretrained`) replace the seeded random init.
+    Log-probs use `softmax(logits / temperature)`, the generator's sampling distribution.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        optim: OptimizerConfig,
+        *,
+        temperature: float = 1.0,
+        weights: Mapping[str, Tensor] | None = None,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        micro_batch_size: int | None = None,
+    ):
+        self.spec = spec
+        self.optim_config = optim
+        self.temperature = temperature
+        self.device = torch.device(device)
+        self.micro_batch_size = micro_batch_size
+        self.model = _load_or_init(spec, weights, seed, self.device, dtype)
+        self.model.train()
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            # Norm gains and 1-D tensors are not decayed (standard AdamW practice).
+            (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": optim.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=optim.lr,
+            betas=optim.betas,
+            eps=optim.eps,
+        )
+        warmup = optim.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
+        )
+        self.step = 0
+
+    def _forward_logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
+        logits = self.model(tokens.to(self.device))
+        return token_logprobs(logits, tokens.to(self.device), response_mask.to(self.device),
+                              self.temperature)  # fmt: skip
+
+    def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
+        """Teacher-forced log-probs `[B, T]` of the current policy (0 off the response)."""
+        with torch.no_grad():
+            return self._forward_logprobs(tokens, response_mask)
+
+    def train_step(
+        self,
+        tokens: Tensor,
+        response_mask: Tensor,
+        advantages: Tensor,
+        old_logprobs: Tensor | None,
+        ref_logprobs: Tensor | None,
+        loss_fn: LossFn,
+        **loss_kwargs: Any,
+    ) -> dict[str, float]:
+        """One AdamW step on the whole batch (gradients accumulated over micro-batches)."""
+        batch = tokens.shape[0]
+        size = self.micro_batch_size or batch
+        chunks = [slice(i, min(i + size, batch)) for i in range(0, batch, size)]
+        if len(chunks) > 1:
+            loss_kwargs = {**loss_kwargs, "num_sequences": batch}
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        weights: list[tuple[float, dict[str, float]]] = []
+        for part in chunks:
+            mask = response_mask[part].to(self.device)
+            lp = self._forward_logprobs(tokens[part], mask)
+            loss, stats = loss_fn(
+                lp,
+                None if old_logprobs is None else old_logprobs[part].to(self.device),
+                None if ref_logprobs is None else ref_logprobs[part].to(self.device),
+                advantages[part].to(self.device),
+                mask,
+                **loss_kwargs,
+            )
+            loss.backward()
+            weights.append((float(mask.sum()), stats))
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.optim_config.max_grad_norm
+        )
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+
+        token_total = sum(w for w, _ in weights) or 1.0
+        for w, stats in weights:
+            for key, value in stats.items():
+                share = value if key in _SUMMED_STATS else value * w / token_total
+                totals[key] = totals.get(key, 0.0) + share
+        totals.update(grad_norm=float(grad_norm), lr=lr, step=float(self.step))
+        return totals
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """The current weights under HF names (detached; copy before mutating)."""
+        return to_hf(self.model.state_dict(), self.spec)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, scheduler and step: everything a resume needs."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"], strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+
+
+class TitanReference:
+    """A frozen copy of the initial policy; only scores tokens."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        temperature: float = 1.0,
+        weights: Mapping[str, Tensor] | None = None,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ):
+        self.spec = spec
+        self.temperature = temperature
+        self.device = torch.device(device)
+        self.model = _load_or_init(spec, weights, seed, self.device, dtype)
+        self.model.eval().requires_grad_(False)
+
+    @torch.inference_mode()
+    def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
+        """Teacher-forced log-probs `[B, T]` of the reference (0 off the response)."""
+        tokens = tokens.to(self.device)
+        return token_logprobs(
+            self.model(tokens), tokens, response_mask.to(self.device), self.temperature
+        )
