@@ -194,10 +194,15 @@ class RunLifecycle:
         threads: int | None = None,
         host: HostMesh | None = None,
         stop_timeout: float = 30.0,
+        interruptible: bool = False,
     ) -> ServiceMesh:
-        """`ServiceMesh.spawn`, watched for failures and stopped at shutdown."""
+        """`ServiceMesh.spawn`, watched for failures and stopped at shutdown.
+
+        With `interruptible`, a stop request abandons the spawn (RunStopping); its procs are
+        then ended with Monarch at shutdown.
+        """
         spawn = ServiceMesh.spawn(service, procs, gpus, env=env, threads=threads, host=host)
-        mesh = await self.call(service, spawn)
+        mesh = await self.call(service, spawn, interruptible=interruptible)
         self.watch(mesh)
         self._resources.append(_Resource(f"{service} procs", mesh.stop, stop_timeout, mesh))
         return mesh

@@ -52,6 +52,7 @@ _STOP_FAILED_TIMEOUT_S = 10.0
 MONARCH_ENV_DEFAULTS = {"HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "1s"}
 _MONARCH_BANNER = "Monarch internal logs are being written to"
 _SHM_DIR = Path("/dev/shm")
+_DEFAULT_RUN_ID = re.compile(r"(\d+)-[0-9a-f]{8}_")  # `<controller pid>-<random>`, as made below
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -312,6 +313,7 @@ def start_monarch() -> None:
     _monarch_started = True
     # Procs inherit the run id: it names the run's shared memory and marks its processes.
     os.environ.setdefault(RUN_ID_ENV, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    sweep_stale_shared_memory()
     for key, value in MONARCH_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     import monarch.actor
@@ -389,6 +391,18 @@ def sweep_shared_memory(prefix: str | None = None) -> int:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed += 1
+    return removed
+
+
+def sweep_stale_shared_memory() -> int:
+    """Unlink segments of earlier runs on this host whose controller is gone (say, SIGKILLed)."""
+    removed = 0
+    for path in _SHM_DIR.glob("forgesky_*") if _SHM_DIR.is_dir() else ():
+        owner = _DEFAULT_RUN_ID.match(path.name.removeprefix("forgesky_"))
+        if owner and not psutil.pid_exists(int(owner.group(1))):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
     return removed
 
 
