@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from monarch.actor import HostMesh
 
 from runtime.mesh import (
+    PROBE_SUFFIX,
     ActorFailure,
     ServiceMesh,
     become_subreaper,
@@ -168,7 +169,7 @@ class RunLifecycle:
         elif not self._shutting_down:
             # A proc's death fails Monarch's own logger mesh first, then the service's meshes:
             # give a failure that names the service a moment to arrive.
-            service = mesh_name.rsplit("-", 1)[0]
+            service = mesh_name.rsplit("-", 1)[0].removesuffix(PROBE_SUFFIX)
             failure = ActorFailure(service, root_cause(report))
             self._loop.call_later(self.failure_grace, self.fail, failure)
 

@@ -46,6 +46,7 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 RUN_ID_ENV = "FORGESKY_RUN_ID"
 SERVICE_ENV = "FORGESKY_SERVICE"
 RANK_ENV = "FORGESKY_PROC_RANK"
+PROBE_SUFFIX = "_probe"
 
 _STOP_FAILED_TIMEOUT_S = 10.0
 # Monarch polls proc state every 10 s by default: a killed proc would go unnoticed that long.
@@ -173,7 +174,7 @@ class ServiceMesh:
             per_host={"procs": procs}, name=service, bootstrap_command=bootstrap
         )
         mesh = cls(service, proc_mesh, gpus)
-        mesh._probe = mesh.spawn_actor(ProcProbe, name=f"{service}_probe")
+        mesh._probe = mesh.spawn_actor(ProcProbe, name=service + PROBE_SUFFIX)
         try:
             infos = await mesh.describe()
         except Exception as e:
