@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -338,11 +339,16 @@ def start_monarch() -> None:
 
 
 def kill_descendants(grace: float) -> int:
-    """End every process below this one (SIGTERM, then SIGKILL after `grace` s); reap them."""
+    """End every process below this one (SIGTERM, then SIGKILL after `grace` s) and reap them.
+
+    Also removes the socket directories the killed procs served from: Monarch deletes them only
+    when it shuts down itself. Returns how many processes would not die.
+    """
     try:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:
         return 0
+    socket_dirs = {d for child in children for d in _socket_dirs(child)}
     for sig in (signal.SIGTERM, signal.SIGKILL) if grace > 0 else (signal.SIGKILL,):
         for child in children:
             with contextlib.suppress(psutil.Error):
@@ -350,7 +356,25 @@ def kill_descendants(grace: float) -> int:
         _, children = psutil.wait_procs(children, timeout=grace or 1.0)
         if not children:
             break
+    for directory in socket_dirs:
+        shutil.rmtree(directory, ignore_errors=True)
     return len(children)
+
+
+def _socket_dirs(proc: psutil.Process) -> set[str]:
+    """Monarch's per-run socket directories (`/tmp/.tmpXXXXXX`) that `proc` listens in."""
+    try:
+        paths = [c.laddr for c in proc.net_connections(kind="unix")]
+    except psutil.Error:
+        return set()
+    temp = Path(tempfile.gettempdir())
+    return {
+        os.path.dirname(p)
+        for p in paths
+        if isinstance(p, str)
+        and Path(p).parent.parent == temp
+        and Path(p).parent.name.startswith(".tmp")
+    }
 
 
 # --- shared memory ------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ class App:
         self._queue: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.state: dict = {}
+        self.socket_dirs: set[Path] = set()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -74,6 +75,7 @@ class App:
             if line.startswith(prefix):
                 if prefix == "ready":
                     self.state = json.loads(line.split(" ", 1)[1])
+                    self.socket_dirs = _socket_dirs(self.state["pids"])
                 return line
         self.proc.kill()
         raise AssertionError(f"no line {prefix!r}; output:\n{self.output}")
@@ -107,6 +109,8 @@ def assert_clean(app: App) -> None:
     assert not leftovers, f"processes left: {leftovers}"
     segments = list(Path("/dev/shm").glob(f"forgesky_{app.run_id}_*"))
     assert not segments, f"shared memory left: {segments}"
+    assert app.socket_dirs or not app.state, "the procs' socket directory was not found"
+    assert not [d for d in app.socket_dirs if d.exists()], "Monarch's socket directory left"
     noisy = [word for word in NOISE if word in app.output]
     assert not noisy, f"{noisy} in output:\n{app.output}"
 
@@ -116,6 +120,18 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def _socket_dirs(pids: list[int]) -> set[Path]:
+    """Where the procs' Monarch sockets live (a temporary directory per run)."""
+    found = set()
+    for pid in pids:
+        try:
+            connections = psutil.Process(pid).net_connections(kind="unix")
+        except psutil.NoSuchProcess:  # a proc the test killed
+            continue
+        found |= {Path(c.laddr).parent for c in connections if str(c.laddr).startswith("/")}
+    return found
 
 
 def _processes_of_run(run_id: str) -> list[int]:
