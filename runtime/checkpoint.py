@@ -63,6 +63,8 @@ def commit(root: Path, partial: Path, step: int, keep: int = 3) -> Checkpoint:
     _fsync_path(partial)
     final = root / step_dir_name(step)
     if final.exists():
+        # marker first: a crash mid-delete leaves an ignored directory, never a damaged one
+        (final / MARKER).unlink(missing_ok=True)
         shutil.rmtree(final)
     os.rename(partial, final)
     _fsync_path(root)
@@ -98,7 +100,9 @@ def verify(ckpt: Checkpoint) -> None:
         marker = json.loads((ckpt.path / MARKER).read_text())
         marked, files = marker["step"], marker["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{ckpt.path / MARKER}: unreadable checkpoint marker ({e}); {hint}") from None
+        raise UserError(
+            f"{ckpt.path / MARKER}: unreadable checkpoint marker ({e}); {hint}"
+        ) from None
     if marked != ckpt.step:
         raise UserError(
             f"{ckpt.path / MARKER}: marker says step {marked} but the directory is step "

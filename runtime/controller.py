@@ -50,7 +50,10 @@ class Controller:
         self._gen_versions: list[int] = []
         self._training = False
         self._groups_in_flight = 0
-        self._unqueued: list[Group] = []  # generated but not queued when rollouts stopped
+        # Per replica, groups generated but not yet queued (their call waits on a full buffer):
+        # a checkpoint saves them with the queued ones.
+        self._unqueued: dict[int, list[Group]] = {}
+        self._held = False  # no new rollout starts while a checkpoint is being taken
         self._progress = asyncio.Condition()
         self._calls_in_flight = 0
         self.wandb_run_id: str | None = None
@@ -159,13 +162,11 @@ class Controller:
                 await self._reference(groups)
             finally:
                 self._calls_in_flight -= 1
-            for i, group in enumerate(groups):
-                try:
-                    await self.buffer.put(group)
-                except asyncio.CancelledError:
-                    # stopping while the buffer is full: keep them for the checkpoint
-                    self._unqueued.extend(groups[i:])
-                    raise
+            # A stop cancels a put waiting on a full buffer: what is left stays in _unqueued.
+            pending = self._unqueued[replica] = groups
+            while pending:
+                await self.buffer.put(pending[0])
+                pending.pop(0)
             self._groups_in_flight -= per_call
             await self._notify()
 
@@ -183,7 +184,10 @@ class Controller:
             await self._progress.wait_for(
                 lambda: (
                     not self._rollouts_open
-                    or self._gen_versions[replica] >= self._consumer_version() - age
+                    or (
+                        not self._held
+                        and self._gen_versions[replica] >= self._consumer_version() - age
+                    )
                 )
             )
             self._groups_in_flight += groups
@@ -355,19 +359,38 @@ class Controller:
 
     async def save_checkpoint(self) -> Path:
         root = self.config.checkpoint_dir
+        saved = checkpoint.committed(root)
+        if saved and saved[-1].step == self.step:
+            # Periodic then a stop, or a resume stopped at once: rewriting the same step would
+            # only open a moment in which it is gone.
+            print(
+                f"checkpoint step {self.step} -> {saved[-1].path} (already committed)", flush=True
+            )
+            return saved[-1].path
         partial = checkpoint.begin(root, self.step)
         s = self.services
-        await s.call("trainer", s.trainer.save.call_one(str(partial)))
-        state = {
-            "step": self.step,
-            "version": self.version,
-            "generate_calls": self.generate_calls,
-            "data": self.source.state_dict(),
-            "python_rng": random.getstate(),
-            "torch_rng": torch.get_rng_state(),
-            "buffer": [asdict(gr) for gr in [*self.buffer.groups(), *self._unqueued]],
-            "wandb_run_id": self.metrics.wandb_run_id if self.metrics else None,
-        }
+        self._held = True
+        try:
+            # Rollouts in flight land while the trainer writes: then the data position and
+            # generate-call count saved below cover exactly the groups saved with them (a resume
+            # neither skips their prompts nor redraws their seeds).
+            await asyncio.gather(
+                s.call("trainer", s.trainer.save.call_one(str(partial))), self._rollouts_settled()
+            )
+            unqueued = [gr for groups in self._unqueued.values() for gr in groups]
+            state = {
+                "step": self.step,
+                "version": self.version,
+                "generate_calls": self.generate_calls,
+                "data": self.source.state_dict(),
+                "python_rng": random.getstate(),
+                "torch_rng": torch.get_rng_state(),
+                "buffer": [asdict(gr) for gr in [*self.buffer.groups(), *unqueued]],
+                "wandb_run_id": self.metrics.wandb_run_id if self.metrics else None,
+            }
+        finally:
+            self._held = False
+            await self._notify()
         torch.save(state, partial / "controller.pt")
         (partial / "meta.json").write_text(
             json.dumps({"recipe": self.recipe.name, "step": self.step, "version": self.version})
@@ -375,6 +398,16 @@ class Controller:
         ckpt = checkpoint.commit(root, partial, self.step)
         print(f"checkpoint step {self.step} -> {ckpt.path}", flush=True)
         return ckpt.path
+
+    async def _rollouts_settled(self) -> None:
+        """Return once no rollout is between taking prompts and queueing its groups, except
+        those waiting on a full buffer (their groups are in _unqueued)."""
+        while self._calls_in_flight or any(
+            self._unqueued.get(replica) and not self.buffer.full_waiters(task)
+            for replica, task in enumerate(self._rollout_tasks)
+            if not task.done()
+        ):
+            await asyncio.sleep(0.01)
 
     async def stop_rollouts(self, timeout_s: float = 60.0) -> None:
         """No new generation; let the calls in flight return; stop the loops."""
