@@ -31,17 +31,14 @@ from typing import Any, TypeVar
 
 from monarch.actor import HostMesh
 
+from runtime.host import become_subreaper, kill_descendants, start_monarch, sweep_shared_memory
 from runtime.mesh import (
     PROBE_SUFFIX,
     ActorFailure,
     ServiceMesh,
-    become_subreaper,
     failure_of,
     is_monarch_error,
-    kill_descendants,
     root_cause,
-    start_monarch,
-    sweep_shared_memory,
 )
 
 T = TypeVar("T")

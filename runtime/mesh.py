@@ -1,6 +1,5 @@
-"""The procs of a run: one Monarch proc mesh per service, pinned to its GPUs and CPU threads;
-Monarch's failure wrappers as one readable line; and what procs leave on a host (descendant
-processes, shared memory) found and removed.
+"""The procs of a run: one Monarch proc mesh per service, pinned to its GPUs and CPU threads,
+and Monarch's failure wrappers as one readable line.
 
 Pinning: each proc gets its own bootstrap environment (Monarch's per-rank `BootstrapCommand`),
 so `CUDA_VISIBLE_DEVICES` is in place before the proc imports torch. Monarch's
@@ -15,22 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import re
-import shutil
 import signal
 import socket
-import sys
 import sysconfig
-import tempfile
-import uuid
 from collections.abc import Mapping, Sequence
-from multiprocessing import resource_tracker, shared_memory
-from pathlib import Path
 from typing import Any, TypeVar
 
-import psutil
 from monarch.actor import (
     Actor,
     ActorError,
@@ -41,21 +32,16 @@ from monarch.actor import (
     this_host,
 )
 
+from runtime.host import RUN_ID_ENV, start_monarch
+
 T = TypeVar("T")
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-RUN_ID_ENV = "FORGESKY_RUN_ID"
 SERVICE_ENV = "FORGESKY_SERVICE"
 RANK_ENV = "FORGESKY_PROC_RANK"
 PROBE_SUFFIX = "_probe"
 
 _STOP_FAILED_TIMEOUT_S = 10.0
-# Monarch polls proc state every 10 s by default: a killed proc would go unnoticed that long.
-MONARCH_ENV_DEFAULTS = {"HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "1s"}
-_MONARCH_BANNER = "Monarch internal logs are being written to"
-_SHM_DIR = Path("/dev/shm")
-_DEFAULT_RUN_ID = re.compile(r"(\d+)-[0-9a-f]{8}_")  # `<controller pid>-<random>`, as made below
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 class ActorFailure(Exception):
@@ -289,148 +275,3 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-# --- Monarch client and host cleanup -------------------------------------------------------------
-
-_monarch_started = False
-
-
-def become_subreaper() -> None:
-    """Adopt the orphans of dead procs (their resource trackers, workers) instead of init, so
-    `kill_descendants` still finds them (Linux; elsewhere a no-op)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def start_monarch() -> None:
-    """Start Monarch's client in this process with our defaults, its banner kept off stderr.
-
-    Idempotent; `ServiceMesh.spawn` calls it. Call it before anything else touches Monarch.
-    """
-    global _monarch_started
-    if _monarch_started:
-        return
-    _monarch_started = True
-    # Procs inherit the run id: it names the run's shared memory and marks its processes.
-    os.environ.setdefault(RUN_ID_ENV, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    sweep_stale_shared_memory()
-    for key, value in MONARCH_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    import monarch.actor
-    from monarch._rust_bindings.monarch_hyperactor.config import reload_config_from_env
-
-    reload_config_from_env()
-    # The host agent prints where Monarch's own log file is, unconditionally, to fd 2; anything
-    # else printed meanwhile is passed on.
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            monarch.actor.context()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            lines = captured.read().decode(errors="replace").splitlines(keepends=True)
-            sys.stderr.write("".join(x for x in lines if not x.startswith(_MONARCH_BANNER)))
-
-
-def kill_descendants(grace: float) -> int:
-    """End every process below this one (SIGTERM, then SIGKILL after `grace` s) and reap them.
-
-    Also removes the socket directories the killed procs served from: Monarch deletes them only
-    when it shuts down itself. Returns how many processes would not die.
-    """
-    try:
-        children = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return 0
-    socket_dirs = {d for child in children for d in _socket_dirs(child)}
-    for sig in (signal.SIGTERM, signal.SIGKILL) if grace > 0 else (signal.SIGKILL,):
-        for child in children:
-            with contextlib.suppress(psutil.Error):
-                child.send_signal(sig)
-        _, children = psutil.wait_procs(children, timeout=grace or 1.0)
-        if not children:
-            break
-    for directory in socket_dirs:
-        shutil.rmtree(directory, ignore_errors=True)
-    return len(children)
-
-
-def _socket_dirs(proc: psutil.Process) -> set[str]:
-    """Monarch's per-run socket directories (`/tmp/.tmpXXXXXX`) that `proc` listens in."""
-    try:
-        paths = [c.laddr for c in proc.net_connections(kind="unix")]
-    except psutil.Error:
-        return set()
-    temp = Path(tempfile.gettempdir())
-    return {
-        os.path.dirname(p)
-        for p in paths
-        if isinstance(p, str)
-        and Path(p).parent.parent == temp
-        and Path(p).parent.name.startswith(".tmp")
-    }
-
-
-# --- shared memory ------------------------------------------------------------------------------
-# Python 3.11 registers every SharedMemory a process creates *or attaches to* with that process's
-# resource tracker, which unlinks whatever is still registered when the process exits. So a proc
-# that only read a segment deletes it on exit, under its owner; the owner's unlink then fails with
-# "No such file or directory", and the trackers warn about "leaked shared_memory objects".
-# Segments made here are untracked, named after the run, and swept by the controller at shutdown.
-
-
-def shm_prefix() -> str:
-    """Name prefix of this run's shared-memory segments."""
-    return f"forgesky_{os.environ.get(RUN_ID_ENV, os.getpid())}_"
-
-
-def create_shared_memory(tag: str, size: int) -> shared_memory.SharedMemory:
-    """A new segment named after the run, unknown to the resource tracker."""
-    return _untracked(shared_memory.SharedMemory(shm_prefix() + tag, create=True, size=size))
-
-
-def attach_shared_memory(name: str) -> shared_memory.SharedMemory:
-    """Open a segment another proc created, without registering it for cleanup here."""
-    return _untracked(shared_memory.SharedMemory(name))
-
-
-def unlink_shared_memory(segment: shared_memory.SharedMemory) -> None:
-    """Remove a segment made by these helpers (`segment.unlink()` would confuse the tracker)."""
-    import _posixshmem  # the module SharedMemory.unlink calls, minus the tracker
-
-    with contextlib.suppress(FileNotFoundError):
-        _posixshmem.shm_unlink(segment._name)  # type: ignore[attr-defined]
-
-
-def sweep_shared_memory(prefix: str | None = None) -> int:
-    """Unlink every segment left by this run; returns how many there were."""
-    prefix = shm_prefix() if prefix is None else prefix
-    removed = 0
-    for path in _SHM_DIR.glob(prefix + "*") if _SHM_DIR.is_dir() else ():
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            removed += 1
-    return removed
-
-
-def sweep_stale_shared_memory() -> int:
-    """Unlink segments of earlier runs on this host whose controller is gone (say, SIGKILLed)."""
-    removed = 0
-    for path in _SHM_DIR.glob("forgesky_*") if _SHM_DIR.is_dir() else ():
-        owner = _DEFAULT_RUN_ID.match(path.name.removeprefix("forgesky_"))
-        if owner and not psutil.pid_exists(int(owner.group(1))):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                removed += 1
-    return removed
-
-
-def _untracked(segment: shared_memory.SharedMemory) -> shared_memory.SharedMemory:
-    resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-    return segment

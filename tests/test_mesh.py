@@ -5,28 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import psutil
 import pytest
 from monarch.actor import Actor, endpoint
 
-from runtime.mesh import (
-    ServiceMesh,
-    create_shared_memory,
-    proc_env,
-    root_cause,
-    sweep_stale_shared_memory,
-    threads_per_proc,
-    unlink_shared_memory,
-)
+from runtime.mesh import ServiceMesh, proc_env, root_cause, threads_per_proc
 
 # Procs unpickle the actor classes below by module name, so they need this directory on their path.
 TEST_ENV = {"PYTHONPATH": str(Path(__file__).parent)}
-_TEXT = {"capture_output": True, "text": True}
 
 
 def test_threads_share_the_cores_among_busy_procs():
@@ -145,68 +133,3 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-_OWNER = """
-import sys
-from multiprocessing import shared_memory
-from runtime.mesh import create_shared_memory, unlink_shared_memory
-if sys.argv[1] == "raw":
-    segment = shared_memory.SharedMemory(sys.argv[2], create=True, size=64)
-else:
-    segment = create_shared_memory(sys.argv[2], 64)
-print(segment.name, flush=True)
-sys.stdin.readline()  # the reader has attached and closed
-segment.close()
-segment.unlink() if sys.argv[1] == "raw" else unlink_shared_memory(segment)
-"""
-
-_READER = """
-import sys
-from multiprocessing import shared_memory
-from runtime.mesh import attach_shared_memory
-attach = shared_memory.SharedMemory if sys.argv[1] == "raw" else attach_shared_memory
-segment = attach(sys.argv[2])
-segment.close()
-"""
-
-
-@pytest.mark.parametrize("how", ["raw", "helpers"])
-def test_shared_memory_between_processes_is_freed_once_and_quietly(how):
-    tag = f"t{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "FORGESKY_RUN_ID": "test"}
-    owner = subprocess.Popen(
-        [sys.executable, "-c", _OWNER, how, tag],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    name = owner.stdout.readline().strip()
-    reader = subprocess.run([sys.executable, "-c", _READER, how, name], **_TEXT, env=env)
-    _, owner_err = owner.communicate("done\n", timeout=60)
-    noise = owner_err + reader.stderr
-    assert not Path("/dev/shm", name).exists()
-    if how == "raw":
-        # Python 3.11's own behaviour, which the helpers exist to avoid: the reader's resource
-        # tracker unlinks the owner's segment when the reader exits, and both sides complain.
-        assert "leaked shared_memory" in noise and "No such file or directory" in noise
-    else:
-        assert owner.returncode == 0 and reader.returncode == 0 and noise == "", noise
-
-
-def test_segments_of_runs_whose_controller_died_are_swept(monkeypatch):
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **_TEXT)
-    monkeypatch.setenv("FORGESKY_RUN_ID", f"{int(finished.stdout)}-0badc0de")
-    stale = create_shared_memory("weights", 64)
-    monkeypatch.setenv("FORGESKY_RUN_ID", f"{os.getpid()}-0123abcd")
-    live = create_shared_memory("weights", 64)
-    try:
-        assert sweep_stale_shared_memory() >= 1
-        assert not Path("/dev/shm", stale.name).exists()
-        assert Path("/dev/shm", live.name).exists()
-    finally:
-        stale.close()
-        live.close()
-        unlink_shared_memory(live)
