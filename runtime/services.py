@@ -6,6 +6,7 @@ Each actor calls these in its own proc, so the controller ships only the (small,
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from typing import Any
 
@@ -66,3 +67,142 @@ def eos_ids(tokenizer: Any) -> list[int]:
 
 def pad_id(tokenizer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids(tokenizer)[0]
+
+
+# --- backends: which implementation serves each service on this proc --------------------------
+
+GENERATOR_ENV = "FORGESKY_GENERATOR"  # auto (vLLM on a GPU when installed) | vllm | hf
+GPU_MEMORY_ENV = "FORGESKY_GPU_MEMORY_UTILIZATION"  # vLLM's share of its GPU (default 0.85)
+EAGER_ENV = "FORGESKY_VLLM_EAGER"  # 1: no torch.compile / CUDA graphs (faster start)
+MICRO_BATCH_ENV = "FORGESKY_TOKENS_PER_MICRO_BATCH"  # trainer tokens per micro-batch
+
+
+def generator_kind() -> str:
+    """ "vllm" or "hf": vLLM on a GPU when it is installed, unless `FORGESKY_GENERATOR` says."""
+    choice = os.environ.get(GENERATOR_ENV, "auto").strip().lower() or "auto"
+    if choice not in ("auto", "vllm", "hf"):
+        raise UserError(f"{GENERATOR_ENV}={choice!r}: expected auto, vllm or hf")
+    if choice == "hf":
+        return "hf"
+    on_gpu = device().type == "cuda"
+    installed = importlib.util.find_spec("vllm") is not None
+    if choice == "vllm" and not (on_gpu and installed):
+        missing = "no GPU in this proc" if not on_gpu else "vllm is not installed"
+        raise UserError(f"{GENERATOR_ENV}=vllm but {missing}; install forgesky[gpu] on a GPU host")
+    return "vllm" if on_gpu and installed else "hf"
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    try:
+        return default if raw is None else float(raw)
+    except ValueError:
+        raise UserError(f"{name}={raw!r} is not a number") from None
+
+
+def build_generator(recipe: Any, tokenizer: Any) -> Any:
+    """The recipe's sampling backend for this proc: `VLLMGenerator` on a GPU, else `HFGenerator`.
+
+    Its weights are random until the first `load_weights` (the trainer publishes version 0).
+    """
+    spec, g = model_spec(recipe), recipe.grpo
+    if generator_kind() == "vllm":
+        from runtime.backends.vllm_generator import VLLMGenerator
+
+        tp = recipe.layout.generator.tp
+        if torch.cuda.device_count() < tp:
+            raise UserError(
+                f"layout.generator.tp={tp} but this generator proc sees "
+                f"{torch.cuda.device_count()} GPU(s)"
+            )
+        return VLLMGenerator(
+            spec,
+            eos_token_id=eos_ids(tokenizer),
+            pad_token_id=pad_id(tokenizer),
+            max_model_len=g.max_prompt_tokens + g.max_response_tokens,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            dtype=dtype(recipe),
+            tensor_parallel_size=tp,
+            gpu_memory_utilization=_env_float(GPU_MEMORY_ENV, 0.85),
+            seed=g.seed,
+            enforce_eager=os.environ.get(EAGER_ENV, "0") == "1",
+        )
+    from runtime.backends import HFGenerator
+
+    return HFGenerator(
+        spec,
+        eos_token_id=eos_ids(tokenizer),
+        pad_token_id=pad_id(tokenizer),
+        device=device(),
+        dtype=dtype(recipe),
+        seed=g.seed,
+    )
+
+
+def build_trainer(recipe: Any) -> Any:
+    """The policy backend: `FSDPTrainer` (bf16 compute, fp32 master weights) on a GPU, else the
+    CPU `TitanTrainer`. Weights: the recipe's pretrained ones or the seeded random init."""
+    from runtime.backends import OptimizerConfig
+
+    spec, g = model_spec(recipe), recipe.grpo
+    optim = OptimizerConfig.from_grpo(g)
+    weights = initial_weights(recipe, spec)
+    if device().type == "cuda":
+        from runtime.backends.fsdp_trainer import FSDPTrainer
+
+        if torch.cuda.device_count() > 1:
+            print(
+                f"trainer: this proc sees {torch.cuda.device_count()} GPUs and trains on the "
+                "first (one proc per trainer GPU is needed for FSDP across them)",
+                flush=True,
+            )
+        return FSDPTrainer(
+            spec,
+            optim,
+            temperature=g.temperature,
+            weights=weights,
+            seed=g.seed,
+            device=device(),
+            compute_dtype=dtype(recipe),
+            publish_dtype=dtype(recipe),
+            tokens_per_micro_batch=int(_env_float(MICRO_BATCH_ENV, 8192)),
+        )
+    from runtime.backends import TitanTrainer
+
+    return TitanTrainer(
+        spec,
+        optim,
+        temperature=g.temperature,
+        weights=weights,
+        seed=g.seed,
+        device=device(),
+        dtype=dtype(recipe),
+    )
+
+
+def build_reference(recipe: Any) -> Any:
+    """The frozen reference: `GPUReference` (bf16, micro-batched) on a GPU, else `TitanReference`."""
+    spec, g = model_spec(recipe), recipe.grpo
+    weights = initial_weights(recipe, spec)
+    if device().type == "cuda":
+        from runtime.backends.fsdp_trainer import GPUReference
+
+        return GPUReference(
+            spec,
+            temperature=g.temperature,
+            weights=weights,
+            seed=g.seed,
+            device=device(),
+            dtype=dtype(recipe),
+        )
+    from runtime.backends import TitanReference
+
+    return TitanReference(
+        spec,
+        temperature=g.temperature,
+        weights=weights,
+        seed=g.seed,
+        device=device(),
+        dtype=dtype(recipe),
+    )

@@ -20,20 +20,11 @@ class GeneratorActor(Actor):
     @endpoint
     async def setup(self, recipe: Any, store: Any) -> dict[str, Any]:
         """Build the sampling model; its weights arrive with the first `update_weights`."""
-        from runtime.backends import HFGenerator
-
         self.recipe, self.store = recipe, store
         self.tokenizer = services.load_tokenizer(recipe)
-        self.backend = HFGenerator(
-            services.model_spec(recipe),
-            eos_token_id=services.eos_ids(self.tokenizer),
-            pad_token_id=services.pad_id(self.tokenizer),
-            device=services.device(),
-            dtype=services.dtype(recipe),
-            seed=recipe.grpo.seed,
-        )
+        self.backend = services.build_generator(recipe, self.tokenizer)
         self.backend.policy_version = -1
-        return {"device": str(services.device())}
+        return {"device": str(services.device()), "backend": type(self.backend).__name__}
 
     @endpoint
     async def update_weights(self, version: int) -> dict[str, float]:

@@ -17,18 +17,8 @@ class ReferenceActor(Actor):
 
     @endpoint
     async def setup(self, recipe: Any) -> dict[str, Any]:
-        from runtime.backends import TitanReference
-
-        spec = services.model_spec(recipe)
-        self.backend = TitanReference(
-            spec,
-            temperature=recipe.grpo.temperature,
-            weights=services.initial_weights(recipe, spec),
-            seed=recipe.grpo.seed,
-            device=services.device(),
-            dtype=services.dtype(recipe),
-        )
-        return {"device": str(services.device())}
+        self.backend = services.build_reference(recipe)
+        return {"device": str(services.device()), "backend": type(self.backend).__name__}
 
     @endpoint
     async def logprobs(self, tokens: torch.Tensor, response_mask: torch.Tensor) -> dict[str, Any]:

@@ -21,21 +21,15 @@ class TrainerActor(Actor):
     @endpoint
     async def setup(self, recipe: Any, store: Any) -> dict[str, Any]:
         """Build the model (pretrained or seeded init) and the optimizer."""
-        from runtime.backends import OptimizerConfig, TitanTrainer
-
         self.recipe, self.store = recipe, store
         torch.manual_seed(recipe.grpo.seed)
         spec = services.model_spec(recipe)
-        self.backend = TitanTrainer(
-            spec,
-            OptimizerConfig.from_grpo(recipe.grpo),
-            temperature=recipe.grpo.temperature,
-            weights=services.initial_weights(recipe, spec),
-            seed=recipe.grpo.seed,
-            device=services.device(),
-            dtype=services.dtype(recipe),
-        )
-        return {"params": spec.num_params(), "device": str(services.device())}
+        self.backend = services.build_trainer(recipe)
+        return {
+            "params": spec.num_params(),
+            "device": str(services.device()),
+            "backend": type(self.backend).__name__,
+        }
 
     @endpoint
     async def train_step(self, batch: dict[str, Any]) -> dict[str, float]:

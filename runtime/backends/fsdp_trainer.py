@@ -1,0 +1,363 @@
+"""GPU trainer and reference: TorchTitan models in bf16 compute, FSDP2 across trainer ranks.
+
+Precision. The trainer keeps fp32 master weights and AdamW state and computes in bf16:
+- one rank (the common layout: one trainer GPU): bf16 autocast around the forward; weights are
+  cast per matmul (a few ms per step for 1.7B), gradients land in fp32;
+- several ranks: FSDP2 `fully_shard` per transformer block and at the root, with
+  `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`.
+The reference holds bf16 weights and scores under `inference_mode`.
+
+Memory. Only response positions need log-probs, so the decoder runs without its output
+projection (`_skip_lm_head`), the hidden states of the positions that predict response tokens
+are gathered, and the projection plus log-softmax run on those alone: `[N_response, vocab]`
+logits instead of `[B, T, vocab]`. Batches are split into micro-batches of about
+`tokens_per_micro_batch` tokens (gradients accumulate), which bounds those logits. Each
+transformer block is activation-checkpointed (its forward is recomputed in backward).
+
+Attention: the SDPA override of `runtime.models.titan` (causal, right padding is exact), which
+on CUDA picks PyTorch's own cuDNN or flash kernels for bf16; no flash-attn package is needed.
+
+Several ranks: this backend shards over the default process group when one with more than one
+rank is configured (`init_distributed`); every rank gets the same `train_step` call and trains on
+its share of the batch. The runtime spawns one trainer proc today (it uses its first GPU); one
+proc per trainer GPU, each called on every endpoint, is what the multi-GPU layouts need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from runtime.backends.base import LossFn
+from runtime.backends.titan_trainer import OptimizerConfig
+from runtime.models import ModelSpec, build_model, to_hf
+
+# Stats that add up across micro-batches and ranks; the rest are averaged weighted by tokens.
+_SUMMED = ("loss", "pg_loss", "response_tokens")
+
+
+WORLD_ENV = "FORGESKY_TRAINER_WORLD_SIZE"
+RANK_ENV = "FORGESKY_PROC_RANK"  # runtime.mesh sets it in every proc
+
+
+def init_distributed() -> int:
+    """Join the trainer's process group when `FORGESKY_TRAINER_WORLD_SIZE` > 1; the world size.
+
+    Rank from `FORGESKY_PROC_RANK`, rendezvous at `MASTER_ADDR`:`MASTER_PORT` (env://).
+    """
+    world = int(os.environ.get(WORLD_ENV, "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            "nccl" if torch.cuda.is_available() else "gloo",
+            rank=int(os.environ[RANK_ENV]),
+            world_size=world,
+        )
+    return world if world > 1 else 1
+
+
+def response_logprobs(
+    model: torch.nn.Module, tokens: Tensor, response_mask: Tensor, temperature: float = 1.0
+) -> Tensor:
+    """`lp[b, t] = log softmax(logits / T)[tokens[b, t]]` at response positions, else 0.
+
+    Same values as `runtime.backends.base.token_logprobs`, but the output projection runs only
+    on positions whose next token is a response token. `model` must have `_skip_lm_head` set.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (got {temperature})")
+    hidden = model(tokens)  # [B, T, D] after the final norm
+    predicts = response_mask[:, 1:].bool()  # position t-1 predicts token t
+    logits = model.lm_head(hidden[:, :-1][predicts]).float()  # [N, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    target = tokens[:, 1:][predicts]
+    picked = logits.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    out = torch.zeros(tokens.shape, dtype=picked.dtype, device=picked.device)
+    out[:, 1:] = out[:, 1:].masked_scatter(predicts, picked)
+    return out
+
+
+def micro_batches(tokens: Tensor, budget: int) -> list[slice]:
+    """Row slices of about `budget` tokens each (at least one row per slice)."""
+    batch, width = tokens.shape
+    size = max(1, budget // max(1, width))
+    return [slice(i, min(i + size, batch)) for i in range(0, batch, size)]
+
+
+def _checkpoint_blocks(model: torch.nn.Module) -> None:
+    # The forward is wrapped rather than the module, so parameter names (the HF conversion's
+    # input) stay as they are.
+    for block in model.layers.values():
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def _full(tensor: Tensor) -> Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+class FSDPTrainer:
+    """The policy on GPU(s); the same interface as `TitanTrainer` (see `TrainerBackend`).
+
+    `publish_dtype` is the dtype of `hf_state_dict()` (what generators load; bf16 halves the
+    bytes to move). `compile` wraps each block in torch.compile. Works on CPU too (no autocast),
+    which is how its math is tested without a GPU.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        optim: OptimizerConfig,
+        *,
+        temperature: float = 1.0,
+        weights: Mapping[str, Tensor] | None = None,
+        seed: int = 0,
+        device: str | torch.device = "cuda",
+        compute_dtype: torch.dtype = torch.bfloat16,
+        publish_dtype: torch.dtype = torch.bfloat16,
+        tokens_per_micro_batch: int = 8192,
+        activation_checkpointing: bool = True,
+        compile: bool = False,
+    ):
+        self.spec = spec
+        self.optim_config = optim
+        self.temperature = temperature
+        self.device = torch.device(device)
+        self.compute_dtype = compute_dtype
+        self.publish_dtype = publish_dtype
+        self.tokens_per_micro_batch = tokens_per_micro_batch
+        self.world = init_distributed()
+        self.rank = dist.get_rank() if self.world > 1 else 0
+        self.model = build_model(spec, device=self.device, dtype=torch.float32, seed=seed)
+        if weights is not None:
+            self.model.load_state_dict(dict(weights), strict=True)
+        self.model._skip_lm_head = True
+        if activation_checkpointing:
+            _checkpoint_blocks(self.model)
+        if compile:
+            for block in self.model.layers.values():
+                block.compile()
+        if self.world > 1:
+            self._shard()
+        self.model.train()
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": optim.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=optim.lr,
+            betas=optim.betas,
+            eps=optim.eps,
+            fused=self.device.type == "cuda",
+        )
+        warmup = optim.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
+        )
+        self.step = 0
+
+    def _shard(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+        for block in self.model.layers.values():
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        # Root unit: embeddings, final norm and output projection (tied weights stay together).
+        fully_shard(self.model, mesh=mesh, mp_policy=policy)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.world == 1 and self.device.type == "cuda" and self.compute_dtype != torch.float32:
+            return torch.autocast("cuda", dtype=self.compute_dtype)
+        return contextlib.nullcontext()
+
+    def _forward(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
+        with self._autocast():
+            return response_logprobs(
+                self.model, tokens.to(self.device), response_mask.to(self.device), self.temperature
+            )
+
+    def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
+        """Teacher-forced log-probs `[B, T]` of the current policy (0 off the response)."""
+        with torch.no_grad():
+            parts = micro_batches(tokens, self.tokens_per_micro_batch)
+            return torch.cat([self._forward(tokens[p], response_mask[p]) for p in parts])
+
+    def _my_rows(self, batch: int) -> slice:
+        """This rank's contiguous share of the batch rows (ranks differ by at most one row)."""
+        base, extra = divmod(batch, self.world)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + base + (1 if self.rank < extra else 0))
+
+    def train_step(
+        self,
+        tokens: Tensor,
+        response_mask: Tensor,
+        advantages: Tensor,
+        old_logprobs: Tensor | None,
+        ref_logprobs: Tensor | None,
+        loss_fn: LossFn,
+        **loss_kwargs: Any,
+    ) -> dict[str, float]:
+        """One AdamW step on the whole batch (micro-batches accumulate; ranks split the rows)."""
+        batch = tokens.shape[0]
+        rows = self._my_rows(batch)
+        loss_kwargs = {**loss_kwargs, "num_sequences": batch}
+        # FSDP averages gradients over ranks; each rank's loss is its share of the batch's sum.
+        scale = float(self.world)
+        self.optimizer.zero_grad(set_to_none=True)
+        summed: dict[str, float] = {}
+        weighted: dict[str, float] = {}
+        token_total = 0.0
+        local = tokens[rows]
+        for part in micro_batches(local, self.tokens_per_micro_batch):
+            sel = slice(rows.start + part.start, rows.start + part.stop)
+            mask = response_mask[sel].to(self.device)
+            lp = self._forward(tokens[sel], mask)
+            loss, stats = loss_fn(
+                lp,
+                None if old_logprobs is None else old_logprobs[sel].to(self.device),
+                None if ref_logprobs is None else ref_logprobs[sel].to(self.device),
+                advantages[sel].to(self.device),
+                mask,
+                **loss_kwargs,
+            )
+            (loss * scale if scale != 1.0 else loss).backward()
+            w = float(stats.get("response_tokens", mask.sum()))
+            token_total += w
+            for key, value in stats.items():
+                if key in _SUMMED:
+                    summed[key] = summed.get(key, 0.0) + value
+                else:
+                    weighted[key] = weighted.get(key, 0.0) + value * w
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.optim_config.max_grad_norm
+        )
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        totals = self._reduce(summed, weighted, token_total)
+        totals.update(grad_norm=float(_full(grad_norm)), lr=lr, step=float(self.step))
+        return totals
+
+    def _reduce(
+        self, summed: dict[str, float], weighted: dict[str, float], tokens: float
+    ) -> dict[str, float]:
+        keys = sorted(summed), sorted(weighted)
+        values = [summed[k] for k in keys[0]] + [weighted[k] for k in keys[1]] + [tokens]
+        if self.world > 1:
+            t = torch.tensor(values, dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            values = t.tolist()
+        out = dict(zip(keys[0], values[: len(keys[0])], strict=True))
+        total = values[-1] or 1.0
+        for k, v in zip(keys[1], values[len(keys[0]) : -1], strict=True):
+            out[k] = v / total
+        return out
+
+    def _model_state(self) -> dict[str, Tensor]:
+        if self.world == 1:
+            return self.model.state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """The current weights, unsharded, under HF names, in `publish_dtype` (on this device)."""
+        with torch.no_grad():
+            state = {
+                k: _full(v).detach().to(self.publish_dtype) for k, v in self._model_state().items()
+            }
+        return to_hf(state, self.spec)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, scheduler and step: everything a resume needs (full tensors)."""
+        if self.world == 1:
+            model, optim = self.model.state_dict(), self.optimizer.state_dict()
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            model, optim = get_state_dict(self.model, self.optimizer, options=options)
+        return {
+            "model": model,
+            "optimizer": optim,
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if self.world == 1:
+            self.model.load_state_dict(state["model"], strict=True)
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+            options = StateDictOptions(full_state_dict=True)
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optimizer"],
+                options=options,
+            )
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+
+
+class GPUReference:
+    """The frozen initial policy in `dtype` (bf16 on GPU); scores in micro-batches."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        temperature: float = 1.0,
+        weights: Mapping[str, Tensor] | None = None,
+        seed: int = 0,
+        device: str | torch.device = "cuda",
+        dtype: torch.dtype = torch.bfloat16,
+        tokens_per_micro_batch: int = 32768,
+    ):
+        self.spec = spec
+        self.temperature = temperature
+        self.device = torch.device(device)
+        self.tokens_per_micro_batch = tokens_per_micro_batch
+        # build_model initialises in fp32 and then casts the parameters (RoPE tables stay fp32),
+        # so this starts from the trainer's initial weights rounded to `dtype`.
+        self.model = build_model(spec, device=self.device, dtype=dtype, seed=seed)
+        if weights is not None:
+            self.model.load_state_dict(dict(weights), strict=True)
+        self.model._skip_lm_head = True
+        self.model.eval().requires_grad_(False)
+
+    @torch.inference_mode()
+    def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
+        """Teacher-forced log-probs `[B, T]` of the reference (0 off the response)."""
+        parts = micro_batches(tokens, self.tokens_per_micro_batch)
+        return torch.cat(
+            [
+                response_logprobs(
+                    self.model,
+                    tokens[p].to(self.device),
+                    response_mask[p].to(self.device),
+                    self.temperature,
+                )
+                for p in parts
+            ]
+        )

@@ -1,0 +1,296 @@
+"""GPU generator: a vLLM engine inside the generator actor's process, weights updated in place.
+
+The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the model object is
+reachable through `collective_rpc`/`apply_model` without pickling, and a weight update is a
+`model.load_weights(iter((hf_name, tensor), ...))` straight into the parameters vLLM already
+allocated (CUDA graphs and compiled code keep pointing at the same storage).
+
+Start-up needs no Hub: the engine is built from a folder holding only the `config.json` of the
+recipe's architecture, with `load_format="dummy"` (random weights), and `skip_tokenizer_init`
+(prompts arrive as token ids; the actor decodes with its own tokenizer). Real weights arrive as
+policy version 0 from the trainer, like every later version.
+
+Tensor parallelism: with TP=1 the worker is this process (vLLM's uni-process executor). With TP>1
+vLLM's multiprocess executor starts one worker process per GPU; the engine core stays here. A
+weight update then writes the state dict once to a safetensors file in /dev/shm and
+`collective_rpc` tells every worker to read it; each worker's weight loaders keep their own shard.
+
+Log-probs (see `runtime.backends.base`): the contract is `log softmax(logits / T)[token]`, with
+no top-p renormalisation. vLLM's `logprobs_mode` is engine-wide:
+- "raw_logprobs" is `log softmax(logits)` before temperature, top-k/top-p: exact when T = 1;
+- "processed_logprobs" is after temperature *and* top-k/top-p: exact when top_p = 1 (the
+  nucleus mask would renormalise otherwise).
+So T = 1 uses raw, top_p = 1 uses processed, and T != 1 with top_p < 1 has no exact mode and is
+refused (`logprobs_mode_for`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from recipes import UserError
+from runtime.backends.base import Completion
+from runtime.models import ModelSpec, hf_config
+
+_SHM = Path("/dev/shm")
+
+
+def logprobs_mode_for(temperature: float, top_p: float) -> str:
+    """The vLLM `logprobs_mode` whose sampled-token log-probs equal `log softmax(logits / T)`."""
+    if temperature <= 0:
+        raise UserError(f"grpo.temperature must be > 0 for GRPO sampling (got {temperature})")
+    if temperature == 1.0:
+        return "raw_logprobs"
+    if top_p >= 1.0:
+        return "processed_logprobs"
+    raise UserError(
+        f"grpo.temperature={temperature} with grpo.top_p={top_p}: vLLM reports log-probs either "
+        "before temperature or after the top-p renormalisation, neither of which the trainer "
+        "recomputes; set grpo.top_p=1.0 or grpo.temperature=1.0"
+    )
+
+
+def write_model_dir(spec: ModelSpec, directory: str | Path, **token_ids: Any) -> Path:
+    """A folder vLLM can start from: the architecture's `config.json` (no weights, no tokenizer).
+
+    `token_ids` may set pad_token_id, bos_token_id, eos_token_id.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = hf_config(spec, **token_ids)
+    config.architectures = ["Qwen3ForCausalLM" if spec.family == "qwen3" else "LlamaForCausalLM"]
+    config.save_pretrained(str(directory))
+    return directory
+
+
+def _load_on_worker(worker: Any, weights: Mapping[str, Tensor] | str) -> list[str]:
+    """Runs inside a vLLM worker: load HF-named weights (a dict, or a safetensors path) into its
+    model; returns the model parameters that got no weight."""
+    model = worker.get_model()
+    expected = {name for name, _ in model.named_parameters()}
+    with torch.no_grad():
+        if isinstance(weights, str):
+            from safetensors import safe_open
+
+            with safe_open(weights, framework="pt", device="cpu") as f:
+                loaded = model.load_weights((k, f.get_tensor(k)) for k in f.keys())  # noqa: SIM118
+        else:
+            loaded = model.load_weights(iter(weights.items()))
+    torch.cuda.synchronize()
+    return sorted(expected - set(loaded or ()))
+
+
+def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-position logprobs container."""
+    if logprobs is None:
+        raise RuntimeError("vLLM returned no log-probs; SamplingParams.logprobs must be set")
+    starts = getattr(logprobs, "start_indices", None)
+    if starts is not None:  # FlatLogprobs: the sampled token comes first at every position
+        values = logprobs.logprobs
+        return [float(values[s]) for s in starts]
+    return [float(pos[tok].logprob) for tok, pos in zip(token_ids, logprobs, strict=True)]
+
+
+class VLLMGenerator:
+    """Samples with vLLM; same interface as `HFGenerator` (see `GeneratorBackend`).
+
+    `temperature` and `top_p` are fixed per engine because they choose vLLM's `logprobs_mode`;
+    `generate` refuses other values. `max_model_len` bounds prompt + response tokens (it sizes
+    the KV cache). `gpu_memory_utilization` is the share of the GPU's memory this engine may
+    take (weights, activations, KV cache): lower it when other services share the GPU.
+    `weights` (HF names) are loaded right after start; otherwise the engine holds random
+    weights until the first `load_weights`. `enforce_eager` skips torch.compile and CUDA graphs
+    (faster start, slower decode).
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        eos_token_id: int | Sequence[int],
+        pad_token_id: int,
+        max_model_len: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        dtype: torch.dtype = torch.bfloat16,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.85,
+        seed: int = 0,
+        weights: Mapping[str, Tensor] | None = None,
+        enforce_eager: bool = False,
+        max_num_seqs: int | None = None,
+        model_dir: str | Path | None = None,
+    ):
+        # Read by vLLM when the engine is created: keep the engine core (and with TP=1 the model)
+        # in this process, and start TP workers with spawn (fork after CUDA init is unsafe).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        from vllm import LLM
+
+        self.spec = spec
+        self.temperature = temperature
+        self.top_p = top_p
+        self.logprobs_mode = logprobs_mode_for(temperature, top_p)
+        self.tensor_parallel_size = tensor_parallel_size
+        self.eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        self.pad_token_id = pad_token_id
+        self.max_model_len = max_model_len
+        self.policy_version = 0
+        self.load_seconds = 0.0
+        self._tmp = tempfile.TemporaryDirectory(prefix="forgesky-vllm-")
+        folder = model_dir or write_model_dir(
+            spec,
+            Path(self._tmp.name) / "model",
+            eos_token_id=self.eos_ids[0],
+            pad_token_id=pad_token_id,
+        )
+        options: dict[str, Any] = {}
+        if max_num_seqs is not None:
+            options["max_num_seqs"] = max_num_seqs
+        start = time.perf_counter()
+        self.llm = LLM(
+            model=str(folder),
+            skip_tokenizer_init=True,
+            load_format="auto" if model_dir is not None else "dummy",
+            dtype=str(dtype).removeprefix("torch."),
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            logprobs_mode=self.logprobs_mode,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=True,
+            **options,
+        )
+        self.init_seconds = time.perf_counter() - start
+        if weights is not None:
+            self.load_weights(weights)
+
+    def load_weights(self, hf_state_dict: Mapping[str, Tensor]) -> None:
+        """Copy HF-named weights into the engine's model in place; every parameter must get one.
+
+        Call between generations (the actor's endpoints run one at a time). The prefix cache
+        holds keys and values of the old weights, so it is emptied afterwards.
+        """
+        start = time.perf_counter()
+        if self.tensor_parallel_size == 1:
+            missing = self.llm.collective_rpc(_load_on_worker, args=(hf_state_dict,))
+        else:
+            missing = self._load_through_file(hf_state_dict)
+        if any(missing):
+            raise KeyError(
+                f"weights do not fit the generator: no weight for {sorted(set().union(*missing))[:5]}"
+            )
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
+        self.load_seconds = time.perf_counter() - start
+
+    def _load_through_file(self, hf_state_dict: Mapping[str, Tensor]) -> list[list[str]]:
+        from safetensors.torch import save_file
+
+        # safetensors refuses tensors that share storage (the store hands out views into
+        # buckets), hence the copies; /dev/shm keeps the round trip in memory.
+        folder = _SHM if _SHM.is_dir() else Path(self._tmp.name)
+        fd, path = tempfile.mkstemp(prefix="forgesky-weights-", suffix=".safetensors", dir=folder)
+        os.close(fd)
+        try:
+            save_file(
+                {k: v.detach().to("cpu").contiguous().clone() for k, v in hf_state_dict.items()},
+                path,
+            )
+            return self.llm.collective_rpc(_load_on_worker, args=(path,))
+        finally:
+            Path(path).unlink(missing_ok=True)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Completion]:
+        """`n` completions per prompt, prompt-major (result[i * n + j] is sample j of prompt i).
+
+        With `seed`, prompt i uses seed + i * n (vLLM gives its j-th sample seed + i * n + j), so
+        a call is reproducible whatever else the engine batches with it.
+        """
+        from vllm import SamplingParams
+
+        if temperature != self.temperature or top_p != self.top_p:
+            raise ValueError(
+                f"this engine samples at temperature={self.temperature}, top_p={self.top_p} "
+                f"(they fix its log-prob mode); got temperature={temperature}, top_p={top_p}"
+            )
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        longest = max(len(p) for p in prompts)
+        if longest + max_new_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt of {longest} tokens + {max_new_tokens} new tokens exceeds the engine's "
+                f"max_model_len {self.max_model_len}"
+            )
+
+        def params(i: int) -> Any:
+            return SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_new_tokens,
+                stop_token_ids=self.eos_ids,
+                logprobs=0,
+                flat_logprobs=True,
+                detokenize=False,
+                skip_special_tokens=False,
+                seed=None if seed is None else (seed + i * n) & 0x7FFFFFFF,
+            )
+
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self.llm.generate(
+            requests, [params(i) for i in range(len(prompts))], use_tqdm=False
+        )
+        return list(self._completions(prompts, outputs, n))
+
+    def _completions(
+        self, prompts: Sequence[Sequence[int]], outputs: Sequence[Any], n: int
+    ) -> Iterable[Completion]:
+        if len(outputs) != len(prompts):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
+        eos = set(self.eos_ids)
+        for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True)):
+            samples = sorted(out.outputs, key=lambda c: c.index)
+            if len(samples) != n:
+                raise RuntimeError(f"vLLM returned {len(samples)} samples for prompt {i}, not {n}")
+            for c in samples:
+                ids = list(c.token_ids)
+                stopped = c.finish_reason == "stop" and bool(ids) and ids[-1] in eos
+                yield Completion(
+                    prompt_ids=list(prompt),
+                    response_ids=ids,
+                    response_logprobs=_sampled_logprobs(ids, c.logprobs),
+                    policy_version=self.policy_version,
+                    finish_reason="stop" if stopped else "length",
+                    prompt_index=i,
+                )
+
+    def close(self) -> None:
+        """Stop the engine and free its GPU memory (tests build more than one engine)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
+        self._tmp.cleanup()

@@ -1,0 +1,139 @@
+"""The GPU backends' logic that runs anywhere: backend choice, vLLM's log-prob mode, the start-up
+model folder, and the GPU trainer's math (it runs on CPU too, and must agree with the CPU
+trainer)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from recipes import UserError, architecture, load_recipe
+from runtime import services
+from runtime.backends import OptimizerConfig, TitanReference, TitanTrainer, token_logprobs
+from runtime.backends.fsdp_trainer import (
+    FSDPTrainer,
+    GPUReference,
+    micro_batches,
+    response_logprobs,
+)
+from runtime.backends.hf_generator import HFGenerator
+from runtime.backends.vllm_generator import logprobs_mode_for, write_model_dir
+from runtime.grpo import policy_loss
+from runtime.models import ModelSpec
+
+SPEC = ModelSpec.from_arch(architecture("qwen3", "tiny"))
+
+
+def _batch(seed: int = 0, rows: int = 6, width: int = 20):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, SPEC.vocab_size, (rows, width), generator=g)
+    mask = torch.zeros(rows, width, dtype=torch.bool)
+    mask[:, 8:] = True
+    mask[0, 15:] = False  # a shorter response, right-padded
+    mask[1] = False  # a sequence with no response token
+    return tokens, mask
+
+
+def test_vllm_logprob_mode_matches_the_trainer_distribution():
+    assert logprobs_mode_for(1.0, 1.0) == "raw_logprobs"
+    assert logprobs_mode_for(1.0, 0.9) == "raw_logprobs"  # raw: before top-p, as the contract
+    assert logprobs_mode_for(0.7, 1.0) == "processed_logprobs"  # after temperature
+    with pytest.raises(UserError, match="grpo.top_p"):
+        logprobs_mode_for(0.7, 0.9)
+    with pytest.raises(UserError, match="temperature"):
+        logprobs_mode_for(0.0, 1.0)
+
+
+def test_model_folder_describes_the_architecture(tmp_path):
+    spec = services.model_spec(load_recipe("qwen3-1.7b"))
+    folder = write_model_dir(spec, tmp_path / "m", eos_token_id=7, pad_token_id=0)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert (config["hidden_size"], config["num_hidden_layers"]) == (spec.dim, spec.n_layers)
+    assert (config["vocab_size"], config["tie_word_embeddings"]) == (151936, True)
+    assert config["eos_token_id"] == 7
+    assert not list(folder.glob("*.safetensors"))  # vLLM starts with load_format="dummy"
+
+
+def test_backend_choice_on_cpu(monkeypatch):
+    recipe = load_recipe("tiny")
+    tokenizer = services.load_tokenizer(recipe)
+    monkeypatch.delenv(services.GENERATOR_ENV, raising=False)
+    assert services.generator_kind() == "hf"
+    assert isinstance(services.build_generator(recipe, tokenizer), HFGenerator)
+    assert isinstance(services.build_trainer(recipe), TitanTrainer)
+    assert isinstance(services.build_reference(recipe), TitanReference)
+    monkeypatch.setenv(services.GENERATOR_ENV, "vllm")
+    with pytest.raises(UserError, match="no GPU"):
+        services.generator_kind()
+    monkeypatch.setenv(services.GENERATOR_ENV, "tensorrt")
+    with pytest.raises(UserError, match="expected auto, vllm or hf"):
+        services.generator_kind()
+
+
+def test_response_only_logprobs_equal_full_logits_logprobs():
+    tokens, mask = _batch()
+    trainer = TitanTrainer(SPEC, OptimizerConfig(), temperature=0.7, seed=3)
+    with torch.no_grad():
+        full = token_logprobs(trainer.model(tokens), tokens, mask, 0.7)
+        trainer.model._skip_lm_head = True
+        mine = response_logprobs(trainer.model, tokens, mask, 0.7)
+    torch.testing.assert_close(mine, full, rtol=0, atol=1e-5)
+    assert mine[1].abs().sum() == 0 and mine[0, 15:].abs().sum() == 0
+
+
+def test_micro_batches_cover_every_row_once():
+    tokens = torch.zeros(10, 7, dtype=torch.long)
+    parts = micro_batches(tokens, budget=20)  # 2 rows of 7 tokens fit
+    assert [(p.start, p.stop) for p in parts] == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
+    assert [(p.start, p.stop) for p in micro_batches(tokens, budget=3)][:2] == [(0, 1), (1, 2)]
+
+
+def test_gpu_trainer_step_matches_the_cpu_trainer():
+    """Micro-batches, activation checkpointing and response-only logits change nothing."""
+    tokens, mask = _batch(1)
+    optim = OptimizerConfig(lr=1e-2, max_grad_norm=0.5)
+    cpu = TitanTrainer(SPEC, optim, temperature=0.7, seed=1)
+    gpu = FSDPTrainer(SPEC, optim, temperature=0.7, seed=1, device="cpu", tokens_per_micro_batch=40)
+    old = cpu.logprobs(tokens, mask)
+    torch.testing.assert_close(gpu.logprobs(tokens, mask), old, rtol=0, atol=1e-5)
+    advantages = torch.linspace(-1, 1, tokens.shape[0])
+    noisy_old = old + 0.05 * torch.randn(old.shape, generator=torch.Generator().manual_seed(0))
+    kw = dict(variant="grpo", clip_low=0.2, clip_high=0.28, kl_beta=0.1)
+    a = cpu.train_step(tokens, mask, advantages, noisy_old * mask, old, policy_loss, **kw)
+    b = gpu.train_step(tokens, mask, advantages, noisy_old * mask, old, policy_loss, **kw)
+    for key in ("loss", "pg_loss", "kl", "clip_fraction", "response_tokens", "grad_norm"):
+        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    torch.testing.assert_close(
+        gpu.logprobs(tokens, mask), cpu.logprobs(tokens, mask), atol=1e-4, rtol=0
+    )
+
+
+def test_gpu_trainer_publishes_hf_names_in_publish_dtype_and_resumes():
+    trainer = FSDPTrainer(SPEC, OptimizerConfig(), seed=2, device="cpu")
+    published = trainer.hf_state_dict()
+    reference = TitanTrainer(SPEC, OptimizerConfig(), seed=2).hf_state_dict()
+    assert published.keys() == reference.keys()
+    assert all(t.dtype == torch.bfloat16 for t in published.values())
+    for name, tensor in published.items():
+        torch.testing.assert_close(tensor, reference[name].to(torch.bfloat16), rtol=0, atol=0)
+
+    tokens, mask = _batch(2)
+    trainer.train_step(tokens, mask, torch.ones(6), None, None, policy_loss)
+    resumed = FSDPTrainer(SPEC, OptimizerConfig(), seed=9, device="cpu")
+    resumed.load_state_dict(trainer.state_dict())
+    assert resumed.step == 1
+    torch.testing.assert_close(resumed.logprobs(tokens, mask), trainer.logprobs(tokens, mask))
+
+
+def test_gpu_reference_scores_like_the_cpu_reference():
+    tokens, mask = _batch(3)
+    mine = GPUReference(
+        SPEC, temperature=1.3, seed=4, device="cpu", dtype=torch.float32, tokens_per_micro_batch=30
+    )
+    theirs = TitanReference(SPEC, temperature=1.3, seed=4)
+    torch.testing.assert_close(
+        mine.logprobs(tokens, mask), theirs.logprobs(tokens, mask), atol=1e-5, rtol=0
+    )
