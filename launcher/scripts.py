@@ -21,6 +21,9 @@ RUNTIME_STACK: tuple[str, ...] = (
 # the difference, so it goes in without dependencies.
 TORCHSTORE = "torchstore==0.1.2"
 VENV = "$HOME/forgesky-venv"
+# Exit code of a node run stopped by a signal before it ended (sysexits' EX_TEMPFAIL): a managed
+# job recovers on it (job_recovery.recover_on_exit_codes) however many restarts errors allow.
+STOPPED_EXIT_CODE = 75
 PYTHON_VERSION = "3.11"
 
 
@@ -104,7 +107,17 @@ def run_script(
     lines += [
         f"ARGS=({' '.join(args)})",
         'if [ -n "${MAX_STEPS:-}" ]; then ARGS+=(--steps "$MAX_STEPS"); fi',
-        "# exec: SkyPilot's SIGTERM (cancel, preemption) reaches the runtime, which checkpoints.",
-        'exec python -m runtime "${ARGS[@]}"',
+        "# On SIGTERM (a preemption's shutdown, a cancel) the runtime checkpoints and exits 0, which",
+        "# would end a managed job as a success: pass the signal on and report the stop as exit",
+        f"# {STOPPED_EXIT_CODE}, which the job's recover_on_exit_codes restarts (and the run resumes).",
+        'python -m runtime "${ARGS[@]}" &',
+        "RUNTIME=$!",
+        'STOPPED=""',
+        """trap 'STOPPED=1; kill -TERM "$RUNTIME" 2>/dev/null || true' TERM""",
+        'CODE=0; wait "$RUNTIME" || CODE=$?',
+        "# wait returns early when the trap runs; the runtime's code then no longer matters.",
+        'while kill -0 "$RUNTIME" 2>/dev/null; do wait "$RUNTIME" || true; done',
+        f'if [ -n "$STOPPED" ]; then exit {STOPPED_EXIT_CODE}; fi',
+        'exit "$CODE"',
     ]
     return "\n".join(lines) + "\n"

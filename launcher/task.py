@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import sky
 from launcher.options import CHECKPOINT_MOUNT, Job
-from launcher.scripts import run_script, setup_script
+from launcher.scripts import STOPPED_EXIT_CODE, run_script, setup_script
 from recipes import UserError
 
 # vCPUs for CPU recipes: the runtime starts one process per service (see recipes.plan).
@@ -30,9 +30,11 @@ def build_resources(job: Job) -> list[sky.Resources]:
         "use_spot": True if options.spot else None,
     }
     if options.managed:
-        recovery: dict[str, str | int] = {"strategy": job.recovery_strategy}
+        recovery: dict[str, str | int | list[int]] = {"strategy": job.recovery_strategy}
         if options.max_restarts_on_errors is not None:
             recovery["max_restarts_on_errors"] = options.max_restarts_on_errors
+        # A run stopped by SIGTERM on a node that stays up (see run_script) always resumes.
+        recovery["recover_on_exit_codes"] = [STOPPED_EXIT_CODE]
         common["job_recovery"] = recovery
     try:
         if job.plan.cpu:

@@ -122,6 +122,7 @@ def test_bucket_and_recovery_render_as_skypilot_reads_them(capsys):
     assert config["resources"]["job_recovery"] == {
         "strategy": "FAILOVER",
         "max_restarts_on_errors": 2,
+        "recover_on_exit_codes": [75],
     }
     task = sky.Task.from_yaml_config(copy.deepcopy(config))
     assert task.storage_mounts["/checkpoints"].source == "r2://ckpt/run1"

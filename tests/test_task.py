@@ -112,7 +112,7 @@ def test_launch_builds_a_cluster_task(monkeypatch, capsys, env):
     assert task.storage_mounts == {}
     assert "GPUS=$(( ${SKYPILOT_NUM_GPUS_PER_NODE:-0} * ${SKYPILOT_NUM_NODES:-1} ))" in task.run
     assert 'if [ "$GPUS" -lt "$MIN_GPUS" ]' in task.run
-    assert 'exec python -m runtime "${ARGS[@]}"' in task.run
+    assert 'python -m runtime "${ARGS[@]}" &' in task.run
     assert "--recipe qwen3-8b" in task.run
     assert "--run-dir runs/grpo-qwen3-8b" in task.run
     assert "job 1 running on cluster grpo-qwen3-8b" in out
@@ -159,7 +159,11 @@ def test_launch_managed_spot_with_bucket(monkeypatch, capsys, env):
     assert task.name == "my-run"
     for r in task.resources:
         assert r.use_spot
-        assert r.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3}
+        assert r.job_recovery == {
+            "strategy": "EAGER_NEXT_REGION",
+            "max_restarts_on_errors": 3,
+            "recover_on_exit_codes": [75],
+        }
         assert str(r.cloud).lower() == "aws"
     storage = task.storage_mounts["/checkpoints"]
     assert storage.source == "s3://my-bucket/forgesky"
