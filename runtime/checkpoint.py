@@ -9,7 +9,9 @@ A checkpoint is written into `<name>.partial/`, every file is fsynced, the direc
 its final name and only then the COMMITTED marker is written and fsynced. A reader trusts a
 directory only if the marker is there, so a bucket mounted with MOUNT_CACHED (which uploads files
 asynchronously and may upload the marker before a rename is visible) never yields a partial one:
-the marker is the last file written.
+the marker is the last file written. Uploads need not finish in that order, though, and a node
+that goes away loses what it had not uploaded: the marker lists every file's size, and a
+checkpoint whose files do not match is skipped for the newest one that does.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,36 +96,49 @@ def committed(root: Path) -> list[Checkpoint]:
     return sorted(found, key=lambda c: c.step)
 
 
-def verify(ckpt: Checkpoint) -> None:
-    """Check the marker against the files on disk; a mismatch is a UserError naming the file."""
-    hint = "delete that checkpoint directory to resume from an earlier one"
+def _damage(ckpt: Checkpoint) -> str | None:
+    """What is wrong with a committed checkpoint's files against its marker (None: nothing)."""
     try:
         marker = json.loads((ckpt.path / MARKER).read_text())
         marked, files = marker["step"], marker["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(
-            f"{ckpt.path / MARKER}: unreadable checkpoint marker ({e}); {hint}"
-        ) from None
+        return f"{ckpt.path / MARKER}: unreadable checkpoint marker ({e})"
     if marked != ckpt.step:
-        raise UserError(
-            f"{ckpt.path / MARKER}: marker says step {marked} but the directory is step "
-            f"{ckpt.step}; {hint}"
+        return (
+            f"{ckpt.path / MARKER}: marker says step {marked} but the directory is step {ckpt.step}"
         )
     for rel, size in files.items():
         f = ckpt.path / rel
         actual = f.stat().st_size if f.is_file() else None
         if actual != size:
             what = "missing" if actual is None else f"{actual} bytes, expected {size}"
-            raise UserError(f"{f}: checkpoint file is cut short or damaged ({what}); {hint}")
+            return f"{f}: checkpoint file is cut short or damaged ({what})"
+    return None
+
+
+def verify(ckpt: Checkpoint) -> None:
+    """Check the marker against the files on disk; a mismatch is a UserError naming the file."""
+    damage = _damage(ckpt)
+    if damage is not None:
+        raise UserError(f"{damage}; delete that checkpoint directory to resume from an earlier one")
 
 
 def latest(root: Path) -> Checkpoint | None:
-    """The newest committed checkpoint, verified against its marker."""
+    """The newest committed checkpoint whose files match its marker.
+
+    A newer one that does not match is skipped with a warning: on a bucket mounted with
+    MOUNT_CACHED, a node that went away may have uploaded a marker but not every file. If no
+    committed checkpoint matches, that is a UserError naming the newest.
+    """
     ckpts = committed(root)
-    if not ckpts:
-        return None
-    verify(ckpts[-1])
-    return ckpts[-1]
+    for ckpt in reversed(ckpts):
+        damage = _damage(ckpt)
+        if damage is None:
+            return ckpt
+        print(f"forgesky: warning: skipping checkpoint {ckpt.path.name}: {damage}", file=sys.stderr)
+    if ckpts:
+        verify(ckpts[-1])
+    return None
 
 
 def prune(root: Path, keep: int) -> None:

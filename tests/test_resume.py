@@ -73,3 +73,17 @@ def test_the_last_three_are_kept_by_default(tmp_path):
         "step_000005",
         "step_000006",
     ]
+
+
+def test_a_newest_checkpoint_missing_a_file_is_skipped_for_the_one_before(tmp_path, capsys):
+    # A bucket mounted with MOUNT_CACHED uploads in the background: a node that went away may
+    # leave a marker whose files did not all arrive. Resuming from the one before beats stopping.
+    _write(tmp_path, 2)
+    newest = _write(tmp_path, 4)
+    (newest.path / "trainer.pt").unlink()
+    assert checkpoint.latest(tmp_path).step == 2
+    err = capsys.readouterr().err
+    assert "warning: skipping checkpoint step_000004" in err and "trainer.pt" in err
+    (tmp_path / "step_000002" / "controller.pt").write_bytes(b"")
+    with pytest.raises(UserError, match=r"step_000004/trainer.pt: checkpoint file is cut short"):
+        checkpoint.latest(tmp_path)
