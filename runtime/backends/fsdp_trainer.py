@@ -267,57 +267,73 @@ class FSDPTrainer:
             out[k] = v / total
         return out
 
-    def _model_state(self) -> dict[str, Tensor]:
-        if self.world == 1:
-            return self.model.state_dict()
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
-
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-
     def hf_state_dict(self) -> dict[str, Tensor]:
-        """The current weights, unsharded, under HF names, in `publish_dtype` (on this device)."""
+        """The current weights, unsharded, under HF names, in `publish_dtype` (on this device).
+
+        With several ranks this gathers: every rank must call it (rank 0 publishes).
+        """
         with torch.no_grad():
             state = {
-                k: _full(v).detach().to(self.publish_dtype) for k, v in self._model_state().items()
+                k: _full(v).detach().to(self.publish_dtype)
+                for k, v in self.model.state_dict().items()
             }
         return to_hf(state, self.spec)
 
     def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer, scheduler and step: everything a resume needs (full tensors)."""
-        if self.world == 1:
-            model, optim = self.model.state_dict(), self.optimizer.state_dict()
-        else:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            model, optim = get_state_dict(self.model, self.optimizer, options=options)
+        """Model, optimizer, scheduler and step, as full tensors on the CPU (any rank count
+        restores them). With several ranks every rank must call it."""
+        optim = self.optimizer.state_dict()
+        optim["state"] = {
+            i: {k: _gathered(v) for k, v in s.items()} for i, s in optim["state"].items()
+        }
         return {
-            "model": model,
+            "model": {k: _gathered(v) for k, v in self.model.state_dict().items()},
             "optimizer": optim,
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if self.world == 1:
-            self.model.load_state_dict(state["model"], strict=True)
-            self.optimizer.load_state_dict(state["optimizer"])
-        else:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-            options = StateDictOptions(full_state_dict=True)
-            set_state_dict(
-                self.model,
-                self.optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=state["optimizer"],
-                options=options,
-            )
+        """Restore what `state_dict` returned (each rank keeps its shard)."""
+        current = self.model.state_dict()
+        if current.keys() != state["model"].keys():
+            missing = sorted(current.keys() - state["model"].keys())[:5]
+            extra = sorted(state["model"].keys() - current.keys())[:5]
+            raise KeyError(f"checkpoint does not fit the model: missing {missing}, extra {extra}")
+        # Through load_state_dict, not copies into state_dict() values: TorchTitan's fused QKV
+        # projection saves q/k/v as split copies and merges them back in a load hook.
+        self.model.load_state_dict(
+            {name: _sharded_like(state["model"][name], like) for name, like in current.items()},
+            strict=True,
+        )
+        # Optimizer state is keyed by parameter index in param-group order.
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        optim = dict(state["optimizer"])
+        optim["state"] = {
+            i: {k: _sharded_like(v, params[int(i)]) for k, v in s.items()}
+            for i, s in optim["state"].items()
+        }
+        self.optimizer.load_state_dict(optim)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
+
+
+def _gathered(value: Any) -> Any:
+    return _full(value).detach().cpu() if isinstance(value, Tensor) else value
+
+
+def _sharded_like(value: Any, like: Tensor) -> Any:
+    """A full tensor laid out like `like`: sharded the same way if `like` is a DTensor."""
+    if not isinstance(value, Tensor) or value.shape != like.shape:
+        return value  # e.g. AdamW's step counter
+    if hasattr(like, "device_mesh"):
+        from torch.distributed.tensor import distribute_tensor
+
+        local = like.to_local()
+        return distribute_tensor(
+            value.to(device=local.device, dtype=local.dtype), like.device_mesh, like.placements
+        )
+    return value.to(device=like.device, dtype=like.dtype)
 
 
 class GPUReference:
