@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 from typing import Any
 
@@ -47,10 +48,22 @@ def load_tokenizer(recipe: Any) -> Any:
             module = importlib.import_module(f"runtime.{task}")
         except ModuleNotFoundError:
             raise UserError(f"model.tokenizer {name!r}: no shipped task named {task!r}") from None
+        # Shipped tokenizers may size themselves to the model's vocabulary (runtime.arith).
+        if "vocab_size" in inspect.signature(module.tokenizer).parameters:
+            return module.tokenizer(vocab_size=model_spec(recipe).vocab_size)
         return module.tokenizer()
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(name, token=hf_token())
+    try:
+        return AutoTokenizer.from_pretrained(name, token=hf_token())
+    except OSError as e:
+        if recipe.model.init != "random":
+            raise
+        # A random-weight run needs no download but its tokenizer: say how to do without.
+        raise UserError(
+            f"model.tokenizer {name!r} could not be loaded ({str(e).splitlines()[0]}); a "
+            "random-init run without the Hub can use --set model.tokenizer=builtin:arith"
+        ) from None
 
 
 def initial_weights(recipe: Any, spec: ModelSpec) -> dict[str, torch.Tensor] | None:
@@ -74,7 +87,7 @@ def pad_id(tokenizer: Any) -> int:
 GENERATOR_ENV = "FORGESKY_GENERATOR"  # auto (vLLM on a GPU when installed) | vllm | hf
 GPU_MEMORY_ENV = "FORGESKY_GPU_MEMORY_UTILIZATION"  # vLLM's share of its GPU (default 0.85)
 EAGER_ENV = "FORGESKY_VLLM_EAGER"  # 1: no torch.compile / CUDA graphs (faster start)
-MICRO_BATCH_ENV = "FORGESKY_TOKENS_PER_MICRO_BATCH"  # trainer tokens per micro-batch
+MICRO_BATCH_ENV = "FORGESKY_TOKENS_PER_MICRO_BATCH"  # trainer/reference tokens per micro-batch
 
 
 def generator_kind() -> str:
@@ -195,6 +208,7 @@ def build_reference(recipe: Any) -> Any:
             seed=g.seed,
             device=device(),
             dtype=dtype(recipe),
+            tokens_per_micro_batch=int(_env_float(MICRO_BATCH_ENV, 8192)),
         )
     from runtime.backends import TitanReference
 

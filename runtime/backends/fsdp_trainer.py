@@ -348,7 +348,7 @@ class GPUReference:
         seed: int = 0,
         device: str | torch.device = "cuda",
         dtype: torch.dtype = torch.bfloat16,
-        tokens_per_micro_batch: int = 32768,
+        tokens_per_micro_batch: int = 8192,
     ):
         self.spec = spec
         self.temperature = temperature

@@ -1,0 +1,69 @@
+"""Small models for the GPU tests: real Qwen3 layer code, sizes that start in seconds."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from runtime.models import ModelSpec, build_model
+
+# Qwen3-1.7B's layer shape and vocabulary, 2 of its 28 layers: the trainer's real memory path.
+QWEN3_1P7B_2_LAYERS = ModelSpec(
+    family="qwen3",
+    vocab_size=151936,
+    dim=2048,
+    n_layers=2,
+    n_heads=16,
+    n_kv_heads=8,
+    head_dim=128,
+    ffn_dim=6144,
+    rope_theta=1_000_000.0,
+    norm_eps=1e-6,
+    max_seq_len=4096,
+    tie_embeddings=True,
+)
+
+# A 4-layer Qwen3 with a small vocabulary: vLLM builds and compiles it quickly.
+SMALL = ModelSpec(
+    family="qwen3",
+    vocab_size=4096,
+    dim=512,
+    n_layers=4,
+    n_heads=8,
+    n_kv_heads=4,
+    head_dim=64,
+    ffn_dim=1536,
+    rope_theta=1_000_000.0,
+    norm_eps=1e-6,
+    max_seq_len=1024,
+    tie_embeddings=True,
+)
+
+
+def peaked_weights(spec: ModelSpec, seed: int) -> dict[str, torch.Tensor]:
+    """TorchTitan-named fp32 weights on the GPU whose next-token distributions are peaked.
+
+    TorchTitan's init (std 0.02) gives near-uniform outputs, where every log-prob is about
+    -log(vocab) and any two implementations agree trivially; embeddings (tied to the output
+    projection) of std 4/sqrt(dim) give logits of std ~4, so log-probs spread over many nats.
+    """
+    model = build_model(spec, device="cuda", seed=seed)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    embed = torch.randn(spec.vocab_size, spec.dim, generator=g, device="cuda") * (4 / spec.dim**0.5)
+    state["tok_embeddings.weight"] = embed
+    if "lm_head.weight" in state:
+        state["lm_head.weight"] = embed if spec.tie_embeddings else state["lm_head.weight"]
+    return state
+
+
+def random_prompts(count: int, vocab: int, seed: int, low: int = 2) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(5, 40, (count,), generator=g).tolist()
+    return [torch.randint(low, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def free_gpu_memory() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
