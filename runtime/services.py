@@ -86,6 +86,8 @@ def pad_id(tokenizer: Any) -> int:
 
 GENERATOR_ENV = "FORGESKY_GENERATOR"  # auto (vLLM on a GPU when installed) | vllm | hf
 GPU_MEMORY_ENV = "FORGESKY_GPU_MEMORY_UTILIZATION"  # vLLM's share of its GPU (default 0.85)
+# A fixed KV cache for vLLM when services share a GPU (no memory profiling; see VLLMGenerator).
+KV_CACHE_ENV = "FORGESKY_VLLM_KV_CACHE_GB"
 EAGER_ENV = "FORGESKY_VLLM_EAGER"  # 1: no torch.compile / CUDA graphs (faster start)
 MICRO_BATCH_ENV = "FORGESKY_TOKENS_PER_MICRO_BATCH"  # trainer/reference tokens per micro-batch
 
@@ -128,6 +130,9 @@ def build_generator(recipe: Any, tokenizer: Any) -> Any:
                 f"layout.generator.tp={tp} but this generator proc sees "
                 f"{torch.cuda.device_count()} GPU(s)"
             )
+        kv_gb = _env_float(KV_CACHE_ENV, 0.0)
+        # With a fixed KV cache the utilisation only gates start-up: that much must be free.
+        utilisation = _env_float(GPU_MEMORY_ENV, 0.05 if kv_gb else 0.85)
         return VLLMGenerator(
             spec,
             eos_token_id=eos_ids(tokenizer),
@@ -137,7 +142,8 @@ def build_generator(recipe: Any, tokenizer: Any) -> Any:
             top_p=g.top_p,
             dtype=dtype(recipe),
             tensor_parallel_size=tp,
-            gpu_memory_utilization=_env_float(GPU_MEMORY_ENV, 0.85),
+            gpu_memory_utilization=utilisation,
+            kv_cache_memory_bytes=int(kv_gb * 2**30) if kv_gb else None,
             seed=g.seed,
             enforce_eager=os.environ.get(EAGER_ENV, "0") == "1",
         )

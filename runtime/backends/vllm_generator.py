@@ -105,7 +105,11 @@ class VLLMGenerator:
     `temperature` and `top_p` are fixed per engine because they choose vLLM's `logprobs_mode`;
     `generate` refuses other values. `max_model_len` bounds prompt + response tokens (it sizes
     the KV cache). `gpu_memory_utilization` is the share of the GPU's memory this engine may
-    take (weights, activations, KV cache): lower it when other services share the GPU.
+    take (weights, activations, KV cache). When other processes share the GPU, give
+    `kv_cache_memory_bytes` instead: vLLM then skips its memory profiling, which reads the
+    device's free memory and would count the neighbours' allocations (or frees) made meanwhile
+    as its own (and can fail on them); `gpu_memory_utilization` then only gates start-up (that
+    much of the GPU must be free).
     `weights` (HF names) are loaded right after start; otherwise the engine holds random
     weights until the first `load_weights`. `enforce_eager` skips torch.compile and CUDA graphs
     (faster start, slower decode).
@@ -123,6 +127,7 @@ class VLLMGenerator:
         dtype: torch.dtype = torch.bfloat16,
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.85,
+        kv_cache_memory_bytes: int | None = None,
         seed: int = 0,
         weights: Mapping[str, Tensor] | None = None,
         enforce_eager: bool = False,
@@ -155,6 +160,8 @@ class VLLMGenerator:
         options: dict[str, Any] = {}
         if max_num_seqs is not None:
             options["max_num_seqs"] = max_num_seqs
+        if kv_cache_memory_bytes is not None:
+            options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         start = time.perf_counter()
         self.llm = LLM(
             model=str(folder),

@@ -1,0 +1,276 @@
+"""GPU throughput of a real recipe with random weights: the whole GRPO loop, and vLLM alone.
+
+    python bench/gpu_grpo.py grpo [--recipe qwen3-1.7b] [--steps 10] [--response-tokens 512]
+    python bench/gpu_grpo.py vllm [--recipe qwen3-1.7b] [--response-tokens 512]
+
+`grpo` runs the recipe through the runtime (`runtime.run.run`, what `python -m runtime` calls
+after parsing) with `model.init=random` and the Hub-free `builtin:arith` prompts and tokenizer,
+then reads metrics.jsonl: samples/s per GPU, step time, in-loop generation tokens/s, weight-sync
+seconds and GB/s, trainer tokens/s and MFU (6 * params * tokens / train time / peak bf16), and
+the generator's idle share (1 - generation time / step time: one generation call feeds one step).
+With fewer GPUs than the recipe's layout, every service shares the GPUs round-robin (on one GPU:
+all on GPU 0); vLLM then gets a fixed KV cache instead of a share of memory.
+
+`vllm` runs the same prompts and sampling through a `VLLMGenerator` alone on the GPU: the
+throughput the loop's generation is compared with, a 512-sequence point, and the in-engine
+weight-load rate. Both modes merge their section into one JSON (`--out`), with device and
+versions; `vllm` also writes the in-loop/standalone generation ratio when `grpo` ran first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OFFLINE = ["model.init=random", "model.tokenizer=builtin:arith", "dataset.path=builtin:arith"]
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s (SXM)
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "vllm", "torchmonarch", "torchstore", "torchtitan", "transformers"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "absent"
+    return out
+
+
+def gpu_info() -> dict[str, Any]:
+    query = "--query-gpu=name,memory.total,driver_version"
+    try:
+        lines = subprocess.run(
+            ["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        lines = ""
+    gpus = [line.split(", ") for line in lines.splitlines() if line]
+    name = gpus[0][0] if gpus else "unknown"
+    peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
+    return {"gpus": len(gpus), "name": name, "memory": gpus[0][1] if gpus else None,
+            "driver": gpus[0][2] if gpus else None, "peak_bf16_flops": peak}  # fmt: skip
+
+
+def load(recipe_name: str, steps: int, response_tokens: int | None) -> Any:
+    from recipes import apply_overrides, load_recipe
+
+    overrides = [*OFFLINE, f"grpo.steps={steps}", "grpo.checkpoint_interval=0"]
+    if response_tokens:
+        overrides.append(f"grpo.max_response_tokens={response_tokens}")
+    return apply_overrides(load_recipe(recipe_name), overrides)
+
+
+def shared_plan(recipe: Any, gpus: int) -> tuple[Any, bool]:
+    """The recipe's plan on `gpus` GPUs; below its minimum, the minimum's plan with every
+    placement folded onto the GPUs there are (services share them)."""
+    from recipes import minimum_gpus, plan
+
+    need = minimum_gpus(recipe)
+    if gpus >= need:
+        return plan(recipe, gpus), False
+    base = plan(recipe, need)
+    folded = tuple(
+        dataclasses.replace(p, gpus=tuple(sorted({g % gpus for g in p.gpus})))
+        for p in base.placements
+    )
+    return dataclasses.replace(base, placements=folded, total_gpus=gpus, idle_gpus=()), True
+
+
+def prompt_tokens(recipe: Any, count: int = 512) -> list[list[int]]:
+    """The first `count` prompts of the run, encoded as the generator actor encodes them."""
+    from runtime import services
+    from runtime.data import build_prompt_source
+
+    tokenizer = services.load_tokenizer(recipe)
+    source = build_prompt_source(recipe.dataset, seed=recipe.grpo.seed)
+    encoded = []
+    for p in source.take(count):
+        text = "\n".join(m["content"] for m in p.messages())
+        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+        encoded.append(ids[-recipe.grpo.max_prompt_tokens :])
+    return encoded
+
+
+def mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from runtime.config import RunConfig
+    from runtime.run import run
+    from runtime.services import model_spec
+
+    recipe = load(args.recipe, args.steps, args.response_tokens)
+    gpus = args.gpus or torch.cuda.device_count()
+    run_plan, shared = shared_plan(recipe, gpus)
+    if shared:
+        # Read by every proc (they inherit this environment): a fixed KV cache, no profiling.
+        os.environ.setdefault("FORGESKY_VLLM_KV_CACHE_GB", str(args.kv_cache_gb))
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="forgesky-gpu-bench-"))
+    start = time.perf_counter()
+    code = run(RunConfig(recipe=recipe, plan=run_plan, run_dir=run_dir))
+    wall = time.perf_counter() - start
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    measured = records[args.warmup :] or records
+    g = recipe.grpo
+    completions = g.prompts_per_step * g.group_size
+    spec = model_spec(recipe)
+    params = spec.num_params()
+    prompt_len = mean([len(p) for p in prompt_tokens(recipe)])
+    response_len = mean([r["response/len_mean"] for r in measured])
+    step_s = mean([r["time/step_s"] for r in measured])
+    train_s = mean([r["time/train_s"] for r in measured])
+    generate_s = mean([r["time/generate_s"] for r in measured if "time/generate_s" in r])
+    sync_s = mean([r["time/weight_sync_s"] for r in measured])
+    publish_s = mean([r["time/publish_s"] for r in measured])
+    weight_bytes = params * (2 if recipe.model.dtype == "bfloat16" else 4)
+    train_tokens = completions * (prompt_len + response_len)
+    peak = gpu_info()["peak_bf16_flops"]
+    used_gpus = run_plan.total_gpus
+    return {
+        "exit_code": code,
+        "recipe": recipe.name,
+        "overrides": OFFLINE + [f"grpo.max_response_tokens={g.max_response_tokens}"],
+        "gpus_used": used_gpus,
+        "services_share_gpus": shared,
+        "placements": [dataclasses.asdict(p) for p in run_plan.placements],
+        "params": params,
+        "completions_per_step": completions,
+        "steps": len(records),
+        "measured_steps": len(measured),
+        "wall_s": wall,
+        "step_s": step_s,
+        "samples_per_s_per_gpu": completions / step_s / used_gpus,
+        "prompt_tokens_mean": prompt_len,
+        "response_tokens_mean": response_len,
+        "generate_s": generate_s,
+        "generation_tokens_per_s": completions * response_len / generate_s,
+        "generator_idle_share": max(0.0, 1 - generate_s / step_s),
+        "weight_sync_s": sync_s,
+        "publish_s": publish_s,
+        "weight_bytes": weight_bytes,
+        "weight_sync_gb_per_s": weight_bytes / 1e9 / sync_s,
+        "train_s": train_s,
+        "trainer_tokens_per_s": train_tokens / train_s,
+        "mfu": 6 * params * train_tokens / train_s / peak if peak else None,
+        "ratio_mean": mean([r["ratio/mean"] for r in measured if "ratio/mean" in r]),
+        "clip_fraction": mean([r["clip_fraction"] for r in measured if "clip_fraction" in r]),
+        "kl": mean([r["kl"] for r in measured]),
+        "records": records,
+    }
+
+
+def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from runtime import services
+    from runtime.backends.vllm_generator import VLLMGenerator
+    from runtime.models import build_model, to_hf
+
+    recipe = load(args.recipe, 1, args.response_tokens)
+    g = recipe.grpo
+    spec = services.model_spec(recipe)
+    tokenizer = services.load_tokenizer(recipe)
+    prompts = prompt_tokens(recipe, count=64 * 4)
+    gen = VLLMGenerator(
+        spec,
+        eos_token_id=services.eos_ids(tokenizer),
+        pad_token_id=services.pad_id(tokenizer),
+        max_model_len=g.max_prompt_tokens + g.max_response_tokens,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        gpu_memory_utilization=0.8,
+        seed=g.seed,
+    )
+    # The GRPO run's initial weights (TorchTitan init, bf16; built on the CPU, the engine holds
+    # most of the GPU), loaded as the actor loads them: from CPU tensors; then from GPU tensors.
+    model = build_model(spec, "cpu")
+    on_cpu = {k: v.to(torch.bfloat16) for k, v in to_hf(model.state_dict(), spec).items()}
+    del model
+    nbytes = sum(t.numel() * t.element_size() for t in on_cpu.values())
+    gen.load_weights(on_cpu)
+    load_cpu_s = gen.load_seconds
+    on_gpu = {k: v.cuda() for k, v in on_cpu.items()}
+    gen.load_weights(on_gpu)
+    load_gpu_s = gen.load_seconds
+    del on_gpu, on_cpu
+
+    def timed(batch: list[list[int]], n: int, seed: int) -> tuple[float, int]:
+        start = time.perf_counter()
+        out = gen.generate(batch, n, g.max_response_tokens, g.temperature, g.top_p, seed)
+        return time.perf_counter() - start, sum(len(c.response_ids) for c in out)
+
+    per_step = g.prompts_per_step
+    timed(prompts[:per_step], g.group_size, 0)  # warm-up
+    calls = [timed(prompts[i * per_step : (i + 1) * per_step], g.group_size, i + 1)
+             for i in range(args.calls)]  # fmt: skip
+    big_s, big_tokens = timed(prompts[:64], 8, 99)  # 512 sequences
+    seconds = sum(s for s, _ in calls)
+    tokens = sum(t for _, t in calls)
+    return {
+        "recipe": recipe.name,
+        "init_s": gen.init_seconds,
+        "logprobs_mode": gen.logprobs_mode,
+        "sequences_per_call": per_step * g.group_size,
+        "max_new_tokens": g.max_response_tokens,
+        "calls": args.calls,
+        "call_s": seconds / args.calls,
+        "generation_tokens_per_s": tokens / seconds,
+        "tokens_per_s_512_sequences": big_tokens / big_s,
+        "weight_bytes": nbytes,
+        "load_weights_from_cpu_s": load_cpu_s,
+        "load_weights_from_cpu_gb_per_s": nbytes / 1e9 / load_cpu_s,
+        "load_weights_from_gpu_s": load_gpu_s,
+        "load_weights_from_gpu_gb_per_s": nbytes / 1e9 / load_gpu_s,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=["grpo", "vllm"])
+    p.add_argument("--recipe", default="qwen3-1.7b")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the averages")
+    p.add_argument("--response-tokens", type=int, default=512, help="0: the recipe's")
+    p.add_argument("--gpus", type=int, default=None, help="default: all visible")
+    p.add_argument("--kv-cache-gb", type=float, default=12.0, help="vLLM KV cache, shared GPUs")
+    p.add_argument("--calls", type=int, default=3, help="vllm: timed generation calls")
+    p.add_argument("--run-dir", default=None)
+    p.add_argument("--out", default=str(ROOT / "bench/results/gpu_grpo.json"))
+    args = p.parse_args()
+
+    out = Path(args.out)
+    result = json.loads(out.read_text()) if out.exists() else {}
+    result.update(device=gpu_info(), versions=versions(), date=time.strftime("%Y-%m-%d"))
+    section = run_grpo(args) if args.mode == "grpo" else run_vllm(args)
+    result["grpo" if args.mode == "grpo" else "standalone_vllm"] = section
+    loop, alone = result.get("grpo"), result.get("standalone_vllm")
+    if loop and alone:
+        result["generation_in_loop_to_standalone"] = (
+            loop["generation_tokens_per_s"] / alone["generation_tokens_per_s"]
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    summary = {k: v for k, v in section.items() if k not in ("records", "placements")}
+    print(json.dumps(summary, indent=2))
+    return int(section.get("exit_code", 0))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# On the GPU machine, in the checkout's root (where every device call starts):
+#   scripts/gpu/device_run.sh stage    copy the wheel chunk(s) carried in this call to /tmp/asm
+#   scripts/gpu/device_run.sh check    stage, install if needed, print versions and the GPU
+#   scripts/gpu/device_run.sh tests    stage, install if needed, `pytest -m gpu`
+#   scripts/gpu/device_run.sh grpo     stage, install if needed, bench/gpu_grpo.py grpo
+#   scripts/gpu/device_run.sh vllm     stage, install if needed, bench/gpu_grpo.py vllm
+# Extra arguments go to pytest or bench/gpu_grpo.py. Logs and results land in $OUT (the folder
+# whose files come back), else /tmp/out. Chunks come from scripts/gpu/prepare_wheels.sh;
+# scripts/gpu/README.md has the call sequence.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mode=${1:-check}
+shift || true
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# NVLink multicast stays off on shared hosts (harmless where there is none).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+stage() {
+  mkdir -p /tmp/asm/ts
+  for d in .whl/c[0-9]*; do
+    if [ -d "$d" ]; then cp "$d"/part_* /tmp/asm/ && echo "staged $d"; fi
+  done
+  if [ -d .whl/ts ]; then cp .whl/ts/*.whl /tmp/asm/ts/; fi
+  echo "in /tmp/asm: $(cd /tmp/asm && ls part_* 2>/dev/null | tr '\n' ' ')"
+}
+
+installed() {
+  python3 -c "import vllm, monarch, torchtitan, torchstore, pygtrie" >/dev/null 2>&1
+}
+
+install() {
+  installed && return 0
+  if ! ls /tmp/asm/ts/*.whl >/dev/null 2>&1; then
+    echo "torchstore wheel missing: carry .whl/ts in this call" >&2
+    exit 3
+  fi
+  cat /tmp/asm/part_* >/tmp/w.tar
+  if ! tar xf /tmp/w.tar -C /tmp; then
+    echo "wheel chunks incomplete (carry every .whl/cNN first)" >&2
+    exit 3
+  fi
+  rm -f /tmp/w.tar
+  start=$(date +%s)
+  python3 -m pip install -q --no-index --no-deps --no-compile /tmp/wheels/*.whl /tmp/asm/ts/*.whl
+  echo "installed in $(($(date +%s) - start)) s"
+}
+
+check() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 - <<'EOF'
+import importlib.metadata as m, platform, torch
+names = ("torch", "vllm", "torchmonarch", "torchstore", "torchtitan", "transformers", "triton")
+print("python", platform.python_version(), {n: m.version(n) for n in names})
+print("cuda", torch.version.cuda, "devices", torch.cuda.device_count())
+EOF
+}
+
+stage
+case "$mode" in
+  stage) ;;
+  check) install && check ;;
+  tests)
+    install && check
+    python3 -m pytest -q -m gpu -s -p no:cacheprovider --timeout 540 \
+      tests/test_gpu_trainer.py tests/test_gpu_vllm.py "$@" 2>&1 | tee "$out/gpu_tests.log"
+    ;;
+  grpo | vllm)
+    install && check
+    # $OUT starts empty every time: the JSON both modes merge into lives in /tmp.
+    mkdir -p /tmp/bench
+    status=0
+    python3 bench/gpu_grpo.py "$mode" --out /tmp/bench/gpu_grpo.json "$@" 2>&1 |
+      tee "$out/bench_$mode.log" || status=$?
+    cp /tmp/bench/gpu_grpo.json "$out/" 2>/dev/null || true
+    exit "$status"
+    ;;
+  *)
+    echo "unknown mode $mode (stage, check, tests, grpo, vllm)" >&2
+    exit 2
+    ;;
+esac
