@@ -27,6 +27,11 @@ each trainer TP group) never cross a node; the trainer's FSDP ranks may. Groups 
 largest first, each into the first node with room (with power-of-two group sizes this finds a
 placement whenever one exists); within a node GPUs are numbered in service order. Reward procs
 run on CPU on node 0, next to the controller.
+
+CPU recipes run on one machine unless `nodes` asks for more (a CPU cluster, and the multi-node
+tests): the generator replicas, the reference and the trainer then go round-robin over the nodes
+starting at node 1, so node 0, which also runs the controller, the weight store and the reward
+procs, gets a service last.
 """
 
 from __future__ import annotations
@@ -95,7 +100,8 @@ class Plan:
     def describe(self) -> str:
         """A table for people: service, replica, node, GPUs, parallelism, GB per GPU."""
         if self.cpu:
-            head = f"{self.recipe_name} on CPU (one process per row)"
+            nodes = f", {self.num_nodes} nodes" if self.num_nodes > 1 else ""
+            head = f"{self.recipe_name} on CPU{nodes} (one process per row)"
         else:
             nodes = f"{self.num_nodes} node{'s' if self.num_nodes > 1 else ''}"
             head = (
@@ -150,19 +156,25 @@ def minimum_gpus(recipe: Recipe) -> int:
     return lay.generator.tp * lay.generator.replicas + reference + lay.trainer.gpus
 
 
-def plan(recipe: Recipe, gpus: int, gpus_per_node: int | None = None) -> Plan:
+def plan(
+    recipe: Recipe, gpus: int, gpus_per_node: int | None = None, *, nodes: int | None = None
+) -> Plan:
     """Place every service of `recipe` on `gpus` GPUs (nodes of at most `gpus_per_node`).
 
-    `gpus_per_node` defaults to the recipe's resources.gpus_per_node. A CPU recipe takes 0 GPUs.
+    `gpus_per_node` defaults to the recipe's resources.gpus_per_node. A CPU recipe takes 0 GPUs
+    and `nodes` machines (default 1). For a GPU recipe the node count follows from `gpus`;
+    `nodes`, if given, must be that count.
     """
     gpn = recipe.resources.gpus_per_node if gpus_per_node is None else gpus_per_node
+    if nodes is not None and nodes < 1:
+        raise UserError(f"a run needs at least 1 node, got {nodes}")
     if recipe.cpu:
         if gpus != 0:
             raise UserError(
                 f"{recipe.name} runs on CPU (resources.accelerator: cpu) and takes 0 GPUs, "
                 f"got {gpus}; run it with forgesky local {recipe.name}"
             )
-        return _cpu_plan(recipe)
+        return _cpu_plan(recipe, nodes or 1)
     if gpn < 1:
         raise UserError(f"gpus_per_node must be at least 1, got {gpn}")
     need = minimum_gpus(recipe)
@@ -176,6 +188,11 @@ def plan(recipe: Recipe, gpus: int, gpus_per_node: int | None = None) -> Plan:
         raise UserError(
             f"{gpus} GPUs span {num_nodes} nodes, and a multi-node run uses whole nodes of "
             f"{gpn} GPUs: use {' or '.join(map(str, options))} GPUs"
+        )
+    if nodes is not None and nodes != num_nodes:
+        raise UserError(
+            f"{recipe.name} on {gpus} GPUs uses {num_nodes} node{'s' if num_nodes > 1 else ''} "
+            f"of {min(gpus, gpn)} GPUs, not {nodes}: ask for {nodes * gpn} GPUs for {nodes} nodes"
         )
     per_node = gpus // num_nodes
     lay = recipe.layout
@@ -232,18 +249,19 @@ def plan(recipe: Recipe, gpus: int, gpus_per_node: int | None = None) -> Plan:
     )
 
 
-def _cpu_plan(recipe: Recipe) -> Plan:
+def _cpu_plan(recipe: Recipe, nodes: int) -> Plan:
     lay = recipe.layout
-    placements = [Placement("generator", r, 0, ()) for r in range(lay.generator.replicas)]
+    units: list[tuple[Service, int]] = [("generator", r) for r in range(lay.generator.replicas)]
     if lay.reference.enabled:
-        placements.append(Placement("reference", 0, 0, ()))
-    placements.append(Placement("trainer", 0, 0, ()))
+        units.append(("reference", 0))
+    units.append(("trainer", 0))
+    placements = [Placement(s, r, (i + 1) % nodes, ()) for i, (s, r) in enumerate(units)]
     placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
     return Plan(
         recipe_name=recipe.name,
         total_gpus=0,
         gpus_per_node=0,
-        num_nodes=1,
+        num_nodes=nodes,
         cpu=True,
         generator_replicas=lay.generator.replicas,
         generator_tp=1,

@@ -165,6 +165,39 @@ def test_cpu_plan():
     assert "tiny on CPU" in plan(recipe("tiny"), 0).describe()
 
 
+def test_cpu_plan_over_nodes_goes_round_robin_from_node_1():
+    p = plan(recipe("tiny"), 0, nodes=3)
+    assert p.cpu and p.num_nodes == 3
+    assert [(x.service, x.replica, x.node) for x in p.placements] == [
+        ("generator", 0, 1),
+        ("reference", 0, 2),
+        ("trainer", 0, 0),
+        ("reward", 0, 0),
+    ]
+    p = plan(recipe("tiny", "layout.generator.replicas=2", "layout.reward.procs=2"), 0, nodes=2)
+    assert [(x.service, x.node) for x in p.placements] == [
+        ("generator", 1),
+        ("generator", 0),
+        ("reference", 1),
+        ("trainer", 0),
+        ("reward", 0),
+        ("reward", 0),
+    ]
+    assert plan(recipe("tiny"), 0, nodes=1) == plan(recipe("tiny"), 0)
+    assert "tiny on CPU, 3 nodes" in plan(recipe("tiny"), 0, nodes=3).describe()
+    assert error_of(recipe("tiny"), 0, nodes=0) == "a run needs at least 1 node, got 0"
+
+
+def test_gpu_plan_nodes_must_match_the_gpus():
+    assert plan(recipe("qwen3-32b"), 16, nodes=2).num_nodes == 2
+    assert error_of(recipe("qwen3-32b"), 16, nodes=3) == (
+        "qwen3-32b on 16 GPUs uses 2 nodes of 8 GPUs, not 3: ask for 24 GPUs for 3 nodes"
+    )
+    assert error_of(recipe("qwen3-8b"), 5, nodes=2).startswith(
+        "qwen3-8b on 5 GPUs uses 1 node of 5 GPUs, not 2"
+    )
+
+
 def test_to_dict_is_json_and_describe_is_a_table():
     p = plan(recipe("qwen3-8b"), 8)
     d = json.loads(json.dumps(p.to_dict()))
