@@ -94,6 +94,8 @@ def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
         raise RuntimeError("vLLM returned no log-probs; SamplingParams.logprobs must be set")
     starts = getattr(logprobs, "start_indices", None)
     if starts is not None:  # FlatLogprobs: the sampled token comes first at every position
+        if len(starts) != len(token_ids):
+            raise RuntimeError(f"vLLM returned {len(starts)} log-probs for {len(token_ids)} tokens")
         values = logprobs.logprobs
         return [float(values[s]) for s in starts]
     return [float(pos[tok].logprob) for tok, pos in zip(token_ids, logprobs, strict=True)]
@@ -196,7 +198,12 @@ class VLLMGenerator:
             raise KeyError(
                 f"weights do not fit the generator: no weight for {sorted(set().union(*missing))[:5]}"
             )
-        if not self.llm.reset_prefix_cache():
+        # Nothing runs between generate calls; if vLLM still holds blocks (an async step), the
+        # second form preempts whatever holds them so the reset cannot be skipped.
+        if not (
+            self.llm.reset_prefix_cache()
+            or self.llm.reset_prefix_cache(reset_running_requests=True)
+        ):
             raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
         self.load_seconds = time.perf_counter() - start
 
