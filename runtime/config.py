@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from runtime.cluster import Cluster
 
 
 @dataclass(frozen=True)
@@ -13,6 +15,8 @@ class RunConfig:
     plan: Any  # recipes.Plan
     run_dir: Path
     wandb_mode: str = "disabled"
+    cluster: Cluster = field(default_factory=Cluster)  # the nodes (one unless on a cluster)
+    join_timeout: float = 300.0  # seconds the controller waits for every node to join
 
     @property
     def steps(self) -> int:

@@ -9,6 +9,11 @@ import time
 from pathlib import Path
 
 from recipes import UserError
+from runtime.cluster import DEFAULT_WORKER_PORT, check_plan_fits, cluster_from_env
+
+# SkyPilot starts `run` on all nodes at once, after setup finished on every node; this covers
+# imports on a slow node, not provisioning.
+DEFAULT_JOIN_TIMEOUT_S = 300.0
 
 
 def build_parser(prog: str = "python -m runtime") -> argparse.ArgumentParser:
@@ -52,6 +57,34 @@ def build_parser(prog: str = "python -m runtime") -> argparse.ArgumentParser:
         help="W&B mode (default: $WANDB_MODE, else disabled)",
     )
     p.add_argument("--seed", type=int, default=None, help="seed (default: the recipe's grpo.seed)")
+    nodes = p.add_argument_group(
+        "nodes",
+        "On a SkyPilot cluster every node runs this same command: node 0 (SKYPILOT_NODE_RANK) "
+        "runs the controller, the others serve it their Monarch worker (SKYPILOT_NODE_IPS "
+        "lists them all).",
+    )
+    nodes.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="machines a CPU recipe spreads its services over (default: the nodes in "
+        "SKYPILOT_NODE_IPS, else 1); a GPU recipe's nodes follow from --gpus",
+    )
+    nodes.add_argument(
+        "--worker-port",
+        type=int,
+        default=None,
+        help=f"the port every node listens on (default: $FORGESKY_WORKER_PORT, else "
+        f"{DEFAULT_WORKER_PORT})",
+    )
+    nodes.add_argument(
+        "--join-timeout",
+        type=float,
+        default=DEFAULT_JOIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long the controller waits for every node to join, and a worker for the "
+        f"controller (default: {DEFAULT_JOIN_TIMEOUT_S:g})",
+    )
     return p
 
 
@@ -91,21 +124,43 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime"):
     if overrides:
         recipe = apply_overrides(recipe, overrides)
     gpus = args.gpus if args.gpus is not None else _default_gpus(recipe)
-    run_plan = plan(recipe, gpus)
+    cluster = cluster_from_env(port=args.worker_port)
+    nodes = args.nodes if args.nodes is not None else (cluster.nodes if recipe.cpu else None)
+    run_plan = plan(recipe, gpus, nodes=nodes)
+    if args.join_timeout <= 0:
+        raise UserError(f"--join-timeout must be positive (got {args.join_timeout:g})")
     run_dir = Path(args.run_dir or Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     wandb_mode = args.wandb or os.environ.get("WANDB_MODE") or "disabled"
     if wandb_mode not in ("online", "offline", "disabled"):
         raise UserError(f"WANDB_MODE must be online, offline or disabled (got {wandb_mode!r})")
-    return RunConfig(recipe=recipe, plan=run_plan, run_dir=run_dir, wandb_mode=wandb_mode)
+    return RunConfig(
+        recipe=recipe,
+        plan=run_plan,
+        run_dir=run_dir,
+        wandb_mode=wandb_mode,
+        cluster=cluster,
+        join_timeout=args.join_timeout,
+    )
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m runtime") -> int:
-    """Run the controller; user errors end as one line and exit code 2."""
+    """Run the controller, or on a worker node serve it; user errors end as one line and
+    exit code 2."""
     try:
         config = parse_config(argv, prog)
+        check_plan_fits(config.plan, config.cluster)
     except UserError as e:
         print(f"{prog.split()[0]}: error: {e}", file=sys.stderr)
         return 2
+    cluster = config.cluster
+    if cluster.multi_node and cluster.rank > 0:
+        from runtime.worker import run_worker
+
+        return run_worker(cluster, join_timeout=config.join_timeout)
+    if cluster.multi_node:
+        from runtime.nodes import use_tcp
+
+        use_tcp(cluster)
     from runtime.run import run
 
     return run(config)

@@ -58,8 +58,11 @@ async def _start(life: RunLifecycle, config: RunConfig) -> Services:
     from runtime import services as svc
     from runtime import weights
     from runtime.actors import GeneratorActor, ReferenceActor, RewardActor, TrainerActor
+    from runtime.nodes import attach_nodes
 
     plan, recipe = config.plan, config.recipe
+    # First, so that at shutdown the other nodes are let go last.
+    hosts = await attach_nodes(life, config.cluster, join_timeout=config.join_timeout)
     store = await life.call("weights", weights.start_store())
     life.register("weight store", lambda: weights.stop_store(store))
 
@@ -72,17 +75,24 @@ async def _start(life: RunLifecycle, config: RunConfig) -> Services:
 
     # The trainer sees all its GPUs in one proc; FSDP across procs belongs to the GPU backend.
     trainer_gpus = tuple(g for p in trainers for g in p.gpus)
-    trainer_mesh = await life.spawn_service("trainer", 1, gpus=[trainer_gpus], threads=threads)
+    trainer_mesh = await life.spawn_service(
+        "trainer", 1, gpus=[trainer_gpus], threads=threads, host=hosts.host_of("trainer", trainers)
+    )
     trainer = trainer_mesh.spawn_actor(TrainerActor)
     generators = []
     for p in gens:
-        mesh = await life.spawn_service(f"generator{p.replica}", 1, gpus=[p.gpus], threads=threads)
+        mesh = await life.spawn_service(
+            f"generator{p.replica}", 1, gpus=[p.gpus], threads=threads, host=hosts.host(p.node)
+        )
         generators.append(mesh.spawn_actor(GeneratorActor))
     reference = None
     if refs:
-        mesh = await life.spawn_service("reference", 1, gpus=[refs[0].gpus], threads=threads)
+        mesh = await life.spawn_service(
+            "reference", 1, gpus=[refs[0].gpus], threads=threads, host=hosts.host(refs[0].node)
+        )
         reference = mesh.spawn_actor(ReferenceActor)
-    reward_mesh = await life.spawn_service("reward", plan.reward_procs, threads=1)
+    reward_host = hosts.host_of("reward", _placements(plan, "reward"))
+    reward_mesh = await life.spawn_service("reward", plan.reward_procs, threads=1, host=reward_host)
     reward = reward_mesh.spawn_actor(RewardActor)
 
     rewards = [r.model_dump() for r in recipe.dataset.rewards]

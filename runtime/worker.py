@@ -1,0 +1,81 @@
+"""`python -m runtime` on a worker node (SKYPILOT_NODE_RANK > 0): a Monarch worker loop on the
+fixed port, which the controller attaches to, for exactly as long as the controller's run lasts.
+
+The worker joins the controller's node watch (runtime/nodewatch.py) and exits with the run's
+exit code when the controller says it is done; with 1 when the controller goes away or never
+answers. Monarch ends this process itself when the controller shuts the hosts down after a
+normal end (exit 0). Either way no proc of this node outlives the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+from runtime.cluster import Cluster
+from runtime.nodewatch import Outcome, follow_controller
+
+FORCED_EXIT_CODE = 130
+
+
+def run_worker(cluster: Cluster, *, join_timeout: float) -> int:
+    """Serve this node to the controller until the run ends; never returns (exits the process)."""
+    from runtime.host import (
+        MONARCH_ENV_DEFAULTS,
+        RUN_ID_ENV,
+        become_subreaper,
+        kill_descendants,
+        sweep_shared_memory,
+    )
+
+    def say(message: str) -> None:
+        print(f"forgesky worker, {cluster.name(cluster.rank)}: {message}", flush=True)
+
+    # Procs spawned here inherit this environment, as they would the controller's on node 0.
+    for key, value in MONARCH_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    become_subreaper()
+    from monarch.actor import start_worker_loop_forever
+
+    address = cluster.url(cluster.rank)
+    try:
+        start_worker_loop_forever(address=address, ca="trust_all_connections")
+    except Exception as e:  # noqa: BLE001 - Monarch raises its own types; one line is the point
+        say(f"cannot serve on {address}: {str(e).strip().splitlines()[0]}")
+        return 1
+    _ignore_first_stop(say)
+    say(f"serving on {address}; joining the controller at {cluster.head}:{cluster.port}")
+    try:
+        outcome = follow_controller(
+            cluster, join_timeout=join_timeout, on_joined=lambda head: say(f"joined {head}")
+        )
+    except KeyboardInterrupt:
+        outcome = Outcome(FORCED_EXIT_CODE, "forced exit: killing this node's procs")
+    say(outcome.reason)
+    kill_descendants(grace=0.0 if outcome.code == FORCED_EXIT_CODE else 2.0)
+    if outcome.run_id:
+        os.environ[RUN_ID_ENV] = outcome.run_id
+        sweep_shared_memory()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Monarch's runtime threads live in this process: leave without unwinding into them.
+    os._exit(outcome.code)
+
+
+def _ignore_first_stop(say: Callable[[str], None]) -> None:
+    # SIGTERM (a cancel, a preemption's shutdown) reaches every node at once, while the
+    # controller checkpoints through the procs on this one: keep serving until it says done.
+    stops = 0
+
+    def handler(signum: int, _frame: object) -> None:
+        nonlocal stops
+        stops += 1
+        if stops > 1 and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if stops == 1:
+            say("stop requested: serving until the controller finishes (Ctrl-C again to force)")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
