@@ -108,12 +108,18 @@ def mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def per(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, or None when either is missing (a failed or short run)."""
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
 def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from runtime.config import RunConfig
     from runtime.run import run
-    from runtime.services import model_spec
 
     recipe = load(args.recipe, args.steps, args.response_tokens)
     gpus = args.gpus or torch.cuda.device_count()
@@ -126,49 +132,57 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     code = run(RunConfig(recipe=recipe, plan=run_plan, run_dir=run_dir))
     wall = time.perf_counter() - start
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    measured = records[args.warmup :] or records
+    metrics = run_dir / "metrics.jsonl"
+    records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    summary = summarize(recipe, run_plan, records, args.warmup, prompt_tokens(recipe))
+    return {"exit_code": code, "services_share_gpus": shared, "wall_s": wall, **summary}
+
+
+def summarize(
+    recipe: Any, run_plan: Any, records: list[dict[str, Any]], warmup: int, prompts: list[list[int]]
+) -> dict[str, Any]:
+    """The benchmark's numbers from a run's metrics records (the first `warmup` left out)."""
+    from runtime.services import model_spec
+
+    if not records:
+        return {"steps": 0}
+    measured = records[warmup:] or records
     g = recipe.grpo
     completions = g.prompts_per_step * g.group_size
-    spec = model_spec(recipe)
-    params = spec.num_params()
-    prompt_len = mean([len(p) for p in prompt_tokens(recipe)])
+    params = model_spec(recipe).num_params()
+    prompt_len = mean([len(p) for p in prompts])
     response_len = mean([r["response/len_mean"] for r in measured])
     step_s = mean([r["time/step_s"] for r in measured])
     train_s = mean([r["time/train_s"] for r in measured])
     generate_s = mean([r["time/generate_s"] for r in measured if "time/generate_s" in r])
     sync_s = mean([r["time/weight_sync_s"] for r in measured])
-    publish_s = mean([r["time/publish_s"] for r in measured])
     weight_bytes = params * (2 if recipe.model.dtype == "bfloat16" else 4)
     train_tokens = completions * (prompt_len + response_len)
     peak = gpu_info()["peak_bf16_flops"]
-    used_gpus = run_plan.total_gpus
+    used_gpus = run_plan.total_gpus or 1
     return {
-        "exit_code": code,
         "recipe": recipe.name,
-        "overrides": OFFLINE + [f"grpo.max_response_tokens={g.max_response_tokens}"],
+        "overrides": [*OFFLINE, f"grpo.max_response_tokens={g.max_response_tokens}"],
         "gpus_used": used_gpus,
-        "services_share_gpus": shared,
         "placements": [dataclasses.asdict(p) for p in run_plan.placements],
         "params": params,
         "completions_per_step": completions,
         "steps": len(records),
         "measured_steps": len(measured),
-        "wall_s": wall,
         "step_s": step_s,
-        "samples_per_s_per_gpu": completions / step_s / used_gpus,
+        "samples_per_s_per_gpu": per(completions, step_s * used_gpus),
         "prompt_tokens_mean": prompt_len,
         "response_tokens_mean": response_len,
         "generate_s": generate_s,
-        "generation_tokens_per_s": completions * response_len / generate_s,
-        "generator_idle_share": max(0.0, 1 - generate_s / step_s),
+        "generation_tokens_per_s": per(completions * response_len, generate_s),
+        "generator_idle_share": None if generate_s is None else max(0.0, 1 - generate_s / step_s),
         "weight_sync_s": sync_s,
-        "publish_s": publish_s,
+        "publish_s": mean([r["time/publish_s"] for r in measured if "time/publish_s" in r]),
         "weight_bytes": weight_bytes,
-        "weight_sync_gb_per_s": weight_bytes / 1e9 / sync_s,
+        "weight_sync_gb_per_s": per(weight_bytes / 1e9, sync_s),
         "train_s": train_s,
-        "trainer_tokens_per_s": train_tokens / train_s,
-        "mfu": 6 * params * train_tokens / train_s / peak if peak else None,
+        "trainer_tokens_per_s": per(train_tokens, train_s),
+        "mfu": per(6 * params * train_tokens, train_s * peak) if peak else None,
         "ratio_mean": mean([r["ratio/mean"] for r in measured if "ratio/mean" in r]),
         "clip_fraction": mean([r["clip_fraction"] for r in measured if "clip_fraction" in r]),
         "kl": mean([r["kl"] for r in measured]),
@@ -260,11 +274,10 @@ def main() -> int:
     result.update(device=gpu_info(), versions=versions(), date=time.strftime("%Y-%m-%d"))
     section = run_grpo(args) if args.mode == "grpo" else run_vllm(args)
     result["grpo" if args.mode == "grpo" else "standalone_vllm"] = section
-    loop, alone = result.get("grpo"), result.get("standalone_vllm")
-    if loop and alone:
-        result["generation_in_loop_to_standalone"] = (
-            loop["generation_tokens_per_s"] / alone["generation_tokens_per_s"]
-        )
+    loop, alone = result.get("grpo") or {}, result.get("standalone_vllm") or {}
+    result["generation_in_loop_to_standalone"] = per(
+        loop.get("generation_tokens_per_s"), alone.get("generation_tokens_per_s")
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     summary = {k: v for k, v in section.items() if k not in ("records", "placements")}
