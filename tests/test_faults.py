@@ -1,0 +1,200 @@
+"""Preemption on CPU with real processes: kill -9 and SIGTERM, restart, resume, same result.
+
+All runs here are the tiny recipe for 8 steps with a checkpoint every 2, in lock-step
+(`grpo.max_policy_age=0`: a rollout starts only once the generator holds the version that will
+train on it), which makes a run deterministic: generation seeds come from a call counter saved in
+the checkpoint, and every process uses the same thread count, so an interrupted run that resumes
+must end with bit-for-bit the weights of the uninterrupted one.
+
+Metrics written after the last checkpoint and before a kill are redone on resume and appended
+again: metrics.jsonl then holds such a step twice, and readers (`runtime.metrics.read_metrics`,
+curves.png) keep the newer record. Lock-step makes the redone record equal the first one, which
+the kill test checks. A SIGTERM checkpoints at the step it stopped at, so nothing is redone.
+
+The longer sweep (>= 20 points) is bench/fault_sweep.py; its summary is in bench/results/.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from fault_runs import (
+    Point,
+    RuntimeRun,
+    final_weights,
+    partial_dirs,
+    raw_metrics,
+    run_to_point,
+    session_pids,
+    tensors_differ,
+)
+from runtime_helpers import NOISE
+
+from runtime import checkpoint
+from runtime.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+STEPS, EVERY = 8, 2
+# Fields that depend only on what was trained on (timings do not).
+DETERMINISTIC = ("reward/mean", "reward/std", "loss", "kl", "policy_version", "response/len_mean")
+
+
+def args(run_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--recipe", "tiny", "--steps", str(STEPS), "--checkpoint-every", str(EVERY),
+        "--set", "grpo.max_policy_age=0", "--run-dir", str(run_dir), *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run every interrupted one is compared with."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    run = RuntimeRun(args(run_dir))
+    assert run.finish(timeout=600) == 0, run.output
+    assert f"finished at step {STEPS}" in run.output
+    return run_dir
+
+
+def test_a_checkpoint_holds_everything_a_resume_needs(reference: Path):
+    root = reference / "checkpoints"
+    # every 2 steps and at the end, the newest 3 kept, nothing half-written left behind
+    assert [c.step for c in checkpoint.committed(root)] == [4, 6, 8]
+    assert sorted(p.name for p in root.iterdir()) == ["step_000004", "step_000006", "step_000008"]
+    ckpt = checkpoint.latest(root)
+    marker = json.loads((ckpt.path / checkpoint.MARKER).read_text())
+    assert marker == {
+        "step": 8,
+        "files": {f.name: f.stat().st_size for f in ckpt.path.iterdir() if f.name != "COMMITTED"},
+    }
+
+    trainer = torch.load(ckpt.path / "trainer.pt", weights_only=False)
+    assert trainer["step"] == 8
+    assert trainer["scheduler"]["last_epoch"] == 8
+    assert "tok_embeddings.weight" in trainer["model"]
+    adam = trainer["optimizer"]["state"]
+    # AdamW moments for every parameter it optimizes
+    assert set(adam) == {i for g in trainer["optimizer"]["param_groups"] for i in g["params"]}
+    assert all(s["step"] == 8 and {"exp_avg", "exp_avg_sq"} <= s.keys() for s in adam.values())
+
+    state = torch.load(ckpt.path / "controller.pt", weights_only=False)
+    assert (state["step"], state["version"]) == (8, 8)
+    # data position: exactly the prompts of the generate calls made (8 prompts per call)
+    data = state["data"]
+    assert data["epoch"] * data["num_prompts"] + data["index"] == 8 * state["generate_calls"]
+    # lock-step: one call per step, and the stop leaves the one for step 9 at most
+    assert state["generate_calls"] in (8, 9)
+    assert len(state["buffer"]) == 8 * (state["generate_calls"] - 8)
+    for group in state["buffer"]:
+        assert group["policy_version"] == 8 and len(group["responses"]) == 8
+    assert isinstance(state["torch_rng"], torch.Tensor) and state["python_rng"][0] == 3
+    assert state["wandb_run_id"] is None  # W&B off here; see the SIGTERM test
+    assert json.loads((ckpt.path / "meta.json").read_text())["step"] == 8
+
+    rows = raw_metrics(reference)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+
+
+def test_kill_9_at_random_points_resumes_from_the_last_committed_checkpoint(
+    reference: Path, tmp_path: Path
+):
+    run_dir = tmp_path / "run"
+    rng = random.Random(20261121)
+    points = [
+        # a seeded moment of step 3 or 4: after the step-2 checkpoint
+        Point("step", rng.randint(3, 4), round(rng.uniform(0.0, 0.25), 3)),
+        # resumed, the next checkpoint write
+        Point("checkpoint_write"),
+        # resumed again, while the restored version is published and loaded
+        Point("restore", None, round(rng.uniform(0.0, 0.2), 3)),
+        # resumed again, the weight sync 3 or 4 steps later (after the step-4 checkpoint)
+        Point("weight_sync", rng.randint(3, 4)),
+    ]
+    results = []
+    for point in points:
+        result, run = run_to_point(args(run_dir), run_dir, point)
+        results.append(result)
+        report = f"{result.to_dict()}\n{run.output}"
+        assert result.killed, report
+        assert session_pids(run.proc.pid) == [], "a process of the killed run survived"
+        # it resumed from the newest committed checkpoint, never from a partial one
+        assert result.resumed_from == result.expected_resume, report
+        if point.kind == "checkpoint_write":
+            # frozen while the write was under way: the partial dir is there, uncommitted
+            assert result.partial_at_kill, report
+            partial_step = int(result.partial_at_kill[0].split("_")[1].split(".")[0])
+            assert partial_step not in result.committed_at_kill, report
+
+    # every restart after the first kill had a committed checkpoint to resume from
+    assert all(r.expected_resume for r in results[1:]), [r.to_dict() for r in results]
+    newest = checkpoint.latest(run_dir / "checkpoints")
+    assert newest is not None
+    last = RuntimeRun(args(run_dir))
+    assert last.finish(timeout=600) == 0, last.output
+    for word in NOISE:
+        assert word not in last.output, last.output
+    assert last.resumed_from() == newest.step, last.output
+    assert f"finished at step {STEPS}" in last.output
+    assert partial_dirs(run_dir) == []
+
+    kept = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in kept] == list(range(1, STEPS + 1))
+    rows = raw_metrics(run_dir)
+    for record in kept:
+        # the newer record of a redone step is kept, and redoing it gave the same numbers
+        same_step = [r for r in rows if r["step"] == record["step"]]
+        assert record == same_step[-1]
+        for earlier in same_step[:-1]:
+            assert {k: earlier[k] for k in DETERMINISTIC} == {k: record[k] for k in DETERMINISTIC}
+
+    assert tensors_differ(final_weights(run_dir), final_weights(reference)) == [], [
+        r.to_dict() for r in results
+    ]
+
+
+def test_sigterm_checkpoints_exits_0_and_the_resumed_run_matches_an_uninterrupted_one(
+    reference: Path, tmp_path: Path
+):
+    run_dir = tmp_path / "run"
+    first = RuntimeRun(args(run_dir, "--wandb", "offline"))
+    first.wait_line(r"^step 3/", timeout=600)
+    first.proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    assert first.finish(timeout=60) == 0, first.output
+    assert time.monotonic() - sent < 30
+    stopped_at = read_metrics(run_dir / "metrics.jsonl")[-1]["step"]
+    assert stopped_at < STEPS
+    assert f"checkpoint step {stopped_at} " in first.output
+    assert checkpoint.latest(run_dir / "checkpoints").step == stopped_at
+    time.sleep(0.5)
+    assert session_pids(first.proc.pid) == []
+
+    second = RuntimeRun(args(run_dir, "--wandb", "offline"))
+    assert second.finish(timeout=600) == 0, second.output
+    assert second.resumed_from() == stopped_at, second.output
+    # resumed exactly where it stopped: no step redone, none missing, one file
+    assert [r["step"] for r in raw_metrics(run_dir)] == list(range(1, STEPS + 1))
+    ours, theirs = (
+        read_metrics(run_dir / "metrics.jsonl"),
+        read_metrics(reference / "metrics.jsonl"),
+    )
+    assert [{k: r[k] for k in DETERMINISTIC} for r in ours] == [
+        {k: r[k] for k in DETERMINISTIC} for r in theirs
+    ]
+    assert tensors_differ(final_weights(run_dir), final_weights(reference)) == []
+
+    # the W&B run continues under the id the checkpoint carried
+    state = torch.load(
+        checkpoint.latest(run_dir / "checkpoints").path / "controller.pt", weights_only=False
+    )
+    run_id = state["wandb_run_id"]
+    assert run_id
+    offline_runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 2 and all(name.endswith(f"-{run_id}") for name in offline_runs)
