@@ -9,7 +9,8 @@ then reads metrics.jsonl: samples/s per GPU, step time, in-loop generation token
 seconds and GB/s, trainer tokens/s and MFU (6 * params * tokens / train time / peak bf16), and
 the generator's idle share (1 - generation time / step time: one generation call feeds one step).
 With fewer GPUs than the recipe's layout, every service shares the GPUs round-robin (on one GPU:
-all on GPU 0); vLLM then gets a fixed KV cache instead of a share of memory.
+all on GPU 0); vLLM then gets a fixed KV cache instead of a share of memory, and the trainer
+and reference smaller micro-batches.
 
 `vllm` runs the same prompts and sampling through a `VLLMGenerator` alone on the GPU: the
 throughput the loop's generation is compared with, a 512-sequence point, and the in-engine
@@ -126,7 +127,10 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     run_plan, shared = shared_plan(recipe, gpus)
     if shared:
         # Read by every proc (they inherit this environment): a fixed KV cache, no profiling.
+        # On one 80 GB H100 (1.7B): trainer ~27.5 GB of fp32 state plus its micro-batch's
+        # logits, reference 3.4 GB plus logits, vLLM 3.4 GB plus KV cache and CUDA graphs.
         os.environ.setdefault("FORGESKY_VLLM_KV_CACHE_GB", str(args.kv_cache_gb))
+        os.environ.setdefault("FORGESKY_TOKENS_PER_MICRO_BATCH", str(args.tokens_per_micro_batch))
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="forgesky-gpu-bench-"))
     start = time.perf_counter()
@@ -263,7 +267,10 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the averages")
     p.add_argument("--response-tokens", type=int, default=512, help="0: the recipe's")
     p.add_argument("--gpus", type=int, default=None, help="default: all visible")
-    p.add_argument("--kv-cache-gb", type=float, default=12.0, help="vLLM KV cache, shared GPUs")
+    p.add_argument("--kv-cache-gb", type=float, default=10.0, help="vLLM KV cache, shared GPUs")
+    p.add_argument(
+        "--tokens-per-micro-batch", type=int, default=4096, help="trainer/reference, shared GPUs"
+    )
     p.add_argument("--calls", type=int, default=3, help="vllm: timed generation calls")
     p.add_argument("--run-dir", default=None)
     p.add_argument("--out", default=str(ROOT / "bench/results/gpu_grpo.json"))
