@@ -15,6 +15,8 @@ shift || true
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# No network there: nothing should wait on one (usage stats, Hub lookups, W&B).
+export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled
 # NVLink multicast stays off on shared hosts (harmless where there is none).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
