@@ -1,6 +1,6 @@
 """GPU throughput of a real recipe with random weights: the whole GRPO loop, and vLLM alone.
 
-    python bench/gpu_grpo.py grpo [--recipe qwen3-1.7b] [--steps 10] [--response-tokens 512]
+    python bench/gpu_grpo.py grpo [--recipe qwen3-1.7b] [--steps 8] [--response-tokens 512]
     python bench/gpu_grpo.py vllm [--recipe qwen3-1.7b] [--response-tokens 512]
 
 `grpo` runs the recipe through the runtime (`runtime.run.run`, what `python -m runtime` calls
@@ -263,7 +263,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("mode", choices=["grpo", "vllm"])
     p.add_argument("--recipe", default="qwen3-1.7b")
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the averages")
     p.add_argument("--response-tokens", type=int, default=512, help="0: the recipe's")
     p.add_argument("--gpus", type=int, default=None, help="default: all visible")
