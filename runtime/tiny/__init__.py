@@ -16,7 +16,7 @@ TASK = TinyTask()
 
 def tokenizer() -> Any:
     """The tiny tokenizer: <pad>=0, <bos>=1, <eos>=2, then the digits (13 ids)."""
-    from runtime.tiny.tokenizer import build_tokenizer
+    from runtime.tiny.tokenization import build_tokenizer
 
     return build_tokenizer(DIGITS)
 

@@ -1,0 +1,133 @@
+"""The tiny task: its tokenizer, prompts, reward, registration, and that GRPO learns it."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import Counter
+
+import pytest
+import torch
+
+import runtime.tiny as tiny
+from recipes import architecture, load_recipe
+from runtime.backends import HFGenerator, OptimizerConfig, TitanTrainer, collate
+from runtime.data import build_prompt_source
+from runtime.grpo import group_advantages, policy_loss
+from runtime.models import ModelSpec
+from runtime.rewards import resolve_reward
+from runtime.tiny.task import TinyTask, tiny_reward
+
+
+def test_tokenizer_round_trips_task_text_with_bos_and_eos():
+    tok = tiny.tokenizer()
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    assert len(tok) == 13
+    ids = tok("345")["input_ids"]
+    assert ids == [1, 6, 7, 8]
+    assert tok.decode(ids + [2, 0], skip_special_tokens=True) == "345"
+    assert tok.batch_decode([[9, 10], [11, 2]], skip_special_tokens=True) == ["67", "8"]
+
+
+def test_tokenizer_fits_the_tiny_architecture():
+    assert len(tiny.tokenizer()) <= architecture("qwen3", "tiny").vocab_size
+
+
+def test_prompts_continue_a_count_mod_10():
+    task = TinyTask()
+    pairs = task.all_prompts()
+    assert len(pairs) == 10 and len({q for q, _ in pairs}) == 10
+    assert ("789", "012") in pairs and ("012", "345") in pairs
+    down = TinyTask(directions=("down",)).all_prompts()
+    assert ("210", "987") in down
+    stream = task.prompts(seed=4)
+    first = [next(stream) for _ in range(20)]
+    again = task.prompts(seed=4)
+    assert first == [next(again) for _ in range(20)]
+    assert set(first) <= set(pairs)
+
+
+@pytest.mark.parametrize(
+    ("completion", "reward"),
+    [
+        ("678", 1.0),
+        (" 678\n", 1.0),
+        ("67", 2 / 3),
+        ("679", 2 / 3),
+        ("778", 0.0),  # right later digits do not count after a mistake
+        ("6789", 0.75),  # extra characters count against
+        ("", 0.0),
+    ],
+)
+def test_reward_is_prefix_credit(completion, reward):
+    assert tiny_reward("345", completion, "678") == pytest.approx(reward)
+
+
+def test_no_constant_answer_scores_well():
+    pairs = TinyTask().all_prompts()
+    for constant in {a for _, a in pairs}:
+        mean = statistics.mean(tiny_reward(q, constant, a) for q, a in pairs)
+        assert mean <= 0.1
+
+
+def test_recipe_names_resolve_to_the_tiny_task():
+    recipe = load_recipe("tiny")
+    assert resolve_reward("builtin:tiny") is tiny_reward
+    source = build_prompt_source(recipe.dataset, seed=0)
+    prompts = source.take(20)
+    assert Counter(p.text for p in prompts) == Counter({q: 2 for q, _ in TinyTask().all_prompts()})
+    for p in prompts:
+        assert tiny_reward(p.text, p.answer, p.answer) == 1.0
+
+
+@pytest.fixture
+def one_thread():
+    # Several engineers share two cores: with more than one thread per process the OpenMP
+    # workers spin against each other and this test runs 5x longer.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_random_policy_learns_the_task_by_grpo(one_thread):
+    """The tiny recipe's promise: from random weights to mean reward >= 0.8 by RL alone."""
+    tok = tiny.tokenizer()
+    # The model's vocabulary is exactly the tokenizer's: ids the task never uses would only
+    # dilute a random policy's first guesses.
+    spec = dataclasses.replace(
+        ModelSpec.from_arch(architecture("qwen3", "tiny")), vocab_size=len(tok)
+    )
+    trainer = TitanTrainer(spec, OptimizerConfig(lr=5e-3), seed=0)
+    generator = HFGenerator(
+        spec, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seed=0,
+        weights=trainer.hf_state_dict(),
+    )  # fmt: skip
+    stream = TinyTask().prompts(seed=0)
+    rewards = []
+    for _ in range(45):
+        pairs = [next(stream) for _ in range(32)]
+        completions = generator.generate(
+            [tok(q)["input_ids"] for q, _ in pairs], n=8, max_new_tokens=3
+        )
+        texts = tok.batch_decode([c.response_ids for c in completions], skip_special_tokens=True)
+        r = torch.tensor(
+            [
+                tiny_reward(pairs[c.prompt_index][0], text, pairs[c.prompt_index][1])
+                for c, text in zip(completions, texts, strict=True)
+            ]
+        )
+        batch = collate(completions, pad_id=tok.pad_token_id)
+        trainer.train_step(
+            batch.tokens,
+            batch.response_mask,
+            group_advantages(r, 8),
+            batch.logprobs,
+            None,
+            policy_loss,
+            clip_high=0.28,
+        )
+        generator.load_weights(trainer.hf_state_dict())
+        rewards.append(r.mean().item())
+    assert statistics.mean(rewards[:3]) < 0.1
+    assert statistics.mean(rewards[-5:]) >= 0.8
