@@ -177,6 +177,8 @@ class NodeWatch:
             data = peer.sock.recv(4096)
         except BlockingIOError:
             return
+        except ConnectionResetError:  # it died with our heartbeats unread
+            data = b""
         except OSError as e:
             self._drop(sel, peer, f"connection to its worker failed ({e.strerror or e})")
             return
@@ -274,6 +276,8 @@ def follow_controller(
                     data = sock.recv(4096)
                 except BlockingIOError:
                     data = None
+                except ConnectionResetError:
+                    data = b""
                 except OSError as e:
                     return Outcome(1, f"connection to the controller at {head} failed: {e}", run_id)
                 if data == b"":
