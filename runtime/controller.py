@@ -369,16 +369,40 @@ class Controller:
             return saved[-1].path
         partial = checkpoint.begin(root, self.step)
         s = self.services
+        save = asyncio.ensure_future(s.call("trainer", s.trainer.save.call_one(str(partial))))
+        try:
+            state = await self._settled_state()
+        except BaseException:
+            save.cancel()
+            raise
+        await save
+        torch.save(state, partial / "controller.pt")
+        (partial / "meta.json").write_text(
+            json.dumps({"recipe": self.recipe.name, "step": self.step, "version": self.version})
+        )
+        ckpt = checkpoint.commit(root, partial, self.step)
+        print(f"checkpoint step {self.step} -> {ckpt.path}", flush=True)
+        return ckpt.path
+
+    async def _settled_state(self) -> dict[str, Any]:
+        """The controller's part of a checkpoint, taken once the rollouts in flight have landed.
+
+        No new rollout starts until then, so the data position and generate-call count cover
+        exactly the groups saved with them: a resume neither skips their prompts nor redraws
+        their seeds. In lock-step (max_policy_age=0) nothing is in flight after a step.
+        """
         self._held = True
         try:
-            # Rollouts in flight land while the trainer writes: then the data position and
-            # generate-call count saved below cover exactly the groups saved with them (a resume
-            # neither skips their prompts nor redraws their seeds).
-            await asyncio.gather(
-                s.call("trainer", s.trainer.save.call_one(str(partial))), self._rollouts_settled()
-            )
+            # in flight: between taking prompts and queueing the groups, unless waiting on a
+            # full buffer (those groups are in _unqueued)
+            while self._calls_in_flight or any(
+                self._unqueued.get(replica) and not self.buffer.full_waiters(task)
+                for replica, task in enumerate(self._rollout_tasks)
+                if not task.done()
+            ):
+                await asyncio.sleep(0.01)
             unqueued = [gr for groups in self._unqueued.values() for gr in groups]
-            state = {
+            return {
                 "step": self.step,
                 "version": self.version,
                 "generate_calls": self.generate_calls,
@@ -391,23 +415,6 @@ class Controller:
         finally:
             self._held = False
             await self._notify()
-        torch.save(state, partial / "controller.pt")
-        (partial / "meta.json").write_text(
-            json.dumps({"recipe": self.recipe.name, "step": self.step, "version": self.version})
-        )
-        ckpt = checkpoint.commit(root, partial, self.step)
-        print(f"checkpoint step {self.step} -> {ckpt.path}", flush=True)
-        return ckpt.path
-
-    async def _rollouts_settled(self) -> None:
-        """Return once no rollout is between taking prompts and queueing its groups, except
-        those waiting on a full buffer (their groups are in _unqueued)."""
-        while self._calls_in_flight or any(
-            self._unqueued.get(replica) and not self.buffer.full_waiters(task)
-            for replica, task in enumerate(self._rollout_tasks)
-            if not task.done()
-        ):
-            await asyncio.sleep(0.01)
 
     async def stop_rollouts(self, timeout_s: float = 60.0) -> None:
         """No new generation; let the calls in flight return; stop the loops."""
