@@ -41,6 +41,16 @@ LLAMA = dataclasses.replace(SPEC, family="llama3", tie_embeddings=False, norm_ep
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 3, 3, 4, 8, 11, 12]]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    # These models are tiny: one thread is fastest, and on a busy machine extra OpenMP workers
+    # spin against other processes.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _pair(spec: ModelSpec = SPEC, temperature: float = 1.0, **trainer_kwargs):
     trainer = TitanTrainer(
         spec, OptimizerConfig(lr=1e-2), temperature=temperature, seed=0, **trainer_kwargs

@@ -82,8 +82,8 @@ def test_recipe_names_resolve_to_the_tiny_task():
 
 @pytest.fixture
 def one_thread():
-    # Several engineers share two cores: with more than one thread per process the OpenMP
-    # workers spin against each other and this test runs 5x longer.
+    # The model is tiny: one thread is fastest, and on a busy machine extra OpenMP workers spin
+    # against other processes (this test then runs 5x longer).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -97,9 +97,9 @@ class TitanTrainer:
         self.step = 0
 
     def _forward_logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
-        logits = self.model(tokens.to(self.device))
-        return token_logprobs(logits, tokens.to(self.device), response_mask.to(self.device),
-                              self.temperature)  # fmt: skip
+        tokens = tokens.to(self.device)
+        logits = self.model(tokens)
+        return token_logprobs(logits, tokens, response_mask.to(self.device), self.temperature)
 
     def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
         """Teacher-forced log-probs `[B, T]` of the current policy (0 off the response)."""
