@@ -12,7 +12,7 @@ top_p = 1 it is the sampling distribution itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
@@ -39,7 +39,6 @@ class Completion:
     policy_version: int
     finish_reason: FinishReason
     prompt_index: int = 0
-    extras: dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable
