@@ -63,6 +63,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+@pytest.mark.timeout(1200)  # the first to use `reference`, so it runs it
 def test_a_checkpoint_holds_everything_a_resume_needs(reference: Path):
     root = reference / "checkpoints"
     # every 2 steps and at the end, the newest 3 kept, nothing half-written left behind
@@ -102,6 +103,7 @@ def test_a_checkpoint_holds_everything_a_resume_needs(reference: Path):
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
 
 
+@pytest.mark.timeout(1800)  # five starts of the runtime: minutes on a loaded 2-core machine
 def test_kill_9_at_random_points_resumes_from_the_last_committed_checkpoint(
     reference: Path, tmp_path: Path
 ):
@@ -159,6 +161,7 @@ def test_kill_9_at_random_points_resumes_from_the_last_committed_checkpoint(
     ]
 
 
+@pytest.mark.timeout(1200)
 def test_sigterm_checkpoints_exits_0_and_the_resumed_run_matches_an_uninterrupted_one(
     reference: Path, tmp_path: Path
 ):
