@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,16 +18,21 @@ import torchstore as ts
 from hypothesis import given
 from hypothesis import strategies as st
 from monarch.actor import Actor, endpoint, this_host
+from test_weight_layout import bits, check_layout, random_bits
 from torch import nn
 
+from runtime.weight_layout import plan_buckets
 from runtime.weights import (
+    BUCKET_BYTES,
     SyncStats,
     VersionNotPublished,
     WeightStore,
+    bucket_key,
     manifest_key,
     parse_weight_key,
     start_store,
     stop_store,
+    version_prefix,
     weight_key,
 )
 
@@ -91,12 +97,35 @@ def policy_state_dict(version: int) -> dict[str, torch.Tensor]:
     }
 
 
+def mixed_state_dict(seed: int) -> dict[str, torch.Tensor]:
+    """Every dtype a policy may hold, raw bit patterns (NaN payloads, -0.0, inf), strided views,
+    0-d and empty tensors."""
+    base = torch.randn(24, 40, generator=torch.Generator().manual_seed(seed))
+    return {
+        "model.embed_tokens.weight": random_bits((96, 32), torch.bfloat16, seed),
+        "model.layers.0.self_attn.q_proj.weight": random_bits(
+            (32, 48), torch.bfloat16, seed + 6
+        ).t(),
+        "model.layers.0.mlp.up_proj.weight": base.t(),
+        "model.layers.0.input_layernorm.weight": base[3],
+        "model.layers.0.mlp.down_proj.weight": base[::2, 1::3],
+        "model.norm.weight": random_bits((32,), torch.float32, seed + 1),
+        "model.rotary_emb.inv_freq": random_bits((16,), torch.float64, seed + 2),
+        "model.layers.0.attn_scale": random_bits((), torch.bfloat16, seed + 3),
+        "model.step": torch.tensor(7, dtype=torch.int64),
+        "model.half": torch.tensor([float("nan"), float("inf"), -0.0, 1e-7], dtype=torch.float16),
+        "model.mask": random_bits((5, 3), torch.bool, seed + 4),
+        "model.empty": torch.zeros(0, 4, dtype=torch.bfloat16),
+        "lm_head.weight": random_bits((96, 32), torch.bfloat16, seed + 5),
+    }
+
+
 def assert_bit_exact(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
     assert list(got) == list(want)
     for name, tensor in want.items():
         assert got[name].dtype == tensor.dtype, name
         assert got[name].shape == tensor.shape, name
-        assert torch.equal(got[name].view(torch.uint8), tensor.view(torch.uint8)), name
+        assert torch.equal(bits(got[name]), bits(tensor)), name
 
 
 # --- actors, each in its own proc mesh ------------------------------------------------------
@@ -107,6 +136,13 @@ class Trainer(Actor):
     async def publish(self, store: WeightStore, version: int) -> SyncStats:
         return await store.publish(version, policy_state_dict(version))
 
+    @endpoint
+    async def publish_mixed(self, store: WeightStore, version: int) -> SyncStats:
+        """Publish :func:`mixed_state_dict`, built here so its strided views are the trainer's."""
+        state_dict = mixed_state_dict(version)
+        assert not state_dict["model.layers.0.mlp.up_proj.weight"].is_contiguous()
+        return await store.publish(version, state_dict)
+
 
 class Generator(Actor):
     @endpoint
@@ -114,7 +150,8 @@ class Generator(Actor):
         self, store: WeightStore, version: int, wait_s: float = 0.0
     ) -> dict[str, torch.Tensor]:
         state_dict, _ = await store.fetch(version, wait_s=wait_s)
-        return state_dict
+        # Fetched tensors are views into whole buckets: reply with only their own bytes.
+        return {name: t.clone() for name, t in state_dict.items()}
 
     @endpoint
     async def fetch_in_place(self, store: WeightStore, version: int) -> bool:
@@ -180,6 +217,9 @@ def cluster(procs_can_import_tests):
 def test_weight_key_layout():
     name = "model.layers.0.self_attn.q_proj.weight"
     assert weight_key(12, name) == f"policy/v000012/{name}"
+    assert bucket_key(12, 3) == "policy/v000012/bucket_0003"
+    assert bucket_key(12, 12345) == "policy/v000012/bucket_12345"
+    assert parse_weight_key(bucket_key(12, 3)) == (12, "bucket_0003")
     assert manifest_key(12) == "policy/v000012/__manifest__"
     assert weight_key(1234567, "lm_head.weight") == "policy/v1234567/lm_head.weight"
     assert parse_weight_key(weight_key(12, name)) == (12, name)
@@ -202,6 +242,8 @@ def test_weight_key_rejects_reserved_and_empty_names():
     for name in ("", "__manifest__"):
         with pytest.raises(ValueError, match="invalid parameter name"):
             weight_key(1, name)
+    with pytest.raises(ValueError, match="bucket index"):
+        bucket_key(1, -1)
 
 
 @given(
@@ -214,6 +256,13 @@ def test_key_round_trip(version, name):
 
 def test_sync_stats_throughput():
     assert SyncStats(version=1, tensors=2, bytes=3_000_000_000, seconds=2.0).gb_per_s == 1.5
+
+
+def test_store_handle_carries_a_valid_bucket_cap():
+    assert WeightStore("x").bucket_bytes == BUCKET_BYTES
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="bucket_bytes"):
+            WeightStore("x", bad)
 
 
 # --- publish / fetch between procs ----------------------------------------------------------
@@ -235,6 +284,83 @@ def test_generator_fetches_each_published_version_bit_exactly(cluster):
 def test_fetch_into_preallocated_tensors(cluster):
     cluster.run(cluster.trainer.publish.call_one(cluster.store, 5))
     assert cluster.run(cluster.generator.fetch_in_place.call_one(cluster.store, 5))
+
+
+async def _raw_manifest(store: WeightStore, version: int) -> dict:
+    return await ts.get(manifest_key(version), store_name=store.name)
+
+
+async def _version_keys(store: WeightStore, version: int) -> set[str]:
+    prefix = version_prefix(version)
+    # ts.keys() takes no store name; the store's own client does.
+    keys = await (await ts.client(store.name)).keys()
+    return {k for k in keys if k.startswith(prefix)}
+
+
+def test_mixed_dtypes_over_many_buckets_round_trip_bit_exactly(cluster):
+    small = dataclasses.replace(cluster.store, bucket_bytes=4096)
+    want = mixed_state_dict(10)
+    stats = cluster.run(cluster.trainer.publish_mixed.call_one(small, 10))
+    assert stats.tensors == len(want)
+    assert stats.bytes == sum(t.numel() * t.element_size() for t in want.values())
+
+    raw = cluster.run(_raw_manifest(small, 10))
+    assert len(raw["buckets"]) > len({t.dtype for t in want.values()})
+    assert cluster.run(_version_keys(small, 10)) == {
+        *(bucket_key(10, i) for i in range(len(raw["buckets"]))),
+        manifest_key(10),
+    }
+    for i, size in enumerate(raw["buckets"]):
+        bucket = cluster.run(ts.get(bucket_key(10, i), store_name=small.name))
+        assert bucket.dtype == torch.uint8 and bucket.shape == (size,)
+    check_layout(want, cluster.run(small.layout(10)), raw["buckets"], 4096)
+
+    # Another proc (the generator), then this one, where the tensors are views into buckets.
+    assert_bit_exact(cluster.run(cluster.generator.fetch.call_one(small, 10)), want)
+    got, fetch_stats = cluster.run(cluster.store.fetch(10))
+    assert_bit_exact(got, want)
+    assert fetch_stats.bytes == stats.bytes and fetch_stats.tensors == len(want)
+    # Guard against a comparison that could not fail: NaN payloads and -0.0 are really there.
+    assert torch.isnan(want["model.half"]).any() and torch.signbit(want["model.half"][2])
+
+    into = {n: torch.empty_like(t) for n, t in want.items() if t.dtype == torch.bfloat16}
+    got, _ = cluster.run(cluster.store.fetch(10, into=into))
+    assert all(got[n] is t for n, t in into.items())
+    assert_bit_exact(got, want)
+
+
+def test_fetch_into_rejects_tensors_of_another_shape_or_dtype(cluster):
+    cluster.run(cluster.trainer.publish.call_one(cluster.store, 11))
+    wrong = {"lm_head.weight": torch.empty(96, 32, dtype=torch.float32)}
+    with pytest.raises(ValueError, match="preallocated 'lm_head.weight'"):
+        cluster.run(cluster.store.fetch(11, into=wrong))
+    with pytest.raises(KeyError, match="not in policy version 11"):
+        cluster.run(cluster.store.fetch(11, into={"nope": torch.empty(1)}))
+
+
+def test_manifest_is_written_after_and_deleted_before_every_bucket(cluster):
+    """Snapshots of the store's keys taken while a many-bucket version is published and
+    dropped: whenever the manifest is there, so is every bucket it lists."""
+    small = dataclasses.replace(cluster.store, bucket_bytes=1024)
+    n_buckets = len(plan_buckets(mixed_state_dict(12), 1024)[1])
+    buckets = {bucket_key(12, i) for i in range(n_buckets)}
+    assert n_buckets >= 10
+
+    async def snapshot_check(work) -> None:
+        task = asyncio.ensure_future(work)
+        while True:
+            done = task.done()
+            keys = await _version_keys(small, 12)
+            if manifest_key(12) in keys:
+                assert buckets <= keys, sorted(buckets - keys)[:3]
+            if done:
+                await task
+                return
+
+    cluster.run(snapshot_check(cluster.trainer.publish_mixed.call_one(small, 12)))
+    assert cluster.run(_version_keys(small, 12)) == buckets | {manifest_key(12)}
+    cluster.run(snapshot_check(small.drop(12)))
+    assert cluster.run(_version_keys(small, 12)) == set()
 
 
 def test_fetch_of_unpublished_version_raises_clearly(cluster):
@@ -266,8 +392,10 @@ def test_dropped_versions_are_gone(cluster):
     for version in (20, 21):
         cluster.run(cluster.trainer.publish.call_one(store, version))
     assert cluster.run(store.latest_version()) == 21
-    n_keys = len(policy_state_dict(0)) + 1
-    assert cluster.run(store.drop(21)) == n_keys
+    n_buckets = len(cluster.run(_raw_manifest(store, 21))["buckets"])
+    assert n_buckets == 2  # bfloat16 matrices, float32 norms
+    assert cluster.run(store.drop(21)) == n_buckets + 1
+    assert cluster.run(_version_keys(store, 21)) == set()
     assert cluster.run(store.drop(21)) == 0
     assert 21 not in cluster.run(store.versions())
     assert cluster.run(store.latest_version()) == 20
@@ -287,16 +415,29 @@ def test_views_ship_only_their_own_bytes(cluster):
         "model.norm.weight": ((8,), "float32"),
         "lm_head.weight": ((8, 8), "float32"),
     }
+    bucket = cluster.run(ts.get(bucket_key(40, 0), store_name=cluster.store.name))
+    assert bucket.untyped_storage().nbytes() == (8 + 64) * 4
     got, _ = cluster.run(cluster.store.fetch(40))
     assert torch.equal(got["model.norm.weight"], base[2])
     assert torch.equal(got["lm_head.weight"], base.t())
-    assert got["model.norm.weight"].untyped_storage().nbytes() == 8 * 4
+
+    # Cut into 64-byte buckets, each stored bucket still holds only its own bytes.
+    small = dataclasses.replace(cluster.store, bucket_bytes=64)
+    cluster.run(small.publish(41, state_dict))
+    assert cluster.run(_raw_manifest(small, 41))["buckets"] == [64, 64, 64, 64, 32]
+    for i in range(5):
+        bucket = cluster.run(ts.get(bucket_key(41, i), store_name=small.name))
+        assert bucket.untyped_storage().nbytes() == (64 if i < 4 else 32)
+    got, _ = cluster.run(small.fetch(41))
+    assert torch.equal(got["model.norm.weight"], base[2])
+    assert torch.equal(got["lm_head.weight"], base.t())
 
 
 def test_unfinished_publish_is_invisible_and_drop_cleans_it(cluster):
     store = cluster.store
-    # A trainer that died mid-publish leaves tensors without a manifest.
-    cluster.run(ts.put(weight_key(30, "lm_head.weight"), torch.ones(2), store_name=store.name))
+    # A trainer that died mid-publish leaves buckets without a manifest.
+    bucket = torch.ones(8, dtype=torch.uint8)
+    cluster.run(ts.put(bucket_key(30, 0), bucket, store_name=store.name))
     assert 30 not in cluster.run(store.versions())
     with pytest.raises(VersionNotPublished):
         cluster.run(store.fetch(30))
