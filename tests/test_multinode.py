@@ -1,0 +1,196 @@
+"""Multi-node runs of the `tiny` recipe, three nodes on one machine, as SkyPilot starts them:
+the same `python -m runtime` on every node with SKYPILOT_NODE_RANK and SKYPILOT_NODE_IPS.
+
+Two kinds of nodes:
+- netns: each node a separate host with its own network namespace and address (10.200.0.x on a
+  private bridge); a lost node has its cable pulled before its processes die, so nothing closes
+  a connection and only the heartbeats' silence tells. Needs root; skipped (with the reason)
+  where namespaces cannot be made.
+- loopback: each node its own loopback address (127.0.0.x) on a free port; a lost node's
+  processes are killed, which closes its connections. Runs everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from netns import Fabric, unavailable
+from runtime_helpers import ROOT, finish, leftover_processes, wait_for_line
+
+from runtime.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+LOOPBACK = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+
+
+class Nodes:
+    """Three nodes, each started as its own `python -m runtime` process."""
+
+    def __init__(self, ips: list[str], port: int | None, fabric: Fabric | None = None) -> None:
+        self.ips, self.port, self.fabric = ips, port, fabric
+        self.procs: list[subprocess.Popen] = []
+
+    def env(self, rank: int) -> dict[str, str]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.update(SKYPILOT_NODE_RANK=str(rank), SKYPILOT_NODE_IPS="\n".join(self.ips) + "\n")
+        if self.port is not None:
+            env["FORGESKY_WORKER_PORT"] = str(self.port)
+        return env
+
+    def start(self, rank: int, args: list[str], log: Path | None) -> subprocess.Popen:
+        """Node `rank`: the controller's output piped (rank 0), a worker's into `log`."""
+        argv = [sys.executable, "-m", "runtime", *args]
+        out = subprocess.PIPE if log is None else log.open("w")
+        options = {"cwd": ROOT, "env": self.env(rank), "stdout": out, "stderr": subprocess.STDOUT}
+        if self.fabric is not None:
+            proc = self.fabric.run(rank, argv, text=True, **options)
+        else:
+            proc = subprocess.Popen(argv, start_new_session=True, text=True, **options)
+        self.procs.append(proc)
+        return proc
+
+    def start_all(self, args: list[str], logs: Path) -> list[subprocess.Popen]:
+        logs.mkdir(parents=True, exist_ok=True)
+        workers = [self.start(rank, args, logs / f"node{rank}.log") for rank in (1, 2)]
+        return [self.start(0, args, None), *workers]
+
+    def lose(self, rank: int, proc: subprocess.Popen) -> None:
+        """Node `rank` dies with everything on it."""
+        if self.fabric is not None:
+            self.fabric.cut(rank)
+        else:
+            for pid in _session(proc.pid):
+                _kill(pid)
+        proc.wait(10)  # no zombie left behind
+
+    def busy(self, rank: int, proc: subprocess.Popen) -> int:
+        """How many processes run on node `rank` (its worker and the procs it serves)."""
+        if self.fabric is not None:
+            return len(self.fabric.pids(rank))
+        return len(leftover_processes(proc.pid))
+
+    def leftovers(self) -> list[str]:
+        left = [p for proc in self.procs for p in leftover_processes(proc.pid)]
+        if self.fabric is not None:
+            left += [f"pid {pid}" for n in range(3) for pid in self.fabric.pids(n)]
+        return left
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                _kill(proc.pid)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def _session(sid: int) -> list[int]:
+    ps = subprocess.run(["ps", "-e", "-o", "pid=,sid="], capture_output=True, text=True)
+    rows = [tuple(map(int, line.split())) for line in ps.stdout.splitlines()]
+    return [pid for pid, session in rows if session == sid]
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def free_port(ips: list[str]) -> int:
+    """A port free on every one of `ips`."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind((ips[0], 0))
+            port = probe.getsockname()[1]
+        try:
+            for ip in ips[1:]:
+                with socket.socket() as s:
+                    s.bind((ip, port))
+            return port
+        except OSError:
+            continue
+
+
+@pytest.fixture(params=["netns", "loopback"])
+def nodes(request) -> Iterator[Nodes]:
+    if request.param == "loopback":
+        made = Nodes(LOOPBACK, free_port(LOOPBACK))
+        try:
+            yield made
+        finally:
+            made.stop()
+        return
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"network namespaces cannot be made here ({reason}); the loopback run covers")
+    with Fabric(3) as fabric:
+        made = Nodes(fabric.ips, None, fabric)  # the default port, 26600
+        try:
+            yield made
+        finally:
+            made.stop()
+
+
+def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"node process {proc.pid} did not exit within {timeout} s") from None
+
+
+def test_losing_a_node_stops_the_run_and_the_rerun_resumes(nodes: Nodes, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    args = [
+        "--recipe",
+        "tiny",
+        "--steps",
+        "6",
+        "--checkpoint-every",
+        "2",
+        "--run-dir",
+        str(run_dir),
+    ]
+    controller, node1, node2 = nodes.start_all(args, tmp_path / "first")
+    seen = "".join(wait_for_line(controller, "services ready", timeout=600))
+    assert "tiny on CPU, 3 nodes" in seen
+    assert "2 worker node(s) attached" in seen
+    # The generator runs on node 1 and the reference on node 2, each in a proc of its worker.
+    assert nodes.busy(1, node1) >= 2 and nodes.busy(2, node2) >= 2
+    seen += "".join(wait_for_line(controller, "checkpoint step 2", timeout=600))
+
+    lost_at = time.monotonic()
+    nodes.lose(2, node2)
+    code, out = finish(controller, timeout=120)
+    stopped_in = time.monotonic() - lost_at
+    out = seen + out
+    assert code == 1, out
+    assert stopped_in < 60, out
+    why = "no heartbeat for 20 s" if nodes.fabric else "connection to its worker closed"
+    assert f"forgesky: node 2 ({nodes.ips[2]}) lost: {why}" in out
+    assert "Traceback" not in out and "SupervisionError" not in out
+    assert wait_exit(node1, 30) == 1
+    assert "the controller finished (exit code 1)" in (tmp_path / "first/node1.log").read_text()
+    time.sleep(1.0)
+    assert nodes.leftovers() == []
+    committed = max(int(s) for s in re.findall(r"checkpoint step (\d+) ->", out))
+    print(f"node 2 lost; run stopped in {stopped_in:.1f} s after step {committed} was committed")
+
+    if nodes.fabric is not None:  # the node is back: a new machine with the old address
+        subprocess.run(["ip", "-n", nodes.fabric.names[2], "link", "set", "eth0", "up"], check=True)
+    controller, node1, node2 = nodes.start_all(args, tmp_path / "second")
+    code, out = finish(controller, timeout=900)
+    assert code == 0, out
+    assert f"resumed from step {committed}" in out
+    assert "finished at step 6" in out
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(1, 7))
+    assert wait_exit(node1, 60) == 0 and wait_exit(node2, 60) == 0
+    time.sleep(1.0)
+    assert nodes.leftovers() == []
