@@ -295,6 +295,8 @@ class RunLifecycle:
             task.cancel()
             await asyncio.wait({task}, timeout=self.drain_timeout)
         if self.failure is not None:
+            if task.done() and not task.cancelled():
+                task.exception()  # main raised the failure itself: seen, so asyncio stays quiet
             raise self.failure
         if task.done() and not task.cancelled():
             task.result()
