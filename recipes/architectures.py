@@ -104,12 +104,13 @@ def _llama3(
     )
 
 
-# Small enough to train on two CPU cores in seconds; the tiny task's tokenizer has 64 ids and its
-# prompts plus responses stay under 64 tokens.
+# Small enough to train on two CPU cores in seconds. The vocabulary is exactly the tiny task's
+# tokenizer (<pad>, <bos>, <eos> and ten digits): with spare ids a random policy spends its
+# probability on tokens the task never uses and learns about half as fast.
 TINY = Arch(
     family="qwen3",
     size="tiny",
-    vocab_size=64,
+    vocab_size=13,
     dim=64,
     n_layers=2,
     n_heads=4,

@@ -148,6 +148,7 @@ def test_tiny_recipe():
         "builtin:tiny"
     ]
     g = r.grpo
-    assert (g.group_size, g.prompts_per_step, g.loss, g.max_policy_age) == (8, 8, "grpo", 1)
-    assert (g.steps, g.checkpoint_interval, g.kl_beta) == (200, 50, 0.0)
+    assert (g.group_size, g.loss, g.max_policy_age) == (8, "grpo", 1)
+    # checkpoints land inside the run, not only at its end
+    assert 0 < g.checkpoint_interval < g.steps
     assert g.max_prompt_tokens + g.max_response_tokens <= r.arch.max_seq_len

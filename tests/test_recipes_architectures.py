@@ -70,14 +70,8 @@ def test_llama_numbers():
 
 def test_tiny_is_small_enough_for_cpu():
     t = architecture("qwen3", "tiny")
-    assert (t.vocab_size, t.dim, t.n_layers, t.n_heads, t.n_kv_heads, t.head_dim) == (
-        64,
-        64,
-        2,
-        4,
-        2,
-        16,
-    )
+    # a full training step (32 groups of 8) must take well under a second on two cores
+    assert t.params < 200_000 and t.n_layers <= 2 and t.dim <= 64
     assert (t.ffn_dim, t.max_seq_len, t.tie_embeddings) == (128, 64, True)
     assert t.params < 200_000
 
