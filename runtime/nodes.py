@@ -150,12 +150,11 @@ async def _join_and_attach(cluster: Cluster, watch: NodeWatch, join_timeout: flo
         raise NodeFailure(cluster.name(rank), f"lost: {reason}")
     missing = watch.missing()
     if missing:
-        ranks = ", ".join(map(str, missing))
+        there = f"there with {RANK_ENV}={missing[0]}" if len(missing) == 1 else "on them"
         raise NodeFailure(
             cluster.names(missing),
             f"did not join within {join_timeout:g} s: no worker there reached the controller "
-            f"at {cluster.head}:{cluster.port} (is `python -m runtime` running there, "
-            f"with {RANK_ENV}={ranks}?)",
+            f"at {cluster.head}:{cluster.port} (is `python -m runtime` running {there}?)",
         )
     mesh = attach_to_workers(
         ca="trust_all_connections",

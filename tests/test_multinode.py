@@ -139,6 +139,13 @@ def nodes(request) -> Iterator[Nodes]:
             made.stop()
 
 
+def wait_for_file_line(path: Path, needle: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while needle not in (path.read_text() if path.exists() else ""):
+        assert time.monotonic() < deadline, f"no {needle!r} in {path} within {timeout} s"
+        time.sleep(0.2)
+
+
 def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
     try:
         return proc.wait(timeout)
@@ -194,3 +201,56 @@ def test_losing_a_node_stops_the_run_and_the_rerun_resumes(nodes: Nodes, tmp_pat
     assert wait_exit(node1, 60) == 0 and wait_exit(node2, 60) == 0
     time.sleep(1.0)
     assert nodes.leftovers() == []
+
+
+@pytest.fixture
+def loopback() -> Iterator[Nodes]:
+    made = Nodes(LOOPBACK, free_port(LOOPBACK))
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+def test_a_node_that_never_joins_is_named(loopback: Nodes, tmp_path: Path):
+    args = ["--recipe", "tiny", "--run-dir", str(tmp_path / "run"), "--join-timeout"]
+    node1 = loopback.start(1, [*args, "300"], tmp_path / "node1.log")
+    wait_for_file_line(tmp_path / "node1.log", "serving on", timeout=300)
+    controller = loopback.start(0, [*args, "10"], None)
+    code, out = finish(controller, timeout=300)
+    assert code == 1, out
+    assert (
+        "forgesky: node 2 (127.0.0.3) did not join within 10 s: no worker there reached the "
+        f"controller at 127.0.0.1:{loopback.port} (is `python -m runtime` running there with "
+        "SKYPILOT_NODE_RANK=2?)"
+    ) in out
+    assert "Traceback" not in out
+    assert wait_exit(node1, 30) == 1
+    assert "the controller finished (exit code 1)" in (tmp_path / "node1.log").read_text()
+
+    alone = loopback.start(2, [*args, "3"], tmp_path / "node2.log")
+    assert wait_exit(alone, 120) == 1
+    assert (
+        f"no controller answered at 127.0.0.1:{loopback.port} within 3 s"
+        in (tmp_path / "node2.log").read_text()
+    )
+    time.sleep(0.5)
+    assert loopback.leftovers() == []
+
+
+def test_sigterm_on_every_node_checkpoints_and_every_node_exits_0(loopback: Nodes, tmp_path: Path):
+    """What a cancel or a preemption does: every node gets SIGTERM at once. The workers keep
+    serving while the controller drains and checkpoints through their procs."""
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny", "--steps", "50", "--run-dir", str(run_dir)]
+    procs = loopback.start_all(args, tmp_path)
+    wait_for_line(procs[0], "step 2/50", timeout=600)
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    code, out = finish(procs[0], timeout=120)
+    assert code == 0, out
+    assert re.search(r"checkpoint step \d+ ->", out), out
+    assert [wait_exit(p, 60) for p in procs[1:]] == [0, 0]
+    assert "stop requested" in (tmp_path / "node1.log").read_text()
+    time.sleep(1.0)
+    assert loopback.leftovers() == []
