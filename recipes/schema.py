@@ -98,6 +98,8 @@ class Grpo(_Strict):
     weight_decay: float = Field(default=0.0, ge=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
     warmup_steps: int = Field(default=0, ge=0)
+    # after warmup: hold the learning rate, or decay it linearly to 0 at the last step
+    lr_schedule: Literal["constant", "linear"] = "constant"
 
 
 class GeneratorLayout(_Strict):

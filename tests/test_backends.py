@@ -278,3 +278,18 @@ def test_backends_satisfy_the_protocols_the_actors_use():
     assert isinstance(generator, GeneratorBackend)
     assert isinstance(trainer, TrainerBackend)
     assert isinstance(TitanReference(SPEC), ScoringBackend)
+
+
+def test_linear_schedule_warms_up_then_decays_to_zero_and_survives_a_checkpoint():
+    from runtime.backends import OptimizerConfig
+
+    cfg = OptimizerConfig(lr=1.0, warmup_steps=2, schedule="linear", total_steps=10)
+    factors = [cfg.lr_factor(s) for s in range(10)]
+    assert factors[:2] == [0.5, 1.0]
+    assert factors[2] == 1.0 and factors[-1] == 0.125
+    assert all(a > b for a, b in zip(factors[2:], factors[3:], strict=False))
+    assert OptimizerConfig(lr=1.0).lr_factor(1000) == 1.0  # constant by default
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cfg.lr_factor)
+    sched.load_state_dict(sched.state_dict())

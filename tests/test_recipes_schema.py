@@ -215,6 +215,7 @@ def test_cpu_recipes_skip_the_memory_check_but_need_single_procs(tmp_path):
 def test_token_budget_must_fit_the_context(tmp_path):
     data = catalog_data("tiny")
     data["grpo"]["max_prompt_tokens"] = 60
+    data["grpo"]["max_response_tokens"] = 8
     assert (
         "grpo.max_prompt_tokens + grpo.max_response_tokens: 68 exceeds the qwen3 tiny context of 64"
         in error_of(load_recipe, write(tmp_path, data))

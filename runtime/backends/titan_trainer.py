@@ -18,7 +18,14 @@ _SUMMED_STATS = ("loss", "pg_loss", "response_tokens")
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """AdamW with linear warmup to a constant learning rate, and gradient-norm clipping."""
+    """AdamW with linear warmup, then a constant or linearly decaying learning rate, and
+    gradient-norm clipping.
+
+    Linear decay (to 0 at `total_steps`, TRL's default) matters once a policy is nearly
+    deterministic: gradients shrink, so does Adam's second moment, and one rare sample with a
+    large advantage then moves the weights far at a constant rate (seen on the tiny task: reward
+    0.98 -> 0.80 in one step at step 55 of 60).
+    """
 
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -26,16 +33,30 @@ class OptimizerConfig:
     eps: float = 1e-8
     max_grad_norm: float = 1.0
     warmup_steps: int = 0
+    schedule: str = "constant"  # or "linear"
+    total_steps: int = 0
 
     @classmethod
     def from_grpo(cls, grpo: Any) -> OptimizerConfig:
-        """From a recipe's `grpo` section (learning_rate, weight_decay, max_grad_norm, warmup)."""
+        """From a recipe's `grpo` section (learning rate and its schedule, weight decay,
+        gradient clipping, warmup, steps)."""
         return cls(
             lr=grpo.learning_rate,
             weight_decay=grpo.weight_decay,
             max_grad_norm=grpo.max_grad_norm,
             warmup_steps=grpo.warmup_steps,
+            schedule=getattr(grpo, "lr_schedule", "constant"),
+            total_steps=grpo.steps,
         )
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier of `lr` at optimizer step `step` (0-based), for LambdaLR."""
+        if self.warmup_steps > 0 and step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "linear" and self.total_steps > self.warmup_steps:
+            span = self.total_steps - self.warmup_steps
+            return max(0.0, 1.0 - (step - self.warmup_steps) / span)
+        return 1.0
 
 
 def _load_or_init(
@@ -90,10 +111,7 @@ class TitanTrainer:
             betas=optim.betas,
             eps=optim.eps,
         )
-        warmup = optim.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, optim.lr_factor)
         self.step = 0
 
     def _forward_logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
