@@ -22,6 +22,15 @@ RECIPE_MOUNT_DIR = "/forgesky/recipes"
 RECOVERY_STRATEGIES = ("eager_next_region", "failover")
 WANDB_MODES = ("online", "offline", "disabled")
 SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
+# The port every node of a multi-node run listens on (runtime.cluster.DEFAULT_WORKER_PORT; a test
+# keeps the two equal, since neither side imports the other). Node 0's controller takes the
+# others' Monarch workers from there. SkyPilot's own rules already allow any traffic between the
+# nodes of a cluster (AWS: the security group admits itself; GCP: the VPC admits its internal
+# range; Kubernetes: pods reach pods), and Monarch's procs also listen on ephemeral ports, so the
+# task opens nothing: `resources.ports` would open the port to the internet, for a service that
+# runs whatever code reaches it.
+WORKER_PORT = 26600
+WORKER_PORT_ENV = "FORGESKY_WORKER_PORT"
 # Store URL schemes SkyPilot mounts (sky.data.storage.StoreType prefixes); https:// is Azure blob.
 BUCKET_SCHEMES = ("s3", "gs", "r2", "cos", "oci", "nebius", "cw", "vastdata", "https")
 _BUCKET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -136,6 +145,8 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         "MAX_STEPS": "" if options.steps is None else str(options.steps),
         "WANDB_MODE": options.wandb or "disabled",
     }
+    if run_plan.num_nodes > 1:
+        envs[WORKER_PORT_ENV] = str(WORKER_PORT)
     node_overrides = tuple(o for o in overrides if o.partition("=")[0].strip() != "model.hf_id")
     return Job(
         recipe=recipe,

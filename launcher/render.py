@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 import sky
-from launcher.options import Job, LaunchOptions, resolve_job, secret_values
+from launcher.options import WORKER_PORT_ENV, Job, LaunchOptions, resolve_job, secret_values
 from launcher.task import build_task
 
 # GPUs per VM that clouds sell; other counts need Kubernetes or a cloud that splits nodes.
@@ -118,6 +118,17 @@ def header(job: Job, command: str, path: str | None) -> str:
             "and clouds that sell",
             f"any count. Elsewhere use --gpus {vm * plan.num_nodes}: the plan gives the extra GPUs "
             "to generation and training.",
+        ]
+    if plan.num_nodes > 1:
+        lines += [
+            f"{plan.num_nodes} nodes, each running the same `run`: node 0 runs the controller, "
+            "which waits for the",
+            f"others and attaches to their Monarch workers on port ${WORKER_PORT_ENV}.",
+            "Traffic between the nodes stays inside the cluster (SkyPilot allows it); nothing is "
+            "opened",
+            "to the internet. A lost node stops the run (exit 1) within a minute, naming it, so "
+            "that a",
+            "managed job's recovery can take over.",
         ]
     if options.managed and not options.checkpoint_bucket:
         lines += [

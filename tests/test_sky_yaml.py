@@ -69,7 +69,10 @@ def test_skypilot_parses_the_file(file_name):
         assert per_node * task.num_nodes == need
     assert task.envs["MIN_GPUS"] == str(need)
     assert task.envs["MODEL"] == recipe.model.hf_id
-    assert set(task.envs) == {"MODEL", "MIN_GPUS", "MAX_STEPS", "WANDB_MODE"}
+    multi_node = {"FORGESKY_WORKER_PORT"} if expected_plan.num_nodes > 1 else set()
+    assert set(task.envs) == {"MODEL", "MIN_GPUS", "MAX_STEPS", "WANDB_MODE"} | multi_node
+    # Nothing is opened to the internet: the nodes reach each other inside the cluster.
+    assert all(r.ports is None for r in task.resources)
     # No secret values in a committed file: empty slots, or references for needed ones.
     assert all(v.get_secret_value() == "" for v in task.secrets.values())
     refs = {ref.name for ref in task.managed_secret_refs}

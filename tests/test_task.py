@@ -124,6 +124,10 @@ def test_launch_multi_node_sets_nodes_and_per_node_gpus(monkeypatch, capsys, env
     task = fake.task()
     assert task.num_nodes == 2
     assert [r.accelerators for r in task.resources] == [{"H100": 8}, {"H200": 8}]
+    # Every node listens on this port; SkyPilot lets a cluster's nodes reach each other, and
+    # nothing is opened to the internet.
+    assert task.envs["FORGESKY_WORKER_PORT"] == "26600"
+    assert all(r.ports is None for r in task.resources)
     code, fake, _, _ = launch(
         monkeypatch, capsys, "qwen3-8b", "--gpus", "8", "--gpus-per-node", "4"
     )
@@ -501,8 +505,22 @@ def test_bucket_schemes_are_the_stores_skypilot_mounts():
     assert set(BUCKET_SCHEMES) <= prefixes
 
 
-def test_node_plans_exactly_what_the_launcher_planned(node):
+def test_one_node_tasks_have_no_worker_port(monkeypatch, capsys, env):
+    code, fake, _, _ = launch(monkeypatch, capsys, "qwen3-8b", "--gpus", "8")
+    assert code == 0
+    assert "FORGESKY_WORKER_PORT" not in fake.task().envs
+
+
+def test_launcher_and_runtime_agree_on_the_worker_port():
+    from launcher.options import WORKER_PORT, WORKER_PORT_ENV
+    from runtime.cluster import DEFAULT_WORKER_PORT, PORT_ENV
+
+    assert (WORKER_PORT, WORKER_PORT_ENV) == (DEFAULT_WORKER_PORT, PORT_ENV)
+
+
+def test_node_plans_exactly_what_the_launcher_planned(node, monkeypatch):
     """The run script's arguments, read by the runtime's own parser, give the launcher's plan."""
+    from runtime.cluster import check_plan_fits
     from runtime.entry import parse_config
 
     options = LaunchOptions(
@@ -521,3 +539,10 @@ def test_node_plans_exactly_what_the_launcher_planned(node):
     assert config.recipe.grpo.kl_beta == 0.05
     assert config.wandb_mode == "offline"
     assert str(config.run_dir) == "runs/grpo-qwen3-8b"
+    # What SkyPilot adds on each of the two nodes: the plan fits, and every node has the port.
+    monkeypatch.setenv("SKYPILOT_NODE_IPS", "10.0.0.5\n10.0.0.6\n")
+    monkeypatch.setenv("SKYPILOT_NODE_RANK", "1")
+    monkeypatch.setenv("FORGESKY_WORKER_PORT", task.envs["FORGESKY_WORKER_PORT"])
+    config = parse_config(args[2:])
+    check_plan_fits(config.plan, config.cluster)
+    assert (config.cluster.rank, config.cluster.port) == (1, 26600)
