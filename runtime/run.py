@@ -75,25 +75,35 @@ async def _start(life: RunLifecycle, config: RunConfig) -> Services:
 
     # The trainer sees all its GPUs in one proc; FSDP across procs belongs to the GPU backend.
     trainer_gpus = tuple(g for p in trainers for g in p.gpus)
-    trainer_mesh = await life.spawn_service(
-        "trainer", 1, gpus=[trainer_gpus], threads=threads, host=hosts.host_of("trainer", trainers)
-    )
-    trainer = trainer_mesh.spawn_actor(TrainerActor)
-    generators = []
-    for p in gens:
-        mesh = await life.spawn_service(
-            f"generator{p.replica}", 1, gpus=[p.gpus], threads=threads, host=hosts.host(p.node)
-        )
-        generators.append(mesh.spawn_actor(GeneratorActor))
-    reference = None
-    if refs:
-        mesh = await life.spawn_service(
-            "reference", 1, gpus=[refs[0].gpus], threads=threads, host=hosts.host(refs[0].node)
-        )
-        reference = mesh.spawn_actor(ReferenceActor)
     reward_host = hosts.host_of("reward", _placements(plan, "reward"))
-    reward_mesh = await life.spawn_service("reward", plan.reward_procs, threads=1, host=reward_host)
-    reward = reward_mesh.spawn_actor(RewardActor)
+    # All procs start at once: each spends seconds importing torch and the model code.
+    spawns = [
+        life.spawn_service(
+            "trainer",
+            1,
+            gpus=[trainer_gpus],
+            threads=threads,
+            host=hosts.host_of("trainer", trainers),
+        ),
+        life.spawn_service("reward", plan.reward_procs, threads=1, host=reward_host),
+        *(
+            life.spawn_service(
+                f"generator{p.replica}", 1, gpus=[p.gpus], threads=threads, host=hosts.host(p.node)
+            )
+            for p in gens
+        ),
+        *(
+            life.spawn_service(
+                "reference", 1, gpus=[refs[0].gpus], threads=threads, host=hosts.host(refs[0].node)
+            )
+            for _ in refs[:1]
+        ),
+    ]
+    meshes = await asyncio.gather(*spawns)
+    trainer = meshes[0].spawn_actor(TrainerActor)
+    reward = meshes[1].spawn_actor(RewardActor)
+    generators = [m.spawn_actor(GeneratorActor) for m in meshes[2 : 2 + len(gens)]]
+    reference = meshes[2 + len(gens)].spawn_actor(ReferenceActor) if refs else None
 
     rewards = [r.model_dump() for r in recipe.dataset.rewards]
     setups = [
