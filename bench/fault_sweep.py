@@ -6,7 +6,8 @@ resume), start the same command again, and so on; then one last start runs to th
 start must resume from the newest committed checkpoint on disk (never a `.partial` one), and each
 chain must end with steps 1..N in metrics.jsonl and, in lock-step (`grpo.max_policy_age=0`), with
 bit-for-bit the weights of one uninterrupted run. tests/test_faults.py runs a few such points in
-`make test`; this is the long version.
+`make test`; this is the long version. It runs a snapshot of the repository's HEAD (`git
+archive`), so commits landing during the hour it takes do not change what it tests.
 
     .venv/bin/python bench/fault_sweep.py [--chains 3] [--points-per-chain 8] [--steps 14]
         [--every 2] [--seed 0] [--out bench/results/fault_sweep.json]
@@ -20,6 +21,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -138,9 +140,19 @@ def main() -> int:
     }
     rng = random.Random(a.seed)
     chains = []
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    summary["commit"] = commit
     with tempfile.TemporaryDirectory(prefix="fault_sweep_") as tmp:
+        source = Path(tmp) / "src"
+        source.mkdir()
+        archive = subprocess.run(
+            ["git", "archive", commit], cwd=ROOT, capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
         reference = Path(tmp) / "reference"
-        ref = RuntimeRun(run_args(reference, a.steps, a.every))
+        ref = RuntimeRun(run_args(reference, a.steps, a.every), source=source)
         if ref.finish(timeout=1800) != 0:
             print(ref.output, file=sys.stderr)
             return 1
@@ -151,11 +163,13 @@ def main() -> int:
             points = random_points(rng, a.points_per_chain)
             results = []
             for point in points:
-                result, _ = run_to_point(args, run_dir, point)
+                result, run = run_to_point(args, run_dir, point, source)
                 entry = {**result.to_dict(), "problems": point_problems(result)}
+                if entry["problems"]:
+                    entry["output_tail"] = run.output.splitlines()[-15:]
                 results.append(entry)
                 print(f"chain {c}: {json.dumps(entry)}", flush=True)
-            last = RuntimeRun(args)
+            last = RuntimeRun(args, source=source)
             code = last.finish(timeout=1800)
             problems = [] if code == 0 else [f"final run exit code {code}"]
             if code == 0:
@@ -166,6 +180,8 @@ def main() -> int:
                 "problems": problems,
                 "metrics_lines": len(raw_metrics(run_dir)) if code == 0 else None,
             }
+            if problems:
+                final["output_tail"] = last.output.splitlines()[-15:]
             print(f"chain {c} final: {json.dumps(final)}", flush=True)
             chains.append({"points": results, "final": final})
 

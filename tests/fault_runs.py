@@ -19,6 +19,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from runtime_helpers import start
+from runtime_helpers import ROOT
 
 from runtime import checkpoint
 from runtime.metrics import read_metrics
@@ -67,9 +68,25 @@ def _signal_all(pids: list[int], sig: int) -> None:
 class RuntimeRun:
     """`python -m runtime ARGS` in its own session, its output read line by line by a thread."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str] | None = None, source: Path = ROOT
+    ) -> None:
+        """`source`: the tree whose runtime and recipes run (a snapshot keeps a long sweep on
+        one version of them while the repository changes)."""
         self.started = time.monotonic()
-        self.proc: subprocess.Popen = start(args, env)
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(source), str(source / "tests"), full_env.get("PYTHONPATH", "")) if p
+        )
+        self.proc: subprocess.Popen = subprocess.Popen(
+            [sys.executable, "-m", "runtime", *args],
+            cwd=source,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self._eof = False
@@ -220,10 +237,10 @@ def random_points(rng: random.Random, n: int, kinds: tuple[str, ...] = KINDS) ->
     return points
 
 
-def run_to_point(args: list[str], run_dir: Path, point: Point, env: dict[str, str] | None = None):
+def run_to_point(args: list[str], run_dir: Path, point: Point, source: Path = ROOT):
     """Start the runtime, kill it at `point` (unless it ends first); the result and the run."""
     expected = (committed_steps(run_dir) or [None])[-1]
-    run = RuntimeRun(args, env)
+    run = RuntimeRun(args, source=source)
     result = PointResult(point.kind, point.step, point.delay_s, expected, None, False, None)
     try:
         total = int(args[args.index("--steps") + 1])

@@ -36,6 +36,7 @@ from fault_runs import (
 )
 from runtime_helpers import NOISE
 
+from recipes import load_recipe
 from runtime import checkpoint
 from runtime.metrics import read_metrics
 
@@ -87,14 +88,17 @@ def test_a_checkpoint_holds_everything_a_resume_needs(reference: Path):
 
     state = torch.load(ckpt.path / "controller.pt", weights_only=False)
     assert (state["step"], state["version"]) == (8, 8)
-    # data position: exactly the prompts of the generate calls made (8 prompts per call)
+    g = load_recipe("tiny").grpo  # one generator: one call of prompts_per_step prompts a step
+    # data position: exactly the prompts of the generate calls made
     data = state["data"]
-    assert data["epoch"] * data["num_prompts"] + data["index"] == 8 * state["generate_calls"]
-    # lock-step: one call per step, and the stop leaves the one for step 9 at most
+    taken = data["epoch"] * data["num_prompts"] + data["index"]
+    assert taken == g.prompts_per_step * state["generate_calls"]
+    # lock-step: one call per step; the stop may leave the groups for step 9, generated but
+    # not trained on, and they are in the checkpoint
     assert state["generate_calls"] in (8, 9)
-    assert len(state["buffer"]) == 8 * (state["generate_calls"] - 8)
+    assert len(state["buffer"]) == g.prompts_per_step * (state["generate_calls"] - 8)
     for group in state["buffer"]:
-        assert group["policy_version"] == 8 and len(group["responses"]) == 8
+        assert group["policy_version"] == 8 and len(group["responses"]) == g.group_size
     assert isinstance(state["torch_rng"], torch.Tensor) and state["python_rng"][0] == 3
     assert state["wandb_run_id"] is None  # W&B off here; see the SIGTERM test
     assert json.loads((ckpt.path / "meta.json").read_text())["step"] == 8

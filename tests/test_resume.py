@@ -10,13 +10,15 @@ import shutil
 import pytest
 
 from launcher.cli import main as forgesky
-from recipes import UserError
+from recipes import UserError, load_recipe
 from runtime import checkpoint
 from runtime.entry import parse_config
 
 
 def test_checkpoint_every_sets_the_recipes_interval():
-    assert parse_config(["--recipe", "tiny"]).recipe.grpo.checkpoint_interval == 50
+    recipe_value = load_recipe("tiny").grpo.checkpoint_interval
+    assert parse_config(["--recipe", "tiny"]).recipe.grpo.checkpoint_interval == recipe_value
+    assert recipe_value != 3
     config = parse_config(["--recipe", "tiny", "--checkpoint-every", "3"])
     assert config.recipe.grpo.checkpoint_interval == 3
     # 0: only at the end and on a stop
