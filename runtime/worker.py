@@ -14,14 +14,15 @@ import signal
 import sys
 from collections.abc import Callable
 
-from runtime.cluster import Cluster
+from runtime.cluster import PORT_ENV, Cluster
 from runtime.nodewatch import Outcome, follow_controller
 
 FORCED_EXIT_CODE = 130
 
 
 def run_worker(cluster: Cluster, *, join_timeout: float) -> int:
-    """Serve this node to the controller until the run ends; never returns (exits the process)."""
+    """Serve this node to the controller until the run ends, then exit the process with the
+    run's exit code. Returns (2) only if this node cannot serve at all."""
     from runtime.host import (
         MONARCH_ENV_DEFAULTS,
         RUN_ID_ENV,
@@ -30,8 +31,9 @@ def run_worker(cluster: Cluster, *, join_timeout: float) -> int:
         sweep_shared_memory,
     )
 
-    def say(message: str) -> None:
-        print(f"forgesky worker, {cluster.name(cluster.rank)}: {message}", flush=True)
+    def say(message: str, error: bool = False) -> None:
+        where = sys.stderr if error else sys.stdout
+        print(f"forgesky worker, {cluster.name(cluster.rank)}: {message}", file=where, flush=True)
 
     # Procs spawned here inherit this environment, as they would the controller's on node 0.
     for key, value in MONARCH_ENV_DEFAULTS.items():
@@ -41,10 +43,18 @@ def run_worker(cluster: Cluster, *, join_timeout: float) -> int:
 
     address = cluster.url(cluster.rank)
     try:
-        start_worker_loop_forever(address=address, ca="trust_all_connections")
+        # A failure to listen (the port taken, an address not on this machine) ends the loop
+        # at once; one that serves is still serving a moment later.
+        start_worker_loop_forever(address=address, ca="trust_all_connections").get(timeout=1.0)
+    except TimeoutError:
+        pass
     except Exception as e:  # noqa: BLE001 - Monarch raises its own types; one line is the point
-        say(f"cannot serve on {address}: {str(e).strip().splitlines()[0]}")
-        return 1
+        say(
+            f"error: cannot serve on {address}: {str(e).strip().splitlines()[0]}; pick another "
+            f"port with --worker-port or {PORT_ENV} (on every node)",
+            error=True,
+        )
+        return 2
     _ignore_first_stop(say)
     say(f"serving on {address}; joining the controller at {cluster.head}:{cluster.port}")
     try:
@@ -53,7 +63,7 @@ def run_worker(cluster: Cluster, *, join_timeout: float) -> int:
         )
     except KeyboardInterrupt:
         outcome = Outcome(FORCED_EXIT_CODE, "forced exit: killing this node's procs")
-    say(outcome.reason)
+    say(outcome.reason, error=outcome.code != 0)
     kill_descendants(grace=0.0 if outcome.code == FORCED_EXIT_CODE else 2.0)
     if outcome.run_id:
         os.environ[RUN_ID_ENV] = outcome.run_id
