@@ -212,7 +212,7 @@ def loopback() -> Iterator[Nodes]:
         made.stop()
 
 
-def test_a_node_that_never_joins_is_named(loopback: Nodes, tmp_path: Path):
+def test_a_node_that_never_joins_or_cannot_serve_is_named(loopback: Nodes, tmp_path: Path):
     args = ["--recipe", "tiny", "--run-dir", str(tmp_path / "run"), "--join-timeout"]
     node1 = loopback.start(1, [*args, "300"], tmp_path / "node1.log")
     wait_for_file_line(tmp_path / "node1.log", "serving on", timeout=300)
@@ -234,6 +234,13 @@ def test_a_node_that_never_joins_is_named(loopback: Nodes, tmp_path: Path):
         f"no controller answered at 127.0.0.1:{loopback.port} within 3 s"
         in (tmp_path / "node2.log").read_text()
     )
+
+    with socket.create_server((LOOPBACK[1], loopback.port)):  # something else has the port
+        taken = loopback.start(1, [*args, "3"], tmp_path / "taken.log")
+        assert wait_exit(taken, 120) == 2
+    text = (tmp_path / "taken.log").read_text()
+    assert f"error: cannot serve on tcp://127.0.0.2:{loopback.port}: " in text
+    assert "Address already in use" in text and "--worker-port" in text
     time.sleep(0.5)
     assert loopback.leftovers() == []
 
