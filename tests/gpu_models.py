@@ -41,20 +41,30 @@ SMALL = ModelSpec(
 )
 
 
-def peaked_weights(spec: ModelSpec, seed: int) -> dict[str, torch.Tensor]:
-    """TorchTitan-named fp32 weights on the GPU whose next-token distributions are peaked.
+def peaked_weights(
+    spec: ModelSpec, seed: int, device: str = "cuda", logit_std: float = 3.0
+) -> dict[str, torch.Tensor]:
+    """TorchTitan-named fp32 weights whose next-token distributions are moderately peaked.
 
     TorchTitan's init (std 0.02) gives near-uniform outputs, where every log-prob is about
-    -log(vocab) and any two implementations agree trivially; embeddings (tied to the output
-    projection) of std 4/sqrt(dim) give logits of std ~4, so log-probs spread over many nats.
+    -log(vocab) and any two implementations agree trivially. Scaling the tied embeddings up
+    instead makes the residual stream the current token's embedding, whose logit (its squared
+    norm) beats every other by tens of nats: each sequence repeats its last token with p = 1,
+    whatever the weights, and every check passes vacuously. So the layers and embeddings keep
+    their init (the layers' outputs dominate the residual stream, so context matters) and the
+    final norm gets random weights (random signs: no token, the current one included, is
+    favoured) scaled for logits of std `logit_std`. With 3.0 on `SMALL`, the entropy at
+    temperature 0.7 spans ~0.3-4.5 nats (mean ~2.7) and the argmax varies with the context.
     """
-    model = build_model(spec, device="cuda", seed=seed)
+    model = build_model(spec, device=device, seed=seed)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    g = torch.Generator(device="cuda").manual_seed(seed + 1)
-    embed = torch.randn(spec.vocab_size, spec.dim, generator=g, device="cuda") * (4 / spec.dim**0.5)
-    state["tok_embeddings.weight"] = embed
-    if "lm_head.weight" in state:
-        state["lm_head.weight"] = embed if spec.tie_embeddings else state["lm_head.weight"]
+    if spec.tie_embeddings and "lm_head.weight" in state:
+        state["lm_head.weight"] = state["tok_embeddings.weight"]
+    projection = state.get("lm_head.weight", state["tok_embeddings.weight"])
+    # logit_j = sum_k g_k n_k w_jk with n the unit-RMS normalised state: std ~ |g| std(w).
+    scale = logit_std / (spec.dim**0.5 * float(projection.std()))
+    g = torch.Generator(device=device).manual_seed(seed + 1)
+    state["norm.weight"] = torch.randn(spec.dim, generator=g, device=device) * scale
     return state
 
 

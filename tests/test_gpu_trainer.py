@@ -7,8 +7,9 @@ import torch
 from gpu_models import QWEN3_1P7B_2_LAYERS, SMALL, free_gpu_memory, peaked_weights
 
 from runtime.backends import OptimizerConfig
-from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference
+from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference, response_logprobs
 from runtime.grpo import policy_loss
+from runtime.models import build_model
 
 pytestmark = pytest.mark.gpu
 
@@ -41,14 +42,16 @@ def test_qwen3_layers_train_a_step_in_bf16():
     )
     tokens, mask = _batch(QWEN3_1P7B_2_LAYERS, rows=16, prompt=128, response=384)
     advantages = torch.tensor([1.0, -1.0] * 8)
-    before = trainer.logprobs(tokens, mask)
+    # Backends return results on their device (actors move them); the CPU copies meet the
+    # CPU-side mask and advantages below.
+    before = trainer.logprobs(tokens, mask).cpu()
     assert before.dtype == torch.float32 and before.shape == tokens.shape
     assert torch.isfinite(before).all() and (before[mask] < 0).all() and (before[~mask] == 0).all()
     stats = trainer.train_step(tokens, mask, advantages, before, before, policy_loss, kl_beta=0.1)
     assert trainer.step == 1 and stats["grad_norm"] > 0
     assert all(torch.isfinite(torch.tensor(v)) for v in stats.values())
     assert stats["response_tokens"] == float(mask.sum())
-    after = trainer.logprobs(tokens, mask)
+    after = trainer.logprobs(tokens, mask).cpu()
     change = ((after - before) * mask).sum(1) / mask.sum(1)
     assert change[advantages > 0].mean() > 0 > change[advantages < 0].mean()
     peak = torch.cuda.max_memory_allocated() / 2**30
@@ -68,17 +71,30 @@ def test_published_weights_are_full_bf16_hf_tensors():
 
 
 def test_reference_scores_like_the_trainer_at_the_start():
-    """bf16 weights (reference) and bf16 autocast over fp32 weights (trainer) agree."""
+    """The reference computes in the one-rank trainer's precision (fp32 embeddings, norms and
+    residual stream; bf16 matmuls), so the KL penalty starts at 0; a plain bf16 model of the same
+    weights is a few bf16 ulps of the logits away, which the test shows it can tell apart."""
     weights = peaked_weights(SMALL, seed=2)
     trainer = FSDPTrainer(SMALL, OptimizerConfig(), temperature=0.8, weights=weights, device="cuda")
     reference = GPUReference(SMALL, temperature=0.8, weights=weights, device="cuda")
     tokens, mask = _batch(SMALL, rows=8, prompt=32, response=96, seed=3)
-    theirs, mine = trainer.logprobs(tokens, mask), reference.logprobs(tokens, mask)
+    theirs, mine = trainer.logprobs(tokens, mask).cpu(), reference.logprobs(tokens, mask).cpu()
+    plain = build_model(SMALL, device="cuda", dtype=torch.bfloat16)
+    plain.load_state_dict(weights)
+    plain._skip_lm_head = True
+    with torch.no_grad():
+        bf16 = response_logprobs(plain, tokens.cuda(), mask.cuda(), 0.8).cpu()
     spread = theirs[mask].std()
     diff = (theirs - mine)[mask].abs()
-    print(f"log-prob spread {spread:.2f}, trainer vs reference mean |diff| {diff.mean():.4f}")
+    floor = (theirs - bf16)[mask].abs()
+    print(
+        f"log-prob spread {spread:.2f}, trainer vs reference mean |diff| {diff.mean():.5f} "
+        f"(max {diff.max():.4f}); vs a plain bf16 model {floor.mean():.4f}"
+    )
     assert spread > 1.0  # peaked outputs: the comparison is not trivially satisfied
-    assert diff.mean() < 0.05 and diff.quantile(0.99) < 0.5
+    assert floor.mean() > 0.005  # bf16 rounding is visible at this spread
+    # Same kernels on the same rounded operands: equal up to a rare kernel-choice difference.
+    assert diff.mean() < 1e-3 and diff.max() < 0.05
 
 
 def test_compiled_blocks_give_the_same_logprobs():
@@ -86,7 +102,15 @@ def test_compiled_blocks_give_the_same_logprobs():
     plain = FSDPTrainer(SMALL, OptimizerConfig(), weights=weights, device="cuda")
     compiled = FSDPTrainer(SMALL, OptimizerConfig(), weights=weights, device="cuda", compile=True)
     tokens, mask = _batch(SMALL, rows=4, prompt=16, response=48, seed=5)
-    diff = (plain.logprobs(tokens, mask) - compiled.logprobs(tokens, mask))[mask].abs()
-    assert diff.mean() < 0.02
+    exact = FSDPTrainer(
+        SMALL, OptimizerConfig(), weights=weights, device="cuda", compute_dtype=torch.float32
+    )
+    ours = plain.logprobs(tokens, mask)
+    diff = (ours - compiled.logprobs(tokens, mask))[mask].abs()
+    noise = (ours - exact.logprobs(tokens, mask))[mask].abs()
+    print(f"compiled vs eager mean |diff| {diff.mean():.4f}; bf16 vs fp32 {noise.mean():.4f}")
+    # Inductor fuses elementwise ops in fp32 where eager rounds each to bf16: the difference is
+    # bounded by what bf16 rounding itself does to these log-probs.
+    assert diff.mean() < max(0.02, noise.mean().item())
     stats = compiled.train_step(tokens, mask, torch.ones(4), None, None, policy_loss)
     assert stats["grad_norm"] > 0

@@ -337,7 +337,18 @@ def _sharded_like(value: Any, like: Tensor) -> Any:
 
 
 class GPUReference:
-    """The frozen initial policy in `dtype` (bf16 on GPU); scores in micro-batches."""
+    """The frozen initial policy, scored in the single-rank trainer's precision; micro-batched.
+
+    `dtype` is the compute dtype. Below fp32 the reference computes exactly what `FSDPTrainer`
+    computes on one rank (fp32 master weights under `autocast(dtype)`), so their log-probs agree
+    (same kernels on the same rounded operands) and the KL penalty starts at 0: autocast rounds every matmul weight to `dtype`,
+    so those weights are stored rounded (half the memory), while embeddings and norm weights,
+    which autocast leaves alone, stay fp32 and the residual stream stays fp32 with them. Storing
+    every weight in bf16 instead (a plain bf16 model) rounds the embeddings, norms and residual
+    stream too, which moves log-probs by a few bf16 ulps of the logits (~0.05 nats on peaked
+    outputs). A trainer sharded over several ranks computes in FSDP2's `param_dtype` regime
+    (norms in bf16 too), one such ulp away from this reference.
+    """
 
     def __init__(
         self,
@@ -353,27 +364,46 @@ class GPUReference:
         self.spec = spec
         self.temperature = temperature
         self.device = torch.device(device)
+        self.dtype = dtype
         self.tokens_per_micro_batch = tokens_per_micro_batch
-        # build_model initialises in fp32 and then casts the parameters (RoPE tables stay fp32),
-        # so this starts from the trainer's initial weights rounded to `dtype`.
-        self.model = build_model(spec, device=self.device, dtype=dtype, seed=seed)
+        # Built in fp32 like the trainer, so the rounding below starts from the same numbers.
+        self.model = build_model(spec, device=self.device, dtype=torch.float32, seed=seed)
         if weights is not None:
             self.model.load_state_dict(dict(weights), strict=True)
+        if dtype != torch.float32:
+            _round_matmul_weights(self.model, dtype)
         self.model._skip_lm_head = True
         self.model.eval().requires_grad_(False)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
 
     @torch.inference_mode()
     def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
         """Teacher-forced log-probs `[B, T]` of the reference (0 off the response)."""
         parts = micro_batches(tokens, self.tokens_per_micro_batch)
-        return torch.cat(
-            [
-                response_logprobs(
-                    self.model,
-                    tokens[p].to(self.device),
-                    response_mask[p].to(self.device),
-                    self.temperature,
-                )
-                for p in parts
-            ]
-        )
+        with self._autocast():
+            return torch.cat(
+                [
+                    response_logprobs(
+                        self.model,
+                        tokens[p].to(self.device),
+                        response_mask[p].to(self.device),
+                        self.temperature,
+                    )
+                    for p in parts
+                ]
+            )
+
+
+def _round_matmul_weights(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Store the weights autocast would cast per matmul in `dtype` (the same rounding, once).
+
+    A projection tied to the embedding keeps fp32: the embedding lookup reads it unrounded.
+    """
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and id(module.weight) not in tied:
+            module.weight.data = module.weight.data.to(dtype)

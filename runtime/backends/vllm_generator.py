@@ -71,21 +71,40 @@ def write_model_dir(spec: ModelSpec, directory: str | Path, **token_ids: Any) ->
     return directory
 
 
+# Replicated on every TP rank and stored unfused under its HF name: read back after each load.
+_PROBE = "model.norm.weight"
+
+
 def _load_on_worker(worker: Any, weights: Mapping[str, Tensor] | str) -> list[str]:
     """Runs inside a vLLM worker: load HF-named weights (a dict, or a safetensors path) into its
-    model; returns the model parameters that got no weight."""
+    model; returns the model parameters that got no weight.
+
+    `loaded` only says which names the loaders matched; the probe parameter, read back from the
+    model the runner executes, proves the bytes arrived there (a load into a copy, or one that
+    matched names but wrote nothing, would otherwise pass silently).
+    """
     model = worker.get_model()
-    expected = {name for name, _ in model.named_parameters()}
+    params = dict(model.named_parameters())
     with torch.no_grad():
         if isinstance(weights, str):
             from safetensors import safe_open
 
             with safe_open(weights, framework="pt", device="cpu") as f:
                 loaded = model.load_weights((k, f.get_tensor(k)) for k in f.keys())  # noqa: SIM118
+                probe = f.get_tensor(_PROBE) if _PROBE in f.keys() else None  # noqa: SIM118
         else:
             loaded = model.load_weights(iter(weights.items()))
+            probe = weights.get(_PROBE)
     torch.cuda.synchronize()
-    return sorted(expected - set(loaded or ()))
+    missing = sorted(set(params) - set(loaded or ()))
+    if not missing and probe is not None and _PROBE in params:
+        live = params[_PROBE]
+        if not torch.equal(live.detach(), probe.to(device=live.device, dtype=live.dtype)):
+            raise RuntimeError(
+                f"vLLM's {_PROBE} differs from the weight just loaded: load_weights did not "
+                "reach the model the engine runs"
+            )
+    return missing
 
 
 def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
@@ -96,6 +115,9 @@ def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
     if starts is not None:  # FlatLogprobs: the sampled token comes first at every position
         if len(starts) != len(token_ids):
             raise RuntimeError(f"vLLM returned {len(starts)} log-probs for {len(token_ids)} tokens")
+        # Checked, not assumed: a top-k entry in that slot would pass every shape check.
+        if any(logprobs.token_ids[s] != tok for s, tok in zip(starts, token_ids, strict=True)):
+            raise RuntimeError("vLLM's first log-prob entry is not the sampled token")
         values = logprobs.logprobs
         return [float(values[s]) for s in starts]
     return [float(pos[tok].logprob) for tok, pos in zip(token_ids, logprobs, strict=True)]
