@@ -13,6 +13,7 @@ Two kinds of nodes:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -260,4 +261,33 @@ def test_sigterm_on_every_node_checkpoints_and_every_node_exits_0(loopback: Node
     assert [wait_exit(p, 60) for p in procs[1:]] == [0, 0]
     assert "stop requested" in (tmp_path / "node1.log").read_text()
     time.sleep(1.0)
+    assert loopback.leftovers() == []
+
+
+def test_services_on_other_nodes_run_there_pinned_to_their_gpus(loopback: Nodes, tmp_path: Path):
+    """What a GPU plan relies on: a proc spawned on node k runs in node k's worker, with the
+    GPUs, threads and identity its placement gives it, and Monarch's settings of the run."""
+    workers = [loopback.start(k, ["--recipe", "tiny"], tmp_path / f"node{k}.log") for k in (1, 2)]
+    app = [sys.executable, str(ROOT / "tests" / "nodes_app.py")]
+    controller = subprocess.Popen(
+        app, cwd=ROOT, env=loopback.env(0), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    loopback.procs.append(controller)
+    code, out = finish(controller, timeout=300)
+    assert code == 0, out
+    procs = json.loads(next(line for line in out.splitlines() if line.startswith("procs "))[6:])
+    # Each proc inherited SKYPILOT_NODE_RANK from the worker that spawned it: node k's.
+    assert [(p["node"], p["node_rank_env"], p["gpus"], p["rank"]) for p in procs] == [
+        (0, "0", "0,1", "0"),
+        (0, "0", "2", "1"),
+        (1, "1", "0,1", "0"),
+        (1, "1", "2", "1"),
+        (2, "2", "0,1", "0"),
+        (2, "2", "2", "1"),
+    ]
+    assert {(p["threads"], p["poll"]) for p in procs} == {("3", "1s")}
+    assert [p["service"] for p in procs] == ["svc0", "svc0", "svc1", "svc1", "svc2", "svc2"]
+    assert [wait_exit(worker, 60) for worker in workers] == [0, 0]
+    time.sleep(0.5)
     assert loopback.leftovers() == []
