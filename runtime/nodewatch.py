@@ -21,6 +21,7 @@ import selectors
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -129,6 +130,13 @@ class NodeWatch:
     # --- the watch thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except Exception:  # a bug here must show, not just silence the heartbeats
+            traceback.print_exc()
+            raise
+
+    def _serve(self) -> None:
         assert self._server is not None
         sel = selectors.DefaultSelector()
         sel.register(self._server, selectors.EVENT_READ, None)
