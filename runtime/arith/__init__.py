@@ -49,7 +49,7 @@ def rows(count: int = PROBLEMS, seed: int = 0) -> list[dict[str, str]]:
 def tokenizer(vocab_size: int | None = None) -> Any:
     """Character tokenizer: <pad>=0, <bos>=1, <eos>=2, printable ASCII and newline, then
     filler tokens up to `vocab_size` (they decode to nothing)."""
-    from runtime.arith.tokenizer import build_tokenizer
+    from runtime.arith.tokenization import build_tokenizer
 
     return build_tokenizer(vocab_size)
 
