@@ -62,6 +62,7 @@ def main() -> int:
     p.add_argument("--out", default=str(ROOT / "bench/results/cpu_step_breakdown.json"))
     args = p.parse_args()
 
+    load_before = os.getloadavg()
     run_dir = Path(tempfile.mkdtemp(prefix="forgesky-bench-"))
     cmd = [sys.executable, "-m", "runtime", "--recipe", "tiny", "--run-dir", str(run_dir)]
     if args.steps:
@@ -104,6 +105,8 @@ def main() -> int:
         "steps": len(rows),
         "device": device(),
         "versions": versions(),
+        # other work on the machine inflates every timing here: the 1-minute load before/after
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "wall_seconds": round(wall, 1),
         "startup_seconds_to_first_step": round(first_step_at or 0.0, 1),
         "train_seconds": round(sum(r["time/step_s"] for r in rows), 1),
