@@ -147,23 +147,7 @@ class FSDPTrainer:
         if self.world > 1:
             self._shard()
         self.model.train()
-        decay, no_decay = [], []
-        for name, param in self.model.named_parameters():
-            (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
-        self.optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": optim.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=optim.lr,
-            betas=optim.betas,
-            eps=optim.eps,
-            fused=self.device.type == "cuda",
-        )
-        warmup = optim.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
-        )
+        self.optimizer, self.scheduler = optim.build(self.model, fused=self.device.type == "cuda")
         self.step = 0
 
     def _shard(self) -> None:

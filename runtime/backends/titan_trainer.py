@@ -49,6 +49,25 @@ class OptimizerConfig:
             total_steps=grpo.steps,
         )
 
+    def build(
+        self, model: torch.nn.Module, *, fused: bool = False
+    ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+        """AdamW over `model` (norm gains and 1-D tensors not decayed) and its LR schedule."""
+        decay, no_decay = [], []
+        for name, param in model.named_parameters():
+            (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": self.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=self.lr,
+            betas=self.betas,
+            eps=self.eps,
+            fused=fused or None,  # None: torch picks the CPU default
+        )
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, self.lr_factor)
+
     def lr_factor(self, step: int) -> float:
         """Multiplier of `lr` at optimizer step `step` (0-based), for LambdaLR."""
         if self.warmup_steps > 0 and step < self.warmup_steps:
@@ -98,20 +117,7 @@ class TitanTrainer:
         self.micro_batch_size = micro_batch_size
         self.model = _load_or_init(spec, weights, seed, self.device, dtype)
         self.model.train()
-        decay, no_decay = [], []
-        for name, param in self.model.named_parameters():
-            # Norm gains and 1-D tensors are not decayed (standard AdamW practice).
-            (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
-        self.optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": optim.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=optim.lr,
-            betas=optim.betas,
-            eps=optim.eps,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, optim.lr_factor)
+        self.optimizer, self.scheduler = optim.build(self.model)
         self.step = 0
 
     def _forward_logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
