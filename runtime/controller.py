@@ -45,6 +45,7 @@ class Controller:
         self._update_tasks: set[asyncio.Task] = set()
         self._recent: dict[str, list[float]] = {}
         self._last_load_s = 0.0
+        self.weight_paths: list[str] = []  # per generator: store | push | ipc
         # Versions loaded on each generator, whether the trainer is mid-step, and groups being
         # generated: what decides if a new rollout would still be fresh when it is trained on.
         self._gen_versions: list[int] = []
@@ -68,6 +69,7 @@ class Controller:
         ckpt = checkpoint.latest(self.config.checkpoint_dir)
         if ckpt is not None:
             await self._restore(ckpt)
+        await self._connect_weights()
         await self._publish_and_load(self.version)
 
     async def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
@@ -91,6 +93,33 @@ class Controller:
 
     # --- weights ------------------------------------------------------------------------------
 
+    async def _connect_weights(self) -> None:
+        """Pick each generator's weight path (`runtime.weight_sync.choose`) and open it."""
+        from runtime import weight_sync
+
+        s = self.services
+        mode = weight_sync.transport_mode()
+        self.weight_paths = ["store"] * len(s.generators)
+        if mode == "store":
+            return
+        trainer = await s.call("trainer", s.trainer.weight_endpoint.call_one())
+        gens = await asyncio.gather(
+            *(s.call("generator", g.weight_endpoint.call_one()) for g in s.generators)
+        )
+        self.weight_paths = weight_sync.choose(trainer, list(gens), mode)
+        if all(p == "store" for p in self.weight_paths):
+            return
+        address = await s.call("trainer", s.trainer.connect_weights.call_one(self.weight_paths))
+        world, rank, joins = 1 + self.weight_paths.count("push"), 0, []
+        for gen, path in zip(s.generators, self.weight_paths, strict=True):
+            push = None
+            if path == "push":
+                rank += 1
+                push = (address[0], address[1], rank, world)
+            joins.append(s.call("generator", gen.connect_weights.call_one(path, push)))
+        await asyncio.gather(*joins)
+        print(f"weights reach the generators by: {', '.join(self.weight_paths)}", flush=True)
+
     async def _publish_and_load(self, version: int) -> float:
         """Publish `version` and load it on every generator now (start of run)."""
         s = self.services
@@ -99,7 +128,7 @@ class Controller:
             *(s.call("generator", gen.update_weights.call_one(version)) for gen in s.generators)
         )
         self._last_load_s = max(r["seconds"] for r in loads)
-        self._gen_versions = [version] * len(s.generators)
+        self._gen_versions = [r["version"] for r in loads]
         return pub["seconds"] + self._last_load_s
 
     def _switch_generators(self, version: int) -> None:
@@ -108,7 +137,8 @@ class Controller:
 
         async def load(replica: int, gen: Any) -> float:
             result = await s.call("generator", gen.update_weights.call_one(version))
-            self._gen_versions[replica] = max(self._gen_versions[replica], version)
+            # A generator that received a newer version already loads that one.
+            self._gen_versions[replica] = max(self._gen_versions[replica], result["version"])
             await self._notify()
             return result["seconds"]
 
@@ -331,6 +361,7 @@ class Controller:
                 "time/wait_rollouts_s": t_wait,
                 "time/weight_sync_s": pub["seconds"] + self._last_load_s,
                 "time/publish_s": pub["seconds"],
+                **{f"time/{k}": pub[k] for k in ("push_s", "push_wait_s") if k in pub},
                 "time/train_s": stats.get("time/train_s", 0.0),
                 "buffer/dropped_stale": self.buffer.dropped_stale,
                 **{k: v for k, v in stats.items() if k not in ("loss", "kl", "time/train_s")},
@@ -435,3 +466,6 @@ class Controller:
         await asyncio.gather(*pending, return_exceptions=True)
         if self._update_tasks:
             await asyncio.gather(*self._update_tasks, return_exceptions=True)
+        if any(p != "store" for p in self.weight_paths):
+            # The receivers' threads end; nothing is published any more.
+            await self.services.call("trainer", self.services.trainer.close_weights.call_one())

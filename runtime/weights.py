@@ -167,8 +167,18 @@ class WeightStore:
         client = await self._client()
         return [k for k in await client.keys() if k.startswith(prefix)]
 
-    async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> SyncStats:
-        """Store ``state_dict`` (HF names) as ``version``; readers see it once this returns."""
+    async def publish(
+        self,
+        version: int,
+        state_dict: dict[str, torch.Tensor],
+        *,
+        direct: dict[str, Any] | None = None,
+    ) -> SyncStats:
+        """Store ``state_dict`` (HF names) as ``version``; readers see it once this returns.
+
+        ``direct`` (from :class:`runtime.weight_sync.WeightSource`) goes into the manifest too,
+        for the generators that read the version another way.
+        """
         if not state_dict:
             raise ValueError("refusing to publish an empty state dict")
         client = await self._client()
@@ -184,13 +194,28 @@ class WeightStore:
         await _bounded([put(i) for i in range(len(packer.sizes))])
         # Plain builtins: the storage volume's proc unpickles it without importing this module.
         tensors = {n: tuple(entry) for n, entry in packer.entries.items()}
-        await client.put(manifest_key(version), {"buckets": packer.sizes, "tensors": tensors})
+        manifest = {"buckets": packer.sizes, "tensors": tensors}
+        if direct is not None:
+            manifest["direct"] = direct
+        await client.put(manifest_key(version), manifest)
         seconds = time.perf_counter() - start
         return SyncStats(version, len(tensors), sum(packer.sizes), seconds)
 
-    async def _read_manifest(
-        self, version: int, wait_s: float
-    ) -> tuple[dict[str, TensorEntry], list[int]]:
+    async def announce(self, version: int, direct: dict[str, Any]) -> None:
+        """Index ``version`` without its bytes: a manifest that only says how to read it
+        directly (see :mod:`runtime.weight_sync`). ``fetch`` refuses such a version."""
+        client = await self._client()
+        if await client.exists(manifest_key(version)):
+            raise ValueError(f"policy version {version} is already published in {self.name}")
+        await client.put(manifest_key(version), {"buckets": [], "tensors": {}, "direct": direct})
+
+    async def direct(self, version: int, *, wait_s: float = 0.0) -> dict[str, Any] | None:
+        """The ``direct`` entry of ``version``'s manifest (None if it has none), waiting up to
+        ``wait_s`` for the manifest."""
+        raw = await self._raw_manifest(version, wait_s)
+        return raw.get("direct")
+
+    async def _raw_manifest(self, version: int, wait_s: float) -> dict[str, Any]:
         client = await self._client()
         key = manifest_key(version)
         deadline = time.monotonic() + wait_s
@@ -203,7 +228,17 @@ class WeightStore:
                 )
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
-        raw = await client.get(key)
+        return await client.get(key)
+
+    async def _read_manifest(
+        self, version: int, wait_s: float
+    ) -> tuple[dict[str, TensorEntry], list[int]]:
+        raw = await self._raw_manifest(version, wait_s)
+        if not raw["tensors"] and raw.get("direct"):
+            raise VersionNotPublished(
+                f"policy version {version} in store {self.name} has no bytes in the store "
+                "(it was announced for direct transport only)"
+            )
         entries = {name: TensorEntry(*fields) for name, fields in raw["tensors"].items()}
         return entries, list(raw["buckets"])
 

@@ -16,6 +16,8 @@ class GeneratorActor(Actor):
         self.store: Any = None
         self.tokenizer: Any = None
         self.recipe: Any = None
+        self.path = "store"  # how policy versions arrive: store | push | ipc (runtime.weight_sync)
+        self.receiver: Any = None
 
     @endpoint
     async def setup(self, recipe: Any, store: Any) -> dict[str, Any]:
@@ -27,17 +29,65 @@ class GeneratorActor(Actor):
         return {"device": str(services.device()), "backend": type(self.backend).__name__}
 
     @endpoint
+    async def weight_endpoint(self) -> Any:
+        """Where this generator's weights live (host, GPU, TP width): picks its weight path."""
+        from runtime import weight_sync
+
+        return weight_sync.endpoint(tp=self.recipe.layout.generator.tp)
+
+    @endpoint
+    async def connect_weights(self, path: str, push: tuple[str, int, int, int] | None) -> None:
+        """Take policy versions by `path`; for "push", join the trainer's group at
+        (address, port) as (rank, world): a receiver thread takes each version as it comes."""
+        from runtime import weight_sync
+
+        self.path = path
+        if path == "push":
+            assert push is not None
+            address, port, rank, world = push
+            self.receiver = weight_sync.PushReceiver(address, port, rank, world, services.device())
+
+    @endpoint
     async def update_weights(self, version: int) -> dict[str, float]:
-        """Load policy `version` from the store, replacing the previous one.
+        """Load policy `version` (or a newer one already pushed here), replacing the previous one.
 
         Endpoints run one at a time, so this starts only after the generation in flight has
-        returned: no completion mixes two versions.
+        returned: no completion mixes two versions. Returns the version loaded, the bytes and
+        the seconds this took (for "push", the wait for bytes still in flight included).
         """
         start = time.perf_counter()
-        fetched = await self.store.fetch(version, wait_s=60.0)
-        self.backend.load_weights(fetched.state_dict)
-        self.backend.policy_version = version
-        return {"bytes": fetched.stats.bytes, "seconds": time.perf_counter() - start}
+        if self.path == "store":
+            fetched = await self.store.fetch(version, wait_s=60.0)
+            self.backend.load_weights(fetched.state_dict)
+            loaded, nbytes = version, fetched.stats.bytes
+        else:
+            loaded, nbytes = await self._load_direct(version)
+        self.backend.policy_version = loaded
+        return {"version": loaded, "bytes": nbytes, "seconds": time.perf_counter() - start}
+
+    async def _load_direct(self, version: int) -> tuple[int, int]:
+        import asyncio
+
+        from runtime import weight_sync
+        from runtime.weight_layout import TensorEntry
+
+        direct = await self.store.direct(version, wait_s=60.0)
+        if direct is None:
+            raise RuntimeError(f"policy version {version} has no direct entry in its manifest")
+        entries = {n: TensorEntry(*fields) for n, fields in direct["tensors"].items()}
+        nbytes = sum(e.nbytes for e in entries.values())
+        if self.path == "ipc":
+            flat = weight_sync.open_ipc(direct["ipc"])
+            self.backend.load_weights(weight_sync.views(flat, entries))
+            del flat
+            return version, nbytes
+        if self.backend.policy_version >= version:
+            return self.backend.policy_version, 0  # a newer version came with an earlier call
+        await asyncio.to_thread(self.receiver.wait_for, version, 120.0)
+        with self.receiver.lock:
+            loaded = self.receiver.version
+            self.backend.load_weights(weight_sync.views(self.receiver.buffer, entries))
+        return loaded, nbytes
 
     @endpoint
     async def generate(

@@ -17,6 +17,7 @@ class TrainerActor(Actor):
         self.backend: Any = None
         self.store: Any = None
         self.recipe: Any = None
+        self.source: Any = None  # runtime.weight_sync.WeightSource: generators reading directly
 
     @endpoint
     async def setup(self, recipe: Any, store: Any) -> dict[str, Any]:
@@ -54,15 +55,65 @@ class TrainerActor(Actor):
         stats["time/train_s"] = time.perf_counter() - start
         return stats
 
+    def _rank(self) -> int:
+        return getattr(self.backend, "rank", 0)
+
+    @endpoint
+    async def weight_endpoint(self) -> Any:
+        """Where this trainer's published weights live (host, GPU)."""
+        from runtime import weight_sync
+
+        return weight_sync.endpoint()
+
+    @endpoint
+    async def connect_weights(self, paths: list[str]) -> tuple[str, int] | None:
+        """Serve the generators' weight paths (one per generator: store | push | ipc, see
+        runtime.weight_sync); the push group's (address, port) when any generator pushes."""
+        from runtime import weight_sync
+
+        if self._rank() != 0 or all(p == "store" for p in paths):
+            return None
+        self.source = weight_sync.WeightSource(paths, services.device())
+        return self.source.open_push() if self.source.pushing else None
+
     @endpoint
     async def publish(self, version: int) -> dict[str, float]:
-        """Put the current weights (HF names) into the store as `version`."""
-        stats = await self.store.publish(version, self.backend.hf_state_dict())
-        return {"bytes": stats.bytes, "seconds": stats.seconds}
+        """Make the current weights (HF names) `version`: staged for the direct paths, in the
+        store's buckets for the store path, indexed in the store either way."""
+        state = self.backend.hf_state_dict()  # with several ranks: a collective on every rank
+        if self._rank() != 0:
+            return {"bytes": 0, "seconds": 0.0}
+        start = time.perf_counter()
+        if self.source is None:
+            stats = await self.store.publish(version, state)
+            return {"bytes": stats.bytes, "seconds": stats.seconds}
+        direct, staged = self.source.stage(version, state)
+        if self.source.needs_store:
+            await self.store.publish(version, state, direct=direct)
+        else:
+            await self.store.announce(version, direct)
+        return {
+            "bytes": staged.bytes,
+            "seconds": time.perf_counter() - start,
+            "stage_s": staged.seconds,
+            "push_wait_s": staged.waited_s,
+            "push_s": staged.last_push_s,
+        }
 
     @endpoint
     async def drop(self, version: int) -> None:
+        if self._rank() != 0:
+            return
+        if self.source is not None:
+            self.source.release(version)
         await self.store.drop(version)
+
+    @endpoint
+    async def close_weights(self) -> None:
+        """Stop serving the direct paths (the receivers' threads end)."""
+        if self.source is not None:
+            self.source.close()
+            self.source = None
 
     @endpoint
     async def save(self, directory: str) -> None:

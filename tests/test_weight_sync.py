@@ -1,0 +1,145 @@
+"""Direct weight paths (runtime.weight_sync): layout, path choice, and the push protocol over gloo.
+
+The push tests run the real sender and receiver threads, TCPStore rendezvous and gloo broadcasts
+(what NCCL does between GPUs), in one process; the end-to-end test runs the tiny recipe through
+the runtime with every generator on the push path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from runtime_helpers import finish, metrics, start
+
+from runtime import weight_sync
+from runtime.weight_sync import Endpoint, PushReceiver, WeightSource, choose, flat_layout, views
+
+
+def state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(7, 5, generator=g).to(torch.bfloat16),
+        "norm.weight": torch.randn(5, generator=g),
+        "proj.weight": torch.randn(3, 5, generator=g).to(torch.bfloat16),
+        "count": torch.tensor([seed], dtype=torch.int64),
+    }
+
+
+def test_flat_layout_aligns_and_views_round_trip():
+    sd = state(1)
+    entries, total = flat_layout(sd)
+    assert all(e.offset % 256 == 0 for e in entries.values())
+    assert total >= sum(t.numel() * t.element_size() for t in sd.values())
+    buffer = torch.zeros(total, dtype=torch.uint8)
+    weight_sync._fill(buffer, entries, sd)
+    for name, view in views(buffer, entries).items():
+        assert view.dtype == sd[name].dtype and torch.equal(view, sd[name]), name
+    # views share the buffer's bytes
+    views(buffer, entries)["norm.weight"].fill_(2.0)
+    assert torch.equal(views(buffer, entries)["norm.weight"], torch.full((5,), 2.0))
+
+
+def test_choose_paths():
+    t = Endpoint("h1", "GPU-a")
+    gens = [Endpoint("h1", "GPU-a"), Endpoint("h1", "GPU-b"), Endpoint("h2", "GPU-c", tp=2)]
+    assert choose(t, gens, "auto") == ["ipc", "push", "store"]
+    assert choose(t, gens, "store") == ["store"] * 3
+    cpu = Endpoint("h1", None)
+    assert choose(cpu, [Endpoint("h1", None)], "auto") == ["store"]
+    assert choose(cpu, [Endpoint("h1", None), Endpoint("h1", None, tp=2)], "push") == [
+        "push",
+        "store",
+    ]
+    # the same GPU uuid on another host is another GPU
+    assert choose(t, [Endpoint("h2", "GPU-a")], "auto") == ["push"]
+
+
+def test_transport_mode_rejects_unknown(monkeypatch):
+    from recipes import UserError
+
+    monkeypatch.setenv(weight_sync.TRANSPORT_ENV, "carrier-pigeon")
+    with pytest.raises(UserError, match="FORGESKY_WEIGHT_TRANSPORT"):
+        weight_sync.transport_mode()
+
+
+def test_push_over_gloo_delivers_each_version_to_every_receiver():
+    source = WeightSource(["push", "store", "push"], torch.device("cpu"))
+    address, port = source.open_push()
+    receivers = [PushReceiver(address, port, r, 3, torch.device("cpu")) for r in (1, 2)]
+    try:
+        for version in range(3):
+            sd = state(version)
+            direct, stats = source.stage(version, sd)
+            assert direct["push"] and stats.bytes == source.total
+            for r in receivers:
+                assert r.wait_for(version, timeout=60) == version
+                with r.lock:
+                    got = views(r.buffer, source.entries)
+                    for name, tensor in sd.items():
+                        assert torch.equal(got[name], tensor), (version, name)
+        assert source.wait_pushed(60)
+        assert source.pushes == 3 and source.last_push_s > 0
+        # the stored layout is what a generator reads from the manifest
+        assert set(direct["tensors"]) == set(sd)
+    finally:
+        source.close()
+    for r in receivers:
+        r._thread.join(10)
+        assert not r._thread.is_alive(), "receiver did not stop at close"
+        r.close()
+
+
+def test_a_receiver_behind_gets_the_newest_version_and_a_late_one_times_out():
+    source = WeightSource(["push"], torch.device("cpu"))
+    address, port = source.open_push()
+    receiver = PushReceiver(address, port, 1, 2, torch.device("cpu"))
+    try:
+        with receiver.lock:  # the generator is loading: pushes wait for it
+            source.stage(0, state(0))
+            staged = threading.Event()
+
+            def second() -> None:
+                source.stage(1, state(1))  # waits until push 0 is through
+                staged.set()
+
+            threading.Thread(target=second, daemon=True).start()
+            time.sleep(0.3)
+            assert receiver.version == -1 and not staged.is_set()
+        assert staged.wait(30)
+        assert receiver.wait_for(1, timeout=30) == 1
+        assert receiver.wait_for(0, timeout=1) == 1  # asked for 0, holds the newer 1
+        with pytest.raises(TimeoutError, match="version 5 was not pushed"):
+            receiver.wait_for(5, timeout=0.3)
+    finally:
+        source.close()
+        receiver.close()
+
+
+def test_changed_tensors_between_versions_are_refused():
+    source = WeightSource(["ipc"], torch.device("cpu"))
+    source.entries, source.total = flat_layout(state(0))
+    sd = state(1)
+    sd["extra"] = torch.zeros(1)
+    with pytest.raises(ValueError, match="changed its tensors"):
+        source.stage(1, sd)
+
+
+@pytest.mark.slow
+def test_tiny_run_with_pushed_weights(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    proc = start(
+        ["--recipe", "tiny", "--run-dir", str(run_dir), "--set", "grpo.steps=12"],
+        env={weight_sync.TRANSPORT_ENV: "push"},
+    )
+    code, out = finish(proc, timeout=600)
+    assert code == 0, out
+    assert "weights reach the generators by: push" in out
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert all(r["time/push_s"] > 0 for r in rows[1:]), [r.get("time/push_s") for r in rows]
+    # versions still advance one per step on the generator side
+    assert rows[-1]["policy_version"] == 12
