@@ -5,8 +5,11 @@
 #   scripts/gpu/device_run.sh tests    stage, install if needed, `pytest -m gpu`
 #   scripts/gpu/device_run.sh grpo     stage, install if needed, bench/gpu_grpo.py grpo
 #   scripts/gpu/device_run.sh vllm     stage, install if needed, bench/gpu_grpo.py vllm
-# Extra arguments go to pytest or bench/gpu_grpo.py. Logs and results land in $OUT (the folder
-# whose files come back), else /tmp/out. Chunks come from scripts/gpu/prepare_wheels.sh;
+#   scripts/gpu/device_run.sh trl      stage, install if needed (stack, then TRL), bench/trl_grpo.py
+# Extra arguments go to pytest, bench/gpu_grpo.py or bench/trl_grpo.py. Logs and results land in
+# $OUT (the folder whose files come back), else /tmp/out. Chunks come from
+# scripts/gpu/prepare_wheels.sh (.whl/cNN, .whl/ts) and scripts/gpu/prepare_trl_wheels.sh
+# (.whl/trl or .whl/trl0, .whl/trl1, ...); every mode stages whichever a call carries.
 # scripts/gpu/README.md has the call sequence.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,6 +30,11 @@ stage() {
   done
   if [ -d .whl/ts ]; then cp .whl/ts/*.whl /tmp/asm/ts/; fi
   echo "in /tmp/asm: $(cd /tmp/asm && ls part_* 2>/dev/null | tr '\n' ' ')"
+  # TRL's wheels are whole wheels (no tar): they go straight to pip.
+  mkdir -p /tmp/asm_trl
+  for d in .whl/trl*; do
+    if [ -d "$d" ]; then cp "$d"/*.whl /tmp/asm_trl/ && echo "staged $d"; fi
+  done
 }
 
 installed() {
@@ -48,6 +56,16 @@ install() {
   start=$(date +%s)
   python3 -m pip install -q --no-index --no-deps --no-compile /tmp/wheels/*.whl /tmp/asm/ts/*.whl
   echo "installed in $(($(date +%s) - start)) s"
+}
+
+install_trl() {
+  python3 -c "import trl, datasets, accelerate" >/dev/null 2>&1 && return 0
+  if ! ls /tmp/asm_trl/*.whl >/dev/null 2>&1; then
+    echo "TRL wheels missing: carry .whl/trl (scripts/gpu/prepare_trl_wheels.sh) in this call or an earlier one" >&2
+    exit 3
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile /tmp/asm_trl/*.whl
+  python3 -c "import trl; print('trl', trl.__version__)"
 }
 
 check() {
@@ -79,8 +97,18 @@ case "$mode" in
     cp /tmp/bench/gpu_grpo.json "$out/" 2>/dev/null || true
     exit "$status"
     ;;
+  trl)
+    install && check
+    install_trl
+    mkdir -p /tmp/bench
+    status=0
+    python3 bench/trl_grpo.py --out /tmp/bench/gpu_grpo.json "$@" 2>&1 |
+      tee "$out/bench_trl.log" || status=$?
+    cp /tmp/bench/gpu_grpo.json "$out/" 2>/dev/null || true
+    exit "$status"
+    ;;
   *)
-    echo "unknown mode $mode (stage, check, tests, grpo, vllm)" >&2
+    echo "unknown mode $mode (stage, check, tests, grpo, vllm, trl)" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,366 @@
+"""TRL's GRPOTrainer with vLLM colocated, on a random-weight Qwen3: the baseline for gpu_grpo.py.
+
+    python bench/trl_grpo.py [--steps 8] [--warmup 2] [--model-size 1.7b] [--out FILE]
+    python bench/trl_grpo.py --dry-cpu     # the CPU check: real TRL, tiny model, no vLLM
+
+On the GPU machine: `bash scripts/gpu/device_run.sh trl` (scripts/gpu/README.md). The run has
+the shape of `gpu_grpo.py grpo` on the qwen3-1.7b recipe, without the Hub:
+
+- model: `Qwen3Config` with recipes/architectures.py's numbers, `from_config` random weights,
+  saved in bf16 with the project's Hub-free tokenizer (runtime/arith, one token per character,
+  padded to the 151936-id vocabulary); TRL loads that folder, its policy in fp32 (TRL's default,
+  like our trainer's fp32 state) under bf16 autocast, vLLM in bf16.
+- step: 16 prompts x 8 completions = 128 per optimizer step, one generation per step
+  (TRL counts completions: per_device_train_batch_size 8 x gradient_accumulation_steps 16 =
+  128 on one GPU, and steps_per_generation defaults to gradient_accumulation_steps). A
+  micro-batch of 8 is 5120 tokens (ours: 4096); on an out-of-memory error try
+  `--micro-batch 4` or `--vllm-memory 0.25`. Prompts: builtin:arith problems cut or padded to
+  127 characters, + <bos> = 128 tokens (the grpo run's templated prompts average about 207:
+  `--prompt-tokens 207` matches that instead). Completions: 512 tokens, never stopped early
+  (vLLM `ignore_eos`; no detokenization in vLLM, as our generator runs without a tokenizer).
+- loss as the recipe: beta (KL) 0.1, so TRL loads a reference model; clip 0.2 / 0.28;
+  loss_type "grpo"; lr 1e-5. Gradient checkpointing on (TRL's GRPO default; ours checkpoints
+  every block too). vLLM gets 0.3 of the GPU (TRL's default); the reward is plain Python (the
+  share of distinct token ids in a completion: cheap, and it varies, so advantages are not 0).
+
+Step time is the wall time between consecutive `on_step_end` callbacks (the first from
+`on_train_begin`): generation, weight sync into vLLM, reference and policy passes, optimizer.
+samples/s per GPU = 128 / mean step time / processes, the first `--warmup` steps left out.
+The "trl" section is merged into `--out` (the JSON gpu_grpo.py writes), with
+`forgesky_to_trl_samples_per_s` when a "grpo" section is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from gpu_grpo import gpu_info, mean, per  # noqa: E402  (bench/ is this script's folder)
+
+KL_BETA, CLIP_LOW, CLIP_HIGH, LEARNING_RATE = 0.1, 0.2, 0.28, 1e-5  # recipes/catalog/qwen3-1.7b
+# The CPU check: a model that trains in seconds, lengths that keep HF generate quick.
+DRY = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=128, vocab=128)
+
+
+def fail(message: str) -> None:
+    """A mistake in the arguments: one line, exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "trl", "vllm", "transformers", "accelerate", "datasets"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "absent"
+    return out
+
+
+def model_config(size: str | None, tokenizer: Any) -> Any:
+    """Qwen3Config of the named size (recipes/architectures.py), or the tiny CPU-check shape."""
+    from transformers import Qwen3Config
+
+    from recipes.architectures import architecture
+
+    if size is None:
+        d = DRY
+        shape = dict(vocab_size=d["vocab"], hidden_size=d["dim"], intermediate_size=d["ffn_dim"],
+                     num_hidden_layers=d["n_layers"], num_attention_heads=d["n_heads"],
+                     num_key_value_heads=d["n_kv_heads"], head_dim=d["head_dim"],
+                     max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1e6})  # fmt: skip
+    else:
+        a = architecture("qwen3", size)
+        shape = dict(vocab_size=a.vocab_size, hidden_size=a.dim, intermediate_size=a.ffn_dim,
+                     num_hidden_layers=a.n_layers, num_attention_heads=a.n_heads,
+                     num_key_value_heads=a.n_kv_heads, head_dim=a.head_dim,
+                     max_position_embeddings=a.max_seq_len, rms_norm_eps=a.norm_eps,
+                     tie_word_embeddings=a.tie_embeddings,
+                     rope_parameters={"rope_type": "default", "rope_theta": a.rope_theta})  # fmt: skip
+    return Qwen3Config(
+        **shape,
+        attention_bias=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        architectures=["Qwen3ForCausalLM"],
+    )
+
+
+def write_model_dir(directory: Path, size: str | None) -> dict[str, Any]:
+    """Random bf16 weights and the arith tokenizer in `directory`, as from_pretrained reads them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from recipes.architectures import architecture
+    from runtime.arith.tokenization import build_tokenizer
+
+    vocab = DRY["vocab"] if size is None else architecture("qwen3", size).vocab_size
+    tokenizer = build_tokenizer(vocab)  # every id the model can sample decodes
+    config = model_config(size, tokenizer)
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return {"params": params, "vocab_size": config.vocab_size, "tokenizer": "builtin:arith"}
+
+
+def prompts(count: int, prompt_tokens: int) -> list[str]:
+    """builtin:arith questions cut or space-padded to prompt_tokens - 1 characters (+ <bos>)."""
+    from runtime.arith import rows
+
+    chars = prompt_tokens - 1
+    return [r["question"][:chars].ljust(chars) for r in rows(count)]
+
+
+def distinct_share(completion_ids: list[list[int]], **_: Any) -> list[float]:
+    """Reward: the share of distinct token ids in each completion."""
+    return [len(set(ids)) / max(len(ids), 1) for ids in completion_ids]
+
+
+def timing_callback() -> Any:
+    import torch
+    from transformers import TrainerCallback
+
+    class StepTimes(TrainerCallback):
+        """Wall-clock marks at train start and after every optimizer step, and the logs."""
+
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+            self.logs: list[dict[str, Any]] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.marks = [time.perf_counter()]
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # the optimizer step is queued, not done
+            self.marks.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.logs.append({"step": state.global_step, **(logs or {})})
+
+    return StepTimes()
+
+
+def timed(owner: Any, name: str, into: list[float]) -> None:
+    """Wrap `owner.name` so each call's wall seconds are appended to `into`."""
+    import torch
+
+    inner = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            into.append(time.perf_counter() - start)
+
+    setattr(owner, name, wrapper)
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The GRPOConfig arguments of this run (what the JSON reports, and what builds the config)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    completions = args.prompts_per_step * args.group_size
+    if completions % (args.micro_batch * world):
+        fail(
+            f"{completions} completions per step do not split into micro-batches of "
+            f"{args.micro_batch} on {world} processes; pick a --micro-batch dividing {completions}"
+        )
+    if args.dry_cpu:
+        # HF generate on the CPU: no ignore_eos there, min_new_tokens does the same.
+        generation = {"min_new_tokens": args.response_tokens}
+    else:
+        generation = {"ignore_eos": True, "detokenize": False}
+    return dict(
+        num_generations=args.group_size,
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=completions // (args.micro_batch * world),
+        max_completion_length=args.response_tokens,
+        max_steps=args.steps,
+        learning_rate=LEARNING_RATE,
+        beta=KL_BETA,
+        epsilon=CLIP_LOW,
+        epsilon_high=CLIP_HIGH,
+        loss_type="grpo",
+        temperature=1.0,
+        top_p=1.0,
+        bf16=True,
+        gradient_checkpointing=True,
+        use_vllm=not args.dry_cpu,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=args.vllm_memory,
+        vllm_max_model_length=args.prompt_tokens + args.response_tokens,
+        generation_kwargs=generation,
+        seed=0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=args.dry_cpu,
+    )
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    config_args = settings(args)
+    model_dir = work / "model"
+    start = time.perf_counter()
+    model = write_model_dir(model_dir, None if args.dry_cpu else args.model_size)
+    build_s = time.perf_counter() - start
+    config = GRPOConfig(output_dir=str(work / "out"), **config_args)
+    texts = prompts(args.prompts_per_step * (args.steps + 1), args.prompt_tokens)
+    callback = timing_callback()
+
+    start = time.perf_counter()
+    trainer = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=distinct_share,
+        args=config,
+        train_dataset=Dataset.from_list([{"prompt": t} for t in texts]),
+        callbacks=[callback],
+    )
+    init_s = time.perf_counter() - start  # model, reference and (on GPU) the vLLM engine
+    prompt_lengths = {len(ids) for ids in trainer.processing_class(text=texts)["input_ids"]}
+    generate_s: list[float] = []
+    sync_s: list[float] = []
+    timed(trainer, "_generate", generate_s)
+    if config.use_vllm:
+        timed(trainer.vllm_generation, "sync_weights", sync_s)
+
+    start = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - start
+    world = trainer.accelerator.num_processes
+    marks = callback.marks
+    step_times = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    measured = step_times[args.warmup :] or step_times
+    step_s = mean(measured)
+    completions = args.prompts_per_step * args.group_size
+    logs = [x for x in callback.logs if "loss" in x or "reward" in x]
+    lengths = [x["completions/mean_length"] for x in logs if "completions/mean_length" in x]
+    shown = ("steps_per_generation", "generation_batch_size", "world_size")
+    return {
+        "exit_code": 0,
+        "device": gpu_info(),
+        "versions": versions(),
+        "date": time.strftime("%Y-%m-%d"),
+        "mode": "dry_cpu" if args.dry_cpu else "gpu",
+        "model_size": "tiny (CPU check)" if args.dry_cpu else args.model_size,
+        "model": model,
+        "settings": {
+            **{k: v for k, v in config_args.items() if k not in ("use_cpu", "disable_tqdm")},
+            **{k: getattr(config, k) for k in shown},
+            "prompts_per_step": args.prompts_per_step,
+            "prompt_tokens": sorted(prompt_lengths),
+            "policy_dtype": str(trainer.model.dtype).removeprefix("torch."),
+            "reference_model": trainer.ref_model is not None,
+            "reward": distinct_share.__name__,
+        },
+        "processes": world,
+        "completions_per_step": completions,
+        "model_build_s": build_s,
+        "init_s": init_s,
+        "train_s": train_s,
+        "steps": len(step_times),
+        "warmup_steps": len(step_times) - len(measured),
+        "measured_steps": len(measured),
+        "step_times_s": step_times,
+        "step_s": step_s,
+        "samples_per_s_per_gpu": per(completions, step_s * world if step_s else None),
+        "generate_s": mean(generate_s[args.warmup :] or generate_s),
+        "generate_times_s": generate_s,
+        "weight_sync_s": mean(sync_s[args.warmup :] or sync_s),
+        "completion_tokens_mean": mean(lengths[args.warmup :] or lengths),
+        "logs": callback.logs,
+    }
+
+
+def merge(out: Path, section: dict[str, Any]) -> None:
+    """Put the "trl" section into `out`, keeping the other sections (gpu_grpo.py's convention)."""
+    result = json.loads(out.read_text()) if out.exists() else {}
+    if "device" not in result:
+        result.update(device=section["device"], date=section["date"])
+    result["trl"] = section
+    ours = (result.get("grpo") or {}).get("samples_per_s_per_gpu")
+    result["forgesky_to_trl_samples_per_s"] = per(ours, section.get("samples_per_s_per_gpu"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default 8; dry 3)")
+    p.add_argument("--warmup", type=int, default=None, help="steps left out (default 2; dry 1)")
+    p.add_argument("--model-size", default="1.7b", help="a qwen3 size in recipes/architectures.py")
+    p.add_argument("--prompts-per-step", type=int, default=None, help="default 16; dry 4")
+    p.add_argument("--group-size", type=int, default=None, help="completions a prompt; default 8")
+    p.add_argument("--micro-batch", type=int, default=None, help="completions a micro-batch; 8")
+    p.add_argument("--prompt-tokens", type=int, default=None, help="default 128; dry 16")
+    p.add_argument("--response-tokens", type=int, default=None, help="default 512; dry 16")
+    p.add_argument("--vllm-memory", type=float, default=0.3, help="vLLM's share of the GPU")
+    p.add_argument("--out", default=None, help="default bench/results/gpu_grpo.json; dry: /tmp")
+    p.add_argument(
+        "--dry-cpu",
+        action="store_true",
+        help="CPU check: tiny model, HF generate instead of vLLM, short lengths, real TRL",
+    )
+    args = p.parse_args()
+    dry = args.dry_cpu
+    defaults = dict(steps=(3, 8), warmup=(1, 2), prompts_per_step=(4, 16), group_size=(4, 8),
+                    micro_batch=(4, 8), prompt_tokens=(16, 128), response_tokens=(16, 512))  # fmt: skip
+    for name, (on_cpu, on_gpu) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, on_cpu if dry else on_gpu)
+    if not dry:
+        from recipes.architectures import architecture
+        from recipes.errors import UserError
+
+        try:
+            architecture("qwen3", args.model_size)
+        except UserError as e:
+            fail(f"--model-size: {e}")
+    if args.prompt_tokens < 2:
+        fail("--prompt-tokens must be at least 2 (<bos> and one character)")
+    default_out = Path(tempfile.gettempdir()) / "trl_grpo_dry_cpu.json" if dry else None
+    out = Path(args.out or default_out or ROOT / "bench/results/gpu_grpo.json")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    work = Path(tempfile.mkdtemp(prefix="trl-grpo-bench-"))
+    try:
+        section = run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    merge(out, section)
+    summary = {k: v for k, v in section.items() if k not in ("logs", "settings")}
+    print(json.dumps(summary, indent=2))
+    print(f"wrote the 'trl' section of {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
