@@ -10,7 +10,8 @@ by a single rule:
    (generator.tp GPUs) or, if a replica no longer fits, widen the trainer by one data-parallel
    rank (trainer.tp GPUs: fsdp + 1);
 2. once the generator holds twice the trainer's GPUs, widen the trainer by one rank;
-3. stop when the step a rule asks for does not fit; the GPUs left are listed as idle.
+3. stop when the step a rule asks for does not fit (the trainer grows only within node 0, see
+   Nodes); the GPUs left are listed as idle.
 
 Why 2:1: in GRPO each step first samples group_size responses per prompt, one token at a time
 (memory-bandwidth bound), then trains once on the finished batch (one compute-bound forward and
@@ -22,16 +23,21 @@ one more GPU lets a generator replica take the GPUs a trainer rank would have us
 
 Nodes. Up to gpus_per_node GPUs is one node of that many GPUs. Beyond it, a run uses whole nodes
 (a multiple of gpus_per_node), the shape clouds sell and SkyPilot provisions (every node of a
-cluster gets the same accelerators). Tensor-parallel groups (a generator replica, the reference,
-each trainer TP group) never cross a node; the trainer's FSDP ranks may. Groups go to nodes
-largest first, each into the first node with room (with power-of-two group sizes this finds a
-placement whenever one exists); within a node GPUs are numbered in service order. Reward procs
-run on CPU on node 0, next to the controller.
+cluster gets the same accelerators). The trainer always runs on node 0, all its GPUs there: node 0
+runs the controller, and a checkpoint's files and its COMMITTED marker are then written on one
+node (runtime/checkpoint.py). On a cloud the checkpoint dir is a bucket mounted on each node with
+asynchronous uploads; with the trainer elsewhere, node 0's marker could be uploaded before the
+trainer's files, and a "committed" checkpoint could lack them. So the trainer never grows past
+node 0, and a recipe whose trainer needs more GPUs than a node has does not plan. The other
+tensor-parallel groups (a generator replica, the reference) never cross a node either; they go to
+nodes largest first, each into the first node with room left after the trainer (with
+power-of-two group sizes this finds a placement whenever one exists); within a node GPUs are
+numbered in service order. Reward procs run on CPU on node 0, next to the controller.
 
 CPU recipes run on one machine unless `nodes` asks for more (a CPU cluster, and the multi-node
-tests): the generator replicas, the reference and the trainer then go round-robin over the nodes
-starting at node 1, so node 0, which also runs the controller, the weight store and the reward
-procs, gets a service last.
+tests): the trainer then runs on node 0, for the same reason, and the generator replicas and the
+reference go round-robin over the nodes starting at node 1, so node 0, which also runs the
+controller, the weight store and the reward procs, gets one of them last.
 """
 
 from __future__ import annotations
@@ -52,8 +58,8 @@ GENERATOR_TO_TRAINER_GPUS = 2
 class Placement:
     """One service unit on one node.
 
-    generator and reference: one replica (its whole TP group). trainer: its GPUs on one node
-    (replica numbers the trainer's nodes in FSDP rank order). reward: one CPU proc on node 0.
+    generator and reference: one replica (its whole TP group). trainer: all its GPUs, on node 0
+    (replica 0). reward: one CPU proc on node 0.
     `gpus` are local indices on `node` (what CUDA_VISIBLE_DEVICES gets); () on CPU.
     """
 
@@ -128,12 +134,23 @@ class Plan:
         lines = [head] + [
             "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
         ]
+        idle_nodes = [n for n in range(self.num_nodes) if self._idle_on(n) == self.gpus_per_node]
+        if idle_nodes:
+            fewer = (self.num_nodes - len(idle_nodes)) * self.gpus_per_node
+            lines.append(
+                f"{_node_list(idle_nodes)} idle: the trainer stays on node 0, where checkpoints "
+                f"are written, and the generator stops at twice its GPUs; --gpus {fewer} "
+                "gives the same plan"
+            )
         if not self.cpu:
             lines.append(
                 f"GB/GPU is an estimate (recipes/memory.py); an {self.accelerator} has "
                 f"{ACCELERATOR_GB[self.accelerator]:.0f} GB"
             )
         return "\n".join(lines)
+
+    def _idle_on(self, node: int) -> int:
+        return sum(1 for n, _ in self.idle_gpus if n == node)
 
     def _parallel(self, p: Placement) -> str:
         if self.cpu or p.service == "reward":
@@ -201,18 +218,25 @@ def plan(
     replicas, fsdp = lay.generator.replicas, lay.trainer.resolved_fsdp
 
     def packing(replicas: int, fsdp: int) -> list[tuple[Service, int, int, int]] | None:
-        groups = _groups(replicas, gen_tp, ref_tp, fsdp, tr_tp)
+        groups = _groups(replicas, gen_tp, ref_tp, fsdp * tr_tp)
         if sum(g[2] for g in groups) > gpus:
             return None
         return _pack(groups, num_nodes, per_node)
 
     packed = packing(replicas, fsdp)
+    if packed is None and tr_tp <= per_node < lay.trainer.gpus:
+        raise UserError(
+            f"{recipe.name}: the trainer's {lay.trainer.gpus} GPUs must all sit on node 0 (the "
+            f"controller's node, where checkpoints are written), and a node here has {per_node}; "
+            f"set layout.trainer.gpus to at most {per_node - per_node % tr_tp} or use nodes of "
+            f"at least {lay.trainer.gpus} GPUs"
+        )
     if packed is None:
         largest = max(gen_tp, ref_tp, tr_tp)
         raise UserError(
             f"{recipe.name}: cannot place its services on {num_nodes} nodes of {per_node} GPUs "
-            f"without splitting a tensor-parallel group (largest TP {largest}); "
-            "use more GPUs per node"
+            f"with the trainer on node 0 and no tensor-parallel group split (largest TP "
+            f"{largest}); use more GPUs per node"
         )
     while True:
         attempts = [(replicas, fsdp + 1)]
@@ -254,8 +278,8 @@ def _cpu_plan(recipe: Recipe, nodes: int) -> Plan:
     units: list[tuple[Service, int]] = [("generator", r) for r in range(lay.generator.replicas)]
     if lay.reference.enabled:
         units.append(("reference", 0))
-    units.append(("trainer", 0))
     placements = [Placement(s, r, (i + 1) % nodes, ()) for i, (s, r) in enumerate(units)]
+    placements.append(Placement("trainer", 0, 0, ()))  # node 0: see the module docstring
     placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
     return Plan(
         recipe_name=recipe.name,
@@ -279,25 +303,29 @@ def _cpu_plan(recipe: Recipe, nodes: int) -> Plan:
 
 
 def _groups(
-    replicas: int, gen_tp: int, ref_tp: int, fsdp: int, tr_tp: int
+    replicas: int, gen_tp: int, ref_tp: int, trainer_gpus: int
 ) -> list[tuple[Service, int, int]]:
-    """(service, index, size) of every group that must sit on one node, in service order."""
+    """(service, index, size) of every group that must sit on one node, in service order; the
+    trainer is one group."""
     groups: list[tuple[Service, int, int]] = [("generator", r, gen_tp) for r in range(replicas)]
     if ref_tp:
         groups.append(("reference", 0, ref_tp))
-    groups += [("trainer", k, tr_tp) for k in range(fsdp)]
+    groups.append(("trainer", 0, trainer_gpus))
     return groups
 
 
 def _pack(
     groups: list[tuple[Service, int, int]], num_nodes: int, per_node: int
 ) -> list[tuple[Service, int, int, int]] | None:
-    """(service, index, size, node) per group, largest groups first into the first node with
-    room; None if some group fits no node."""
+    """(service, index, size, node) per group: the trainer on node 0, then the others largest
+    first into the first node with room; None if some group fits no node."""
     free = [per_node] * num_nodes
     node_of: dict[int, int] = {}
-    for i in sorted(range(len(groups)), key=lambda i: -groups[i][2]):
-        node = next((n for n in range(num_nodes) if free[n] >= groups[i][2]), None)
+    trainer = next(i for i, g in enumerate(groups) if g[0] == "trainer")
+    others = sorted((i for i in range(len(groups)) if i != trainer), key=lambda i: -groups[i][2])
+    for i in [trainer, *others]:
+        candidates = [0] if i == trainer else range(num_nodes)
+        node = next((n for n in candidates if free[n] >= groups[i][2]), None)
         if node is None:
             return None
         free[node] -= groups[i][2]
@@ -309,18 +337,11 @@ def _placements(
     packed: list[tuple[Service, int, int, int]], reward_procs: int
 ) -> tuple[tuple[Placement, ...], set[tuple[int, int]]]:
     next_gpu: dict[int, int] = {}
-    trainer_gpus: dict[int, list[int]] = {}
     placements: list[Placement] = []
     for service, index, size, node in packed:
         start = next_gpu.get(node, 0)
-        gpus = tuple(range(start, start + size))
         next_gpu[node] = start + size
-        if service == "trainer":
-            trainer_gpus.setdefault(node, []).extend(gpus)
-        else:
-            placements.append(Placement(service, index, node, gpus))
-    for replica, node in enumerate(sorted(trainer_gpus)):
-        placements.append(Placement("trainer", replica, node, tuple(trainer_gpus[node])))
+        placements.append(Placement(service, index, node, tuple(range(start, start + size))))
     placements += [Placement("reward", r, 0, ()) for r in range(reward_procs)]
     used = {(p.node, g) for p in placements for g in p.gpus}
     return tuple(placements), used
@@ -335,6 +356,13 @@ def _breakdown(recipe: Recipe) -> str:
         parts.append(f"reference {tp}" + (f" = TP{tp}" if tp > 1 else ""))
     parts.append(f"trainer {t.gpus} = FSDP{t.resolved_fsdp}×TP{t.tp}")
     return ", ".join(parts)
+
+
+def _node_list(nodes: list[int]) -> str:
+    """ "node 3", "nodes 3-5"."""
+    if len(nodes) == 1:
+        return f"node {nodes[0]}"
+    return f"nodes {_gpu_list(tuple(nodes))}"
 
 
 def _gpu_list(gpus: tuple[int, ...]) -> str:

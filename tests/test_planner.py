@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recipes import UserError, apply_overrides, load_recipe, minimum_gpus, plan
+from recipes import UserError, apply_overrides, list_recipes, load_recipe, minimum_gpus, plan
 
 
 @functools.cache
@@ -94,22 +94,59 @@ def test_memory_follows_the_grown_layout():
     assert big["reference"] == small["reference"]
 
 
-def test_multi_node_keeps_tp_groups_whole():
+def test_multi_node_puts_the_trainer_on_node_0_and_keeps_tp_groups_whole():
     p = plan(recipe("qwen3-32b"), 16)
     assert (p.num_nodes, p.gpus_per_node) == (2, 8)
     assert [(x.service, x.node, x.gpus) for x in p.placements if x.service != "reward"] == [
-        ("generator", 0, (0, 1, 2, 3)),
-        ("reference", 0, (4, 5, 6, 7)),
-        ("trainer", 1, (0, 1, 2, 3, 4, 5, 6, 7)),
+        ("generator", 1, (0, 1, 2, 3)),
+        ("reference", 1, (4, 5, 6, 7)),
+        ("trainer", 0, (0, 1, 2, 3, 4, 5, 6, 7)),
     ]
+    # The trainer fills node 0 and cannot widen; the generator stops at twice its GPUs.
     p = plan(recipe("qwen3-32b"), 32)
-    assert (p.num_nodes, p.generator_replicas, p.trainer_fsdp, p.idle_gpus) == (4, 4, 12, ())
+    assert (p.num_nodes, p.generator_replicas, p.trainer_fsdp) == (4, 4, 8)
+    assert p.idle_gpus == ((3, 4), (3, 5), (3, 6), (3, 7))
     for x in p.placements_of("generator") + p.placements_of("reference"):
-        assert len(x.gpus) == 4 and max(x.gpus) < 8
-    trainer = p.placements_of("trainer")
-    assert sum(len(x.gpus) for x in trainer) == p.trainer_gpus == 12
-    assert [x.replica for x in trainer] == list(range(len(trainer)))
+        assert len(x.gpus) == 4 and max(x.gpus) < 8 and x.node > 0
+    assert [(x.node, x.gpus) for x in p.placements_of("trainer")] == [(0, tuple(range(8)))]
     assert all(x.node == 0 for x in p.placements_of("reward"))
+    # Below a node, the trainer takes node 0 first and the rest of the services fill around it.
+    p = plan(recipe("qwen3-8b"), 16)
+    assert (p.generator_replicas, p.trainer_fsdp, p.idle_gpus) == (5, 5, ())
+    assert [(x.service, x.node, x.gpus) for x in p.placements if x.service != "reward"] == [
+        ("generator", 0, (0, 1)),
+        ("generator", 1, (0, 1)),
+        ("generator", 1, (2, 3)),
+        ("generator", 1, (4, 5)),
+        ("generator", 1, (6, 7)),
+        ("reference", 0, (2,)),
+        ("trainer", 0, (3, 4, 5, 6, 7)),
+    ]
+
+
+def test_nodes_left_idle_are_explained():
+    text = plan(recipe("qwen3-32b"), 48).describe()
+    assert (
+        "nodes 4-5 idle: the trainer stays on node 0, where checkpoints are written, and the "
+        "generator stops at twice its GPUs; --gpus 32 gives the same plan"
+    ) in text
+    assert plan(recipe("qwen3-32b"), 48).placements == plan(recipe("qwen3-32b"), 32).placements
+    assert "node 4 idle:" in plan(recipe("qwen3-32b"), 40).describe()
+    assert " idle:" not in plan(recipe("qwen3-32b"), 32).describe()  # half a node: a row only
+
+
+def test_trainer_larger_than_a_node_is_an_error():
+    r = recipe("qwen3-32b", "resources.gpus_per_node=4")  # trainer FSDP8 on nodes of 4 GPUs
+    assert error_of(r, 16) == (
+        "qwen3-32b: the trainer's 8 GPUs must all sit on node 0 (the controller's node, where "
+        "checkpoints are written), and a node here has 4; set layout.trainer.gpus to at most 4 "
+        "or use nodes of at least 8 GPUs"
+    )
+    # The most it could have is whole trainer TP groups on one node.
+    r = recipe(
+        "qwen3-8b", "resources.gpus_per_node=6", "layout.trainer.tp=4", "layout.trainer.gpus=8"
+    )
+    assert "a node here has 6; set layout.trainer.gpus to at most 4 or" in error_of(r, 12)
 
 
 def test_multi_node_uses_whole_nodes():
@@ -165,7 +202,7 @@ def test_cpu_plan():
     assert "tiny on CPU" in plan(recipe("tiny"), 0).describe()
 
 
-def test_cpu_plan_over_nodes_goes_round_robin_from_node_1():
+def test_cpu_plan_over_nodes_keeps_the_trainer_on_node_0():
     p = plan(recipe("tiny"), 0, nodes=3)
     assert p.cpu and p.num_nodes == 3
     assert [(x.service, x.replica, x.node) for x in p.placements] == [
@@ -174,11 +211,20 @@ def test_cpu_plan_over_nodes_goes_round_robin_from_node_1():
         ("trainer", 0, 0),
         ("reward", 0, 0),
     ]
-    p = plan(recipe("tiny", "layout.generator.replicas=2", "layout.reward.procs=2"), 0, nodes=2)
+    # The generator replicas and the reference go round-robin from node 1, the trainer stays.
+    p = plan(recipe("tiny"), 0, nodes=2)
+    assert [(x.service, x.node) for x in p.placements] == [
+        ("generator", 1),
+        ("reference", 0),
+        ("trainer", 0),
+        ("reward", 0),
+    ]
+    p = plan(recipe("tiny", "layout.generator.replicas=3", "layout.reward.procs=2"), 0, nodes=2)
     assert [(x.service, x.node) for x in p.placements] == [
         ("generator", 1),
         ("generator", 0),
-        ("reference", 1),
+        ("generator", 1),
+        ("reference", 0),
         ("trainer", 0),
         ("reward", 0),
         ("reward", 0),
@@ -263,21 +309,48 @@ def test_plan_invariants(layout, gpus, gpn):
             assert len(x.gpus) == p.reference_tp
         elif x.service == "reward":
             assert x.gpus == () and x.node == 0
-    trainer = p.placements_of("trainer")
-    assert sum(len(x.gpus) for x in trainer) == p.trainer_gpus == p.trainer_fsdp * p.trainer_tp
-    assert all(len(x.gpus) % p.trainer_tp == 0 for x in trainer)  # trainer TP groups stay whole
+    # The trainer: all its GPUs on node 0, where the controller writes the checkpoints.
+    [trainer] = p.placements_of("trainer")
+    assert trainer.node == 0 and len(trainer.gpus) == p.trainer_gpus
+    assert p.trainer_gpus == p.trainer_fsdp * p.trainer_tp
     assert (
         len(p.placements_of("generator"))
         == p.generator_replicas
         >= layout["layout.generator.replicas"]
     )
     assert p.trainer_fsdp >= layout["layout.trainer.fsdp"]
-    # GPUs stay idle only when no generator replica and no trainer rank could take them.
-    assert len(p.idle_gpus) < max(p.generator_tp, p.trainer_tp)
+    # GPUs stay idle only when no generator replica (while the generator holds less than twice
+    # the trainer's GPUs) and no trainer rank fits: that layout as a recipe does not plan.
+    if p.idle_gpus:
+        grown = dict(layout, **{"layout.trainer.fsdp": p.trainer_fsdp})
+        grown["layout.generator.replicas"] = p.generator_replicas
+        wider = dict(grown, **{"layout.trainer.fsdp": p.trainer_fsdp + 1})
+        assert try_plan(layout_recipe(wider), gpus, gpn) is None
+        if p.generator_replicas * p.generator_tp < 2 * p.trainer_gpus:
+            more = dict(grown, **{"layout.generator.replicas": p.generator_replicas + 1})
+            assert try_plan(layout_recipe(more), gpus, gpn) is None
     # A replica is added only while the generator holds fewer than twice the trainer's GPUs.
     assert p.generator_replicas == layout["layout.generator.replicas"] or (
         (p.generator_replicas - 1) * p.generator_tp < 2 * p.trainer_gpus
     )
+
+
+def test_the_trainer_runs_on_node_0_in_every_catalog_plan():
+    """Checkpoint files and their COMMITTED marker are then written on one node."""
+    planned = 0
+    for name in list_recipes():
+        r = recipe(name)
+        if r.cpu:
+            plans = [plan(r, 0, nodes=n) for n in range(1, 6)]
+        else:
+            gpn = r.resources.gpus_per_node
+            counts = [n for n in range(minimum_gpus(r), 65) if n <= gpn or n % gpn == 0]
+            plans = [plan(r, n) for n in counts]  # every whole-node count plans
+        for p in plans:
+            assert [x.node for x in p.placements_of("trainer")] == [0], (name, p.total_gpus)
+            assert [x.node for x in p.placements_of("reward")] == [0] * p.reward_procs
+        planned += len(plans)
+    assert planned > 50
 
 
 @settings(max_examples=150, deadline=None)
