@@ -74,7 +74,7 @@ class Controller:
 
     async def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
         s = self.services
-        restored = await s.call("trainer", s.trainer.load.call_one(str(ckpt.path)))
+        restored = await s.train_call("load", str(ckpt.path))
         state = torch.load(ckpt.path / "controller.pt", weights_only=False)
         if state["step"] != restored or state["step"] != ckpt.step:
             raise RuntimeError(
@@ -102,14 +102,14 @@ class Controller:
         self.weight_paths = ["store"] * len(s.generators)
         if mode == "store":
             return
-        trainer = await s.call("trainer", s.trainer.weight_endpoint.call_one())
+        trainer = await s.train_call("weight_endpoint")
         gens = await asyncio.gather(
             *(s.call("generator", g.weight_endpoint.call_one()) for g in s.generators)
         )
         self.weight_paths = weight_sync.choose(trainer, list(gens), mode)
         if all(p == "store" for p in self.weight_paths):
             return
-        address = await s.call("trainer", s.trainer.connect_weights.call_one(self.weight_paths))
+        address = await s.train_call("connect_weights", self.weight_paths)
         world, rank, joins = 1 + self.weight_paths.count("push"), 0, []
         for gen, path in zip(s.generators, self.weight_paths, strict=True):
             push = None
@@ -123,7 +123,7 @@ class Controller:
     async def _publish_and_load(self, version: int) -> float:
         """Publish `version` and load it on every generator now (start of run)."""
         s = self.services
-        pub = await s.call("trainer", s.trainer.publish.call_one(version))
+        pub = await s.train_call("publish", version)
         loads = await asyncio.gather(
             *(s.call("generator", gen.update_weights.call_one(version)) for gen in s.generators)
         )
@@ -146,7 +146,7 @@ class Controller:
             loads = await asyncio.gather(*(load(i, gen) for i, gen in enumerate(s.generators)))
             self._last_load_s = max(loads)
             if version - 1 >= 0:
-                await s.call("trainer", s.trainer.drop.call_one(version - 1))
+                await s.train_call("drop", version - 1)
 
         task = asyncio.create_task(switch())
         self._update_tasks.add(task)
@@ -345,11 +345,11 @@ class Controller:
             await self._notify()
             t_wait = time.perf_counter() - t0
             batch, info = self._collate(groups)
-            stats = await s.call("trainer", s.trainer.train_step.call_one(batch))
+            stats = await s.train_call("train_step", batch)
             self.step += 1
             self.version += 1
             self._training = False
-            pub = await s.call("trainer", s.trainer.publish.call_one(self.version))
+            pub = await s.train_call("publish", self.version)
             self._switch_generators(self.version)
             record = {
                 "step": self.step,
@@ -400,7 +400,7 @@ class Controller:
             return saved[-1].path
         partial = checkpoint.begin(root, self.step)
         s = self.services
-        save = asyncio.ensure_future(s.call("trainer", s.trainer.save.call_one(str(partial))))
+        save = asyncio.ensure_future(s.train_call("save", str(partial)))
         try:
             state = await self._settled_state()
         except BaseException:
@@ -468,4 +468,4 @@ class Controller:
             await asyncio.gather(*self._update_tasks, return_exceptions=True)
         if any(p != "store" for p in self.weight_paths):
             # The receivers' threads end; nothing is published any more.
-            await self.services.call("trainer", self.services.trainer.close_weights.call_one())
+            await self.services.train_call("close_weights")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -28,6 +29,14 @@ class Services:
 
     async def call(self, service: str, awaitable: Any) -> Any:
         return await self.life.call(service, awaitable)
+
+    async def train_call(self, endpoint: str, *args: Any) -> Any:
+        """Call a trainer endpoint on every rank (they run collectives together); rank 0's answer.
+
+        The ranks' answers agree or only rank 0's matters (it alone publishes and saves).
+        """
+        answers = await self.call("trainer", getattr(self.trainer, endpoint).call(*args))
+        return next(value for _, value in answers.items())
 
     async def score(self, items: list[tuple[str, str, str]]) -> list[Any]:
         """Score on every reward proc at once, in contiguous slices."""
@@ -54,6 +63,42 @@ def _placements(plan: Any, service: str) -> list[Any]:
     return [p for p in plan.placements if p.service == service]
 
 
+def trainer_ranks(trainer_gpus: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The GPUs of each trainer proc (one FSDP rank each): one proc per trainer GPU by default;
+    `FORGESKY_TRAINER_PROCS` asks for another count (on CPU: that many gloo ranks)."""
+    from recipes import UserError
+    from runtime.services import TRAINER_PROCS_ENV
+
+    raw = os.environ.get(TRAINER_PROCS_ENV, "").strip()
+    if not raw:
+        return [(g,) for g in trainer_gpus] or [()]
+    procs = int(raw) if raw.isdigit() else 0
+    if procs < 1:
+        raise UserError(f"{TRAINER_PROCS_ENV}={raw!r}: expected a whole number >= 1")
+    if not trainer_gpus:
+        return [()] * procs
+    per_proc, left = divmod(len(trainer_gpus), procs)
+    if left or not per_proc:
+        raise UserError(
+            f"{TRAINER_PROCS_ENV}={procs} does not divide the {len(trainer_gpus)} trainer GPUs; "
+            "unset it for one proc per GPU"
+        )
+    return [trainer_gpus[i * per_proc : (i + 1) * per_proc] for i in range(procs)]
+
+
+def trainer_env(ranks: int) -> dict[str, str]:
+    """Rendezvous of the trainer ranks (torch.distributed env://). The plan keeps the trainer
+    on one node, so its ranks meet on the loopback at a port free here."""
+    from runtime.backends.fsdp_trainer import WORLD_ENV
+
+    if ranks == 1:
+        return {}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {WORLD_ENV: str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
 async def _start(life: RunLifecycle, config: RunConfig) -> Services:
     from runtime import services as svc
     from runtime import weights
@@ -69,19 +114,19 @@ async def _start(life: RunLifecycle, config: RunConfig) -> Services:
     gens = _placements(plan, "generator")
     refs = _placements(plan, "reference") if plan.reference_enabled else []
     trainers = _placements(plan, "trainer")
+    ranks = trainer_ranks(tuple(g for p in trainers for g in p.gpus))
     # CPU threads: every service proc computes at once (rollouts overlap training)
-    busy = 1 + len(gens) + len(refs) + plan.reward_procs
+    busy = len(ranks) + len(gens) + len(refs) + plan.reward_procs
     threads = max(1, available_cores() // busy)
 
-    # The trainer sees all its GPUs in one proc; FSDP across procs belongs to the GPU backend.
-    trainer_gpus = tuple(g for p in trainers for g in p.gpus)
     reward_host = hosts.host_of("reward", _placements(plan, "reward"))
     # All procs start at once: each spends seconds importing torch and the model code.
     spawns = [
         life.spawn_service(
             "trainer",
-            1,
-            gpus=[trainer_gpus],
+            len(ranks),
+            gpus=ranks,
+            env=trainer_env(len(ranks)),
             threads=threads,
             host=hosts.host_of("trainer", trainers),
         ),
@@ -107,13 +152,16 @@ async def _start(life: RunLifecycle, config: RunConfig) -> Services:
 
     rewards = [r.model_dump() for r in recipe.dataset.rewards]
     setups = [
-        life.call("trainer", trainer.setup.call_one(recipe, store)),
+        life.call("trainer", trainer.setup.call(recipe, store)),  # every rank joins the group
         *(life.call("generator", g.setup.call_one(recipe, store)) for g in generators),
         life.call("reward", reward.setup.call(rewards)),
     ]
     if reference is not None:
         setups.append(life.call("reference", reference.setup.call_one(recipe)))
-    await asyncio.gather(*setups)
+    trained_by = (await asyncio.gather(*setups))[0]
+    if len(ranks) > 1:
+        info = next(value for _, value in trained_by.items())
+        print(f"trainer: {info['backend']} on {info['ranks']} ranks", flush=True)
     tokenizer = svc.load_tokenizer(recipe)
     return Services(
         life, trainer, generators, reference, reward, plan.reward_procs, svc.pad_id(tokenizer)

@@ -90,6 +90,19 @@ GPU_MEMORY_ENV = "FORGESKY_GPU_MEMORY_UTILIZATION"  # vLLM's share of its GPU (d
 KV_CACHE_ENV = "FORGESKY_VLLM_KV_CACHE_GB"
 EAGER_ENV = "FORGESKY_VLLM_EAGER"  # 1: no torch.compile / CUDA graphs (faster start)
 MICRO_BATCH_ENV = "FORGESKY_TOKENS_PER_MICRO_BATCH"  # trainer/reference tokens per micro-batch
+# Trainer procs (FSDP ranks): default one per trainer GPU, 1 on CPU (more: gloo, for tests).
+TRAINER_PROCS_ENV = "FORGESKY_TRAINER_PROCS"
+# 1 (default): recompute each block in backward (about 1/3 more FLOPs, much less memory).
+ACTIVATION_CHECKPOINTING_ENV = "FORGESKY_ACTIVATION_CHECKPOINTING"
+TRAINER_COMPILE_ENV = "FORGESKY_TRAINER_COMPILE"  # 1: torch.compile each trainer/reference block
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """A 0/1 knob from the environment."""
+    raw = os.environ.get(name, "").strip()
+    if raw in ("", "0", "1"):
+        return default if raw == "" else raw == "1"
+    raise UserError(f"{name}={raw!r}: expected 0 or 1")
 
 
 def generator_kind() -> str:
@@ -160,22 +173,18 @@ def build_generator(recipe: Any, tokenizer: Any) -> Any:
 
 
 def build_trainer(recipe: Any) -> Any:
-    """The policy backend: `FSDPTrainer` (bf16 compute, fp32 master weights) on a GPU, else the
-    CPU `TitanTrainer`. Weights: the recipe's pretrained ones or the seeded random init."""
+    """The policy backend: `FSDPTrainer` (bf16 compute, fp32 master weights) on a GPU or across
+    several trainer ranks (gloo on CPU), else the single-process CPU `TitanTrainer`. Weights: the
+    recipe's pretrained ones or the seeded random init."""
     from runtime.backends import OptimizerConfig
+    from runtime.backends.fsdp_trainer import WORLD_ENV
 
     spec, g = model_spec(recipe), recipe.grpo
     optim = OptimizerConfig.from_grpo(g)
     weights = initial_weights(recipe, spec)
-    if device().type == "cuda":
+    if device().type == "cuda" or int(os.environ.get(WORLD_ENV, "1")) > 1:
         from runtime.backends.fsdp_trainer import FSDPTrainer
 
-        if torch.cuda.device_count() > 1:
-            print(
-                f"trainer: this proc sees {torch.cuda.device_count()} GPUs and trains on the "
-                "first (one proc per trainer GPU is needed for FSDP across them)",
-                flush=True,
-            )
         return FSDPTrainer(
             spec,
             optim,
@@ -186,6 +195,8 @@ def build_trainer(recipe: Any) -> Any:
             compute_dtype=dtype(recipe),
             publish_dtype=dtype(recipe),
             tokens_per_micro_batch=int(_env_float(MICRO_BATCH_ENV, 8192)),
+            activation_checkpointing=env_flag(ACTIVATION_CHECKPOINTING_ENV, True),
+            compile=env_flag(TRAINER_COMPILE_ENV, False),
         )
     from runtime.backends import TitanTrainer
 
@@ -215,6 +226,7 @@ def build_reference(recipe: Any) -> Any:
             device=device(),
             dtype=dtype(recipe),
             tokens_per_micro_batch=int(_env_float(MICRO_BATCH_ENV, 8192)),
+            compile=env_flag(TRAINER_COMPILE_ENV, False),
         )
     from runtime.backends import TitanReference
 

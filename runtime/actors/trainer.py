@@ -1,4 +1,10 @@
-"""The trainer actor: owns the policy and its optimizer, publishes each policy version."""
+"""The trainer actor: owns the policy and its optimizer, publishes each policy version.
+
+With several trainer ranks (one proc per trainer GPU) every endpoint is called on all of them:
+the backend's forward, backward and weight gathers are collectives. Rank 0 alone speaks for the
+service: it publishes, serves the weight paths and writes the checkpoint; the controller reads
+its answers (`runtime.run.Services.train_call`).
+"""
 
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ class TrainerActor(Actor):
 
     @endpoint
     async def setup(self, recipe: Any, store: Any) -> dict[str, Any]:
-        """Build the model (pretrained or seeded init) and the optimizer."""
+        """Build the model (pretrained or seeded init) and the optimizer; join the other ranks."""
         self.recipe, self.store = recipe, store
         torch.manual_seed(recipe.grpo.seed)
         spec = services.model_spec(recipe)
@@ -30,11 +36,13 @@ class TrainerActor(Actor):
             "params": spec.num_params(),
             "device": str(services.device()),
             "backend": type(self.backend).__name__,
+            "ranks": getattr(self.backend, "world", 1),
         }
 
     @endpoint
     async def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
-        """One optimizer step on a collated batch (see Controller._train_batch)."""
+        """One optimizer step on a collated batch (see Controller._train_batch); each rank
+        trains on its share of the rows, the stats cover the whole batch."""
         from runtime.grpo import policy_loss
 
         g = self.recipe.grpo
@@ -117,12 +125,18 @@ class TrainerActor(Actor):
 
     @endpoint
     async def save(self, directory: str) -> None:
-        """Write model, optimizer, scheduler and step into a checkpoint directory."""
-        torch.save(self.backend.state_dict(), Path(directory) / "trainer.pt")
+        """Write model, optimizer, scheduler and step into a checkpoint directory (rank 0)."""
+        state = self.backend.state_dict()  # with several ranks: a gather on every rank
+        if self._rank() == 0:
+            torch.save(state, Path(directory) / "trainer.pt")
 
     @endpoint
     async def load(self, directory: str) -> int:
-        """Restore from a checkpoint directory; returns the restored optimizer step."""
-        state = torch.load(Path(directory) / "trainer.pt", map_location=services.device())
+        """Restore from a checkpoint directory; returns the restored optimizer step.
+
+        Every rank reads the whole file, memory-mapped (the ranks of a host share its pages),
+        and keeps its shard.
+        """
+        state = torch.load(Path(directory) / "trainer.pt", map_location="cpu", mmap=True)
         self.backend.load_state_dict(state)
         return self.backend.step

@@ -12,15 +12,20 @@ projection (`_skip_lm_head`), the hidden states of the positions that predict re
 are gathered, and the projection plus log-softmax run on those alone: `[N_response, vocab]`
 logits instead of `[B, T, vocab]`. Batches are split into micro-batches of about
 `tokens_per_micro_batch` tokens (gradients accumulate), which bounds those logits. Each
-transformer block is activation-checkpointed (its forward is recomputed in backward).
+transformer block is activation-checkpointed by default (its forward is recomputed in backward:
+about a third more FLOPs, for a GPU too small to hold every block's activations).
+
+Compile (optional): each block's forward goes through `torch.compile(dynamic=True)`, outside the
+checkpoint so that the compiler sees the recomputed region; sequence lengths vary with every
+batch, and dynamic shapes keep a new width from compiling again.
 
 Attention: the SDPA override of `runtime.models.titan` (causal, right padding is exact), which
 on CUDA picks PyTorch's own cuDNN or flash kernels for bf16; no flash-attn package is needed.
 
 Several ranks: this backend shards over the default process group when one with more than one
 rank is configured (`init_distributed`); every rank gets the same `train_step` call and trains on
-its share of the batch. The runtime spawns one trainer proc today (it uses its first GPU); one
-proc per trainer GPU, each called on every endpoint, is what the multi-GPU layouts need.
+its share of the batch. The runtime spawns one trainer proc per trainer GPU and calls every
+endpoint on all of them (`runtime.actors.trainer`).
 """
 
 from __future__ import annotations
@@ -92,11 +97,29 @@ def micro_batches(tokens: Tensor, budget: int) -> list[slice]:
     return [slice(i, min(i + size, batch)) for i in range(0, batch, size)]
 
 
-def _checkpoint_blocks(model: torch.nn.Module) -> None:
-    # The forward is wrapped rather than the module, so parameter names (the HF conversion's
-    # input) stay as they are.
+def wrap_blocks(model: torch.nn.Module, *, checkpointing: bool, compile: bool) -> None:
+    """Activation checkpointing and/or torch.compile around each transformer block's forward.
+
+    The forward is wrapped rather than the module, so parameter names (the HF conversion's
+    input) stay as they are. Compile goes outside the checkpoint: `checkpoint` refuses to be the
+    first frame torch.compile traces (it is `_disable_dynamo`), and inside a traced function it
+    becomes one region the compiler recomputes.
+    """
     for block in model.layers.values():
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+        forward = block.forward
+        if checkpointing:
+            forward = _checkpointed(forward)
+        if compile:
+            forward = torch.compile(forward, dynamic=True)
+        block.forward = forward
+
+
+def _checkpointed(forward: Any) -> Any:
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
 
 
 def _full(tensor: Tensor) -> Tensor:
@@ -107,7 +130,8 @@ class FSDPTrainer:
     """The policy on GPU(s); the same interface as `TitanTrainer` (see `TrainerBackend`).
 
     `publish_dtype` is the dtype of `hf_state_dict()` (what generators load; bf16 halves the
-    bytes to move). `compile` wraps each block in torch.compile. Works on CPU too (no autocast),
+    bytes to move). `activation_checkpointing` recomputes each block in backward; `compile`
+    runs each block through torch.compile (see `wrap_blocks`). Works on CPU too (no autocast),
     which is how its math is tested without a GPU.
     """
 
@@ -139,11 +163,7 @@ class FSDPTrainer:
         if weights is not None:
             self.model.load_state_dict(dict(weights), strict=True)
         self.model._skip_lm_head = True
-        if activation_checkpointing:
-            _checkpoint_blocks(self.model)
-        if compile:
-            for block in self.model.layers.values():
-                block.compile()
+        wrap_blocks(self.model, checkpointing=activation_checkpointing, compile=compile)
         if self.world > 1:
             self._shard()
         self.model.train()
@@ -325,13 +345,14 @@ class GPUReference:
 
     `dtype` is the compute dtype. Below fp32 the reference computes exactly what `FSDPTrainer`
     computes on one rank (fp32 master weights under `autocast(dtype)`), so their log-probs agree
-    (same kernels on the same rounded operands) and the KL penalty starts at 0: autocast rounds every matmul weight to `dtype`,
-    so those weights are stored rounded (half the memory), while embeddings and norm weights,
-    which autocast leaves alone, stay fp32 and the residual stream stays fp32 with them. Storing
-    every weight in bf16 instead (a plain bf16 model) rounds the embeddings, norms and residual
-    stream too, which moves log-probs by a few bf16 ulps of the logits (~0.05 nats on peaked
-    outputs). A trainer sharded over several ranks computes in FSDP2's `param_dtype` regime
-    (norms in bf16 too), one such ulp away from this reference.
+    (same kernels on the same rounded operands) and the KL penalty starts at 0: autocast rounds
+    every matmul weight to `dtype`, so those weights are stored rounded (half the memory), while
+    embeddings and norm weights, which autocast leaves alone, stay fp32 and the residual stream
+    stays fp32 with them. Storing every weight in bf16 instead (a plain bf16 model) rounds the
+    embeddings, norms and residual stream too, which moves log-probs by a few bf16 ulps of the
+    logits (~0.05 nats on peaked outputs). A trainer sharded over several ranks computes in
+    FSDP2's `param_dtype` regime (norms in bf16 too), one such ulp away from this reference.
+    `compile` runs each block through torch.compile, as the trainer's does.
     """
 
     def __init__(
@@ -344,6 +365,7 @@ class GPUReference:
         device: str | torch.device = "cuda",
         dtype: torch.dtype = torch.bfloat16,
         tokens_per_micro_batch: int = 8192,
+        compile: bool = False,
     ):
         self.spec = spec
         self.temperature = temperature
@@ -358,6 +380,7 @@ class GPUReference:
             _round_matmul_weights(self.model, dtype)
         self.model._skip_lm_head = True
         self.model.eval().requires_grad_(False)
+        wrap_blocks(self.model, checkpointing=False, compile=compile)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype == torch.float32:
