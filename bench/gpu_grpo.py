@@ -65,13 +65,15 @@ def gpu_info() -> dict[str, Any]:
             "driver": gpus[0][2] if gpus else None, "peak_bf16_flops": peak}  # fmt: skip
 
 
-def load(recipe_name: str, steps: int, response_tokens: int | None) -> Any:
+def load(
+    recipe_name: str, steps: int, response_tokens: int | None, extra: list[str] | None = None
+) -> Any:
     from recipes import apply_overrides, load_recipe
 
     overrides = [*OFFLINE, f"grpo.steps={steps}", "grpo.checkpoint_interval=0"]
     if response_tokens:
         overrides.append(f"grpo.max_response_tokens={response_tokens}")
-    return apply_overrides(load_recipe(recipe_name), overrides)
+    return apply_overrides(load_recipe(recipe_name), [*overrides, *(extra or [])])
 
 
 def shared_plan(recipe: Any, gpus: int) -> tuple[Any, bool]:
@@ -122,7 +124,7 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     from runtime.config import RunConfig
     from runtime.run import run
 
-    recipe = load(args.recipe, args.steps, args.response_tokens)
+    recipe = load(args.recipe, args.steps, args.response_tokens, args.set)
     gpus = args.gpus or torch.cuda.device_count()
     run_plan, shared = shared_plan(recipe, gpus)
     if shared:
@@ -139,7 +141,15 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     metrics = run_dir / "metrics.jsonl"
     records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     summary = summarize(recipe, run_plan, records, args.warmup, prompt_tokens(recipe))
-    return {"exit_code": code, "services_share_gpus": shared, "wall_s": wall, **summary}
+    knobs = {k: v for k, v in os.environ.items() if k.startswith("FORGESKY_")}
+    return {
+        "exit_code": code,
+        "services_share_gpus": shared,
+        "wall_s": wall,
+        "overrides_extra": args.set,
+        "knobs": knobs,
+        **summary,
+    }
 
 
 def summarize(
@@ -182,6 +192,11 @@ def summarize(
         "generator_idle_share": None if generate_s is None else max(0.0, 1 - generate_s / step_s),
         "weight_sync_s": sync_s,
         "publish_s": mean([r["time/publish_s"] for r in measured if "time/publish_s" in r]),
+        # Direct path (runtime.weight_sync): the trainer's broadcast, in the background.
+        "push_s": mean([r["time/push_s"] for r in measured if "time/push_s" in r]),
+        "push_gb_per_s": per(
+            weight_bytes / 1e9, mean([r["time/push_s"] for r in measured if "time/push_s" in r])
+        ),
         "weight_bytes": weight_bytes,
         "weight_sync_gb_per_s": per(weight_bytes / 1e9, sync_s),
         "train_s": train_s,
@@ -273,6 +288,10 @@ def main() -> int:
     )
     p.add_argument("--calls", type=int, default=3, help="vllm: timed generation calls")
     p.add_argument("--run-dir", default=None)
+    p.add_argument(
+        "--set", action="append", default=[], help="recipe override key=value (repeatable)"
+    )
+    p.add_argument("--section", default=None, help="JSON key (default: grpo / standalone_vllm)")
     p.add_argument("--out", default=str(ROOT / "bench/results/gpu_grpo.json"))
     args = p.parse_args()
 
@@ -280,7 +299,7 @@ def main() -> int:
     result = json.loads(out.read_text()) if out.exists() else {}
     result.update(device=gpu_info(), versions=versions(), date=time.strftime("%Y-%m-%d"))
     section = run_grpo(args) if args.mode == "grpo" else run_vllm(args)
-    result["grpo" if args.mode == "grpo" else "standalone_vllm"] = section
+    result[args.section or ("grpo" if args.mode == "grpo" else "standalone_vllm")] = section
     loop, alone = result.get("grpo") or {}, result.get("standalone_vllm") or {}
     result["generation_in_loop_to_standalone"] = per(
         loop.get("generation_tokens_per_s"), alone.get("generation_tokens_per_s")

@@ -349,13 +349,15 @@ class PushReceiver:
 
     def _next_announcement(self, seq: int) -> tuple[int, int] | None:
         key = f"{_ANNOUNCE}{seq}"
+        # Polled (a blocking wait with a timeout logs a warning per timeout); the first checks
+        # come quickly, later ones every 20 ms: a push takes at least that long to move.
+        delay = 0.001
         while not self._stop.is_set():
-            try:
-                self._store.wait([key], datetime.timedelta(seconds=1))
-            except dist.DistStoreError:  # timed out: look at the stop flag again
-                continue
-            version, total = self._store.get(key).decode().split(":")
-            return int(version), int(total)
+            if self._store.check([key]):
+                version, total = self._store.get(key).decode().split(":")
+                return int(version), int(total)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
         return None
 
     def _receive_loop(self) -> None:

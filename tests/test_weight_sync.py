@@ -143,3 +143,15 @@ def test_tiny_run_with_pushed_weights(tmp_path: Path):
     assert all(r["time/push_s"] > 0 for r in rows[1:]), [r.get("time/push_s") for r in rows]
     # versions still advance one per step on the generator side
     assert rows[-1]["policy_version"] == 12
+
+
+def test_weight_push_bench_between_two_procs_over_gloo():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import weight_push
+
+    # Two spawned procs; every tensor of every version is checked on the receiving side.
+    result = weight_push.run_path("tiny", "push", versions=3, device="cpu")
+    assert result["versions"] == 3 and result["tensors"] > 10
+    assert result["transfer_s"] > 0 and result["end_to_end_s"] >= result["transfer_s"] * 0.5

@@ -5,6 +5,7 @@
 #   scripts/gpu/device_run.sh tests    stage, install if needed, `pytest -m gpu`
 #   scripts/gpu/device_run.sh grpo     stage, install if needed, bench/gpu_grpo.py grpo
 #   scripts/gpu/device_run.sh vllm     stage, install if needed, bench/gpu_grpo.py vllm
+#   scripts/gpu/device_run.sh push     stage, install if needed, weight-path GPU tests + bench
 #   scripts/gpu/device_run.sh trl      stage, install if needed (stack, then TRL), bench/trl_grpo.py
 # Extra arguments go to pytest, bench/gpu_grpo.py or bench/trl_grpo.py. Logs and results land in
 # $OUT (the folder whose files come back), else /tmp/out. Chunks come from
@@ -97,6 +98,21 @@ case "$mode" in
     cp /tmp/bench/gpu_grpo.json "$out/" 2>/dev/null || true
     exit "$status"
     ;;
+  push)
+    # The direct weight paths: GPU tests (NCCL push between GPUs 0 and 1, CUDA IPC on GPU 0),
+    # then bench/weight_push.py for each model named in $@ (default qwen3-1.7b qwen3-8b).
+    install && check
+    mkdir -p /tmp/bench
+    status=0
+    python3 -m pytest -q -m gpu -s -p no:cacheprovider --timeout 300 \
+      tests/test_gpu_weight_sync.py 2>&1 | tee "$out/gpu_tests_weight_sync.log" || status=$?
+    for model in ${@:-qwen3-1.7b qwen3-8b}; do
+      python3 bench/weight_push.py --model "$model" --out /tmp/bench/gpu_grpo.json 2>&1 |
+        tee -a "$out/bench_push.log" || status=$?
+    done
+    cp /tmp/bench/gpu_grpo.json "$out/" 2>/dev/null || true
+    exit "$status"
+    ;;
   trl)
     install && check
     install_trl
@@ -108,7 +124,7 @@ case "$mode" in
     exit "$status"
     ;;
   *)
-    echo "unknown mode $mode (stage, check, tests, grpo, vllm, trl)" >&2
+    echo "unknown mode $mode (stage, check, tests, push, grpo, vllm, trl)" >&2
     exit 2
     ;;
 esac

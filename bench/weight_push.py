@@ -1,0 +1,247 @@
+"""Trainer -> generator weight transfer between two procs, on the runtime's own paths.
+
+    python bench/weight_push.py [--model qwen3-1.7b] [--versions 5] [--paths push,ipc]
+    python bench/weight_push.py --device cpu --model tiny      # the same code over gloo
+
+One proc plays trainer rank 0 (`runtime.weight_sync.WeightSource`), the other a generator
+(`PushReceiver` for "push", `open_ipc` for "ipc"). On a GPU machine "push" puts them on GPUs 0
+and 1 (NCCL), "ipc" both on GPU 0. Weights: the model's HF state dict in bf16 (the architecture
+from the recipe catalog, random values). Each version is staged, moved and checked on the
+receiving side (a checksum of every tensor against the trainer's); the first version (NCCL set-up)
+is left out of the averages. Reported per path: seconds and GB/s of staging (copy into the flat
+buffer), of the transfer (trainer side), and end to end (stage start -> receiver holds it).
+The JSON merges into `--out` under "weight_push" with device and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _weights(model: str, device: Any, seed: int) -> dict[str, Any]:
+    import torch
+
+    from recipes import architecture, load_recipe
+    from runtime.models import ModelSpec, build_model, to_hf
+
+    recipe = load_recipe(model)
+    spec = ModelSpec.from_arch(
+        architecture(recipe.model.family, recipe.model.size), family=recipe.model.family
+    )
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    built = build_model(spec, device=device, dtype=dtype, seed=seed)
+    return to_hf({k: v.detach() for k, v in built.state_dict().items()}, spec)
+
+
+def _checksums(state: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v.double().sum()) for k, v in state.items()}
+
+
+def _device(kind: str) -> Any:
+    import torch
+
+    if kind == "cuda":
+        torch.cuda.set_device(0)
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def _trainer(args: dict[str, Any], to_gen: Any, from_gen: Any, results: Any) -> None:
+    os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+    import torch
+
+    from runtime import weight_sync
+
+    device = _device(args["device"])
+    state = _weights(args["model"], device, seed=0)
+    source = weight_sync.WeightSource([args["path"]], device)
+    to_gen.put(source.open_push() if args["path"] == "push" else None)
+    rows = []
+    for version in range(args["versions"]):
+        # A new version: every tensor changes (as after an optimizer step).
+        with torch.no_grad():
+            for t in state.values():
+                t.add_(1.0 / 64)
+        sums = _checksums(state)
+        start = time.perf_counter()
+        direct, staged = source.stage(version, state)
+        if args["path"] == "push":
+            source.wait_pushed(600)
+        to_gen.put((version, direct, sums))
+        got = from_gen.get(timeout=600)
+        if got["error"]:
+            raise RuntimeError(got["error"])
+        rows.append(
+            {
+                "version": version,
+                "bytes": staged.bytes,
+                "stage_s": staged.seconds,
+                "transfer_s": source.last_push_s if args["path"] == "push" else 0.0,
+                "end_to_end_s": got["done"] - start,
+                "load_s": got["load_s"],
+            }
+        )
+        source.release(version)
+    source.close()
+    to_gen.put(None)
+    results.put({"rows": rows, "tensors": len(state)})
+
+
+def _generator(args: dict[str, Any], from_trainer: Any, to_trainer: Any) -> None:
+    os.environ["CUDA_VISIBLE_DEVICES"] = "1" if args["path"] == "push" else "0"
+    import torch
+
+    from runtime import weight_sync
+    from runtime.weight_layout import TensorEntry
+
+    device = _device(args["device"])
+    receiver = None
+    address = from_trainer.get(timeout=600)
+    if args["path"] == "push":
+        receiver = weight_sync.PushReceiver(*address, 1, 2, device)
+    while True:
+        item = from_trainer.get(timeout=600)
+        if item is None:
+            break
+        version, direct, sums = item
+        error = None
+        t = time.perf_counter()
+        if receiver is not None:
+            receiver.wait_for(version, 600)
+            flat = receiver.buffer
+        else:
+            flat = weight_sync.open_ipc(direct["ipc"])
+        entries = {n: TensorEntry(*f) for n, f in direct["tensors"].items()}
+        got = weight_sync.views(flat, entries)
+        # "Load": one on-GPU copy of every tensor, what the engine's load_weights does.
+        copies = {k: v.clone() for k, v in got.items()}
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        done = time.perf_counter()
+        mismatched = [k for k, v in _checksums(copies).items() if abs(v - sums[k]) > 1e-6]
+        if mismatched:
+            error = f"version {version}: {len(mismatched)} tensors differ, e.g. {mismatched[0]}"
+        # perf_counter is CLOCK_MONOTONIC: comparable between procs of one host.
+        to_trainer.put({"done": done, "load_s": done - t, "error": error})
+    if receiver is not None:
+        receiver.close()
+
+
+def run_path(model: str, path: str, versions: int, device: str) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    args = {"model": model, "path": path, "versions": versions, "device": device}
+    ctx = mp.get_context("spawn")
+    to_gen, from_gen, results = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    procs = [
+        ctx.Process(target=_trainer, args=(args, to_gen, from_gen, results)),
+        ctx.Process(target=_generator, args=(args, to_gen, from_gen)),
+    ]
+    for p in procs:
+        p.start()
+    try:
+        while True:
+            try:
+                result = results.get(timeout=5)
+                break
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    codes = [p.exitcode for p in procs]
+                    raise RuntimeError(f"{path}: a proc failed (exit codes {codes})") from None
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    bad = [p.exitcode for p in procs if p.exitcode]
+    if bad:
+        raise RuntimeError(f"{path}: a proc exited with {bad}")
+    return summarize(path, result)
+
+
+def summarize(path: str, result: dict[str, Any]) -> dict[str, Any]:
+    rows = result["rows"]
+    steady = rows[1:] or rows
+    nbytes = rows[0]["bytes"]
+
+    def mean(key: str) -> float:
+        return statistics.mean(r[key] for r in steady)
+
+    def rate(seconds: float) -> float | None:
+        return nbytes / 1e9 / seconds if seconds > 0 else None
+
+    out = {
+        "path": path,
+        "bytes": nbytes,
+        "tensors": result["tensors"],
+        "versions": len(rows),
+        "stage_s": mean("stage_s"),
+        "transfer_s": mean("transfer_s"),
+        "end_to_end_s": mean("end_to_end_s"),
+        "load_s": mean("load_s"),
+        "rows": rows,
+    }
+    out["stage_gb_per_s"] = rate(out["stage_s"])
+    out["transfer_gb_per_s"] = rate(out["transfer_s"])
+    out["end_to_end_gb_per_s"] = rate(out["end_to_end_s"])
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen3-1.7b", help="catalog recipe whose model to move")
+    p.add_argument("--versions", type=int, default=5)
+    p.add_argument("--paths", default="push,ipc")
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    p.add_argument("--out", default=None, help="merge the result into this JSON")
+    args = p.parse_args()
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    results = []
+    for path in args.paths.split(","):
+        if path == "push" and device == "cuda" and torch.cuda.device_count() < 2:
+            print("push: needs 2 GPUs, skipped", flush=True)
+            continue
+        if path == "ipc" and device != "cuda":
+            print("ipc: needs a GPU, skipped", flush=True)
+            continue
+        r = run_path(args.model, path, args.versions, device)
+        results.append(r)
+        print(
+            f"{args.model} {path}: {r['bytes'] / 1e9:.2f} GB in {r['tensors']} tensors; "
+            f"stage {r['stage_s']:.3f} s, transfer {r['transfer_s']:.3f} s "
+            f"({r['transfer_gb_per_s'] or 0:.1f} GB/s), end to end {r['end_to_end_s']:.3f} s "
+            f"({r['end_to_end_gb_per_s']:.1f} GB/s)",
+            flush=True,
+        )
+    if args.out:
+        from importlib import metadata
+
+        out = Path(args.out)
+        doc = json.loads(out.read_text()) if out.exists() else {}
+        section = doc.setdefault("weight_push", {})
+        name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+        section[args.model] = {
+            "device": name,
+            "versions": {d: metadata.version(d) for d in ("torch",)},
+            "results": results,
+        }
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
