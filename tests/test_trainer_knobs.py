@@ -1,0 +1,99 @@
+"""Trainer speed knobs: activation checkpointing off, and torch.compile per transformer block
+(with and under activation checkpointing, batch widths that change from step to step)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recipes import UserError, architecture
+from runtime import services
+from runtime.backends import OptimizerConfig
+from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference
+from runtime.grpo import policy_loss
+from runtime.models import ModelSpec
+
+SPEC = ModelSpec.from_arch(architecture("qwen3", "tiny"))
+LOSS = dict(variant="grpo", clip_low=0.2, clip_high=0.28, kl_beta=0.1)
+
+
+def _batch(width: int, seed: int = 0, rows: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, SPEC.vocab_size, (rows, width), generator=g)
+    mask = torch.zeros(rows, width, dtype=torch.bool)
+    mask[:, 8:] = True
+    mask[0, width - 3 :] = False  # a shorter response, right-padded
+    return tokens, mask, torch.linspace(-1, 1, rows)
+
+
+def _trainer(**options) -> FSDPTrainer:
+    return FSDPTrainer(
+        SPEC,
+        OptimizerConfig(lr=1e-2),
+        temperature=0.7,
+        seed=1,
+        device="cpu",
+        compute_dtype=torch.float32,
+        publish_dtype=torch.float32,
+        **options,
+    )
+
+
+def _step(trainer: FSDPTrainer, width: int, seed: int) -> dict[str, float]:
+    tokens, mask, adv = _batch(width, seed)
+    old = trainer.logprobs(tokens, mask)
+    return trainer.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS)
+
+
+def test_knobs_read_0_or_1(monkeypatch):
+    name = services.ACTIVATION_CHECKPOINTING_ENV
+    monkeypatch.delenv(name, raising=False)
+    assert services.env_flag(name, True) is True
+    monkeypatch.setenv(name, "0")
+    assert services.env_flag(name, True) is False
+    monkeypatch.setenv(services.TRAINER_COMPILE_ENV, "1")
+    assert services.env_flag(services.TRAINER_COMPILE_ENV, False) is True
+    monkeypatch.setenv(services.TRAINER_COMPILE_ENV, "yes")
+    with pytest.raises(UserError, match="FORGESKY_TRAINER_COMPILE='yes': expected 0 or 1"):
+        services.env_flag(services.TRAINER_COMPILE_ENV, False)
+
+
+def test_without_activation_checkpointing_the_steps_are_the_same():
+    recomputed, kept = _trainer(), _trainer(activation_checkpointing=False)
+    for width, seed in ((20, 0), (26, 1)):
+        a, b = _step(recomputed, width, seed), _step(kept, width, seed)
+        for key in ("loss", "kl", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+
+
+def test_compiled_checkpointed_blocks_match_eager_across_batch_widths():
+    from torch._dynamo.utils import counters
+
+    eager, compiled = _trainer(), _trainer(compile=True)
+    tokens, mask, _ = _batch(20)
+    graphs = counters["stats"]["unique_graphs"]
+    torch.testing.assert_close(
+        compiled.logprobs(tokens, mask), eager.logprobs(tokens, mask), atol=1e-5, rtol=0
+    )
+    assert counters["stats"]["unique_graphs"] > graphs  # the checkpointed blocks did compile
+    a, b = _step(eager, 23, 1), _step(compiled, 23, 1)
+    for key in ("loss", "kl", "grad_norm"):
+        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    # dynamic shapes: a new width reuses the compiled graphs (a recompile would raise here)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        a, b = _step(eager, 31, 2), _step(compiled, 31, 2)
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
+    tokens, mask, _ = _batch(17, seed=3)
+    torch.testing.assert_close(
+        compiled.logprobs(tokens, mask), eager.logprobs(tokens, mask), atol=1e-4, rtol=0
+    )
+
+
+def test_compiled_reference_scores_like_eager():
+    eager = GPUReference(SPEC, seed=4, device="cpu", dtype=torch.float32)
+    compiled = GPUReference(SPEC, seed=4, device="cpu", dtype=torch.float32, compile=True)
+    for width in (20, 29):
+        tokens, mask, _ = _batch(width, seed=width)
+        torch.testing.assert_close(
+            compiled.logprobs(tokens, mask), eager.logprobs(tokens, mask), atol=1e-5, rtol=0
+        )

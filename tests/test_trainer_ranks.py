@@ -1,0 +1,75 @@
+"""The trainer service on several procs: one FSDP rank per trainer GPU, every endpoint called on
+all ranks. On CPU `FORGESKY_TRAINER_PROCS=2` runs two gloo ranks through the real runtime."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from runtime_helpers import NOISE, finish, leftover_processes, metrics, start
+
+from recipes import UserError, architecture
+from runtime import services, weight_sync
+from runtime.backends import OptimizerConfig, TitanTrainer
+from runtime.backends.fsdp_trainer import WORLD_ENV
+from runtime.models import ModelSpec
+from runtime.run import trainer_env, trainer_ranks
+
+
+def test_one_trainer_proc_per_gpu_unless_told(monkeypatch):
+    monkeypatch.delenv(services.TRAINER_PROCS_ENV, raising=False)
+    assert trainer_ranks(()) == [()]  # CPU: one proc, as before
+    assert trainer_ranks((4, 5, 6, 7)) == [(4,), (5,), (6,), (7,)]
+    monkeypatch.setenv(services.TRAINER_PROCS_ENV, "2")
+    assert trainer_ranks(()) == [(), ()]
+    assert trainer_ranks((0, 1, 2, 3)) == [(0, 1), (2, 3)]
+    monkeypatch.setenv(services.TRAINER_PROCS_ENV, "3")
+    with pytest.raises(UserError, match="does not divide the 4 trainer GPUs"):
+        trainer_ranks((0, 1, 2, 3))
+    monkeypatch.setenv(services.TRAINER_PROCS_ENV, "two")
+    with pytest.raises(UserError, match="FORGESKY_TRAINER_PROCS='two'"):
+        trainer_ranks(())
+
+
+def test_several_ranks_meet_on_a_free_local_port():
+    assert trainer_env(1) == {}  # one proc starts exactly as before
+    env = trainer_env(4)
+    assert env[WORLD_ENV] == "4" and env["MASTER_ADDR"] == "127.0.0.1"
+    assert 0 < int(env["MASTER_PORT"]) < 65536
+
+
+@pytest.mark.slow
+def test_tiny_run_on_two_trainer_ranks_checkpoints_and_resumes(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny", "--checkpoint-every", "2", "--run-dir", str(run_dir)]
+    env = {services.TRAINER_PROCS_ENV: "2"}
+    proc = start([*args, "--steps", "4"], env=env)
+    code, out = finish(proc, timeout=300)
+    assert code == 0, out
+    assert "trainer: FSDPTrainer on 2 ranks" in out
+    for word in NOISE:
+        assert word not in out, f"{word!r} in output:\n{out}"
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for key in ("reward/mean", "loss", "grad_norm", "policy_version", "time/publish_s"):
+        assert key in rows[0], key
+    # rank 0 wrote the whole model (gathered from both shards), not its own shard
+    saved = torch.load(run_dir / "checkpoints/step_000004/trainer.pt", weights_only=False)
+    spec = ModelSpec.from_arch(architecture("qwen3", "tiny"))
+    fresh = TitanTrainer(spec, OptimizerConfig()).state_dict()["model"]
+    assert {k: v.shape for k, v in saved["model"].items()} == {k: v.shape for k, v in fresh.items()}
+    assert saved["step"] == 4
+
+    # the resumed run also publishes through rank 0's direct push path
+    again = start([*args, "--steps", "6"], env={**env, weight_sync.TRANSPORT_ENV: "push"})
+    code, out = finish(again, timeout=300)
+    assert code == 0, out
+    assert "resumed from step 4" in out
+    assert "weights reach the generators by: push" in out
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[-1]["policy_version"] == 6
+    time.sleep(0.5)
+    assert leftover_processes(again.pid) == []
