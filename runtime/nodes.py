@@ -25,7 +25,7 @@ from monarch.actor import HostMesh, attach_to_workers
 from recipes import UserError
 from runtime.cluster import PORT_ENV, RANK_ENV, Cluster
 from runtime.host import RUN_ID_ENV
-from runtime.lifecycle import RunLifecycle
+from runtime.lifecycle import RunLifecycle, RunStopping
 from runtime.mesh import ActorFailure
 from runtime.nodewatch import HEARTBEAT_S, SILENCE_S, NodeWatch
 
@@ -96,11 +96,13 @@ async def attach_nodes(
     One node: nothing to do. A node that does not join within `join_timeout` s, or is lost
     later, fails the run with a line naming it (exit code 1, so SkyPilot's recovery can
     restart the job). Registers the workers' end with `life`: call this before spawning any
-    service, so it stops last.
+    service, so it stops last, and from the run's main coroutine itself (not a task of its
+    own): how that coroutine ended is the exit code the workers end with.
     """
     if not cluster.multi_node:
         return NodeHosts(cluster)
     loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
 
     def lost(rank: int, reason: str) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the run is over anyway
@@ -120,9 +122,11 @@ async def attach_nodes(
 
     async def end() -> None:
         watch.quiesce()
-        code = 1 if life.failure is not None else 0
+        code = run_exit_code(life, main)
         try:
-            if hosts.workers is not None and not watch.lost:
+            # Monarch's host shutdown ends the workers with exit code 0; after a failure they
+            # are told the code instead, and end their procs themselves.
+            if code == 0 and hosts.workers is not None and not watch.lost:
                 await asyncio.wait_for(_awaited(hosts.workers.shutdown()), HOST_SHUTDOWN_S)
         finally:
             watch.finish(code)
@@ -132,6 +136,19 @@ async def attach_nodes(
         "nodes", _join_and_attach(cluster, watch, join_timeout), interruptible=True
     )
     return hosts
+
+
+def run_exit_code(life: RunLifecycle, main: asyncio.Task | None) -> int:
+    """The exit code a run is ending with, as `RunLifecycle.run` will return it, once its main
+    task is over: 1 after a failure, 2 after a UserError, 1 after a bug, else 0 (also a stop)."""
+    if life.failure is not None:
+        return 1
+    if main is None or not main.done() or main.cancelled():
+        return 0
+    error = main.exception()
+    if error is None or isinstance(error, RunStopping):
+        return 0
+    return 2 if isinstance(error, UserError) else 1
 
 
 async def _join_and_attach(cluster: Cluster, watch: NodeWatch, join_timeout: float) -> HostMesh:

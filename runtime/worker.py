@@ -2,9 +2,10 @@
 fixed port, which the controller attaches to, for exactly as long as the controller's run lasts.
 
 The worker joins the controller's node watch (runtime/nodewatch.py) and exits with the run's
-exit code when the controller says it is done; with 1 when the controller goes away or never
-answers. Monarch ends this process itself when the controller shuts the hosts down after a
-normal end (exit 0). Either way no proc of this node outlives the worker.
+exit code when the controller says it is done (1 after a failure, 2 after a user error: SkyPilot
+marks a job by every node's exit code); with 1 when the controller goes away or never answers.
+Monarch ends this process itself when the controller shuts the hosts down after a normal end or
+a stop (exit 0). Either way no proc of this node outlives the worker.
 """
 
 from __future__ import annotations

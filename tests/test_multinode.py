@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from netns import Fabric, unavailable
 from runtime_helpers import ROOT, finish, leftover_processes, wait_for_line
 
@@ -243,6 +244,41 @@ def test_a_node_that_never_joins_or_cannot_serve_is_named(loopback: Nodes, tmp_p
     assert f"error: cannot serve on tcp://127.0.0.2:{loopback.port}: " in text
     assert "Address already in use" in text and "--worker-port" in text
     time.sleep(0.5)
+    assert loopback.leftovers() == []
+
+
+@pytest.mark.parametrize("failure", ["user error", "actor failure"])
+def test_a_failed_run_ends_every_node_with_the_controllers_exit_code(
+    loopback: Nodes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+):
+    """SkyPilot marks a job by the exit codes of all its nodes: a worker of a run that failed
+    must not exit 0. Both failures come after every node joined."""
+    run_dir = tmp_path / "run"
+    if failure == "user error":
+        # A committed checkpoint whose trainer file never arrived: a resume refuses it (exit 2).
+        step = run_dir / "checkpoints" / "step_000002"
+        step.mkdir(parents=True)
+        (step / "COMMITTED").write_text(json.dumps({"step": 2, "files": {"trainer.pt": 1000}}))
+        recipe, expected = "tiny", 2
+        says = "trainer.pt: checkpoint file is cut short or damaged (missing)"
+    else:
+        faulty = yaml.safe_load((ROOT / "recipes/catalog/tiny.yaml").read_text())
+        faulty["name"] = "tiny-faulty"
+        faulty["dataset"]["rewards"] = [{"name": "faulty_rewards:explode"}]
+        (tmp_path / "faulty.yaml").write_text(yaml.safe_dump(faulty))
+        monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests"))  # the reward procs import it
+        recipe, expected = str(tmp_path / "faulty.yaml"), 1
+        says = "reward actor failed: ZeroDivisionError: division by zero"
+    procs = loopback.start_all(["--recipe", recipe, "--run-dir", str(run_dir)], tmp_path / "logs")
+    code, out = finish(procs[0], timeout=600)
+    assert code == expected, out
+    assert "2 worker node(s) attached" in out and says in out
+    assert "Traceback" not in out and "SupervisionError" not in out
+    assert [wait_exit(p, 60) for p in procs[1:]] == [expected, expected]
+    for rank in (1, 2):
+        log = (tmp_path / f"logs/node{rank}.log").read_text()
+        assert f"the controller finished (exit code {expected})" in log
+    time.sleep(1.0)
     assert loopback.leftovers() == []
 
 
