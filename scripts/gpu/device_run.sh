@@ -105,7 +105,8 @@ case "$mode" in
     mkdir -p /tmp/bench
     status=0
     python3 -m pytest -q -m gpu -s -p no:cacheprovider --timeout 300 \
-      tests/test_gpu_weight_sync.py 2>&1 | tee "$out/gpu_tests_weight_sync.log" || status=$?
+      tests/test_gpu_weight_sync.py tests/test_gpu_trainer_ranks.py 2>&1 |
+      tee "$out/gpu_tests_weight_sync.log" || status=$?
     for model in ${@:-qwen3-1.7b qwen3-8b}; do
       python3 bench/weight_push.py --model "$model" --out /tmp/bench/gpu_grpo.json 2>&1 |
         tee -a "$out/bench_push.log" || status=$?
