@@ -32,6 +32,16 @@ sys.path.insert(0, str(ROOT))
 def _weights(model: str, device: Any, seed: int) -> dict[str, Any]:
     import torch
 
+    if model.startswith("synthetic:"):
+        # "synthetic:<bytes>:<tensors>": bf16 tensors of equal size, no model code needed.
+        _, nbytes, count = model.split(":")
+        numel = int(nbytes) // 2 // int(count)
+        g = torch.Generator(device=device).manual_seed(seed)
+        return {
+            f"t{i:04d}": torch.randn(numel, generator=g, device=device).to(torch.bfloat16)
+            for i in range(int(count))
+        }
+
     from recipes import architecture, load_recipe
     from runtime.models import ModelSpec, build_model, to_hf
 
@@ -82,6 +92,12 @@ def _trainer(args: dict[str, Any], to_gen: Any, from_gen: Any, results: Any) -> 
         got = from_gen.get(timeout=600)
         if got["error"]:
             raise RuntimeError(got["error"])
+        print(
+            f"  version {version}: stage {staged.seconds:.3f} s, transfer "
+            f"{source.last_push_s:.3f} s, end to end {got['done'] - start:.3f} s "
+            f"({staged.bytes / 1e9:.2f} GB)",
+            flush=True,
+        )
         rows.append(
             {
                 "version": version,
@@ -200,7 +216,11 @@ def summarize(path: str, result: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="qwen3-1.7b", help="catalog recipe whose model to move")
+    p.add_argument(
+        "--model",
+        default="qwen3-1.7b",
+        help="catalog recipe whose model to move, or synthetic:<bytes>:<tensors> (bf16)",
+    )
     p.add_argument("--versions", type=int, default=5)
     p.add_argument("--paths", default="push,ipc")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None)

@@ -27,6 +27,7 @@ on CPU) | ``store`` | ``push`` (also on CPU, over gloo; what the CPU tests use).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import queue
@@ -40,7 +41,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from recipes import UserError
 from runtime.weight_layout import TensorEntry, dtype_name, parse_dtype
 
 TRANSPORT_ENV = "FORGESKY_WEIGHT_TRANSPORT"
@@ -53,6 +53,8 @@ GROUP_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("FORGESKY_PUSH_T
 
 
 def transport_mode() -> str:
+    from recipes import UserError
+
     mode = os.environ.get(TRANSPORT_ENV, "auto").strip().lower() or "auto"
     if mode not in TRANSPORT_MODES:
         raise UserError(f"{TRANSPORT_ENV}={mode!r}: expected one of {', '.join(TRANSPORT_MODES)}")
@@ -160,11 +162,20 @@ def _broadcast(group: Any, buffer: torch.Tensor, stream: Any) -> None:
     stream.synchronize()
 
 
+def _shutdown(group: Any) -> None:
+    """End a group before its thread returns: an NCCL group left to the interpreter's exit is
+    torn down while the CUDA driver shuts down, which aborts the process."""
+    # A backend without shutdown, or one already ended, has nothing left to end.
+    with contextlib.suppress(Exception):
+        group.shutdown()
+
+
 def _advertised_address() -> str:
     """An address of this host that the generators' hosts can reach."""
     explicit = os.environ.get("FORGESKY_NODE_ADDR")
     if explicit:
         return explicit
+    from recipes import UserError
     from runtime.cluster import cluster_from_env
 
     try:
@@ -299,6 +310,7 @@ class WeightSource:
                 item = self._queue.get()
                 if item is None:
                     self._store.set(f"{_ANNOUNCE}{self.pushes + 1}", f"{_STOP}:0")
+                    _shutdown(group)
                     return
                 version, ready = item
                 start = time.perf_counter()
@@ -372,6 +384,7 @@ class PushReceiver:
                 seq += 1
                 announced = self._next_announcement(seq)
                 if announced is None or announced[0] == _STOP:
+                    _shutdown(group)
                     return
                 version, total = announced
                 with self.lock:
@@ -407,8 +420,10 @@ class PushReceiver:
             )
         return self.version
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop receiving (after the trainer's stop announcement, or now) and end the group."""
         self._stop.set()
+        self._thread.join(timeout)
 
 
 def open_ipc(handle: Any) -> torch.Tensor:
