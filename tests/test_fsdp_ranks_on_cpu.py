@@ -58,7 +58,16 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     stats = first.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS)
     published = first.hf_state_dict()
     resumed = trainer(7)
-    resumed.load_state_dict(first.state_dict())
+    # As the runtime resumes: rank 0 writes the gathered state, every rank reads it back.
+    state = first.state_dict()
+    saved = Path(out).with_name("trainer.pt")
+    if rank == 0:
+        assert state["model"] and all(v is not None for v in state["model"].values())
+        torch.save(state, saved)
+    else:
+        assert all(v is None for v in state["model"].values())  # no second copy on rank 1
+    dist.barrier()
+    resumed.load_state_dict(torch.load(saved, weights_only=False))
     again = [
         t.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS) for t in (first, resumed)
     ]

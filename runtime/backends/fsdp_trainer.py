@@ -285,13 +285,16 @@ class FSDPTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, scheduler and step, as full tensors on the CPU (any rank count
-        restores them). With several ranks every rank must call it."""
+        restores them). With several ranks every rank must call it (each tensor is gathered in
+        turn); only rank 0 keeps the full tensors, the other ranks return None in their place,
+        so a host's CPU memory holds one copy of the state, not one per rank."""
+        keep = self.rank == 0
         optim = self.optimizer.state_dict()
         optim["state"] = {
-            i: {k: _gathered(v) for k, v in s.items()} for i, s in optim["state"].items()
+            i: {k: _gathered(v, keep) for k, v in s.items()} for i, s in optim["state"].items()
         }
         return {
-            "model": {k: _gathered(v) for k, v in self.model.state_dict().items()},
+            "model": {k: _gathered(v, keep) for k, v in self.model.state_dict().items()},
             "optimizer": optim,
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
@@ -322,8 +325,11 @@ class FSDPTrainer:
         self.step = int(state["step"])
 
 
-def _gathered(value: Any) -> Any:
-    return _full(value).detach().cpu() if isinstance(value, Tensor) else value
+def _gathered(value: Any, keep: bool = True) -> Any:
+    if not isinstance(value, Tensor):
+        return value
+    full = _full(value)  # a collective for a sharded tensor: every rank takes part
+    return full.detach().cpu() if keep else None
 
 
 def _sharded_like(value: Any, like: Tensor) -> Any:
