@@ -152,6 +152,18 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def idle_share(
+    measured: list[dict[str, Any]], generate_s: float | None, step_s: float | None
+) -> float | None:
+    """1 - the generators' busy share: the controller's count when the records have it (every
+    generate call of a step, all replicas), else one call's time per step (older runs)."""
+    if measured and all("generator/busy_share" in r for r in measured):
+        return 1 - statistics.fmean(r["generator/busy_share"] for r in measured)
+    if generate_s is None or not step_s:
+        return None
+    return max(0.0, 1 - generate_s / step_s)
+
+
 def summarize(
     recipe: Any, run_plan: Any, records: list[dict[str, Any]], warmup: int, prompts: list[list[int]]
 ) -> dict[str, Any]:
@@ -189,7 +201,7 @@ def summarize(
         "response_tokens_mean": response_len,
         "generate_s": generate_s,
         "generation_tokens_per_s": per(completions * response_len, generate_s),
-        "generator_idle_share": None if generate_s is None else max(0.0, 1 - generate_s / step_s),
+        "generator_idle_share": idle_share(measured, generate_s, step_s),
         "weight_sync_s": sync_s,
         "publish_s": mean([r["time/publish_s"] for r in measured if "time/publish_s" in r]),
         # Direct path (runtime.weight_sync): the trainer's broadcast, in the background.

@@ -44,6 +44,8 @@ class Controller:
         self._rollout_tasks: list[asyncio.Task] = []
         self._update_tasks: set[asyncio.Task] = set()
         self._recent: dict[str, list[float]] = {}
+        # Generation seconds (all replicas) finished since the last step's record.
+        self._generating_s = 0.0
         self._last_load_s = 0.0
         self.weight_paths: list[str] = []  # per generator: store | push | ipc
         # Versions loaded on each generator, whether the trainer is mid-step, and groups being
@@ -186,7 +188,9 @@ class Controller:
                 out = await s.call(
                     "generator", gen.generate.call_one([p.messages() for p in prompts], seed)
                 )
-                self._note("time/generate_s", time.perf_counter() - start)
+                elapsed = time.perf_counter() - start
+                self._note("time/generate_s", elapsed)
+                self._generating_s += elapsed
                 groups = self._groups(prompts, out)
                 await self._score(groups)
                 await self._reference(groups)
@@ -370,6 +374,13 @@ class Controller:
                 if values:
                     record[key] = sum(values) / len(values)
             self._recent.clear()
+            # Share of this step's wall time the generators spent generating (a call is counted
+            # in the step it ends in): 1 - this is their idle share.
+            step_s = record["time/step_s"]
+            if step_s > 0:
+                busy = self._generating_s / (step_s * len(s.generators))
+                record["generator/busy_share"] = busy
+            self._generating_s = 0.0
             self.metrics.log(self.step, record)
             interval = g.checkpoint_interval
             if interval and self.step % interval == 0 and self.step < total:

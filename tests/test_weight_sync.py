@@ -143,6 +143,8 @@ def test_tiny_run_with_pushed_weights(tmp_path: Path):
     assert all(r["time/push_s"] > 0 for r in rows[1:]), [r.get("time/push_s") for r in rows]
     # versions still advance one per step on the generator side
     assert rows[-1]["policy_version"] == 12
+    # the generators' busy share is measured every step (rollouts overlap training)
+    assert all(r["generator/busy_share"] > 0 for r in rows[1:])
 
 
 def test_weight_push_bench_between_two_procs_over_gloo():
