@@ -40,9 +40,13 @@ OFFLINE = ["model.init=random", "model.tokenizer=builtin:arith", "dataset.path=b
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s (SXM)
 
 
-def versions() -> dict[str, str]:
+STACK = ("torch", "vllm", "torchmonarch", "torchstore", "torchtitan", "transformers")
+
+
+def versions(dists: tuple[str, ...] = STACK) -> dict[str, str]:
+    """Python's and each distribution's version ("absent" where it is not installed)."""
     out = {"python": platform.python_version()}
-    for dist in ("torch", "vllm", "torchmonarch", "torchstore", "torchtitan", "transformers"):
+    for dist in dists:
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

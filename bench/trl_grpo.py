@@ -35,12 +35,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +58,9 @@ def fail(message: str) -> None:
 
 
 def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for dist in ("torch", "trl", "vllm", "transformers", "accelerate", "datasets"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "absent"
-    return out
+    from gpu_grpo import versions as installed
+
+    return installed(("torch", "trl", "vllm", "transformers", "accelerate", "datasets"))
 
 
 def model_config(size: str | None, tokenizer: Any) -> Any:
