@@ -172,6 +172,19 @@ def build_generator(recipe: Any, tokenizer: Any) -> Any:
     )
 
 
+def _model_args(recipe: Any) -> dict[str, Any]:
+    """What every trainer and reference backend is built from: shape, sampling temperature,
+    first weights (pretrained, or None for the seeded random init), seed and device."""
+    spec, g = model_spec(recipe), recipe.grpo
+    return {
+        "spec": spec,
+        "temperature": g.temperature,
+        "weights": initial_weights(recipe, spec),
+        "seed": g.seed,
+        "device": device(),
+    }
+
+
 def build_trainer(recipe: Any) -> Any:
     """The policy backend: `FSDPTrainer` (bf16 compute, fp32 master weights) on a GPU or across
     several trainer ranks (gloo on CPU), else the single-process CPU `TitanTrainer`. Weights: the
@@ -179,62 +192,37 @@ def build_trainer(recipe: Any) -> Any:
     from runtime.backends import OptimizerConfig
     from runtime.backends.fsdp_trainer import WORLD_ENV
 
-    spec, g = model_spec(recipe), recipe.grpo
-    optim = OptimizerConfig.from_grpo(g)
-    weights = initial_weights(recipe, spec)
+    args = _model_args(recipe)
+    optim = OptimizerConfig.from_grpo(recipe.grpo)
     if device().type == "cuda" or int(os.environ.get(WORLD_ENV, "1")) > 1:
         from runtime.backends.fsdp_trainer import FSDPTrainer
 
         return FSDPTrainer(
-            spec,
-            optim,
-            temperature=g.temperature,
-            weights=weights,
-            seed=g.seed,
-            device=device(),
+            optim=optim,
             compute_dtype=dtype(recipe),
             publish_dtype=dtype(recipe),
             tokens_per_micro_batch=int(_env_float(MICRO_BATCH_ENV, 8192)),
             activation_checkpointing=env_flag(ACTIVATION_CHECKPOINTING_ENV, True),
             compile=env_flag(TRAINER_COMPILE_ENV, False),
+            **args,
         )
     from runtime.backends import TitanTrainer
 
-    return TitanTrainer(
-        spec,
-        optim,
-        temperature=g.temperature,
-        weights=weights,
-        seed=g.seed,
-        device=device(),
-        dtype=dtype(recipe),
-    )
+    return TitanTrainer(optim=optim, dtype=dtype(recipe), **args)
 
 
 def build_reference(recipe: Any) -> Any:
     """The frozen reference: `GPUReference` (bf16, micro-batched) on a GPU, else `TitanReference`."""
-    spec, g = model_spec(recipe), recipe.grpo
-    weights = initial_weights(recipe, spec)
+    args = _model_args(recipe)
     if device().type == "cuda":
         from runtime.backends.fsdp_trainer import GPUReference
 
         return GPUReference(
-            spec,
-            temperature=g.temperature,
-            weights=weights,
-            seed=g.seed,
-            device=device(),
             dtype=dtype(recipe),
             tokens_per_micro_batch=int(_env_float(MICRO_BATCH_ENV, 8192)),
             compile=env_flag(TRAINER_COMPILE_ENV, False),
+            **args,
         )
     from runtime.backends import TitanReference
 
-    return TitanReference(
-        spec,
-        temperature=g.temperature,
-        weights=weights,
-        seed=g.seed,
-        device=device(),
-        dtype=dtype(recipe),
-    )
+    return TitanReference(dtype=dtype(recipe), **args)
