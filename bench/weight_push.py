@@ -58,6 +58,14 @@ def _checksums(state: dict[str, Any]) -> dict[str, float]:
     return {k: float(v.double().sum()) for k, v in state.items()}
 
 
+def _pin_gpu(index: int) -> None:
+    """This proc sees only the `index`-th GPU of those the bench was started with."""
+    from runtime.host import host_gpu_ids
+
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    os.environ["CUDA_VISIBLE_DEVICES"] = host_gpu_ids((index,))[0]
+
+
 def _device(kind: str) -> Any:
     import torch
 
@@ -68,7 +76,7 @@ def _device(kind: str) -> Any:
 
 
 def _trainer(args: dict[str, Any], to_gen: Any, from_gen: Any, results: Any) -> None:
-    os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+    _pin_gpu(0)
     import torch
 
     from runtime import weight_sync
@@ -115,7 +123,7 @@ def _trainer(args: dict[str, Any], to_gen: Any, from_gen: Any, results: Any) -> 
 
 
 def _generator(args: dict[str, Any], from_trainer: Any, to_trainer: Any) -> None:
-    os.environ["CUDA_VISIBLE_DEVICES"] = "1" if args["path"] == "push" else "0"
+    _pin_gpu(1 if args["path"] == "push" else 0)
     import torch
 
     from runtime import weight_sync

@@ -168,3 +168,23 @@ def sweep_stale_shared_memory() -> int:
 def _untracked(segment: shared_memory.SharedMemory) -> shared_memory.SharedMemory:
     resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
     return segment
+
+
+def host_gpu_ids(gpus: tuple[int, ...], visible: str | None = None) -> list[str]:
+    """The host's names for the plan's GPU indices.
+
+    Plans number a node's GPUs 0..n-1. Where this process was started with
+    `CUDA_VISIBLE_DEVICES` set (a shared host, two runs side by side), index i is the i-th GPU
+    it lists, so a run given `CUDA_VISIBLE_DEVICES=2,3` uses GPUs 2 and 3, not 0 and 1.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    names = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    if not names:
+        return [str(g) for g in gpus]
+    missing = [g for g in gpus if g >= len(names)]
+    if missing:
+        raise ValueError(
+            f"the plan uses GPU {missing[0]} but CUDA_VISIBLE_DEVICES={visible} lists "
+            f"{len(names)} GPU(s)"
+        )
+    return [names[g] for g in gpus]

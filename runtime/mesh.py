@@ -32,7 +32,7 @@ from monarch.actor import (
     this_host,
 )
 
-from runtime.host import RUN_ID_ENV, start_monarch
+from runtime.host import RUN_ID_ENV, host_gpu_ids, start_monarch
 
 T = TypeVar("T")
 
@@ -87,7 +87,7 @@ def proc_env(
     env.update(extra)
     # PCI bus order makes the indices match nvidia-smi, which is what placements are written in.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(host_gpu_ids(gpus))
     env[SERVICE_ENV] = service
     env[RANK_ENV] = str(rank)
     if RUN_ID_ENV in os.environ:

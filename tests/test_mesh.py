@@ -11,6 +11,7 @@ import psutil
 import pytest
 from monarch.actor import Actor, endpoint
 
+from runtime.host import host_gpu_ids
 from runtime.mesh import ServiceMesh, proc_env, root_cause, threads_per_proc
 
 # Procs unpickle the actor classes below by module name, so they need this directory on their path.
@@ -24,7 +25,8 @@ def test_threads_share_the_cores_among_busy_procs():
     assert threads_per_proc(0, cores=8) == 8
 
 
-def test_proc_env_pins_gpus_threads_and_identity():
+def test_proc_env_pins_gpus_threads_and_identity(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     env = proc_env("trainer", 1, (2, 3), 4, {"HF_HOME": "/data/hf"})
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
@@ -33,6 +35,17 @@ def test_proc_env_pins_gpus_threads_and_identity():
     assert env["HF_HOME"] == "/data/hf"
     # A CPU proc on a GPU host sees no GPU at all.
     assert proc_env("reward", 0, (), 1)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_plan_gpus_map_through_the_hosts_visible_gpus(monkeypatch):
+    # A run started with CUDA_VISIBLE_DEVICES=2,3 numbers those GPUs 0 and 1 in its plan.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert proc_env("generator", 0, (1,), 1)["CUDA_VISIBLE_DEVICES"] == "3"
+    assert proc_env("trainer", 0, (0, 1), 1)["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert proc_env("reward", 0, (), 1)["CUDA_VISIBLE_DEVICES"] == ""
+    assert host_gpu_ids((0,), "GPU-a1b2, GPU-c3d4") == ["GPU-a1b2"]
+    with pytest.raises(ValueError, match="uses GPU 2 but CUDA_VISIBLE_DEVICES=2,3 lists 2"):
+        proc_env("trainer", 0, (2,), 1)
 
 
 def test_gpus_go_through_the_gpus_argument_not_env():

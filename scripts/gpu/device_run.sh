@@ -8,7 +8,10 @@
 #   scripts/gpu/device_run.sh push     stage, install if needed, weight-path GPU tests + bench
 #   scripts/gpu/device_run.sh trl      stage, install if needed (stack, then TRL), bench/trl_grpo.py
 # Extra arguments go to pytest, bench/gpu_grpo.py or bench/trl_grpo.py. Logs and results land in
-# $OUT (the folder whose files come back), else /tmp/out. Chunks come from
+# $OUT (the folder whose files come back), else /tmp/out. Runs side by side on one host: give
+# each its GPUs (CUDA_VISIBLE_DEVICES, which the runtime's plans index into) and a TAG that keeps
+# its JSON and logs apart (gpu_grpo$TAG.json, bench_<mode>$TAG.log), after one `check` call has
+# installed the stack. Chunks come from
 # scripts/gpu/prepare_wheels.sh (.whl/cNN, .whl/ts) and scripts/gpu/prepare_trl_wheels.sh
 # (.whl/trl or .whl/trl0, .whl/trl1, ...); every mode stages whichever a call carries.
 # scripts/gpu/README.md has the call sequence.
@@ -17,6 +20,8 @@ cd "$(dirname "$0")/../.."
 mode=${1:-check}
 shift || true
 out=${OUT:-/tmp/out}
+tag=${TAG:-}
+json=/tmp/bench/gpu_grpo$tag.json
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 # No network there: nothing should wait on one (usage stats, Hub lookups, W&B).
@@ -93,9 +98,9 @@ case "$mode" in
     # $OUT starts empty every time: the JSON both modes merge into lives in /tmp.
     mkdir -p /tmp/bench
     status=0
-    python3 bench/gpu_grpo.py "$mode" --out /tmp/bench/gpu_grpo.json "$@" 2>&1 |
-      tee "$out/bench_$mode.log" || status=$?
-    cp /tmp/bench/gpu_grpo.json "$out/" 2>/dev/null || true
+    python3 bench/gpu_grpo.py "$mode" --out "$json" "$@" 2>&1 |
+      tee "$out/bench_$mode$tag.log" || status=$?
+    cp "$json" "$out/" 2>/dev/null || true
     exit "$status"
     ;;
   push)
@@ -106,12 +111,12 @@ case "$mode" in
     status=0
     python3 -m pytest -q -m gpu -s -p no:cacheprovider --timeout 300 \
       tests/test_gpu_weight_sync.py tests/test_gpu_trainer_ranks.py 2>&1 |
-      tee "$out/gpu_tests_weight_sync.log" || status=$?
+      tee "$out/gpu_tests_weight_sync$tag.log" || status=$?
     for model in ${@:-qwen3-1.7b qwen3-8b}; do
-      python3 bench/weight_push.py --model "$model" --out /tmp/bench/gpu_grpo.json 2>&1 |
-        tee -a "$out/bench_push.log" || status=$?
+      python3 bench/weight_push.py --model "$model" --out "$json" 2>&1 |
+        tee -a "$out/bench_push$tag.log" || status=$?
     done
-    cp /tmp/bench/gpu_grpo.json "$out/" 2>/dev/null || true
+    cp "$json" "$out/" 2>/dev/null || true
     exit "$status"
     ;;
   trl)
@@ -119,9 +124,9 @@ case "$mode" in
     install_trl
     mkdir -p /tmp/bench
     status=0
-    python3 bench/trl_grpo.py --out /tmp/bench/gpu_grpo.json "$@" 2>&1 |
-      tee "$out/bench_trl.log" || status=$?
-    cp /tmp/bench/gpu_grpo.json "$out/" 2>/dev/null || true
+    python3 bench/trl_grpo.py --out "$json" "$@" 2>&1 |
+      tee "$out/bench_trl$tag.log" || status=$?
+    cp "$json" "$out/" 2>/dev/null || true
     exit "$status"
     ;;
   *)
