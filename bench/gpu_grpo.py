@@ -144,7 +144,9 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     wall = time.perf_counter() - start
     metrics = run_dir / "metrics.jsonl"
     records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
-    summary = summarize(recipe, run_plan, records, args.warmup, prompt_tokens(recipe))
+    summary = summarize(
+        recipe, run_plan, records, args.warmup, prompt_tokens(recipe), gpu_info()["peak_bf16_flops"]
+    )
     knobs = {k: v for k, v in os.environ.items() if k.startswith("FORGESKY_")}
     return {
         "exit_code": code,
@@ -168,8 +170,24 @@ def idle_share(
     return max(0.0, 1 - generate_s / step_s)
 
 
+def placement_rows(placements: Any) -> list[dict[str, Any]]:
+    """A plan's placements as JSON rows (a re-summary reads them back as rows)."""
+    return [p if isinstance(p, dict) else dataclasses.asdict(p) for p in placements]
+
+
+def trainer_gpus(placements: Any) -> int:
+    """GPUs the trainer computes on (MFU is per GPU of the trainer, not of the run)."""
+    rows = placement_rows(placements)
+    return len({(r["node"], g) for r in rows if r["service"] == "trainer" for g in r["gpus"]}) or 1
+
+
 def summarize(
-    recipe: Any, run_plan: Any, records: list[dict[str, Any]], warmup: int, prompts: list[list[int]]
+    recipe: Any,
+    run_plan: Any,
+    records: list[dict[str, Any]],
+    warmup: int,
+    prompts: list[list[int]],
+    peak: float | None,
 ) -> dict[str, Any]:
     """The benchmark's numbers from a run's metrics records (the first `warmup` left out)."""
     from runtime.services import model_spec
@@ -188,13 +206,13 @@ def summarize(
     sync_s = mean([r["time/weight_sync_s"] for r in measured])
     weight_bytes = params * (2 if recipe.model.dtype == "bfloat16" else 4)
     train_tokens = completions * (prompt_len + response_len)
-    peak = gpu_info()["peak_bf16_flops"]
     used_gpus = run_plan.total_gpus or 1
+    train_gpus = trainer_gpus(run_plan.placements)
     return {
         "recipe": recipe.name,
         "overrides": [*OFFLINE, f"grpo.max_response_tokens={g.max_response_tokens}"],
         "gpus_used": used_gpus,
-        "placements": [dataclasses.asdict(p) for p in run_plan.placements],
+        "placements": placement_rows(run_plan.placements),
         "params": params,
         "completions_per_step": completions,
         "steps": len(records),
@@ -216,8 +234,10 @@ def summarize(
         "weight_bytes": weight_bytes,
         "weight_sync_gb_per_s": per(weight_bytes / 1e9, sync_s),
         "train_s": train_s,
+        "trainer_gpus": train_gpus,
         "trainer_tokens_per_s": per(train_tokens, train_s),
-        "mfu": per(6 * params * train_tokens, train_s * peak) if peak else None,
+        # 6 * params * tokens per trainer GPU-second; recomputed activations are not counted.
+        "mfu": per(6 * params * train_tokens, train_s * peak * train_gpus) if peak else None,
         "ratio_mean": mean([r["ratio/mean"] for r in measured if "ratio/mean" in r]),
         "clip_fraction": mean([r["clip_fraction"] for r in measured if "clip_fraction" in r]),
         "kl": mean([r["kl"] for r in measured]),
@@ -290,9 +310,107 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def compare(result: dict[str, Any]) -> None:
+    """Each GRPO section's ratios to the standalone vLLM and TRL sections of the same file."""
+    alone = result.get("standalone_vllm") or {}
+    trl = result.get("trl") or {}
+    for section in result.values():
+        if not isinstance(section, dict) or "records" not in section:
+            continue
+        if alone.get("recipe") == section.get("recipe"):
+            section["generation_to_standalone"] = per(
+                section.get("generation_tokens_per_s"), alone.get("generation_tokens_per_s")
+            )
+        if trl and section.get("recipe") == "qwen3-1.7b":
+            section["samples_per_s_to_trl"] = per(
+                section.get("samples_per_s_per_gpu"), trl.get("samples_per_s_per_gpu")
+            )
+    loop = result.get("grpo") or {}
+    result["generation_in_loop_to_standalone"] = per(
+        loop.get("generation_tokens_per_s"), alone.get("generation_tokens_per_s")
+    )
+
+
+def resummarize(result: dict[str, Any]) -> None:
+    """Derive every GRPO section's numbers again from its records (no GPU needed)."""
+    from types import SimpleNamespace
+
+    peak = (result.get("device") or {}).get("peak_bf16_flops")
+    for section in result.values():
+        if not isinstance(section, dict) or not section.get("records"):
+            continue
+        response = next(o for o in section["overrides"] if o.startswith("grpo.max_response"))
+        recipe = load(
+            section["recipe"],
+            len(section["records"]),
+            int(response.split("=", 1)[1]),
+            section.get("overrides_extra") or [],
+        )
+        plan = SimpleNamespace(placements=section["placements"], total_gpus=section["gpus_used"])
+        warmup = section["steps"] - section["measured_steps"]
+        section.update(
+            summarize(recipe, plan, section["records"], warmup, prompt_tokens(recipe), peak)
+        )
+
+
+def table(result: dict[str, Any]) -> str:
+    """The file's GRPO sections and TRL baseline as a Markdown table."""
+
+    def num(value: Any, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    head = ("| run | recipe | GPUs | step s | samples/s/GPU | vs TRL | gen tok/s | vs vLLM alone "
+            "| weight sync s (GB/s) | trainer MFU | generator idle |")  # fmt: skip
+    rows = [head, "|" + "---|" * 11]
+    for name, s in result.items():
+        if not isinstance(s, dict) or "records" not in s or not s.get("steps"):
+            continue
+        sync = f"{num(s.get('weight_sync_s'), '.3f')} ({num(s.get('weight_sync_gb_per_s'), '.0f')})"
+        rows.append(
+            f"| {name} | {s['recipe']} | {s['gpus_used']} | {num(s['step_s'], '.2f')} "
+            f"| {num(s['samples_per_s_per_gpu'], '.1f')} | {num(s.get('samples_per_s_to_trl'), '.2f')} "
+            f"| {num(s['generation_tokens_per_s'], '.0f')} "
+            f"| {num(s.get('generation_to_standalone'), '.2f')} | {sync} | {num(s['mfu'], '.2f')} "
+            f"| {num(s['generator_idle_share'], '.0%')} |"
+        )
+    trl = result.get("trl")
+    if trl:
+        rows.append(
+            f"| trl | qwen3-1.7b, TRL {trl.get('versions', {}).get('trl', '')} GRPOTrainer "
+            f"(vLLM colocate) | "
+            f"{trl.get('processes', 1)} | {num(trl.get('step_s'), '.2f')} "
+            f"| {num(trl.get('samples_per_s_per_gpu'), '.1f')} | 1 | - | - "
+            f"| {num(trl.get('weight_sync_s'), '.3f')} | - | - |"
+        )
+    alone = result.get("standalone_vllm")
+    if alone:
+        rows.append(
+            f"| standalone_vllm | {alone['recipe']} | 1 | - | - | - "
+            f"| {num(alone['generation_tokens_per_s'], '.0f')} | 1 | - | - | - |"
+        )
+    return "\n".join(rows)
+
+
+def merge(out: Path, parts: list[Path]) -> dict[str, Any]:
+    """Sections of several result files of one machine (runs side by side) into `out`."""
+    result = json.loads(out.read_text()) if out.exists() else {}
+    for path in parts:
+        part = json.loads(path.read_text())
+        device = result.setdefault("device", part.get("device"))
+        if part.get("device") and part["device"]["name"] != device["name"]:
+            raise SystemExit(f"{path}: ran on {part['device']['name']}, not {device['name']}")
+        result.setdefault("versions", part.get("versions"))
+        result.setdefault("date", part.get("date"))
+        for key, value in part.items():
+            if isinstance(value, dict) and key not in ("device", "versions"):
+                result[key] = value
+    return result
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["grpo", "vllm"])
+    p.add_argument("mode", choices=["grpo", "vllm", "merge"])
+    p.add_argument("parts", nargs="*", type=Path, help="merge: result files to merge into --out")
     p.add_argument("--recipe", default="qwen3-1.7b")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the averages")
@@ -309,21 +427,27 @@ def main() -> int:
     )
     p.add_argument("--section", default=None, help="JSON key (default: grpo / standalone_vllm)")
     p.add_argument("--out", default=str(ROOT / "bench/results/gpu_grpo.json"))
-    args = p.parse_args()
+    args = p.parse_intermixed_args()
 
     out = Path(args.out)
+    if args.mode == "merge":
+        result = merge(out, args.parts)
+        resummarize(result)
+        compare(result)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(table(result))
+        return 0
     result = json.loads(out.read_text()) if out.exists() else {}
     result.update(device=gpu_info(), versions=versions(), date=time.strftime("%Y-%m-%d"))
     section = run_grpo(args) if args.mode == "grpo" else run_vllm(args)
     result[args.section or ("grpo" if args.mode == "grpo" else "standalone_vllm")] = section
-    loop, alone = result.get("grpo") or {}, result.get("standalone_vllm") or {}
-    result["generation_in_loop_to_standalone"] = per(
-        loop.get("generation_tokens_per_s"), alone.get("generation_tokens_per_s")
-    )
+    compare(result)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     summary = {k: v for k, v in section.items() if k not in ("records", "placements")}
     print(json.dumps(summary, indent=2))
+    print(table(result))
     return int(section.get("exit_code", 0))
 
 

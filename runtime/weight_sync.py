@@ -138,6 +138,13 @@ def _fill(buffer: torch.Tensor, entries: Mapping[str, TensorEntry], state_dict: 
             view.copy_(state_dict[name], non_blocking=True)
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """`cuda` as the current CUDA device (`cuda:N`): threads need the index to set it."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _group(store: dist.Store, rank: int, world: int, device: torch.device) -> Any:
     """A process group of its own (not torch.distributed's default group, which FSDP or vLLM
     may own in the same proc): NCCL for GPU buffers, gloo for CPU ones."""
@@ -207,7 +214,7 @@ class WeightSource:
 
     def __init__(self, paths: list[str], device: torch.device) -> None:
         self.paths = list(paths)
-        self.device = torch.device(device)
+        self.device = _indexed(torch.device(device))
         self.entries: dict[str, TensorEntry] | None = None
         self.total = 0
         self._ipc: dict[int, torch.Tensor] = {}
@@ -344,7 +351,7 @@ class PushReceiver:
     """
 
     def __init__(self, address: str, port: int, rank: int, world: int, device: torch.device):
-        self.device = torch.device(device)
+        self.device = _indexed(torch.device(device))
         self.rank, self.world = rank, world
         self.version = -1
         self.lock = threading.Lock()
