@@ -46,6 +46,8 @@ class Controller:
         self._recent: dict[str, list[float]] = {}
         # Generation seconds (all replicas) finished since the last step's record.
         self._generating_s = 0.0
+        # Generate calls started while the same generator's last groups were still being scored.
+        self._overlapped_calls = 0
         self._last_load_s = 0.0
         self.weight_paths: list[str] = []  # per generator: store | push | ipc
         # Versions loaded on each generator, whether the trainer is mid-step, and groups being
@@ -56,6 +58,8 @@ class Controller:
         # Per replica, groups generated but not yet queued (their call waits on a full buffer):
         # a checkpoint saves them with the queued ones.
         self._unqueued: dict[int, list[Group]] = {}
+        # Per replica, the task scoring its last call's groups and queueing them.
+        self._finishing: dict[int, asyncio.Task] = {}
         self._held = False  # no new rollout starts while a checkpoint is being taken
         self._progress = asyncio.Condition()
         self._calls_in_flight = 0
@@ -172,37 +176,69 @@ class Controller:
             self.services.fail(task.exception())
 
     async def _rollout_loop(self, replica: int, gen: Any) -> None:
+        """Generate, then score and reference-score the groups in a task of their own, so the
+        generator can start its next call (once it would be fresh enough) while the reference
+        scores the last one. Groups enter the buffer in call order."""
         s = self.services
         g = self.recipe.grpo
         per_call = max(1, -(-g.prompts_per_step // len(s.generators)))
-        while self._rollouts_open:
-            await self._wait_until_fresh_enough(replica, per_call)
-            if not self._rollouts_open:
-                break
-            prompts = self.source.take(per_call)
-            self.generate_calls += 1
-            seed = hash((g.seed, self.generate_calls)) & 0x7FFFFFFF
-            start = time.perf_counter()
-            self._calls_in_flight += 1
-            try:
-                out = await s.call(
-                    "generator", gen.generate.call_one([p.messages() for p in prompts], seed)
+        finishing: asyncio.Task | None = None
+        try:
+            while self._rollouts_open:
+                await self._wait_until_fresh_enough(replica, per_call)
+                if not self._rollouts_open:
+                    break
+                prompts = self.source.take(per_call)
+                self.generate_calls += 1
+                if finishing is not None and not finishing.done():
+                    self._overlapped_calls += 1
+                seed = hash((g.seed, self.generate_calls)) & 0x7FFFFFFF
+                start = time.perf_counter()
+                self._calls_in_flight += 1
+                try:
+                    out = await s.call(
+                        "generator", gen.generate.call_one([p.messages() for p in prompts], seed)
+                    )
+                    elapsed = time.perf_counter() - start
+                    self._note("time/generate_s", elapsed)
+                    self._generating_s += elapsed
+                    groups = self._groups(prompts, out)
+                except BaseException:
+                    self._calls_in_flight -= 1
+                    raise
+                if finishing is not None:
+                    await finishing  # the previous call's groups go in first
+                finishing = self._finishing[replica] = asyncio.create_task(
+                    self._finish(replica, groups, per_call)
                 )
-                elapsed = time.perf_counter() - start
-                self._note("time/generate_s", elapsed)
-                self._generating_s += elapsed
-                groups = self._groups(prompts, out)
-                await self._score(groups)
-                await self._reference(groups)
-            finally:
-                self._calls_in_flight -= 1
-            # A stop cancels a put waiting on a full buffer: what is left stays in _unqueued.
-            pending = self._unqueued[replica] = groups
-            while pending:
-                await self.buffer.put(pending[0])
-                pending.pop(0)
-            self._groups_in_flight -= per_call
-            await self._notify()
+                # A failed scoring stops the run now, not when the next call returns.
+                finishing.add_done_callback(self._rollout_done)
+            if finishing is not None:
+                await finishing
+        except asyncio.CancelledError:
+            if finishing is not None and not finishing.done():
+                finishing.cancel()
+                await asyncio.gather(finishing, return_exceptions=True)
+            raise
+
+    async def _finish(self, replica: int, groups: list[Group], per_call: int) -> None:
+        """Rewards and reference log-probs for one call's groups, then into the buffer."""
+        try:
+            await self._score(groups)
+            await self._reference(groups)
+        finally:
+            self._calls_in_flight -= 1
+        # A stop cancels a put waiting on a full buffer: what is left stays in _unqueued.
+        pending = self._unqueued[replica] = groups
+        while pending:
+            await self.buffer.put(pending[0])
+            pending.pop(0)
+        self._groups_in_flight -= per_call
+        await self._notify()
+
+    def _blocked_on_full_buffer(self, replica: int) -> bool:
+        """Whether the replica's groups wait for room in the buffer (nothing else pending)."""
+        return self.buffer.full_waiters(self._finishing.get(replica))
 
     def _consumer_version(self) -> int:
         """The trainer version that will consume the next group generated now."""
@@ -214,6 +250,17 @@ class Controller:
         """Hold a rollout until it would be at most `max_policy_age` versions old when trained
         on: generation that would be dropped as stale is never started."""
         age = self.recipe.grpo.max_policy_age
+
+        def room() -> bool:
+            # With age >= 1 a call may start while the last one's groups are still being
+            # scored: every group in flight keeps a place in the buffer, so no put ever waits
+            # on a full buffer with a generation behind it (a checkpoint waits for both). The
+            # buffer holds (age + 1) steps, at least one step plus a call. In lock-step
+            # (age 0) calls never overlap; the buffer may then be over-asked and a put wait.
+            if age == 0:
+                return True
+            return len(self.buffer) + self._groups_in_flight + groups <= self.buffer.capacity
+
         async with self._progress:
             await self._progress.wait_for(
                 lambda: (
@@ -221,6 +268,7 @@ class Controller:
                     or (
                         not self._held
                         and self._gen_versions[replica] >= self._consumer_version() - age
+                        and room()
                     )
                 )
             )
@@ -342,10 +390,9 @@ class Controller:
         total = g.steps
         while self.step < total and not self.stopping.is_set():
             t0 = time.perf_counter()
-            groups = await self._wait(self.buffer.take(g.prompts_per_step, self.version))
+            groups = await self._wait(self._take(g.prompts_per_step))
             if groups is None:
                 break
-            self._training = True
             await self._notify()
             t_wait = time.perf_counter() - t0
             batch, info = self._collate(groups)
@@ -381,10 +428,20 @@ class Controller:
                 busy = self._generating_s / (step_s * len(s.generators))
                 record["generator/busy_share"] = busy
             self._generating_s = 0.0
+            record["generator/overlapped_calls"] = self._overlapped_calls
+            self._overlapped_calls = 0
             self.metrics.log(self.step, record)
             interval = g.checkpoint_interval
             if interval and self.step % interval == 0 and self.step < total:
                 await self.save_checkpoint()
+
+    async def _take(self, n: int) -> list[Group]:
+        """The next step's groups. The trainer counts as training from the moment they leave
+        the buffer (no await in between): a rollout loop woken in that moment would otherwise
+        see an empty buffer and an idle trainer and start a call that goes stale."""
+        groups = await self.buffer.take(n, self.version)
+        self._training = True
+        return groups
 
     async def _wait(self, coro: Any) -> Any:
         """Await `coro` unless a stop is requested first (then cancel it and return None)."""
@@ -438,7 +495,7 @@ class Controller:
             # in flight: between taking prompts and queueing the groups, unless waiting on a
             # full buffer (those groups are in _unqueued)
             while self._calls_in_flight or any(
-                self._unqueued.get(replica) and not self.buffer.full_waiters(task)
+                self._unqueued.get(replica) and not self._blocked_on_full_buffer(replica)
                 for replica, task in enumerate(self._rollout_tasks)
                 if not task.done()
             ):
@@ -464,14 +521,17 @@ class Controller:
         await self._notify()
         # Loops end by themselves once their call in flight returns and its groups are queued;
         # one blocked on a full buffer never does: cancel it after the calls drained (its groups
-        # go into the checkpoint, see _rollout_loop).
+        # go into the checkpoint, see _finish).
         deadline = time.monotonic() + timeout_s
-        pending = [t for t in self._rollout_tasks if not t.done()]
-        while pending and time.monotonic() < deadline:
-            if not self._calls_in_flight and all(self.buffer.full_waiters(t) for t in pending):
+
+        def running() -> list[int]:
+            return [r for r, t in enumerate(self._rollout_tasks) if not t.done()]
+
+        while running() and time.monotonic() < deadline:
+            if not self._calls_in_flight and all(map(self._blocked_on_full_buffer, running())):
                 break
             await asyncio.sleep(0.02)
-            pending = [t for t in pending if not t.done()]
+        pending = [self._rollout_tasks[r] for r in running()]
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

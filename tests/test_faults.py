@@ -105,6 +105,8 @@ def test_a_checkpoint_holds_everything_a_resume_needs(reference: Path):
 
     rows = raw_metrics(reference)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    # lock-step: a call never starts before the last one's groups are queued
+    assert all(r["generator/overlapped_calls"] == 0 for r in rows)
 
 
 @pytest.mark.timeout(1800)  # five starts of the runtime: minutes on a loaded 2-core machine

@@ -51,6 +51,11 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path):
     # a broken sign or advantage leaves the reward where it started
     assert last >= first + 0.3, (first, last)
     assert last >= 0.6, (first, last)
+    # max_policy_age 1: the generator starts its next call while the reference scores the last
+    # (at the latest on the first step, when the trainer waits for rollouts)
+    assert sum(r["generator/overlapped_calls"] for r in rows) > 0
+    # and never one that would be stale by the time it is trained on
+    assert rows[-1]["buffer/dropped_stale"] == 0
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert any(p.name.startswith("step_") for p in (run_dir / "checkpoints").iterdir())
 
