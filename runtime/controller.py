@@ -183,6 +183,7 @@ class Controller:
         g = self.recipe.grpo
         per_call = max(1, -(-g.prompts_per_step // len(s.generators)))
         finishing: asyncio.Task | None = None
+        held: list[Group] | None = None  # generated, not yet handed to a _finish task
         try:
             while self._rollouts_open:
                 await self._wait_until_fresh_enough(replica, per_call)
@@ -202,20 +203,23 @@ class Controller:
                     elapsed = time.perf_counter() - start
                     self._note("time/generate_s", elapsed)
                     self._generating_s += elapsed
-                    groups = self._groups(prompts, out)
+                    held = self._groups(prompts, out)
                 except BaseException:
                     self._calls_in_flight -= 1
                     raise
                 if finishing is not None:
                     await finishing  # the previous call's groups go in first
                 finishing = self._finishing[replica] = asyncio.create_task(
-                    self._finish(replica, groups, per_call)
+                    self._finish(replica, held, per_call)
                 )
+                held = None
                 # A failed scoring stops the run now, not when the next call returns.
                 finishing.add_done_callback(self._rollout_done)
             if finishing is not None:
                 await finishing
         except asyncio.CancelledError:
+            if held is not None:  # cancelled behind a put that waited: these are dropped
+                self._calls_in_flight -= 1
             if finishing is not None and not finishing.done():
                 finishing.cancel()
                 await asyncio.gather(finishing, return_exceptions=True)
