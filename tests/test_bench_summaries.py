@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -21,3 +22,66 @@ def test_idle_share_falls_back_to_one_call_per_step():
     assert gpu_grpo.idle_share([{}], generate_s=None, step_s=4.0) is None
     # a generation longer than the step (overlap) is not a negative idle share
     assert gpu_grpo.idle_share([{}], generate_s=5.0, step_s=4.0) == 0.0
+
+
+def test_mfu_counts_every_trainer_gpu_once():
+    rows = [
+        {"service": "generator", "replica": 0, "node": 0, "gpus": [0]},
+        {"service": "trainer", "replica": 0, "node": 0, "gpus": [2, 3]},
+        {"service": "trainer", "replica": 0, "node": 1, "gpus": [0, 1]},
+        {"service": "reward", "replica": 0, "node": 0, "gpus": []},
+    ]
+    assert gpu_grpo.trainer_gpus(rows) == 4
+    # a CPU-only plan still divides by one
+    assert gpu_grpo.trainer_gpus([{"service": "trainer", "node": 0, "gpus": []}]) == 1
+
+
+def test_merge_keeps_sections_and_refuses_another_gpu(tmp_path):
+    device = {"name": "NVIDIA H200", "gpus": 4}
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    a.write_text(json.dumps({"device": device, "versions": {}, "grpo_3gpu": {"step_s": 3.0}}))
+    b.write_text(json.dumps({"device": device, "versions": {}, "trl": {"step_s": 8.8}}))
+    c.write_text(json.dumps({"device": {"name": "NVIDIA H100"}, "trl": {}}))
+    merged = gpu_grpo.merge(tmp_path / "out.json", [a, b])
+    assert merged["grpo_3gpu"] == {"step_s": 3.0} and merged["trl"] == {"step_s": 8.8}
+    with pytest.raises(SystemExit, match="NVIDIA H100, not NVIDIA H200"):
+        gpu_grpo.merge(tmp_path / "out.json", [a, c])
+
+
+def test_compare_sets_ratios_to_trl_and_standalone_vllm():
+    result = {
+        "standalone_vllm": {"recipe": "qwen3-1.7b", "generation_tokens_per_s": 20000.0},
+        "trl": {"samples_per_s_per_gpu": 10.0},
+        "one_gpu": {
+            "records": [],
+            "recipe": "qwen3-1.7b",
+            "samples_per_s_per_gpu": 15.0,
+            "generation_tokens_per_s": 19000.0,
+        },  # fmt: skip
+        "eight_b": {
+            "records": [],
+            "recipe": "qwen3-8b",
+            "samples_per_s_per_gpu": 4.0,
+            "generation_tokens_per_s": 9000.0,
+        },  # fmt: skip
+    }
+    gpu_grpo.compare(result)
+    assert result["one_gpu"]["samples_per_s_to_trl"] == pytest.approx(1.5)
+    assert result["one_gpu"]["generation_to_standalone"] == pytest.approx(0.95)
+    # other models are not compared with a 1.7B baseline
+    assert "samples_per_s_to_trl" not in result["eight_b"]
+    assert "generation_to_standalone" not in result["eight_b"]
+
+
+def test_a_committed_result_resummarizes_to_its_own_numbers():
+    path = Path(__file__).resolve().parents[1] / "bench/results/gpu_grpo_h200x4.json"
+    committed = json.loads(path.read_text())
+    again = json.loads(path.read_text())
+    for section in again.values():
+        if isinstance(section, dict) and "records" in section:
+            del section["mfu"], section["step_s"]
+    gpu_grpo.resummarize(again)
+    for name in ("grpo_3gpu", "grpo_qwen3_8b_4gpu"):
+        for key in ("mfu", "step_s", "samples_per_s_per_gpu", "trainer_gpus"):
+            assert again[name][key] == pytest.approx(committed[name][key]), (name, key)
+    assert committed["grpo_qwen3_8b_4gpu"]["trainer_gpus"] == 2
