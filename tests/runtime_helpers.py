@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -84,3 +85,19 @@ def leftover_processes(pgid: int) -> list[str]:
 
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_ranks(fn: Any, ranks: int, tmp_path: Path) -> Any:
+    """Spawn `fn(rank, ranks, port, out)` on `ranks` procs meeting on a free loopback port;
+    return what rank 0 saved to `out` with torch.save."""
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "rank0.pt")
+    mp.start_processes(fn, args=(ranks, port, out), nprocs=ranks, start_method="spawn")
+    return torch.load(out, weights_only=False)

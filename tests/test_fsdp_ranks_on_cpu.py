@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
+from runtime_helpers import run_ranks
 
 from recipes import architecture
 from runtime.backends import OptimizerConfig, TitanTrainer
@@ -77,12 +76,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_two_ranks_train_like_one(tmp_path: Path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = str(tmp_path / "rank0.pt")
-    mp.start_processes(_rank, args=(2, port, out), nprocs=2, start_method="spawn")
-    sharded, stats, published, (after, after_resume) = torch.load(out, weights_only=False)
+    sharded, stats, published, (after, after_resume) = run_ranks(_rank, 2, tmp_path)
     assert sharded == "DTensor"
 
     tokens, mask, adv = _batch()

@@ -4,13 +4,12 @@ speed knobs: the same step with activation checkpointing off and with compiled b
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from gpu_models import SMALL, peaked_weights
+from runtime_helpers import run_ranks
 
 from runtime.backends import OptimizerConfig
 from runtime.backends.fsdp_trainer import FSDPTrainer
@@ -72,12 +71,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_gpu_ranks_train_alike_with_each_knob(tmp_path: Path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = str(tmp_path / "rank0.pt")
-    mp.start_processes(_rank, args=(2, port, out), nprocs=2, start_method="spawn")
-    initial, results = torch.load(out, weights_only=False)
+    initial, results = run_ranks(_rank, 2, tmp_path)
     # two ranks (FSDP2's bf16 param_dtype) score like one rank (bf16 autocast) up to bf16 noise
     weights = peaked_weights(SMALL, seed=4)
     tokens, mask, _ = _batch(48, 1)
