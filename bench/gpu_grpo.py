@@ -197,6 +197,9 @@ def summarize(
     measured = records[warmup:] or records
     g = recipe.grpo
     completions = g.prompts_per_step * g.group_size
+    replicas = len([p for p in placement_rows(run_plan.placements) if p["service"] == "generator"])
+    # One generate call of one replica: steps_per_call steps' prompts over the replicas.
+    call_sequences = -(-g.prompts_per_step * g.steps_per_call // max(1, replicas)) * g.group_size
     params = model_spec(recipe).num_params()
     prompt_len = mean([len(p) for p in prompts])
     response_len = mean([r["response/len_mean"] for r in measured])
@@ -222,7 +225,8 @@ def summarize(
         "prompt_tokens_mean": prompt_len,
         "response_tokens_mean": response_len,
         "generate_s": generate_s,
-        "generation_tokens_per_s": per(completions * response_len, generate_s),
+        "sequences_per_generate_call": call_sequences,
+        "generation_tokens_per_s": per(call_sequences * response_len, generate_s),
         "generator_idle_share": idle_share(measured, generate_s, step_s),
         "weight_sync_s": sync_s,
         "publish_s": mean([r["time/publish_s"] for r in measured if "time/publish_s" in r]),

@@ -9,10 +9,10 @@ A deliberately simple model, used to reject layouts that cannot fit before payin
   logits (tokens x vocab x 4); plus a fixed 3 GB for the CUDA context, NCCL buffers and
   allocator fragmentation.
 - generator: bf16 weights (2 bytes per parameter) split over its TP group; plus a KV-cache
-  reserve big enough to hold one step's rollouts at once (prompts_per_step x group_size
-  sequences of max_prompt_tokens + max_response_tokens tokens, 2 x n_layers x n_kv_heads x
-  head_dim bf16 values per token) spread over the replicas and split over TP, and never less
-  than one full group (a replica must hold all samples of one prompt); plus 3 GB.
+  reserve big enough to hold one call's rollouts at once (prompts_per_step x group_size x
+  steps_per_call sequences of max_prompt_tokens + max_response_tokens tokens, 2 x n_layers x
+  n_kv_heads x head_dim bf16 values per token) spread over the replicas and split over TP, and
+  never less than one full group (a replica must hold all samples of one prompt); plus 3 GB.
 - reference: bf16 weights split over its TP group, the trainer's activation and logits term
   (it scores the same sequences, forward only), plus 3 GB.
 
@@ -53,7 +53,7 @@ def estimate_memory(
     activations = arch.n_layers * seq * arch.dim * 2 + seq * arch.vocab_size * 4
     trainer = 16 * arch.params / (fsdp * layout.trainer.tp) + activations
 
-    step_sequences = grpo.prompts_per_step * grpo.group_size
+    step_sequences = grpo.prompts_per_step * grpo.group_size * grpo.steps_per_call
     kv_sequences = max(math.ceil(step_sequences / replicas), grpo.group_size)
     kv_cache = kv_sequences * seq * arch.kv_bytes_per_token
     generator = (2 * arch.params + kv_cache) / layout.generator.tp

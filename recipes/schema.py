@@ -90,6 +90,10 @@ class Grpo(_Strict):
     clip_high: float = Field(ge=0)
     loss: Literal["grpo", "dr_grpo", "gspo"]
     max_policy_age: int = Field(ge=0)
+    # Prompts of this many steps go to the generators in one call (fuller decode batches, for a
+    # generator that would otherwise wait on its own KV cache); the call's last step is trained
+    # on steps_per_call - 1 versions later, so it must be <= max_policy_age + 1.
+    steps_per_call: int = Field(default=1, ge=1)
     steps: int = Field(ge=1)
     checkpoint_interval: int = Field(ge=0)
     temperature: float = Field(default=1.0, gt=0)
@@ -190,6 +194,13 @@ def _consistency_errors(r: Recipe) -> list[str]:
         errors.append(
             f"grpo.max_prompt_tokens + grpo.max_response_tokens: {seq} exceeds the "
             f"{fam} {size} context of {arch.max_seq_len} tokens"
+        )
+    g = r.grpo
+    if g.steps_per_call > g.max_policy_age + 1:
+        errors.append(
+            f"grpo.steps_per_call: {g.steps_per_call} needs grpo.max_policy_age >= "
+            f"{g.steps_per_call - 1} (the call's last step is trained on that many versions "
+            f"later), got {g.max_policy_age}"
         )
     lay = r.layout
     tps = [("layout.generator.tp", lay.generator.tp), ("layout.trainer.tp", lay.trainer.tp)]

@@ -4,7 +4,8 @@ Rollouts run continuously, one loop per generator replica: sample a group per pr
 (reward procs), score it again under the frozen reference, and queue it. The training loop takes
 `prompts_per_step` groups no older than `max_policy_age` versions, steps the trainer, publishes
 the new version to TorchStore and tells every generator to switch. Rollouts and training overlap;
-only the staleness bound ties them together.
+only the staleness bound ties them together, except on a GPU that several services share: there
+their calls take turns (`runtime.turns`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from runtime import checkpoint
 from runtime.buffer import Group, RolloutBuffer
 from runtime.config import RunConfig
+from runtime.turns import GpuTurns
 
 
 class Controller:
@@ -44,8 +46,9 @@ class Controller:
         self._rollout_tasks: list[asyncio.Task] = []
         self._update_tasks: set[asyncio.Task] = set()
         self._recent: dict[str, list[float]] = {}
-        # Generation seconds (all replicas) finished since the last step's record.
+        # Generation seconds and generate calls (all replicas) finished since the last record.
         self._generating_s = 0.0
+        self._calls_ended = 0
         # Generate calls started while the same generator's last groups were still being scored.
         self._overlapped_calls = 0
         self._last_load_s = 0.0
@@ -64,6 +67,7 @@ class Controller:
         self._progress = asyncio.Condition()
         self._calls_in_flight = 0
         self.wandb_run_id: str | None = None
+        self.turns = GpuTurns(config.plan.placements)
 
     # --- start ------------------------------------------------------------------------------
 
@@ -75,6 +79,8 @@ class Controller:
         ckpt = checkpoint.latest(self.config.checkpoint_dir)
         if ckpt is not None:
             await self._restore(ckpt)
+        if self.turns:
+            print(f"services sharing a GPU take turns: {self.turns.describe()}", flush=True)
         await self._connect_weights()
         await self._publish_and_load(self.version)
 
@@ -142,7 +148,8 @@ class Controller:
         s = self.services
 
         async def load(replica: int, gen: Any) -> float:
-            result = await s.call("generator", gen.update_weights.call_one(version))
+            async with self.turns.turn(f"generator{replica}"):
+                result = await s.call("generator", gen.update_weights.call_one(version))
             # A generator that received a newer version already loads that one.
             self._gen_versions[replica] = max(self._gen_versions[replica], result["version"])
             await self._notify()
@@ -181,7 +188,7 @@ class Controller:
         scores the last one. Groups enter the buffer in call order."""
         s = self.services
         g = self.recipe.grpo
-        per_call = max(1, -(-g.prompts_per_step // len(s.generators)))
+        per_call = max(1, -(-g.prompts_per_step * g.steps_per_call // len(s.generators)))
         finishing: asyncio.Task | None = None
         held: list[Group] | None = None  # generated, not yet handed to a _finish task
         try:
@@ -194,15 +201,18 @@ class Controller:
                 if finishing is not None and not finishing.done():
                     self._overlapped_calls += 1
                 seed = hash((g.seed, self.generate_calls)) & 0x7FFFFFFF
-                start = time.perf_counter()
                 self._calls_in_flight += 1
                 try:
-                    out = await s.call(
-                        "generator", gen.generate.call_one([p.messages() for p in prompts], seed)
-                    )
-                    elapsed = time.perf_counter() - start
+                    async with self.turns.turn(f"generator{replica}"):
+                        start = time.perf_counter()
+                        out = await s.call(
+                            "generator",
+                            gen.generate.call_one([p.messages() for p in prompts], seed),
+                        )
+                        elapsed = time.perf_counter() - start
                     self._note("time/generate_s", elapsed)
                     self._generating_s += elapsed
+                    self._calls_ended += 1
                     held = self._groups(prompts, out)
                 except BaseException:
                     self._calls_in_flight -= 1
@@ -244,9 +254,9 @@ class Controller:
         """Whether the replica's groups wait for room in the buffer (nothing else pending)."""
         return self.buffer.full_waiters(self._finishing.get(replica))
 
-    def _consumer_version(self) -> int:
-        """The trainer version that will consume the next group generated now."""
-        queued = len(self.buffer) + self._groups_in_flight
+    def _consumer_version(self, groups: int = 1) -> int:
+        """The trainer version that will consume the last of `groups` groups generated now."""
+        queued = len(self.buffer) + self._groups_in_flight + groups - 1
         per_step = self.recipe.grpo.prompts_per_step
         return self.version + (1 if self._training else 0) + queued // per_step
 
@@ -271,7 +281,7 @@ class Controller:
                     not self._rollouts_open
                     or (
                         not self._held
-                        and self._gen_versions[replica] >= self._consumer_version() - age
+                        and self._gen_versions[replica] >= self._consumer_version(groups) - age
                         and room()
                     )
                 )
@@ -325,11 +335,12 @@ class Controller:
         if s.reference is None:
             return
         batch = self._batch(groups)
-        start = time.perf_counter()
-        ref = await s.call(
-            "reference", s.reference.logprobs.call_one(batch.tokens, batch.response_mask)
-        )
-        self._note("time/reference_s", time.perf_counter() - start)
+        async with self.turns.turn("reference"):
+            start = time.perf_counter()
+            ref = await s.call(
+                "reference", s.reference.logprobs.call_one(batch.tokens, batch.response_mask)
+            )
+            self._note("time/reference_s", time.perf_counter() - start)
         rows = iter(ref["logprobs"])
         for gr in groups:
             for resp in gr.responses:
@@ -400,11 +411,12 @@ class Controller:
             await self._notify()
             t_wait = time.perf_counter() - t0
             batch, info = self._collate(groups)
-            stats = await s.train_call("train_step", batch)
-            self.step += 1
-            self.version += 1
-            self._training = False
-            pub = await s.train_call("publish", self.version)
+            async with self.turns.turn("trainer"):
+                stats = await s.train_call("train_step", batch)
+                self.step += 1
+                self.version += 1
+                self._training = False
+                pub = await s.train_call("publish", self.version)
             self._switch_generators(self.version)
             record = {
                 "step": self.step,
@@ -432,8 +444,11 @@ class Controller:
                 busy = self._generating_s / (step_s * len(s.generators))
                 record["generator/busy_share"] = busy
             self._generating_s = 0.0
+            record["generator/calls"] = self._calls_ended
+            self._calls_ended = 0
             record["generator/overlapped_calls"] = self._overlapped_calls
             self._overlapped_calls = 0
+            record.update(self.turns.take_stats())
             self.metrics.log(self.step, record)
             interval = g.checkpoint_interval
             if interval and self.step % interval == 0 and self.step < total:

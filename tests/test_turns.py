@@ -1,0 +1,140 @@
+"""Services that share a GPU take turns; generate calls that carry several steps' prompts."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from runtime_helpers import NOISE, ROOT
+
+from recipes import UserError, apply_overrides, estimate_memory, load_recipe, minimum_gpus, plan
+from runtime.turns import GpuTurns, shared_groups
+
+
+def folded(recipe_name: str, gpus: int):
+    """The recipe's minimum plan with every service's GPUs folded onto `gpus` GPUs."""
+    recipe = load_recipe(recipe_name)
+    base = plan(recipe, minimum_gpus(recipe))
+    return tuple(
+        dataclasses.replace(p, gpus=tuple(sorted({g % gpus for g in p.gpus})))
+        for p in base.placements
+    )
+
+
+def test_services_on_their_own_gpus_never_take_turns():
+    recipe = load_recipe("qwen3-1.7b")
+    assert shared_groups(plan(recipe, 3).placements) == []
+    assert shared_groups(plan(recipe, 8).placements) == []
+    assert not GpuTurns(plan(recipe, 3).placements)
+
+
+def test_one_gpu_puts_every_gpu_service_in_one_group():
+    assert shared_groups(folded("qwen3-1.7b", 1)) == [{"generator0", "reference", "trainer"}]
+
+
+def test_two_gpus_pair_the_services_that_land_on_the_same_one():
+    # 3-GPU layout generator 0, reference 1, trainer 2 -> 2 % 2 = 0: trainer joins the generator
+    placements = folded("qwen3-1.7b", 2)
+    where = {p.service: p.gpus for p in placements if p.service != "reward"}
+    assert where == {"generator": (0,), "reference": (1,), "trainer": (0,)}
+    assert shared_groups(placements) == [{"generator0", "trainer"}]
+
+
+def test_sharing_is_transitive_and_per_node():
+    from recipes.planner import Placement
+
+    chain = [
+        Placement("generator", 0, 0, (0, 1)),
+        Placement("reference", 0, 0, (1, 2)),
+        Placement("trainer", 0, 0, (2,)),
+        Placement("generator", 1, 1, (0,)),  # same index, another node
+        Placement("reward", 0, 0, ()),
+    ]
+    assert shared_groups(chain) == [{"generator0", "reference", "trainer"}]
+
+
+def test_turns_serialize_a_group_and_leave_other_units_alone():
+    from recipes.planner import Placement
+
+    placements = [
+        Placement("generator", 0, 0, (0,)),
+        Placement("trainer", 0, 0, (0,)),
+        Placement("generator", 1, 0, (1,)),
+        Placement("reference", 0, 0, (2,)),
+    ]
+    turns = GpuTurns(placements)
+    spans: dict[str, list[tuple[float, float]]] = {}
+
+    async def call(unit: str) -> None:
+        async with turns.turn(unit):
+            start = time.perf_counter()
+            await asyncio.sleep(0.05)
+            spans.setdefault(unit, []).append((start, time.perf_counter()))
+
+    async def main() -> None:
+        await asyncio.gather(*(call(u) for u in ["generator0", "trainer", "generator1",
+                                                  "reference", "generator0"]))  # fmt: skip
+
+    asyncio.run(main())
+    shared = sorted(spans["generator0"] + spans["trainer"])
+    assert all(a[1] <= b[0] for a, b in zip(shared, shared[1:], strict=False)), shared
+    # the unshared ones ran alongside the first turn of the shared group
+    (g1,), (ref,) = spans["generator1"], spans["reference"]
+    assert g1[0] < shared[0][1] and ref[0] < shared[0][1]
+    stats = turns.take_stats()
+    assert stats["gpu/turns_generator"] == 2 and stats["gpu/turns_trainer"] == 1
+    assert "gpu/turns_reference" not in stats  # it shares with nobody: no turn taken
+    assert stats["gpu/turn_wait_s"] >= 0.05 + 0.05 + 0.05 - 0.03  # the 2nd, 3rd waited
+    assert turns.take_stats()["gpu/turn_wait_s"] == 0.0
+
+
+def test_steps_per_call_needs_the_policy_age_to_cover_the_call():
+    recipe = load_recipe("qwen3-1.7b")
+    assert recipe.grpo.max_policy_age == 1
+    assert apply_overrides(recipe, ["grpo.steps_per_call=2"]).grpo.steps_per_call == 2
+    with pytest.raises(UserError) as err:
+        apply_overrides(recipe, ["grpo.steps_per_call=3"])
+    assert "grpo.steps_per_call: 3 needs grpo.max_policy_age >= 2" in str(err.value)
+    with pytest.raises(UserError, match="grpo.steps_per_call"):
+        apply_overrides(recipe, ["grpo.steps_per_call=0"])
+
+
+def test_steps_per_call_grows_the_generators_kv_reserve():
+    recipe = load_recipe("qwen3-8b")
+    one = estimate_memory(recipe)
+    two = estimate_memory(apply_overrides(recipe, ["grpo.steps_per_call=2"]))
+    assert two["generator"] > one["generator"]
+    assert two["trainer"] == one["trainer"] and two["reference"] == one["reference"]
+
+
+@pytest.mark.slow
+def test_a_run_on_one_shared_gpu_takes_turns_and_two_step_calls_stay_fresh(tmp_path: Path):
+    """Real procs, `tiny` with generator, reference and trainer placed on GPU index 0."""
+    run_dir = tmp_path / "run"
+    overrides = ["grpo.steps=8", "grpo.steps_per_call=2", "grpo.checkpoint_interval=0"]
+    args = [sys.executable, str(ROOT / "tests/shared_gpu_app.py"), str(run_dir)]
+    for o in overrides:
+        args += ["--set", o]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for word in NOISE:
+        assert word not in out, f"{word!r} in output:\n{out}"
+    assert "services sharing a GPU take turns: generator0 + reference + trainer" in out
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    # every GPU service went through its turns
+    for kind in ("generator", "reference", "trainer"):
+        assert sum(r.get(f"gpu/turns_{kind}", 0) for r in rows) > 0, kind
+    assert all(r["gpu/turns_trainer"] == 1 for r in rows)  # the step and its publish: one turn
+    # one call per two steps (a ninth step's call may end before the last record)
+    assert 4 <= sum(r["generator/calls"] for r in rows) <= 5
+    # the second step of a call is trained one version later, never dropped as stale
+    assert rows[-1]["buffer/dropped_stale"] == 0
+    assert max(r["policy/staleness_mean"] for r in rows) == 1.0
