@@ -14,8 +14,16 @@ and reference smaller micro-batches.
 
 `vllm` runs the same prompts and sampling through a `VLLMGenerator` alone on the GPU: the
 throughput the loop's generation is compared with, a 512-sequence point, and the in-engine
-weight-load rate. Both modes merge their section into one JSON (`--out`), with device and
-versions; `vllm` also writes the in-loop/standalone generation ratio when `grpo` ran first.
+weight-load rate.
+
+`train` times the trainer alone (`FSDPTrainer.train_step`, the GRPO loss, random weights and
+tokens) on `--sequences` sequences of `--seq-len` tokens (the last `--response-share` of each is
+response), for each `--config` (`ac=0|1,compile=0|1,mb=TOKENS`: activation checkpointing,
+torch.compile per block, tokens per micro-batch): tokens/s, MFU (6 * params * tokens, and with
+causal attention's 6 * layers * seq * heads * head_dim per token added) and peak memory.
+
+Every mode merges its section into one JSON (`--out`), with device and versions; `vllm` also
+writes the in-loop/standalone generation ratio when `grpo` ran first.
 """
 
 from __future__ import annotations
@@ -314,6 +322,96 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def parse_config(text: str) -> dict[str, int]:
+    """`ac=0,compile=1,mb=8192` -> {"ac": 0, "compile": 1, "mb": 8192} (unset keys: defaults)."""
+    config = {"ac": 1, "compile": 0, "mb": 8192}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        if key not in config or not value.isdigit():
+            raise SystemExit(f"--config {text!r}: expected ac=0|1,compile=0|1,mb=TOKENS")
+        config[key] = int(value)
+    return config
+
+
+def attention_flops_per_token(spec: Any, seq_len: int) -> float:
+    """Forward + backward FLOPs of causal attention scores and values per token (3 x forward;
+    a causal mask halves the 4 * seq * heads * head_dim of full attention)."""
+    return 3 * 2 * spec.n_layers * seq_len * spec.n_heads * spec.head_dim
+
+
+def run_train(args: argparse.Namespace) -> dict[str, Any]:
+    import gc
+
+    import torch
+
+    from runtime import services
+    from runtime.backends import OptimizerConfig
+    from runtime.backends.fsdp_trainer import FSDPTrainer
+    from runtime.grpo import policy_loss
+
+    recipe = load(args.recipe, 1, None)
+    g = recipe.grpo
+    spec = services.model_spec(recipe)
+    params = spec.num_params()
+    cuda = args.device == "cuda"
+    peak = gpu_info()["peak_bf16_flops"] if cuda else None
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    n, width = args.sequences, args.seq_len
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, spec.vocab_size, (n, width), generator=gen)
+    mask = torch.zeros(n, width, dtype=torch.bool)
+    mask[:, width - int(width * args.response_share) :] = True
+    advantages = torch.randn(n, generator=gen)
+    old = torch.where(mask, -torch.rand(n, width, generator=gen) * 5, torch.zeros(n, width))
+    ref = old + torch.where(mask, torch.randn(n, width, generator=gen) * 0.01, 0.0)
+    rows = []
+    for text in args.config or ["ac=1,compile=0,mb=8192", "ac=0,compile=1,mb=8192"]:
+        config = parse_config(text)
+        print(f"trainer {recipe.name}: {n} x {width} tokens, {config}", flush=True)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        trainer = FSDPTrainer(
+            spec,
+            OptimizerConfig.from_grpo(g),
+            temperature=g.temperature,
+            device=args.device,
+            tokens_per_micro_batch=config["mb"],
+            activation_checkpointing=bool(config["ac"]),
+            compile=bool(config["compile"]),
+        )
+        times = []
+        for step in range(args.warmup + args.steps):
+            sync()
+            start = time.perf_counter()
+            trainer.train_step(
+                tokens, mask, advantages, old, ref, policy_loss, variant=g.loss,
+                clip_low=g.clip_low, clip_high=g.clip_high, kl_beta=g.kl_beta,
+                max_response_tokens=width,
+            )  # fmt: skip
+            sync()
+            if step >= args.warmup:
+                times.append(time.perf_counter() - start)
+        step_s = statistics.fmean(times)
+        total = n * width
+        dense = 6 * params * total
+        attention = attention_flops_per_token(spec, width) * total
+        rows.append({
+            "config": text, **config, "step_s": step_s, "tokens": total,
+            "tokens_per_s": total / step_s,
+            "mfu": per(dense, step_s * peak) if peak else None,
+            "mfu_with_attention": per(dense + attention, step_s * peak) if peak else None,
+            "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
+        })  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+        del trainer
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    return {"recipe": recipe.name, "params": params, "sequences": n, "seq_len": width,
+            "response_share": args.response_share, "warmup": args.warmup, "steps": args.steps,
+            "configs": rows}  # fmt: skip
+
+
 def compare(result: dict[str, Any]) -> None:
     """Each GRPO section's ratios to the standalone vLLM and TRL sections of the same file."""
     alone = result.get("standalone_vllm") or {}
@@ -386,6 +484,13 @@ def table(result: dict[str, Any]) -> str:
             f"| {num(trl.get('samples_per_s_per_gpu'), '.1f')} | 1 | - | - "
             f"| {num(trl.get('weight_sync_s'), '.3f')} | - | - |"
         )
+    for cfg in (result.get("trainer_mfu") or {}).get("configs", []):
+        t = result["trainer_mfu"]
+        rows.append(
+            f"| trainer alone, {t['sequences']} x {t['seq_len']} tokens, {cfg['config']} "
+            f"| {t['recipe']} | 1 | {num(cfg['step_s'], '.2f')} | - | - | - | - | - "
+            f"| {num(cfg['mfu'], '.2f')} | - |"
+        )
     alone = result.get("standalone_vllm")
     if alone:
         rows.append(
@@ -413,7 +518,7 @@ def merge(out: Path, parts: list[Path]) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["grpo", "vllm", "merge"])
+    p.add_argument("mode", choices=["grpo", "vllm", "train", "merge"])
     p.add_argument("parts", nargs="*", type=Path, help="merge: result files to merge into --out")
     p.add_argument("--recipe", default="qwen3-1.7b")
     p.add_argument("--steps", type=int, default=8)
@@ -425,6 +530,11 @@ def main() -> int:
         "--tokens-per-micro-batch", type=int, default=4096, help="trainer/reference, shared GPUs"
     )
     p.add_argument("--calls", type=int, default=3, help="vllm: timed generation calls")
+    p.add_argument("--sequences", type=int, default=64, help="train: sequences per step")
+    p.add_argument("--seq-len", type=int, default=2048, help="train: tokens per sequence")
+    p.add_argument("--response-share", type=float, default=0.75, help="train: response part")
+    p.add_argument("--config", action="append", default=None, help="train: ac=,compile=,mb=")
+    p.add_argument("--device", default="cuda", help="train: cuda, or cpu (a check of the code)")
     p.add_argument("--run-dir", default=None)
     p.add_argument(
         "--set", action="append", default=[], help="recipe override key=value (repeatable)"
@@ -444,8 +554,10 @@ def main() -> int:
         return 0
     result = json.loads(out.read_text()) if out.exists() else {}
     result.update(device=gpu_info(), versions=versions(), date=time.strftime("%Y-%m-%d"))
-    section = run_grpo(args) if args.mode == "grpo" else run_vllm(args)
-    result[args.section or ("grpo" if args.mode == "grpo" else "standalone_vllm")] = section
+    run_mode = {"grpo": run_grpo, "vllm": run_vllm, "train": run_train}[args.mode]
+    section = run_mode(args)
+    default = {"grpo": "grpo", "vllm": "standalone_vllm", "train": "trainer_mfu"}[args.mode]
+    result[args.section or default] = section
     compare(result)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

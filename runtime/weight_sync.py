@@ -3,11 +3,11 @@
 Three ways a policy version reaches a generator, chosen per generator when the run starts
 (:func:`choose`):
 
-- ``ipc``: the generator shares the trainer's GPU (the one-GPU layout). The trainer copies each
-  version into a fresh flat buffer and puts its CUDA IPC handle into the version's manifest; the
-  generator opens it and loads from views of the trainer's memory. The buffer lives until the
-  controller drops the version (after every generator has moved past it).
-- ``push``: the generator has its own GPU (any host), its engine in the actor proc (TP 1). Trainer
+- ``ipc``: the generator's (first) GPU is the trainer's (the one-GPU layout). The trainer copies
+  each version into a fresh flat buffer and puts its CUDA IPC handle into the version's
+  manifest; the generator opens it and loads from views of the trainer's memory. The buffer
+  lives until the controller drops the version (after every generator has moved past it).
+- ``push``: the generator has GPUs of its own (any host), its receiver on the first. Trainer
   rank 0 and these generators form one process group outside ``torch.distributed``'s default one
   (NCCL between GPUs, gloo on CPU) that rendezvous through a ``TCPStore`` on the trainer. On each
   publish the trainer copies the weights into one flat staging buffer and a sender thread
@@ -15,6 +15,8 @@ Three ways a policy version reaches a generator, chosen per generator when the r
   background, while the generator keeps sampling. ``update_weights`` then loads from that buffer
   (on-GPU copies). A generator that is behind loads the newest version it has received, never an
   older one than asked for.
+  A TP>1 generator's weights live in vLLM's worker procs: they load from the same flat buffer,
+  opened by its CUDA IPC handle (``load_flat``), on either path.
 - ``store``: the TorchStore buckets of :mod:`runtime.weights` (any placement, the fallback).
 
 Every version still gets a manifest in TorchStore, written after its bytes are in place: it says
@@ -98,8 +100,6 @@ def choose(trainer: Endpoint, generators: list[Endpoint], mode: str) -> list[str
             paths.append("store")
         elif gen.gpu is not None and gen.gpu == trainer.gpu and gen.host == trainer.host:
             paths.append("ipc")
-        elif gen.tp != 1:
-            paths.append("store")  # the engine's weights live in TP worker procs
         elif mode == "push" or (trainer.gpu is not None and gen.gpu is not None):
             paths.append("push")
         else:
@@ -431,6 +431,18 @@ class PushReceiver:
         """Stop receiving (after the trainer's stop announcement, or now) and end the group."""
         self._stop.set()
         self._thread.join(timeout)
+
+
+def load_flat(
+    backend: Any, flat: torch.Tensor, entries: Mapping[str, TensorEntry], handle: Any = None
+) -> None:
+    """Load a version lying in one flat buffer into a generator backend: through its own
+    `load_flat` where it has one (vLLM: TP workers open the buffer by CUDA IPC), else from
+    views of the buffer."""
+    if hasattr(backend, "load_flat"):
+        backend.load_flat(flat, entries, handle=handle)
+    else:
+        backend.load_weights(views(flat, entries))
 
 
 def open_ipc(handle: Any) -> torch.Tensor:

@@ -85,3 +85,37 @@ def test_a_committed_result_resummarizes_to_its_own_numbers():
         for key in ("mfu", "step_s", "samples_per_s_per_gpu", "trainer_gpus"):
             assert again[name][key] == pytest.approx(committed[name][key]), (name, key)
     assert committed["grpo_qwen3_8b_4gpu"]["trainer_gpus"] == 2
+
+
+def test_trainer_configs_parse_with_defaults_and_refuse_unknown_keys():
+    assert gpu_grpo.parse_config("ac=0,compile=1") == {"ac": 0, "compile": 1, "mb": 8192}
+    assert gpu_grpo.parse_config("mb=16384")["mb"] == 16384
+    for bad in ("ac=yes", "remat=1", "mb"):
+        with pytest.raises(SystemExit, match="expected ac=0|1"):
+            gpu_grpo.parse_config(bad)
+
+
+def test_attention_flops_of_qwen3_1p7b_at_2048_tokens():
+    from recipes import load_recipe
+    from runtime.services import model_spec
+
+    spec = model_spec(load_recipe("qwen3-1.7b"))
+    # 28 layers x 16 heads x 128 dims: 6 * 28 * 2048 * 2048 per token, ~7 % of 6 * 1.72e9
+    per_token = gpu_grpo.attention_flops_per_token(spec, 2048)
+    assert per_token == 6 * 28 * 2048 * 16 * 128
+    assert 0.06 < per_token / (6 * spec.num_params()) < 0.08
+
+
+def test_trainer_mode_times_real_train_steps_on_cpu():
+    import argparse
+
+    args = argparse.Namespace(
+        recipe="tiny", device="cpu", sequences=4, seq_len=24, response_share=0.5, warmup=1,
+        steps=2, config=["ac=1,compile=0,mb=48", "ac=0,compile=0,mb=96"],
+    )  # fmt: skip
+    section = gpu_grpo.run_train(args)
+    assert [c["config"] for c in section["configs"]] == args.config
+    for c in section["configs"]:
+        assert c["tokens"] == 96 and c["step_s"] > 0
+        assert c["tokens_per_s"] == pytest.approx(96 / c["step_s"])
+        assert c["mfu"] is None  # no peak FLOP/s for a CPU

@@ -46,13 +46,15 @@ def test_flat_layout_aligns_and_views_round_trip():
 def test_choose_paths():
     t = Endpoint("h1", "GPU-a")
     gens = [Endpoint("h1", "GPU-a"), Endpoint("h1", "GPU-b"), Endpoint("h2", "GPU-c", tp=2)]
-    assert choose(t, gens, "auto") == ["ipc", "push", "store"]
+    # a TP group takes the direct paths too: its workers open the buffer by CUDA IPC
+    assert choose(t, gens, "auto") == ["ipc", "push", "push"]
+    assert choose(t, [Endpoint("h1", "GPU-a", tp=2)], "auto") == ["ipc"]
     assert choose(t, gens, "store") == ["store"] * 3
     cpu = Endpoint("h1", None)
     assert choose(cpu, [Endpoint("h1", None)], "auto") == ["store"]
     assert choose(cpu, [Endpoint("h1", None), Endpoint("h1", None, tp=2)], "push") == [
         "push",
-        "store",
+        "push",
     ]
     # the same GPU uuid on another host is another GPU
     assert choose(t, [Endpoint("h2", "GPU-a")], "auto") == ["push"]

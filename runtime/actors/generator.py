@@ -78,7 +78,7 @@ class GeneratorActor(Actor):
         nbytes = sum(e.nbytes for e in entries.values())
         if self.path == "ipc":
             flat = weight_sync.open_ipc(direct["ipc"])
-            self.backend.load_weights(weight_sync.views(flat, entries))
+            weight_sync.load_flat(self.backend, flat, entries, handle=direct["ipc"])
             del flat
             return version, nbytes
         if self.backend.policy_version >= version:
@@ -86,7 +86,7 @@ class GeneratorActor(Actor):
         await asyncio.to_thread(self.receiver.wait_for, version, 120.0)
         with self.receiver.lock:
             loaded = self.receiver.version
-            self.backend.load_weights(weight_sync.views(self.receiver.buffer, entries))
+            weight_sync.load_flat(self.backend, self.receiver.buffer, entries)
         return loaded, nbytes
 
     @endpoint

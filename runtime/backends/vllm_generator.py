@@ -11,9 +11,14 @@ recipe's architecture, with `load_format="dummy"` (random weights), and `skip_to
 policy version 0 from the trainer, like every later version.
 
 Tensor parallelism: with TP=1 the worker is this process (vLLM's uni-process executor). With TP>1
-vLLM's multiprocess executor starts one worker process per GPU; the engine core stays here. A
-weight update then writes the state dict once to a safetensors file in /dev/shm and
-`collective_rpc` tells every worker to read it; each worker's weight loaders keep their own shard.
+vLLM's multiprocess executor starts one worker process per GPU; the engine core stays here, and
+each worker's weight loaders keep their own shard of whatever full tensors they are given:
+- `load_flat` (the direct weight paths of `runtime.weight_sync`): the version sits in one flat
+  buffer on this proc's first GPU (pushed there) or on the trainer's (CUDA IPC); every worker
+  opens that buffer through its CUDA IPC handle and loads from views of it, worker 0 from its own
+  GPU, the others over NVLink/PCIe peer reads. No copy through the host.
+- `load_weights` with TP>1 (the TorchStore path: tensors on the host): the state dict is written
+  once to a safetensors file in /dev/shm and every worker reads it.
 
 Log-probs (see `runtime.backends.base`): the contract is `log softmax(logits / T)[token]`, with
 no top-p renormalisation. vLLM's `logprobs_mode` is engine-wide:
@@ -105,6 +110,23 @@ def _load_on_worker(worker: Any, weights: Mapping[str, Tensor] | str) -> list[st
                 "reach the model the engine runs"
             )
     return missing
+
+
+def _load_flat_on_worker(
+    worker: Any, handle: Any, entries: Mapping[str, tuple[Any, ...]]
+) -> list[str]:
+    """Runs inside a vLLM worker: open a flat weight buffer by its CUDA IPC handle (see
+    `torch.multiprocessing.reductions.reduce_tensor`) and load from views of it."""
+    from runtime.weight_layout import TensorEntry
+    from runtime.weight_sync import views
+
+    rebuild, args = handle
+    flat = rebuild(*args)
+    tensors = views(flat, {name: TensorEntry(*e) for name, e in entries.items()})
+    try:
+        return _load_on_worker(worker, tensors)
+    finally:
+        del tensors, flat  # the mapping closes with the last reference
 
 
 def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
@@ -216,6 +238,34 @@ class VLLMGenerator:
             missing = self.llm.collective_rpc(_load_on_worker, args=(hf_state_dict,))
         else:
             missing = self._load_through_file(hf_state_dict)
+        self._after_load(missing, start)
+
+    def load_flat(
+        self, flat: Tensor, entries: Mapping[str, Any], handle: Any | None = None
+    ) -> None:
+        """Load HF-named weights that lie in one flat uint8 buffer at `entries` (name ->
+        `runtime.weight_layout.TensorEntry`); like `load_weights` otherwise.
+
+        With TP>1 the workers open `flat` through a CUDA IPC handle: `handle` when the buffer
+        was itself opened from another process's handle (that one is passed on, rather than a
+        mapping shared a second time), else one made here.
+        """
+        from runtime.weight_sync import views
+
+        if self.tensor_parallel_size == 1 or flat.device.type != "cuda":
+            self.load_weights(views(flat, entries))
+            return
+        start = time.perf_counter()
+        if handle is None:
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            torch.cuda.current_stream(flat.device).synchronize()
+            handle = reduce_tensor(flat)
+        plain = {name: tuple(e) for name, e in entries.items()}
+        missing = self.llm.collective_rpc(_load_flat_on_worker, args=(handle, plain))
+        self._after_load(missing, start)
+
+    def _after_load(self, missing: Sequence[Sequence[str]], start: float) -> None:
         if any(missing):
             raise KeyError(
                 f"weights do not fit the generator: no weight for {sorted(set().union(*missing))[:5]}"

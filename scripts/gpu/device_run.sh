@@ -5,6 +5,7 @@
 #   scripts/gpu/device_run.sh tests    stage, install if needed, `pytest -m gpu`
 #   scripts/gpu/device_run.sh grpo     stage, install if needed, bench/gpu_grpo.py grpo
 #   scripts/gpu/device_run.sh vllm     stage, install if needed, bench/gpu_grpo.py vllm
+#   scripts/gpu/device_run.sh train    stage, install if needed, bench/gpu_grpo.py train (trainer MFU)
 #   scripts/gpu/device_run.sh push     stage, install if needed, weight-path GPU tests + bench
 #   scripts/gpu/device_run.sh trl      stage, install if needed (stack, then TRL), bench/trl_grpo.py
 # Extra arguments go to pytest, bench/gpu_grpo.py or bench/trl_grpo.py. Logs and results land in
@@ -93,7 +94,7 @@ case "$mode" in
     python3 -m pytest -q -m gpu -s -p no:cacheprovider --timeout 540 \
       tests/test_gpu_trainer.py tests/test_gpu_vllm.py "$@" 2>&1 | tee "$out/gpu_tests.log"
     ;;
-  grpo | vllm)
+  grpo | vllm | train)
     install && check
     # $OUT starts empty every time: the JSON both modes merge into lives in /tmp.
     mkdir -p /tmp/bench
@@ -104,13 +105,14 @@ case "$mode" in
     exit "$status"
     ;;
   push)
-    # The direct weight paths: GPU tests (NCCL push between GPUs 0 and 1, CUDA IPC on GPU 0),
-    # then bench/weight_push.py for each model named in $@ (default qwen3-1.7b qwen3-8b).
+    # The direct weight paths: GPU tests (NCCL push between GPUs 0 and 1, CUDA IPC on GPU 0, a
+    # TP=2 vLLM engine loading from a flat buffer), then bench/weight_push.py for each model
+    # named in $@ (default qwen3-1.7b qwen3-8b).
     install && check
     mkdir -p /tmp/bench
     status=0
     python3 -m pytest -q -m gpu -s -p no:cacheprovider --timeout 300 \
-      tests/test_gpu_weight_sync.py tests/test_gpu_trainer_ranks.py 2>&1 |
+      tests/test_gpu_weight_sync.py tests/test_gpu_trainer_ranks.py tests/test_gpu_vllm_tp.py 2>&1 |
       tee "$out/gpu_tests_weight_sync$tag.log" || status=$?
     for model in ${@:-qwen3-1.7b qwen3-8b}; do
       python3 bench/weight_push.py --model "$model" --out "$json" 2>&1 |
@@ -130,7 +132,7 @@ case "$mode" in
     exit "$status"
     ;;
   *)
-    echo "unknown mode $mode (stage, check, tests, push, grpo, vllm, trl)" >&2
+    echo "unknown mode $mode (stage, check, tests, push, grpo, vllm, train, trl)" >&2
     exit 2
     ;;
 esac
