@@ -234,6 +234,7 @@ def summarize(
         "response_tokens_mean": response_len,
         "generate_s": generate_s,
         "sequences_per_generate_call": call_sequences,
+        "generator_tp": recipe.layout.generator.tp,
         "generation_tokens_per_s": per(call_sequences * response_len, generate_s),
         "generator_idle_share": idle_share(measured, generate_s, step_s),
         "weight_sync_s": sync_s,
@@ -302,12 +303,14 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     calls = [timed(prompts[i * per_step : (i + 1) * per_step], g.group_size, i + 1)
              for i in range(args.calls)]  # fmt: skip
     big_s, big_tokens = timed(prompts[:64], 8, 99)  # 512 sequences
+    gen.close()
     seconds = sum(s for s, _ in calls)
     tokens = sum(t for _, t in calls)
     return {
         "recipe": recipe.name,
         "init_s": gen.init_seconds,
         "logprobs_mode": gen.logprobs_mode,
+        "tensor_parallel_size": gen.tensor_parallel_size,
         "sequences_per_call": per_step * g.group_size,
         "max_new_tokens": g.max_response_tokens,
         "calls": args.calls,
@@ -419,10 +422,15 @@ def compare(result: dict[str, Any]) -> None:
     for section in result.values():
         if not isinstance(section, dict) or "records" not in section:
             continue
+        # Like for like: the same recipe, TP width and sequences per call (vLLM's throughput
+        # grows with the batch: 256 sequences a call are not compared with 128 alone).
+        same_batch = section.get("sequences_per_generate_call") == alone.get(
+            "sequences_per_call"
+        ) and section.get("generator_tp", 1) == alone.get("tensor_parallel_size", 1)
         if alone.get("recipe") == section.get("recipe"):
             section["generation_to_standalone"] = per(
                 section.get("generation_tokens_per_s"), alone.get("generation_tokens_per_s")
-            )
+            ) if same_batch else None  # fmt: skip
         if trl and section.get("recipe") == "qwen3-1.7b":
             section["samples_per_s_to_trl"] = per(
                 section.get("samples_per_s_per_gpu"), trl.get("samples_per_s_per_gpu")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import time
@@ -149,6 +150,9 @@ async def _start(life: RunLifecycle, config: RunConfig) -> Services:
     reward = meshes[1].spawn_actor(RewardActor)
     generators = [m.spawn_actor(GeneratorActor) for m in meshes[2 : 2 + len(gens)]]
     reference = meshes[2 + len(gens)].spawn_actor(ReferenceActor) if refs else None
+    # Stopped before the procs (resources stop newest first).
+    for i, g in enumerate(generators):
+        life.register(f"generator{i} engine", functools.partial(g.close.call_one))
 
     rewards = [r.model_dump() for r in recipe.dataset.rewards]
     setups = [

@@ -50,13 +50,25 @@ def test_merge_keeps_sections_and_refuses_another_gpu(tmp_path):
 
 def test_compare_sets_ratios_to_trl_and_standalone_vllm():
     result = {
-        "standalone_vllm": {"recipe": "qwen3-1.7b", "generation_tokens_per_s": 20000.0},
+        "standalone_vllm": {
+            "recipe": "qwen3-1.7b",
+            "generation_tokens_per_s": 20000.0,
+            "sequences_per_call": 128,
+        },
         "trl": {"samples_per_s_per_gpu": 10.0},
         "one_gpu": {
             "records": [],
             "recipe": "qwen3-1.7b",
             "samples_per_s_per_gpu": 15.0,
+            "sequences_per_generate_call": 128,
             "generation_tokens_per_s": 19000.0,
+        },
+        "two_steps_a_call": {
+            "records": [],
+            "recipe": "qwen3-1.7b",
+            "samples_per_s_per_gpu": 20.0,
+            "sequences_per_generate_call": 256,
+            "generation_tokens_per_s": 30000.0,
         },  # fmt: skip
         "eight_b": {
             "records": [],
@@ -68,6 +80,9 @@ def test_compare_sets_ratios_to_trl_and_standalone_vllm():
     gpu_grpo.compare(result)
     assert result["one_gpu"]["samples_per_s_to_trl"] == pytest.approx(1.5)
     assert result["one_gpu"]["generation_to_standalone"] == pytest.approx(0.95)
+    # a bigger batch than vLLM alone ran is not compared with it
+    assert result["two_steps_a_call"]["samples_per_s_to_trl"] == pytest.approx(2.0)
+    assert result["two_steps_a_call"]["generation_to_standalone"] is None
     # other models are not compared with a 1.7B baseline
     assert "samples_per_s_to_trl" not in result["eight_b"]
     assert "generation_to_standalone" not in result["eight_b"]
