@@ -94,7 +94,9 @@ MICRO_BATCH_ENV = "FORGESKY_TOKENS_PER_MICRO_BATCH"  # trainer/reference tokens 
 TRAINER_PROCS_ENV = "FORGESKY_TRAINER_PROCS"
 # 1 (default): recompute each block in backward (about 1/3 more FLOPs, much less memory).
 ACTIVATION_CHECKPOINTING_ENV = "FORGESKY_ACTIVATION_CHECKPOINTING"
-TRAINER_COMPILE_ENV = "FORGESKY_TRAINER_COMPILE"  # 1: torch.compile each trainer/reference block
+# torch.compile each trainer/reference block; default on a GPU (1.7B at 2048 tokens on an H200:
+# 0.39 MFU compiled against 0.25 eager, with activation checkpointing), off on a CPU
+TRAINER_COMPILE_ENV = "FORGESKY_TRAINER_COMPILE"
 
 
 def env_flag(name: str, default: bool) -> bool:
@@ -203,7 +205,7 @@ def build_trainer(recipe: Any) -> Any:
             publish_dtype=dtype(recipe),
             tokens_per_micro_batch=int(_env_float(MICRO_BATCH_ENV, 8192)),
             activation_checkpointing=env_flag(ACTIVATION_CHECKPOINTING_ENV, True),
-            compile=env_flag(TRAINER_COMPILE_ENV, False),
+            compile=env_flag(TRAINER_COMPILE_ENV, device().type == "cuda"),
             **args,
         )
     from runtime.backends import TitanTrainer
@@ -220,7 +222,7 @@ def build_reference(recipe: Any) -> Any:
         return GPUReference(
             dtype=dtype(recipe),
             tokens_per_micro_batch=int(_env_float(MICRO_BATCH_ENV, 8192)),
-            compile=env_flag(TRAINER_COMPILE_ENV, False),
+            compile=env_flag(TRAINER_COMPILE_ENV, device().type == "cuda"),
             **args,
         )
     from runtime.backends import TitanReference
