@@ -435,9 +435,9 @@ def compare(result: dict[str, Any]) -> None:
             section["samples_per_s_to_trl"] = per(
                 section.get("samples_per_s_per_gpu"), trl.get("samples_per_s_per_gpu")
             )
-    loop = result.get("grpo") or {}
-    result["generation_in_loop_to_standalone"] = per(
-        loop.get("generation_tokens_per_s"), alone.get("generation_tokens_per_s")
+    # The "grpo" section's own ratio, at the top of the file for a quick look.
+    result["generation_in_loop_to_standalone"] = (result.get("grpo") or {}).get(
+        "generation_to_standalone"
     )
 
 
@@ -524,9 +524,17 @@ def merge(out: Path, parts: list[Path]) -> dict[str, Any]:
     return result
 
 
+# mode -> what runs it, and the JSON key its section goes under by default
+MODES = {
+    "grpo": (run_grpo, "grpo"),
+    "vllm": (run_vllm, "standalone_vllm"),
+    "train": (run_train, "trainer_mfu"),
+}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["grpo", "vllm", "train", "merge"])
+    p.add_argument("mode", choices=[*MODES, "merge"])
     p.add_argument("parts", nargs="*", type=Path, help="merge: result files to merge into --out")
     p.add_argument("--recipe", default="qwen3-1.7b")
     p.add_argument("--steps", type=int, default=8)
@@ -547,7 +555,9 @@ def main() -> int:
     p.add_argument(
         "--set", action="append", default=[], help="recipe override key=value (repeatable)"
     )
-    p.add_argument("--section", default=None, help="JSON key (default: grpo / standalone_vllm)")
+    p.add_argument(
+        "--section", default=None, help="JSON key (default: grpo / standalone_vllm / trainer_mfu)"
+    )
     p.add_argument("--out", default=str(ROOT / "bench/results/gpu_grpo.json"))
     args = p.parse_intermixed_args()
 
@@ -562,9 +572,8 @@ def main() -> int:
         return 0
     result = json.loads(out.read_text()) if out.exists() else {}
     result.update(device=gpu_info(), versions=versions(), date=time.strftime("%Y-%m-%d"))
-    run_mode = {"grpo": run_grpo, "vllm": run_vllm, "train": run_train}[args.mode]
+    run_mode, default = MODES[args.mode]
     section = run_mode(args)
-    default = {"grpo": "grpo", "vllm": "standalone_vllm", "train": "trainer_mfu"}[args.mode]
     result[args.section or default] = section
     compare(result)
     out.parent.mkdir(parents=True, exist_ok=True)
