@@ -6,8 +6,10 @@
 `grpo` runs the recipe through the runtime (`runtime.run.run`, what `python -m runtime` calls
 after parsing) with `model.init=random` and the Hub-free `builtin:arith` prompts and tokenizer,
 then reads metrics.jsonl: samples/s per GPU, step time, in-loop generation tokens/s, weight-sync
-seconds and GB/s, trainer tokens/s and MFU (6 * params * tokens / train time / peak bf16), and
-the generator's idle share (1 - generation time / step time: one generation call feeds one step).
+seconds and GB/s, trainer tokens/s and MFU (model FLOPs per trainer GPU-second over peak bf16:
+`training_flops`, attention included, the output projection on response positions only, as the
+trainer computes it), and the generator's idle share (1 - generating seconds / wall seconds over
+the measured steps).
 With fewer GPUs than the recipe's layout, every service shares the GPUs round-robin (on one GPU:
 all on GPU 0); vLLM then gets a fixed KV cache instead of a share of memory, and the trainer
 and reference smaller micro-batches.
@@ -18,9 +20,11 @@ weight-load rate.
 
 `train` times the trainer alone (`FSDPTrainer.train_step`, the GRPO loss, random weights and
 tokens) on `--sequences` sequences of `--seq-len` tokens (the last `--response-share` of each is
-response), for each `--config` (`ac=0|1,compile=0|1,mb=TOKENS`: activation checkpointing,
-torch.compile per block, tokens per micro-batch): tokens/s, MFU (6 * params * tokens, and with
-causal attention's 6 * layers * seq * heads * head_dim per token added) and peak memory.
+response), for each `--config` (`ac=0|1,compile=0|1,mb=TOKENS,head=0|1`: activation
+checkpointing, torch.compile per block, tokens per micro-batch, and whether the compiled run
+compiles the output projection's log-softmax too): tokens/s, MFU (as above, and without
+attention's FLOPs) and peak memory; `--profile` adds one step under torch.profiler, its GPU time
+by kind of kernel and the share of the step no kernel ran.
 
 Every mode merges its section into one JSON (`--out`), with device and versions; `vllm` also
 writes the in-loop/standalone generation ratio when `grpo` ran first.
@@ -170,9 +174,15 @@ def idle_share(
     measured: list[dict[str, Any]], generate_s: float | None, step_s: float | None
 ) -> float | None:
     """1 - the generators' busy share: the controller's count when the records have it (every
-    generate call of a step, all replicas), else one call's time per step (older runs)."""
+    generate call of a step, all replicas), else one call's time per step (older runs).
+
+    Generating seconds over wall seconds of all measured steps together: a call is counted in
+    the step it ends in, so single steps read 0 or over 1, and a mean of per-step shares would
+    weigh a short step like a long one."""
     if measured and all("generator/busy_share" in r for r in measured):
-        return 1 - statistics.fmean(r["generator/busy_share"] for r in measured)
+        wall = sum(r["time/step_s"] for r in measured)
+        busy = sum(r["generator/busy_share"] * r["time/step_s"] for r in measured)
+        return 1 - busy / wall if wall > 0 else None
     if generate_s is None or not step_s:
         return None
     return max(0.0, 1 - generate_s / step_s)
@@ -208,7 +218,8 @@ def summarize(
     replicas = len([p for p in placement_rows(run_plan.placements) if p["service"] == "generator"])
     # One generate call of one replica: steps_per_call steps' prompts over the replicas.
     call_sequences = -(-g.prompts_per_step * g.steps_per_call // max(1, replicas)) * g.group_size
-    params = model_spec(recipe).num_params()
+    spec = model_spec(recipe)
+    params = spec.num_params()
     prompt_len = mean([len(p) for p in prompts])
     response_len = mean([r["response/len_mean"] for r in measured])
     step_s = mean([r["time/step_s"] for r in measured])
@@ -249,8 +260,11 @@ def summarize(
         "train_s": train_s,
         "trainer_gpus": train_gpus,
         "trainer_tokens_per_s": per(train_tokens, train_s),
-        # 6 * params * tokens per trainer GPU-second; recomputed activations are not counted.
-        "mfu": per(6 * params * train_tokens, train_s * peak * train_gpus) if peak else None,
+        # Model FLOPs (training_flops: attention included) per trainer GPU-second over peak.
+        "mfu": per(
+            sum(training_flops(spec, completions, prompt_len + response_len, response_len).values()),
+            train_s * peak * train_gpus,
+        ) if peak else None,  # fmt: skip
         "ratio_mean": mean([r["ratio/mean"] for r in measured if "ratio/mean" in r]),
         "clip_fraction": mean([r["clip_fraction"] for r in measured if "clip_fraction" in r]),
         "kl": mean([r["kl"] for r in measured]),
@@ -326,20 +340,41 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_config(text: str) -> dict[str, int]:
-    """`ac=0,compile=1,mb=8192` -> {"ac": 0, "compile": 1, "mb": 8192} (unset keys: defaults)."""
-    config = {"ac": 1, "compile": 0, "mb": 8192}
+    """`ac=0,compile=1,mb=8192` -> {"ac": 0, "compile": 1, "mb": 8192, "head": 1} (unset keys:
+    defaults; `head=0` keeps the output projection's log-softmax eager under `compile=1`)."""
+    config = {"ac": 1, "compile": 0, "mb": 8192, "head": 1}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
         if key not in config or not value.isdigit():
-            raise SystemExit(f"--config {text!r}: expected ac=0|1,compile=0|1,mb=TOKENS")
+            raise SystemExit(
+                f"--config {text!r}: expected ac=0|1,compile=0|1,mb=TOKENS,head=0|1"
+            )
         config[key] = int(value)
     return config
 
 
-def attention_flops_per_token(spec: Any, seq_len: int) -> float:
+def attention_flops_per_token(spec: Any, seq_len: float) -> float:
     """Forward + backward FLOPs of causal attention scores and values per token (3 x forward;
     a causal mask halves the 4 * seq * heads * head_dim of full attention)."""
     return 3 * 2 * spec.n_layers * seq_len * spec.n_heads * spec.head_dim
+
+
+def training_flops(
+    spec: Any, sequences: float, seq_len: float, response_len: float
+) -> dict[str, float]:
+    """Model FLOPs (forward + backward) of one training pass, as the trainer computes them.
+
+    - `dense`: 6 x the weights' multiply-adds. The body (every weight but the embedding and
+      the output projection) runs on every token; the output projection only on response
+      positions (`response_logprobs`); the embedding lookup costs no FLOPs.
+    - `attention`: causal attention, 6 * layers * seq * heads * head_dim per token.
+    Recomputed activations are not counted (MFU, not hardware FLOPs).
+    """
+    head = spec.vocab_size * spec.dim
+    body = spec.num_params() - head * (1 if spec.tie_embeddings else 2)
+    tokens = sequences * seq_len
+    dense = 6 * (body * tokens + head * sequences * response_len)
+    return {"dense": dense, "attention": attention_flops_per_token(spec, seq_len) * tokens}
 
 
 def run_train(args: argparse.Namespace) -> dict[str, Any]:
@@ -381,29 +416,33 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
             tokens_per_micro_batch=config["mb"],
             activation_checkpointing=bool(config["ac"]),
             compile=bool(config["compile"]),
+            compile_head=bool(config["head"]),
         )
-        times = []
-        for step in range(args.warmup + args.steps):
-            sync()
-            start = time.perf_counter()
+
+        def step() -> None:
             trainer.train_step(
                 tokens, mask, advantages, old, ref, policy_loss, variant=g.loss,
                 clip_low=g.clip_low, clip_high=g.clip_high, kl_beta=g.kl_beta,
                 max_response_tokens=width,
             )  # fmt: skip
+
+        times = []
+        for i in range(args.warmup + args.steps):
             sync()
-            if step >= args.warmup:
+            start = time.perf_counter()
+            step()
+            sync()
+            if i >= args.warmup:
                 times.append(time.perf_counter() - start)
+        profile = profile_step(step, sync, cuda) if args.profile else None
         step_s = statistics.fmean(times)
         total = n * width
-        dense = 6 * params * total
-        attention = attention_flops_per_token(spec, width) * total
         rows.append({
             "config": text, **config, "step_s": step_s, "tokens": total,
             "tokens_per_s": total / step_s,
-            "mfu": per(dense, step_s * peak) if peak else None,
-            "mfu_with_attention": per(dense + attention, step_s * peak) if peak else None,
+            **trainer_mfu(spec, n, width, args.response_share, step_s, peak),
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
+            **({"profile": profile} if profile else {}),
         })  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
         del trainer
@@ -413,6 +452,60 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
     return {"recipe": recipe.name, "params": params, "sequences": n, "seq_len": width,
             "response_share": args.response_share, "warmup": args.warmup, "steps": args.steps,
             "configs": rows}  # fmt: skip
+
+
+# Kernel name fragments -> the part of a train step they belong to (first match wins).
+KERNEL_KINDS = (
+    ("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
+    ("matmul", ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "matmul")),
+    ("optimizer", ("adam", "multi_tensor", "foreach", "norm_kernel", "_amp_")),
+    ("copy", ("memcpy", "memset", "copy_", "cat", "to_copy")),
+    ("compiled", ("triton",)),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    for kind, parts in KERNEL_KINDS:
+        if any(p in low for p in parts):
+            return kind
+    return "other"
+
+
+def profile_step(step: Any, sync: Any, cuda: bool) -> dict[str, Any]:
+    """One more step under torch.profiler: GPU time per kind of kernel, the busiest kernels,
+    and the share of the step's wall time no kernel ran (launch gaps, host syncs). On a CPU,
+    each op's own CPU time instead (no idle share)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync()
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        step()
+        sync()
+    wall = time.perf_counter() - start
+    kernels: dict[str, float] = {}
+    if cuda:
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time / 1e6
+    else:  # on a CPU the ops' own time stands in for kernels
+        for avg in prof.key_averages():
+            kernels[avg.key] = avg.self_cpu_time_total / 1e6
+    by_kind: dict[str, float] = {}
+    for name, seconds in kernels.items():
+        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + seconds
+    busy = sum(kernels.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
+    return {
+        "wall_s": wall,
+        "kernel_s": busy,
+        "gpu_idle_share": max(0.0, 1 - busy / wall) if cuda else None,
+        "by_kind_s": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+        "top_kernels_s": [{"name": name[:160], "s": s} for name, s in top],
+    }
 
 
 def compare(result: dict[str, Any]) -> None:
@@ -441,12 +534,33 @@ def compare(result: dict[str, Any]) -> None:
     )
 
 
+def trainer_mfu(
+    spec: Any, sequences: int, seq_len: int, response_share: float, step_s: float, peak: float
+) -> dict[str, float | None]:
+    """MFU of one `train` config, with and without attention's FLOPs."""
+    flops = training_flops(spec, sequences, seq_len, int(seq_len * response_share))
+    return {
+        "mfu": per(flops["dense"] + flops["attention"], step_s * peak) if peak else None,
+        "mfu_without_attention": per(flops["dense"], step_s * peak) if peak else None,
+    }
+
+
 def resummarize(result: dict[str, Any]) -> None:
-    """Derive every GRPO section's numbers again from its records (no GPU needed)."""
+    """Derive every section's numbers again from what was measured (no GPU needed): a GRPO
+    section's from its records, a `train` section's MFU from its step times."""
     from types import SimpleNamespace
+
+    from runtime.services import model_spec
 
     peak = (result.get("device") or {}).get("peak_bf16_flops")
     for section in result.values():
+        if isinstance(section, dict) and "configs" in section and "seq_len" in section:
+            spec = model_spec(load(section["recipe"], 1, None))
+            for row in section["configs"]:
+                row.pop("mfu_with_attention", None)  # older files: now "mfu"
+                row.update(trainer_mfu(spec, section["sequences"], section["seq_len"],
+                                       section["response_share"], row["step_s"], peak))  # fmt: skip
+            continue
         if not isinstance(section, dict) or not section.get("records"):
             continue
         response = next(o for o in section["overrides"] if o.startswith("grpo.max_response"))
@@ -549,7 +663,12 @@ def main() -> int:
     p.add_argument("--sequences", type=int, default=64, help="train: sequences per step")
     p.add_argument("--seq-len", type=int, default=2048, help="train: tokens per sequence")
     p.add_argument("--response-share", type=float, default=0.75, help="train: response part")
-    p.add_argument("--config", action="append", default=None, help="train: ac=,compile=,mb=")
+    p.add_argument(
+        "--config", action="append", default=None, help="train: ac=,compile=,mb=,head="
+    )
+    p.add_argument(
+        "--profile", action="store_true", help="train: one more step under torch.profiler"
+    )
     p.add_argument("--device", default="cuda", help="train: cuda, or cpu (a check of the code)")
     p.add_argument("--run-dir", default=None)
     p.add_argument(

@@ -13,8 +13,23 @@ import gpu_grpo  # noqa: E402
 
 
 def test_idle_share_uses_the_controllers_busy_share():
-    records = [{"generator/busy_share": 0.8}, {"generator/busy_share": 0.6}]
+    records = [
+        {"generator/busy_share": 0.8, "time/step_s": 2.0},
+        {"generator/busy_share": 0.6, "time/step_s": 2.0},
+    ]
     assert gpu_grpo.idle_share(records, generate_s=1.0, step_s=2.0) == pytest.approx(0.3)
+
+
+def test_idle_share_weighs_steps_by_their_length():
+    # A call counts in the step it ends in: a short step with none, a long one with two.
+    # 2.5 + 2 * 2.4 generating seconds in 7 wall seconds, not the mean of 0, 1.2 and 1.0.
+    records = [
+        {"generator/busy_share": 0.0, "time/step_s": 2.0},
+        {"generator/busy_share": 2 * 2.4 / 4.0, "time/step_s": 4.0},
+        {"generator/busy_share": 2.5 / 2.5, "time/step_s": 2.5},
+    ]
+    expected = 1 - (2.5 + 4.8) / 8.5
+    assert gpu_grpo.idle_share(records, generate_s=2.4, step_s=8.5 / 3) == pytest.approx(expected)
 
 
 def test_idle_share_falls_back_to_one_call_per_step():
@@ -103,7 +118,10 @@ def test_a_committed_result_resummarizes_to_its_own_numbers():
 
 
 def test_trainer_configs_parse_with_defaults_and_refuse_unknown_keys():
-    assert gpu_grpo.parse_config("ac=0,compile=1") == {"ac": 0, "compile": 1, "mb": 8192}
+    assert gpu_grpo.parse_config("ac=0,compile=1") == {
+        "ac": 0, "compile": 1, "mb": 8192, "head": 1
+    }  # fmt: skip
+    assert gpu_grpo.parse_config("compile=1,head=0")["head"] == 0
     assert gpu_grpo.parse_config("mb=16384")["mb"] == 16384
     for bad in ("ac=yes", "remat=1", "mb"):
         with pytest.raises(SystemExit, match="expected ac=0|1"):
@@ -121,12 +139,32 @@ def test_attention_flops_of_qwen3_1p7b_at_2048_tokens():
     assert 0.06 < per_token / (6 * spec.num_params()) < 0.08
 
 
+def test_training_flops_count_the_output_projection_on_response_positions_only():
+    from recipes import load_recipe
+    from runtime.services import model_spec
+
+    spec = model_spec(load_recipe("qwen3-1.7b"))  # tied: 151936 x 2048 embedding = projection
+    head = 151936 * 2048
+    body = spec.num_params() - head
+    whole = gpu_grpo.training_flops(spec, sequences=2, seq_len=100, response_len=100)
+    prompt_only = gpu_grpo.training_flops(spec, sequences=2, seq_len=100, response_len=0)
+    assert whole["dense"] == 6 * (body + head) * 200
+    assert prompt_only["dense"] == 6 * body * 200
+    assert whole["attention"] == gpu_grpo.attention_flops_per_token(spec, 100) * 200
+
+    untied = model_spec(load_recipe("llama3.1-8b"))
+    assert not untied.tie_embeddings
+    flops = gpu_grpo.training_flops(untied, sequences=1, seq_len=10, response_len=5)
+    v_d = untied.vocab_size * untied.dim
+    assert flops["dense"] == 6 * ((untied.num_params() - 2 * v_d) * 10 + v_d * 5)
+
+
 def test_trainer_mode_times_real_train_steps_on_cpu():
     import argparse
 
     args = argparse.Namespace(
         recipe="tiny", device="cpu", sequences=4, seq_len=24, response_share=0.5, warmup=1,
-        steps=2, config=["ac=1,compile=0,mb=48", "ac=0,compile=0,mb=96"],
+        steps=2, config=["ac=1,compile=0,mb=48", "ac=0,compile=0,mb=96"], profile=False,
     )  # fmt: skip
     section = gpu_grpo.run_train(args)
     assert [c["config"] for c in section["configs"]] == args.config
@@ -134,3 +172,33 @@ def test_trainer_mode_times_real_train_steps_on_cpu():
         assert c["tokens"] == 96 and c["step_s"] > 0
         assert c["tokens_per_s"] == pytest.approx(96 / c["step_s"])
         assert c["mfu"] is None  # no peak FLOP/s for a CPU
+
+
+def test_trainer_profile_splits_a_real_step_by_kind_of_op_on_cpu():
+    import argparse
+
+    args = argparse.Namespace(
+        recipe="tiny", device="cpu", sequences=4, seq_len=24, response_share=0.5, warmup=1,
+        steps=1, config=["ac=0,compile=0,mb=96"], profile=True,
+    )  # fmt: skip
+    profile = gpu_grpo.run_train(args)["configs"][0]["profile"]
+    assert profile["kernel_s"] > 0 and profile["gpu_idle_share"] is None  # no GPU here
+    assert profile["by_kind_s"]["attention"] > 0  # SDPA's CPU kernels, forward and backward
+    assert profile["by_kind_s"]["optimizer"] > 0  # AdamW's step
+    assert sum(profile["by_kind_s"].values()) == pytest.approx(profile["kernel_s"])
+    assert profile["top_kernels_s"][0]["s"] >= profile["top_kernels_s"][-1]["s"]
+
+
+def test_kernel_kinds_of_known_cuda_kernel_names():
+    assert gpu_grpo.kernel_kind("void flash_fwd_kernel<Flash_fwd_kernel_traits<128>>") == (
+        "attention"
+    )
+    assert gpu_grpo.kernel_kind("cudnn_generated_fort_native_sdpa_sm90_knob_7") == "attention"
+    assert gpu_grpo.kernel_kind("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNT") == "matmul"
+    assert gpu_grpo.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize") == "matmul"
+    assert gpu_grpo.kernel_kind("void at::native::(anonymous)::multi_tensor_apply_kernel") == (
+        "optimizer"
+    )
+    assert gpu_grpo.kernel_kind("triton_red_fused__log_softmax_gather_0") == "compiled"
+    assert gpu_grpo.kernel_kind("Memcpy DtoD (Device -> Device)") == "copy"
+    assert gpu_grpo.kernel_kind("void at::native::elementwise_kernel<128, 4>") == "other"

@@ -9,6 +9,7 @@ import torch
 from recipes import UserError, architecture
 from runtime import services
 from runtime.backends import OptimizerConfig
+from runtime.backends import fsdp_trainer
 from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference
 from runtime.grpo import policy_loss
 from runtime.models import ModelSpec
@@ -76,6 +77,9 @@ def test_compiled_checkpointed_blocks_match_eager_across_batch_widths():
         compiled.logprobs(tokens, mask), eager.logprobs(tokens, mask), atol=1e-5, rtol=0
     )
     assert counters["stats"]["unique_graphs"] > graphs  # the checkpointed blocks did compile
+    # the output projection's log-softmax is compiled too (eager keeps the plain function)
+    assert compiled.model._head_logprobs is not fsdp_trainer.head_logprobs
+    assert not hasattr(eager.model, "_head_logprobs")
     a, b = _step(eager, 23, 1), _step(compiled, 23, 1)
     for key in ("loss", "kl", "grad_norm"):
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key

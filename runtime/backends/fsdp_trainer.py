@@ -80,14 +80,24 @@ def response_logprobs(
         raise ValueError(f"temperature must be > 0 (got {temperature})")
     hidden = model(tokens)  # [B, T, D] after the final norm
     predicts = response_mask[:, 1:].bool()  # position t-1 predicts token t
-    logits = model.lm_head(hidden[:, :-1][predicts]).float()  # [N, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    target = tokens[:, 1:][predicts]
-    picked = logits.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    head = getattr(model, "_head_logprobs", head_logprobs)
+    picked = head(model.lm_head, hidden[:, :-1][predicts], tokens[:, 1:][predicts], temperature)
     out = torch.zeros(tokens.shape, dtype=picked.dtype, device=picked.device)
     out[:, 1:] = out[:, 1:].masked_scatter(predicts, picked)
     return out
+
+
+def head_logprobs(lm_head: torch.nn.Module, hidden: Tensor, target: Tensor, temperature: float) -> Tensor:
+    """`log softmax(lm_head(hidden) / T)[target]` per row of `hidden` `[N, D]`, in fp32.
+
+    Eager, this materialises fp32 logits `[N, vocab]` several times over (the cast, the scaled
+    copy, logsumexp's pass, and their gradients). `wrap_blocks(compile=True)` swaps in a
+    compiled copy: one kernel reads the projection's bf16 output and reduces it.
+    """
+    logits = lm_head(hidden).float()  # [N, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def micro_batches(tokens: Tensor, budget: int) -> list[slice]:
@@ -97,8 +107,11 @@ def micro_batches(tokens: Tensor, budget: int) -> list[slice]:
     return [slice(i, min(i + size, batch)) for i in range(0, batch, size)]
 
 
-def wrap_blocks(model: torch.nn.Module, *, checkpointing: bool, compile: bool) -> None:
-    """Activation checkpointing and/or torch.compile around each transformer block's forward.
+def wrap_blocks(
+    model: torch.nn.Module, *, checkpointing: bool, compile: bool, compile_head: bool = True
+) -> None:
+    """Activation checkpointing and/or torch.compile around each transformer block's forward
+    (with `compile` and `compile_head`, the output projection plus log-softmax too).
 
     The forward is wrapped rather than the module, so parameter names (the HF conversion's
     input) stay as they are. Compile goes outside the checkpoint: `checkpoint` refuses to be the
@@ -112,6 +125,8 @@ def wrap_blocks(model: torch.nn.Module, *, checkpointing: bool, compile: bool) -
         if compile:
             forward = torch.compile(forward, dynamic=True)
         block.forward = forward
+    if compile and compile_head:
+        model._head_logprobs = torch.compile(head_logprobs, dynamic=True)
 
 
 def _checkpointed(forward: Any) -> Any:
@@ -149,6 +164,7 @@ class FSDPTrainer:
         tokens_per_micro_batch: int = 8192,
         activation_checkpointing: bool = True,
         compile: bool = False,
+        compile_head: bool = True,
     ):
         self.spec = spec
         self.optim_config = optim
@@ -163,7 +179,12 @@ class FSDPTrainer:
         if weights is not None:
             self.model.load_state_dict(dict(weights), strict=True)
         self.model._skip_lm_head = True
-        wrap_blocks(self.model, checkpointing=activation_checkpointing, compile=compile)
+        wrap_blocks(
+            self.model,
+            checkpointing=activation_checkpointing,
+            compile=compile,
+            compile_head=compile_head,
+        )
         if self.world > 1:
             self._shard()
         self.model.train()

@@ -5,7 +5,8 @@
 #   scripts/gpu/device_run.sh tests    stage, install if needed, `pytest -m gpu`
 #   scripts/gpu/device_run.sh grpo     stage, install if needed, bench/gpu_grpo.py grpo
 #   scripts/gpu/device_run.sh vllm     stage, install if needed, bench/gpu_grpo.py vllm
-#   scripts/gpu/device_run.sh train    stage, install if needed, bench/gpu_grpo.py train (trainer MFU)
+#   scripts/gpu/device_run.sh train    bench/gpu_grpo.py train (trainer MFU): carrying .whl/tt
+#                                      alone (TorchTitan and its imports) is enough, no staging
 #   scripts/gpu/device_run.sh push     stage, install if needed, weight-path GPU tests + bench
 #   scripts/gpu/device_run.sh trl      stage, install if needed (stack, then TRL), bench/trl_grpo.py
 # Extra arguments go to pytest, bench/gpu_grpo.py or bench/trl_grpo.py. Logs and results land in
@@ -44,6 +45,17 @@ stage() {
   done
 }
 
+install_trainer() {
+  # The trainer alone: TorchTitan and what it imports (.whl/tt, carried in this call), else the
+  # whole staged stack.
+  python3 -c "import torchtitan, tyro, pydantic" >/dev/null 2>&1 && return 0
+  if ls .whl/tt/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile .whl/tt/*.whl
+  else
+    install
+  fi
+}
+
 installed() {
   python3 -c "import vllm, monarch, torchtitan, torchstore, pygtrie" >/dev/null 2>&1
 }
@@ -80,7 +92,12 @@ check() {
   python3 - <<'EOF'
 import importlib.metadata as m, platform, torch
 names = ("torch", "vllm", "torchmonarch", "torchstore", "torchtitan", "transformers", "triton")
-print("python", platform.python_version(), {n: m.version(n) for n in names})
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return "absent"
+print("python", platform.python_version(), {n: version(n) for n in names})
 print("cuda", torch.version.cuda, "devices", torch.cuda.device_count())
 EOF
 }
@@ -95,7 +112,8 @@ case "$mode" in
       tests/test_gpu_trainer.py tests/test_gpu_vllm.py "$@" 2>&1 | tee "$out/gpu_tests.log"
     ;;
   grpo | vllm | train)
-    install && check
+    if [ "$mode" = train ]; then install_trainer; else install; fi
+    check
     # $OUT starts empty every time: the JSON both modes merge into lives in /tmp.
     mkdir -p /tmp/bench
     status=0

@@ -23,5 +23,12 @@ rm -rf .whl/ts
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
   -d .whl/ts torchstore==0.1.2
+# The trainer alone (`device_run.sh train`) needs only TorchTitan and what importing it pulls in
+# that the image lacks: whole wheels from the packed tar, one small carry (.whl/tt).
+rm -rf .whl/tt && mkdir -p .whl/tt
+cat .whl/c*/part_* | tar xf - -C .whl/tt --strip-components=1 --wildcards \
+  'wheels/torchtitan-*' 'wheels/tyro-*' 'wheels/docstring_parser-*' 'wheels/typeguard-*' \
+  'wheels/spmd_types-*' 'wheels/dill-*' 'wheels/pydantic-*' 'wheels/pydantic_core-*' \
+  'wheels/annotated_types-*' 'wheels/typing_inspection-*'
 echo "chunks:"
-du -sh .whl/c* .whl/ts
+du -sh .whl/c* .whl/ts .whl/tt
