@@ -262,9 +262,13 @@ def summarize(
         "trainer_tokens_per_s": per(train_tokens, train_s),
         # Model FLOPs (training_flops: attention included) per trainer GPU-second over peak.
         "mfu": per(
-            sum(training_flops(spec, completions, prompt_len + response_len, response_len).values()),
+            sum(
+                training_flops(spec, completions, prompt_len + response_len, response_len).values()
+            ),
             train_s * peak * train_gpus,
-        ) if peak else None,  # fmt: skip
+        )
+        if peak
+        else None,  # fmt: skip
         "ratio_mean": mean([r["ratio/mean"] for r in measured if "ratio/mean" in r]),
         "clip_fraction": mean([r["clip_fraction"] for r in measured if "clip_fraction" in r]),
         "kl": mean([r["kl"] for r in measured]),
@@ -346,9 +350,7 @@ def parse_config(text: str) -> dict[str, int]:
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
         if key not in config or not value.isdigit():
-            raise SystemExit(
-                f"--config {text!r}: expected ac=0|1,compile=0|1,mb=TOKENS,head=0|1"
-            )
+            raise SystemExit(f"--config {text!r}: expected ac=0|1,compile=0|1,mb=TOKENS,head=0|1")
         config[key] = int(value)
     return config
 
@@ -419,7 +421,7 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
             compile_head=bool(config["head"]),
         )
 
-        def step() -> None:
+        def step(trainer: Any = trainer) -> None:
             trainer.train_step(
                 tokens, mask, advantages, old, ref, policy_loss, variant=g.loss,
                 clip_low=g.clip_low, clip_high=g.clip_high, kl_beta=g.kl_beta,
@@ -663,9 +665,7 @@ def main() -> int:
     p.add_argument("--sequences", type=int, default=64, help="train: sequences per step")
     p.add_argument("--seq-len", type=int, default=2048, help="train: tokens per sequence")
     p.add_argument("--response-share", type=float, default=0.75, help="train: response part")
-    p.add_argument(
-        "--config", action="append", default=None, help="train: ac=,compile=,mb=,head="
-    )
+    p.add_argument("--config", action="append", default=None, help="train: ac=,compile=,mb=,head=")
     p.add_argument(
         "--profile", action="store_true", help="train: one more step under torch.profiler"
     )

@@ -8,8 +8,7 @@ import torch
 
 from recipes import UserError, architecture
 from runtime import services
-from runtime.backends import OptimizerConfig
-from runtime.backends import fsdp_trainer
+from runtime.backends import OptimizerConfig, fsdp_trainer
 from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference
 from runtime.grpo import policy_loss
 from runtime.models import ModelSpec

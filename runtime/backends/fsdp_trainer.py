@@ -87,7 +87,9 @@ def response_logprobs(
     return out
 
 
-def head_logprobs(lm_head: torch.nn.Module, hidden: Tensor, target: Tensor, temperature: float) -> Tensor:
+def head_logprobs(
+    lm_head: torch.nn.Module, hidden: Tensor, target: Tensor, temperature: float
+) -> Tensor:
     """`log softmax(lm_head(hidden) / T)[target]` per row of `hidden` `[N, D]`, in fp32.
 
     Eager, this materialises fp32 logits `[N, vocab]` several times over (the cast, the scaled
