@@ -163,8 +163,17 @@ async def _start(life: RunLifecycle, config: RunConfig) -> Services:
     if reference is not None:
         setups.append(life.call("reference", reference.setup.call_one(recipe)))
     trained_by = (await asyncio.gather(*setups))[0]
-    if len(ranks) > 1:
-        info = next(value for _, value in trained_by.items())
+    info = next(value for _, value in trained_by.items())
+    if info.get("tokens_per_micro_batch"):  # the GPU trainer (FSDPTrainer)
+        ac = "on" if info["activation_checkpointing"] else "off"
+        ranks_text = f"{info['ranks']} rank" + ("s" if info["ranks"] > 1 else "")
+        print(
+            f"trainer: {info['backend']} on {ranks_text}, "
+            f"{info['tokens_per_micro_batch']} tokens per micro-batch, "
+            f"activation checkpointing {ac}",
+            flush=True,
+        )
+    elif len(ranks) > 1:
         print(f"trainer: {info['backend']} on {info['ranks']} ranks", flush=True)
     tokenizer = svc.load_tokenizer(recipe)
     return Services(

@@ -89,10 +89,13 @@ GPU_MEMORY_ENV = "FORGESKY_GPU_MEMORY_UTILIZATION"  # vLLM's share of its GPU (d
 # A fixed KV cache for vLLM when services share a GPU (no memory profiling; see VLLMGenerator).
 KV_CACHE_ENV = "FORGESKY_VLLM_KV_CACHE_GB"
 EAGER_ENV = "FORGESKY_VLLM_EAGER"  # 1: no torch.compile / CUDA graphs (faster start)
-MICRO_BATCH_ENV = "FORGESKY_TOKENS_PER_MICRO_BATCH"  # trainer/reference tokens per micro-batch
+# Trainer/reference tokens per micro-batch; default: fsdp_trainer.memory_plan (see
+# trainer_memory_plan).
+MICRO_BATCH_ENV = "FORGESKY_TOKENS_PER_MICRO_BATCH"
 # Trainer procs (FSDP ranks): default one per trainer GPU, 1 on CPU (more: gloo, for tests).
 TRAINER_PROCS_ENV = "FORGESKY_TRAINER_PROCS"
-# 1 (default): recompute each block in backward (about 1/3 more FLOPs, much less memory).
+# 1: recompute each block in backward (about 1/3 more FLOPs, much less memory); default: only
+# where the memory plan needs it.
 ACTIVATION_CHECKPOINTING_ENV = "FORGESKY_ACTIVATION_CHECKPOINTING"
 # torch.compile each trainer/reference block; default on a GPU (1.7B at 2048 tokens on an H200:
 # 0.39 MFU compiled against 0.25 eager, with activation checkpointing), off on a CPU
@@ -187,6 +190,25 @@ def _model_args(recipe: Any) -> dict[str, Any]:
     }
 
 
+def trainer_memory_plan(recipe: Any) -> tuple[int, bool]:
+    """Tokens per micro-batch and activation checkpointing for this proc's trainer (and the
+    reference's micro-batch). Each knob set in the environment wins. Otherwise, a GPU that this
+    proc has to itself gets `fsdp_trainer.memory_plan` for its size; a GPU that services share
+    (a fixed vLLM KV cache is set) or a CPU gets 8192 tokens with checkpointing."""
+    from runtime.backends.fsdp_trainer import WORLD_ENV, memory_plan
+
+    tokens, checkpointing = 8192, True
+    alone = device().type == "cuda" and not os.environ.get(KV_CACHE_ENV)
+    if alone:
+        world = int(os.environ.get(WORLD_ENV, "1"))
+        total = torch.cuda.get_device_properties(device()).total_memory
+        tokens, checkpointing, _ = memory_plan(model_spec(recipe), world, total)
+    return (
+        int(_env_float(MICRO_BATCH_ENV, tokens)),
+        env_flag(ACTIVATION_CHECKPOINTING_ENV, checkpointing),
+    )
+
+
 def build_trainer(recipe: Any) -> Any:
     """The policy backend: `FSDPTrainer` (bf16 compute, fp32 master weights) on a GPU or across
     several trainer ranks (gloo on CPU), else the single-process CPU `TitanTrainer`. Weights: the
@@ -199,12 +221,13 @@ def build_trainer(recipe: Any) -> Any:
     if device().type == "cuda" or int(os.environ.get(WORLD_ENV, "1")) > 1:
         from runtime.backends.fsdp_trainer import FSDPTrainer
 
+        tokens, checkpointing = trainer_memory_plan(recipe)
         return FSDPTrainer(
             optim=optim,
             compute_dtype=dtype(recipe),
             publish_dtype=dtype(recipe),
-            tokens_per_micro_batch=int(_env_float(MICRO_BATCH_ENV, 8192)),
-            activation_checkpointing=env_flag(ACTIVATION_CHECKPOINTING_ENV, True),
+            tokens_per_micro_batch=tokens,
+            activation_checkpointing=checkpointing,
             compile=env_flag(TRAINER_COMPILE_ENV, device().type == "cuda"),
             **args,
         )
@@ -221,7 +244,7 @@ def build_reference(recipe: Any) -> Any:
 
         return GPUReference(
             dtype=dtype(recipe),
-            tokens_per_micro_batch=int(_env_float(MICRO_BATCH_ENV, 8192)),
+            tokens_per_micro_batch=trainer_memory_plan(recipe)[0],
             compile=env_flag(TRAINER_COMPILE_ENV, device().type == "cuda"),
             **args,
         )

@@ -200,5 +200,7 @@ def test_kernel_kinds_of_known_cuda_kernel_names():
         "optimizer"
     )
     assert gpu_grpo.kernel_kind("triton_red_fused__log_softmax_gather_0") == "compiled"
+    assert gpu_grpo.kernel_kind("triton_poi_fused__to_copy_add_mul_4") == "compiled"
+    assert gpu_grpo.kernel_kind("void at::native::CatArrayBatchedCopy<float, 4>") == "copy"
     assert gpu_grpo.kernel_kind("Memcpy DtoD (Device -> Device)") == "copy"
     assert gpu_grpo.kernel_kind("void at::native::elementwise_kernel<128, 4>") == "other"

@@ -37,6 +37,8 @@ class TrainerActor(Actor):
             "device": str(services.device()),
             "backend": type(self.backend).__name__,
             "ranks": getattr(self.backend, "world", 1),
+            "tokens_per_micro_batch": getattr(self.backend, "tokens_per_micro_batch", None),
+            "activation_checkpointing": getattr(self.backend, "activation_checkpointing", None),
         }
 
     @endpoint

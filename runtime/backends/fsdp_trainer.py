@@ -102,6 +102,49 @@ def head_logprobs(
     return logits.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+# Micro-batch sizes the memory plan tries, largest first (more tokens per micro-batch: fewer
+# weight casts and gradient additions per step; 8192 -> 16384 was 5 % faster at 2048 tokens).
+PLAN_TOKENS = (16384, 8192, 4096)
+# Share of the GPU's memory the trainer plans to use (the rest: allocator slack, NCCL, spikes).
+PLAN_HEADROOM = 0.9
+
+
+def memory_plan(spec: ModelSpec, world: int, gpu_bytes: int) -> tuple[int, bool, float]:
+    """Tokens per micro-batch and whether to checkpoint activations, for a trainer rank with a
+    GPU of `gpu_bytes` to itself; and the estimated peak in bytes.
+
+    The largest of `PLAN_TOKENS` whose activations fit next to the weights and optimizer state
+    without checkpointing; else the largest that fits with it (4096 tokens at least).
+    - fixed: fp32 weights, gradients and AdamW moments (16 bytes a parameter, sharded over the
+      ranks); on one rank also autocast's bf16 weights and their bf16 gradients, plus the
+      compiled blocks' and cuBLAS workspaces (10 more); several ranks instead hold two
+      gathered blocks' bf16 weights and fp32 gradients; plus 3 GB.
+    - per token kept for backward, no checkpointing: per layer 24 x dim + 6 x ffn_dim bytes
+      (the bf16 inputs of each matmul, the fp32 residual stream and norms), plus the bf16
+      logits of the output projection (2 x vocab); with checkpointing, each layer's fp32 input
+      (4 x dim) plus one layer's activations being recomputed. 15 % on top.
+    Calibrated on Qwen3-1.7B on one H200 (compiled blocks and head, 64 x 2048 tokens, 3/4
+    response): peaks 68, 91 and 137 GB at 8192, 16384 and 32768 tokens; this estimates 73, 98
+    and 149.
+    """
+    params = spec.num_params()
+    # several ranks: two blocks' bf16 weights gathered and their fp32 gradients in flight
+    gathered = 2 * 6 * params / spec.n_layers
+    fixed = 16 * params / world + (10 * params if world == 1 else gathered) + 3e9
+    layer = 24 * spec.dim + 6 * spec.ffn_dim
+    logits = 2 * spec.vocab_size
+    kept = 1.15 * (spec.n_layers * layer + logits)
+    recomputed = 1.15 * (spec.n_layers * 4 * spec.dim + layer + logits)
+    budget = PLAN_HEADROOM * gpu_bytes
+    for per_token, checkpointing in ((kept, False), (recomputed, True)):
+        for tokens in PLAN_TOKENS:
+            peak = fixed + tokens * per_token
+            if peak <= budget:
+                return tokens, checkpointing, peak
+    tokens = PLAN_TOKENS[-1]
+    return tokens, True, fixed + tokens * recomputed
+
+
 def micro_batches(tokens: Tensor, budget: int) -> list[slice]:
     """Row slices of about `budget` tokens each (at least one row per slice)."""
     batch, width = tokens.shape
@@ -175,6 +218,7 @@ class FSDPTrainer:
         self.compute_dtype = compute_dtype
         self.publish_dtype = publish_dtype
         self.tokens_per_micro_batch = tokens_per_micro_batch
+        self.activation_checkpointing = activation_checkpointing
         self.world = init_distributed()
         self.rank = dist.get_rank() if self.world > 1 else 0
         self.model = build_model(spec, device=self.device, dtype=torch.float32, seed=seed)
