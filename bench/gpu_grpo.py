@@ -92,20 +92,28 @@ def load(
     return apply_overrides(load_recipe(recipe_name), [*overrides, *(extra or [])])
 
 
-def shared_plan(recipe: Any, gpus: int) -> tuple[Any, bool]:
+def shared_plan(recipe: Any, gpus: int, gpu_map: list[int] | None = None) -> tuple[Any, bool]:
     """The recipe's plan on `gpus` GPUs; below its minimum, the minimum's plan with every
-    placement folded onto the GPUs there are (services share them)."""
+    placement folded onto the GPUs there are (services share them): GPU g of the plan goes to
+    `gpu_map[g]`, by default g modulo `gpus`."""
     from recipes import minimum_gpus, plan
 
     need = minimum_gpus(recipe)
-    if gpus >= need:
+    if gpus >= need and gpu_map is None:
         return plan(recipe, gpus), False
+    if gpu_map is not None and (len(gpu_map) != need or not set(gpu_map) <= set(range(gpus))):
+        raise SystemExit(
+            f"--gpu-map {','.join(map(str, gpu_map))}: expected {need} GPU numbers "
+            f"(one per GPU of {recipe.name}'s plan), each below {gpus}"
+        )
     base = plan(recipe, need)
+    where = gpu_map or [g % gpus for g in range(need)]
     folded = tuple(
-        dataclasses.replace(p, gpus=tuple(sorted({g % gpus for g in p.gpus})))
+        dataclasses.replace(p, gpus=tuple(sorted({where[g] for g in p.gpus})))
         for p in base.placements
     )
-    return dataclasses.replace(base, placements=folded, total_gpus=gpus, idle_gpus=()), True
+    used = len({where[g] for p in base.placements for g in p.gpus})
+    return dataclasses.replace(base, placements=folded, total_gpus=used, idle_gpus=()), True
 
 
 def prompt_tokens(recipe: Any, count: int = 512) -> list[list[int]]:
@@ -142,7 +150,8 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
 
     recipe = load(args.recipe, args.steps, args.response_tokens, args.set)
     gpus = args.gpus or torch.cuda.device_count()
-    run_plan, shared = shared_plan(recipe, gpus)
+    gpu_map = [int(g) for g in args.gpu_map.split(",")] if args.gpu_map else None
+    run_plan, shared = shared_plan(recipe, gpus, gpu_map)
     if shared:
         # Read by every proc (they inherit this environment): a fixed KV cache, no profiling.
         # On one 80 GB H100 (1.7B): trainer ~27.5 GB of fp32 state plus its micro-batch's
@@ -657,6 +666,11 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the averages")
     p.add_argument("--response-tokens", type=int, default=512, help="0: the recipe's")
     p.add_argument("--gpus", type=int, default=None, help="default: all visible")
+    p.add_argument(
+        "--gpu-map",
+        default=None,
+        help="grpo: plan GPU -> GPU here, e.g. 0,1,1 (3-GPU plan: trainer beside the reference)",
+    )
     p.add_argument("--kv-cache-gb", type=float, default=10.0, help="vLLM KV cache, shared GPUs")
     p.add_argument(
         "--tokens-per-micro-batch", type=int, default=4096, help="trainer/reference, shared GPUs"
