@@ -10,14 +10,17 @@ The reference holds bf16 weights and scores under `inference_mode`.
 Memory. Only response positions need log-probs, so the decoder runs without its output
 projection (`_skip_lm_head`), the hidden states of the positions that predict response tokens
 are gathered, and the projection plus log-softmax run on those alone: `[N_response, vocab]`
-logits instead of `[B, T, vocab]`. Batches are split into micro-batches of about
-`tokens_per_micro_batch` tokens (gradients accumulate), which bounds those logits. Each
-transformer block is activation-checkpointed by default (its forward is recomputed in backward:
-about a third more FLOPs, for a GPU too small to hold every block's activations).
+logits instead of `[B, T, vocab]`; compiled, the projection's log-softmax is one reduction over
+its bf16 output (`head_logprobs`). Batches are split into micro-batches of about
+`tokens_per_micro_batch` tokens (gradients accumulate), which bounds activations and logits.
+Activation checkpointing recomputes each block's forward in backward (about a third more FLOPs,
+for a GPU too small to hold every block's activations); `memory_plan` picks the micro-batch and
+whether to checkpoint for a GPU's size.
 
 Compile (optional): each block's forward goes through `torch.compile(dynamic=True)`, outside the
-checkpoint so that the compiler sees the recomputed region; sequence lengths vary with every
-batch, and dynamic shapes keep a new width from compiling again.
+checkpoint so that the compiler sees the recomputed region, and so does the output projection
+with its log-softmax; sequence lengths vary with every batch, and dynamic shapes keep a new
+width from compiling again.
 
 Attention: the SDPA override of `runtime.models.titan` (causal, right padding is exact), which
 on CUDA picks PyTorch's own cuDNN or flash kernels for bf16; no flash-attn package is needed.
@@ -124,8 +127,8 @@ def memory_plan(spec: ModelSpec, world: int, gpu_bytes: int) -> tuple[int, bool,
       logits of the output projection (2 x vocab); with checkpointing, each layer's fp32 input
       (4 x dim) plus one layer's activations being recomputed. 15 % on top.
     Calibrated on Qwen3-1.7B on one H200 (compiled blocks and head, 64 x 2048 tokens, 3/4
-    response): peaks 68, 91 and 137 GB at 8192, 16384 and 32768 tokens; this estimates 73, 98
-    and 149.
+    response): peaks 68, 91 and 137 GB at 8192, 16384 and 32768 tokens; this estimates 73, 99
+    and 150.
     """
     params = spec.num_params()
     # several ranks: two blocks' bf16 weights gathered and their fp32 gradients in flight
