@@ -3,6 +3,7 @@
 #   scripts/gpu/device_run.sh stage    copy the wheel chunk(s) carried in this call to /tmp/asm
 #   scripts/gpu/device_run.sh check    stage, install if needed, print versions and the GPU
 #   scripts/gpu/device_run.sh tests    stage, install if needed, `pytest -m gpu`
+#   scripts/gpu/device_run.sh trainer-tests  the trainer's GPU tests (.whl/tt is enough)
 #   scripts/gpu/device_run.sh grpo     stage, install if needed, bench/gpu_grpo.py grpo
 #   scripts/gpu/device_run.sh vllm     stage, install if needed, bench/gpu_grpo.py vllm
 #   scripts/gpu/device_run.sh train    bench/gpu_grpo.py train (trainer MFU): carrying .whl/tt
@@ -111,6 +112,12 @@ case "$mode" in
     python3 -m pytest -q -m gpu -s -p no:cacheprovider --timeout 540 \
       tests/test_gpu_trainer.py tests/test_gpu_vllm.py "$@" 2>&1 | tee "$out/gpu_tests.log"
     ;;
+  trainer-tests)
+    # The trainer's GPU tests alone: TorchTitan only (.whl/tt), no staging.
+    install_trainer && check
+    python3 -m pytest -q -m gpu -s -p no:cacheprovider --timeout 540 \
+      tests/test_gpu_trainer.py "$@" 2>&1 | tee "$out/gpu_tests_trainer$tag.log"
+    ;;
   grpo | vllm | train)
     if [ "$mode" = train ]; then install_trainer; else install; fi
     check
@@ -150,7 +157,7 @@ case "$mode" in
     exit "$status"
     ;;
   *)
-    echo "unknown mode $mode (stage, check, tests, push, grpo, vllm, train, trl)" >&2
+    echo "unknown mode $mode (stage, check, tests, trainer-tests, push, grpo, vllm, train, trl)" >&2
     exit 2
     ;;
 esac
