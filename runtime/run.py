@@ -164,7 +164,9 @@ async def _start(life: RunLifecycle, config: RunConfig) -> Services:
         setups.append(life.call("reference", reference.setup.call_one(recipe)))
     trained_by = (await asyncio.gather(*setups))[0]
     info = next(value for _, value in trained_by.items())
-    if info.get("tokens_per_micro_batch"):  # the GPU trainer (FSDPTrainer)
+    # FSDPTrainer (a GPU, or several CPU ranks) reports its memory plan; the CPU TitanTrainer
+    # runs on one rank and has none.
+    if info.get("tokens_per_micro_batch"):
         ac = "on" if info["activation_checkpointing"] else "off"
         ranks_text = f"{info['ranks']} rank" + ("s" if info["ranks"] > 1 else "")
         print(
@@ -173,8 +175,6 @@ async def _start(life: RunLifecycle, config: RunConfig) -> Services:
             f"activation checkpointing {ac}",
             flush=True,
         )
-    elif len(ranks) > 1:
-        print(f"trainer: {info['backend']} on {info['ranks']} ranks", flush=True)
     tokenizer = svc.load_tokenizer(recipe)
     return Services(
         life, trainer, generators, reference, reward, plan.reward_procs, svc.pad_id(tokenizer)
