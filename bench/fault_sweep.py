@@ -42,7 +42,7 @@ from fault_runs import (  # noqa: E402 - the test helpers live in tests/
     tensors_differ,
 )
 
-from runtime.metrics import read_metrics  # noqa: E402
+from runtime.control.metrics import read_metrics  # noqa: E402
 
 DETERMINISTIC = ("reward/mean", "reward/std", "loss", "kl", "policy_version", "response/len_mean")
 

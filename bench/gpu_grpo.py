@@ -3,7 +3,7 @@
     python bench/gpu_grpo.py grpo [--recipe qwen3-1.7b] [--steps 8] [--response-tokens 512]
     python bench/gpu_grpo.py vllm [--recipe qwen3-1.7b] [--response-tokens 512]
 
-`grpo` runs the recipe through the runtime (`runtime.run.run`, what `python -m runtime` calls
+`grpo` runs the recipe through the runtime (`runtime.control.run.run`, what `python -m runtime` calls
 after parsing) with `model.init=random` and the Hub-free `builtin:arith` prompts and tokenizer,
 then reads metrics.jsonl: samples/s per GPU, step time, in-loop generation tokens/s, weight-sync
 seconds and GB/s, trainer tokens/s and MFU (model FLOPs per trainer GPU-second over peak bf16:
@@ -118,8 +118,8 @@ def shared_plan(recipe: Any, gpus: int, gpu_map: list[int] | None = None) -> tup
 
 def prompt_tokens(recipe: Any, count: int = 512) -> list[list[int]]:
     """The first `count` prompts of the run, encoded as the generator actor encodes them."""
-    from runtime import services
-    from runtime.data import build_prompt_source
+    from runtime.backends import build as services
+    from runtime.tasks.data import build_prompt_source
 
     tokenizer = services.load_tokenizer(recipe)
     source = build_prompt_source(recipe.dataset, seed=recipe.grpo.seed)
@@ -145,8 +145,8 @@ def per(numerator: float | None, denominator: float | None) -> float | None:
 def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from runtime.config import RunConfig
-    from runtime.run import run
+    from runtime.control.config import RunConfig
+    from runtime.control.run import run
 
     recipe = load(args.recipe, args.steps, args.response_tokens, args.set)
     gpus = args.gpus or torch.cuda.device_count()
@@ -217,7 +217,7 @@ def summarize(
     peak: float | None,
 ) -> dict[str, Any]:
     """The benchmark's numbers from a run's metrics records (the first `warmup` left out)."""
-    from runtime.services import model_spec
+    from runtime.backends.build import model_spec
 
     if not records:
         return {"steps": 0}
@@ -259,7 +259,7 @@ def summarize(
         "generator_idle_share": idle_share(measured, generate_s, step_s),
         "weight_sync_s": sync_s,
         "publish_s": mean([r["time/publish_s"] for r in measured if "time/publish_s" in r]),
-        # Direct path (runtime.weight_sync): the trainer's broadcast, in the background.
+        # Direct path (runtime.weights.direct): the trainer's broadcast, in the background.
         "push_s": mean([r["time/push_s"] for r in measured if "time/push_s" in r]),
         "push_gb_per_s": per(
             weight_bytes / 1e9, mean([r["time/push_s"] for r in measured if "time/push_s" in r])
@@ -288,7 +288,7 @@ def summarize(
 def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from runtime import services
+    from runtime.backends import build as services
     from runtime.backends.vllm_generator import VLLMGenerator
     from runtime.models import build_model, to_hf
 
@@ -393,8 +393,8 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
-    from runtime import services
     from runtime.backends import OptimizerConfig
+    from runtime.backends import build as services
     from runtime.backends.fsdp_trainer import FSDPTrainer
     from runtime.grpo import policy_loss
 
@@ -561,7 +561,7 @@ def resummarize(result: dict[str, Any]) -> None:
     section's from its records, a `train` section's MFU from its step times."""
     from types import SimpleNamespace
 
-    from runtime.services import model_spec
+    from runtime.backends.build import model_spec
 
     peak = (result.get("device") or {}).get("peak_bf16_flops")
     for section in result.values():

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
-import runtime.tiny as tiny
+import runtime.tasks.tiny as tiny
 from runtime.backends import HFGenerator, OptimizerConfig, TitanReference, TitanTrainer, collate
 from runtime.grpo import group_advantages, policy_loss
 from runtime.models import ModelSpec
-from runtime.tiny.task import TinyTask
+from runtime.tasks.tiny.task import TinyTask
 
 
 def parse() -> argparse.Namespace:

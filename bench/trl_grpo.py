@@ -100,7 +100,7 @@ def write_model_dir(directory: Path, size: str | None) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from recipes.architectures import architecture
-    from runtime.arith.tokenization import build_tokenizer
+    from runtime.tasks.arith.tokenization import build_tokenizer
 
     vocab = DRY["vocab"] if size is None else architecture("qwen3", size).vocab_size
     tokenizer = build_tokenizer(vocab)  # every id the model can sample decodes
@@ -120,7 +120,7 @@ def write_model_dir(directory: Path, size: str | None) -> dict[str, Any]:
 
 def prompts(count: int, prompt_tokens: int) -> list[str]:
     """builtin:arith questions cut or space-padded to prompt_tokens - 1 characters (+ <bos>)."""
-    from runtime.arith import rows
+    from runtime.tasks.arith import rows
 
     chars = prompt_tokens - 1
     return [r["question"][:chars].ljust(chars) for r in rows(count)]

@@ -3,7 +3,7 @@
     python bench/weight_push.py [--model qwen3-1.7b] [--versions 5] [--paths push,ipc]
     python bench/weight_push.py --device cpu --model tiny      # the same code over gloo
 
-One proc plays trainer rank 0 (`runtime.weight_sync.WeightSource`), the other a generator
+One proc plays trainer rank 0 (`runtime.weights.direct.WeightSource`), the other a generator
 (`PushReceiver` for "push", `open_ipc` for "ipc"). On a GPU machine "push" puts them on GPUs 0
 and 1 (NCCL), "ipc" both on GPU 0. Weights: the model's HF state dict in bf16 (the architecture
 from the recipe catalog, random values). Each version is staged, moved and checked on the
@@ -60,7 +60,7 @@ def _checksums(state: dict[str, Any]) -> dict[str, float]:
 
 def _pin_gpu(index: int) -> None:
     """This proc sees only the `index`-th GPU of those the bench was started with."""
-    from runtime.host import host_gpu_ids
+    from runtime.procs.host import host_gpu_ids
 
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     os.environ["CUDA_VISIBLE_DEVICES"] = host_gpu_ids((index,))[0]
@@ -79,7 +79,7 @@ def _trainer(args: dict[str, Any], to_gen: Any, from_gen: Any, results: Any) -> 
     _pin_gpu(0)
     import torch
 
-    from runtime import weight_sync
+    from runtime.weights import direct as weight_sync
 
     device = _device(args["device"])
     state = _weights(args["model"], device, seed=0)
@@ -126,8 +126,8 @@ def _generator(args: dict[str, Any], from_trainer: Any, to_trainer: Any) -> None
     _pin_gpu(1 if args["path"] == "push" else 0)
     import torch
 
-    from runtime import weight_sync
-    from runtime.weight_layout import TensorEntry
+    from runtime.weights import direct as weight_sync
+    from runtime.weights.layout import TensorEntry
 
     device = _device(args["device"])
     receiver = None

@@ -22,7 +22,7 @@ RECIPE_MOUNT_DIR = "/forgesky/recipes"
 RECOVERY_STRATEGIES = ("eager_next_region", "failover")
 WANDB_MODES = ("online", "offline", "disabled")
 SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
-# The port every node of a multi-node run listens on (runtime.cluster.DEFAULT_WORKER_PORT; a test
+# The port every node of a multi-node run listens on (runtime.procs.cluster.DEFAULT_WORKER_PORT; a test
 # keeps the two equal, since neither side imports the other). Node 0's controller takes the
 # others' Monarch workers from there. SkyPilot's own rules already allow any traffic between the
 # nodes of a cluster (AWS: the security group admits itself; GCP: the VPC admits its internal

@@ -25,7 +25,7 @@ Nodes. Up to gpus_per_node GPUs is one node of that many GPUs. Beyond it, a run 
 (a multiple of gpus_per_node), the shape clouds sell and SkyPilot provisions (every node of a
 cluster gets the same accelerators). The trainer always runs on node 0, all its GPUs there: node 0
 runs the controller, and a checkpoint's files and its COMMITTED marker are then written on one
-node (runtime/checkpoint.py). On a cloud the checkpoint dir is a bucket mounted on each node with
+node (runtime/control/checkpoint.py). On a cloud the checkpoint dir is a bucket mounted on each node with
 asynchronous uploads; with the trainer elsewhere, node 0's marker could be uploaded before the
 trainer's files, and a "committed" checkpoint could lack them. So the trainer never grows past
 node 0, and a recipe whose trainer needs more GPUs than a node has does not plan. The other

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from recipes import UserError
-from runtime.cluster import DEFAULT_WORKER_PORT, check_plan_fits, cluster_from_env
+from runtime.procs.cluster import DEFAULT_WORKER_PORT, check_plan_fits, cluster_from_env
 
 # SkyPilot starts `run` on all nodes at once, after setup finished on every node; this covers
 # imports on a slow node, not provisioning.
@@ -106,7 +106,7 @@ def _default_gpus(recipe) -> int:
 def parse_config(argv: list[str] | None, prog: str = "python -m runtime"):
     """Parse arguments into a RunConfig: recipe (with overrides) and its plan."""
     from recipes import apply_overrides, load_recipe, plan
-    from runtime.config import RunConfig
+    from runtime.control.config import RunConfig
 
     args = build_parser(prog).parse_args(argv)
     recipe = load_recipe(args.recipe)
@@ -154,13 +154,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m runtime") -> int:
         return 2
     cluster = config.cluster
     if cluster.multi_node and cluster.rank > 0:
-        from runtime.worker import run_worker
+        from runtime.procs.worker import run_worker
 
         return run_worker(cluster, join_timeout=config.join_timeout)
     if cluster.multi_node:
-        from runtime.nodes import use_tcp
+        from runtime.procs.nodes import use_tcp
 
         use_tcp(cluster)
-    from runtime.run import run
+    from runtime.control.run import run
 
     return run(config)

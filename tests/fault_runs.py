@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from runtime_helpers import ROOT
 
-from runtime import checkpoint
-from runtime.metrics import read_metrics
+from runtime.control import checkpoint
+from runtime.control.metrics import read_metrics
 
 STARTUP_TIMEOUT_S = 600.0
 KINDS = ("checkpoint_write", "weight_sync", "step", "startup", "restore")

@@ -16,8 +16,8 @@ import sys
 
 from monarch.actor import Actor, endpoint
 
-from runtime.host import attach_shared_memory, create_shared_memory
-from runtime.lifecycle import RunLifecycle, run
+from runtime.procs.host import attach_shared_memory, create_shared_memory
+from runtime.procs.lifecycle import RunLifecycle, run
 
 
 class Worker(Actor):

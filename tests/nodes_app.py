@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import sys
 
-from runtime.cluster import cluster_from_env
-from runtime.lifecycle import RunLifecycle, run
-from runtime.nodes import attach_nodes, use_tcp
+from runtime.procs.cluster import cluster_from_env
+from runtime.procs.lifecycle import RunLifecycle, run
+from runtime.procs.nodes import attach_nodes, use_tcp
 
 
 def main() -> int:

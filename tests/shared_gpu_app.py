@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> int:
     from recipes import apply_overrides, load_recipe, plan
-    from runtime.config import RunConfig
-    from runtime.run import run
+    from runtime.control.config import RunConfig
+    from runtime.control.run import run
 
     p = argparse.ArgumentParser()
     p.add_argument("run_dir", type=Path)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from recipes import apply_overrides, load_recipe
-from runtime import services
-from runtime.arith import rows
-from runtime.data import build_prompt_source
-from runtime.rewards import build_reward_fn
+from runtime.backends import build as services
+from runtime.tasks.arith import rows
+from runtime.tasks.data import build_prompt_source
+from runtime.tasks.rewards import build_reward_fn
 
 OFFLINE = ["model.init=random", "model.tokenizer=builtin:arith", "dataset.path=builtin:arith"]
 

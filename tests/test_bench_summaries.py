@@ -130,7 +130,7 @@ def test_trainer_configs_parse_with_defaults_and_refuse_unknown_keys():
 
 def test_attention_flops_of_qwen3_1p7b_at_2048_tokens():
     from recipes import load_recipe
-    from runtime.services import model_spec
+    from runtime.backends.build import model_spec
 
     spec = model_spec(load_recipe("qwen3-1.7b"))
     # 28 layers x 16 heads x 128 dims: 6 * 28 * 2048 * 2048 per token, ~7 % of 6 * 1.72e9
@@ -141,7 +141,7 @@ def test_attention_flops_of_qwen3_1p7b_at_2048_tokens():
 
 def test_training_flops_count_the_output_projection_on_response_positions_only():
     from recipes import load_recipe
-    from runtime.services import model_spec
+    from runtime.backends.build import model_spec
 
     spec = model_spec(load_recipe("qwen3-1.7b"))  # tied: 151936 x 2048 embedding = projection
     head = 151936 * 2048

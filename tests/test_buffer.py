@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from runtime.buffer import Group, RolloutBuffer
+from runtime.control.buffer import Group, RolloutBuffer
 
 
 def group(version: int, pid: int = 0) -> Group:

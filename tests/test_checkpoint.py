@@ -3,7 +3,7 @@ import json
 import pytest
 
 from recipes import UserError
-from runtime import checkpoint
+from runtime.control import checkpoint
 
 
 def write(root, step, payload=b"weights"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from recipes import UserError
-from runtime.cluster import DEFAULT_WORKER_PORT, Cluster, check_plan_fits, cluster_from_env
 from runtime.entry import main, parse_config
+from runtime.procs.cluster import DEFAULT_WORKER_PORT, Cluster, check_plan_fits, cluster_from_env
 
 IPS = "10.0.0.5\n10.0.0.6\n10.0.0.7\n"
 

@@ -10,8 +10,8 @@ import pytest
 
 from recipes.errors import UserError
 from recipes.schema import Dataset as DatasetSpec
-from runtime import data
-from runtime.data import (
+from runtime.tasks import data
+from runtime.tasks.data import (
     HFPromptSource,
     Prompt,
     PromptSource,
@@ -107,7 +107,7 @@ def test_order_depends_only_on_seed():
 
 def test_order_is_the_same_in_another_interpreter():
     # The resumed run is a new process (maybe another hash seed): the order must not move.
-    code = "from runtime.data import PromptSource; print([p.id for p in PromptSource([{'question': 'q', 'answer': 'a'}] * 10, seed=5).take(10)])"
+    code = "from runtime.tasks.data import PromptSource; print([p.id for p in PromptSource([{'question': 'q', 'answer': 'a'}] * 10, seed=5).take(10)])"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code],
@@ -194,7 +194,7 @@ def test_bad_local_paths_are_user_errors(tmp_path):
 
 def test_unreachable_hub_dataset_is_a_user_error(tmp_path):
     code = (
-        "from runtime.data import load_hf_dataset\n"
+        "from runtime.tasks.data import load_hf_dataset\n"
         "from recipes.errors import UserError\n"
         "try:\n"
         "    load_hf_dataset('forgesky-test/no-such-dataset')\n"

@@ -7,7 +7,7 @@ the checkpoint, and every process uses the same thread count, so an interrupted 
 must end with bit-for-bit the weights of the uninterrupted one.
 
 Metrics written after the last checkpoint and before a kill are redone on resume and appended
-again: metrics.jsonl then holds such a step twice, and readers (`runtime.metrics.read_metrics`,
+again: metrics.jsonl then holds such a step twice, and readers (`runtime.control.metrics.read_metrics`,
 curves.png) keep the newer record. Lock-step makes the redone record equal the first one, which
 the kill test checks. A SIGTERM checkpoints at the step it stopped at, so nothing is redone.
 
@@ -37,8 +37,8 @@ from fault_runs import (
 from runtime_helpers import NOISE
 
 from recipes import load_recipe
-from runtime import checkpoint
-from runtime.metrics import read_metrics
+from runtime.control import checkpoint
+from runtime.control.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from recipes import UserError, architecture, load_recipe
-from runtime import services
 from runtime.backends import OptimizerConfig, TitanReference, TitanTrainer, token_logprobs
+from runtime.backends import build as services
 from runtime.backends.fsdp_trainer import (
     FSDPTrainer,
     GPUReference,

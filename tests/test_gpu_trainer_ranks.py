@@ -35,7 +35,7 @@ def _batch(width: int, seed: int):
 
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:
-    # What runtime.run gives each trainer proc (runtime.mesh pins it to its GPU instead).
+    # What runtime.control.run gives each trainer proc (runtime.procs.mesh pins it to its GPU instead).
     torch.cuda.set_device(rank)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",

@@ -1,4 +1,4 @@
-"""runtime.host: shared memory between processes without resource-tracker trouble, and the
+"""runtime.procs.host: shared memory between processes without resource-tracker trouble, and the
 segments of runs whose controller died."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.host import create_shared_memory, sweep_stale_shared_memory, unlink_shared_memory
+from runtime.procs.host import create_shared_memory, sweep_stale_shared_memory, unlink_shared_memory
 
 _TEXT = {"capture_output": True, "text": True}
 
@@ -19,7 +19,7 @@ _TEXT = {"capture_output": True, "text": True}
 _OWNER = """
 import sys
 from multiprocessing import shared_memory
-from runtime.host import create_shared_memory, unlink_shared_memory
+from runtime.procs.host import create_shared_memory, unlink_shared_memory
 if sys.argv[1] == "raw":
     segment = shared_memory.SharedMemory(sys.argv[2], create=True, size=64)
 else:
@@ -33,7 +33,7 @@ segment.unlink() if sys.argv[1] == "raw" else unlink_shared_memory(segment)
 _READER = """
 import sys
 from multiprocessing import shared_memory
-from runtime.host import attach_shared_memory
+from runtime.procs.host import attach_shared_memory
 attach = shared_memory.SharedMemory if sys.argv[1] == "raw" else attach_shared_memory
 segment = attach(sys.argv[2])
 segment.close()

@@ -1,4 +1,4 @@
-"""runtime.lifecycle end to end: tests/lifecycle_app.py runs as a real process with real Monarch
+"""runtime.procs.lifecycle end to end: tests/lifecycle_app.py runs as a real process with real Monarch
 procs, and every way it can end (normal end, SIGTERM, SIGINT, double SIGINT, an endpoint raising,
 a proc killed) must end it with the right exit code, one readable line, and nothing left behind.
 """

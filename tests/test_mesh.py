@@ -1,4 +1,4 @@
-"""runtime.mesh: proc meshes pinned per proc, and Monarch failures as one line (real procs)."""
+"""runtime.procs.mesh: proc meshes pinned per proc, and Monarch failures as one line (real procs)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import psutil
 import pytest
 from monarch.actor import Actor, endpoint
 
-from runtime.host import host_gpu_ids
-from runtime.mesh import ServiceMesh, proc_env, root_cause, threads_per_proc
+from runtime.procs.host import host_gpu_ids
+from runtime.procs.mesh import ServiceMesh, proc_env, root_cause, threads_per_proc
 
 # Procs unpickle the actor classes below by module name, so they need this directory on their path.
 TEST_ENV = {"PYTHONPATH": str(Path(__file__).parent)}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from recipes.errors import UserError
-from runtime.metrics import REQUIRED_KEYS, MetricsLogger, format_step, read_metrics
+from runtime.control.metrics import REQUIRED_KEYS, MetricsLogger, format_step, read_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -142,7 +142,7 @@ def test_disabled_mode_never_imports_wandb(tmp_path):
     code = textwrap.dedent(
         f"""
         import io, sys
-        from runtime.metrics import MetricsLogger
+        from runtime.control.metrics import MetricsLogger
         logger = MetricsLogger({str(tmp_path)!r}, wandb_mode="disabled", stream=io.StringIO())
         logger.log(1, {{"reward/mean": 0.5, "kl": 0.0}})
         assert logger.wandb_run_id is None
@@ -167,7 +167,7 @@ def test_offline_wandb_records_the_run_locally_and_resumes_by_id(tmp_path):
     code = textwrap.dedent(
         f"""
         import io, sys
-        from runtime.metrics import MetricsLogger
+        from runtime.control.metrics import MetricsLogger
         resume = sys.argv[1] if len(sys.argv) > 1 else None
         logger = MetricsLogger({str(run_dir)!r}, wandb_mode="offline", project="forgesky-test",
                                run_name="t", config={{"grpo": {{"steps": 2}}}},
@@ -203,7 +203,7 @@ def test_online_wandb_without_a_key_is_a_user_error(tmp_path):
     code = textwrap.dedent(
         f"""
         from recipes.errors import UserError
-        from runtime.metrics import MetricsLogger
+        from runtime.control.metrics import MetricsLogger
         try:
             MetricsLogger({str(tmp_path / "run")!r}, wandb_mode="online")
         except UserError as e:

@@ -29,7 +29,7 @@ import yaml
 from netns import Fabric, unavailable
 from runtime_helpers import ROOT, finish, leftover_processes, wait_for_line
 
-from runtime.metrics import read_metrics
+from runtime.control.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 LOOPBACK = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from runtime.cluster import Cluster
-from runtime.nodewatch import NodeWatch, Outcome, follow_controller
+from runtime.procs.cluster import Cluster
+from runtime.procs.nodewatch import NodeWatch, Outcome, follow_controller
 
 IPS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 FAST = {"interval": 0.1, "silence": 1.0}

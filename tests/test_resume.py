@@ -11,7 +11,7 @@ import pytest
 
 from launcher.cli import main as forgesky
 from recipes import UserError, load_recipe
-from runtime import checkpoint
+from runtime.control import checkpoint
 from runtime.entry import parse_config
 
 

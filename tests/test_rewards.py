@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from recipes.errors import UserError
-from runtime import rewards
-from runtime.rewards import (
+from runtime.tasks import rewards
+from runtime.tasks.rewards import (
     build_reward_fn,
     extract_answer,
     format_reward,
@@ -209,21 +209,21 @@ def test_builtin_registry(monkeypatch):
 
 
 def test_builtin_imports_the_shipped_task_that_registers_it(tmp_path, monkeypatch):
-    # A shipped task lives in runtime/<name>/ and registers its reward on import.
-    import runtime
+    # A shipped task lives in runtime/tasks/<name>/ and registers its reward on import.
+    import runtime.tasks
 
-    pkg = tmp_path / "runtime" / "forgesky_testtask"
+    pkg = tmp_path / "tasks" / "forgesky_testtask"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(
-        "from runtime.rewards import register_reward\n"
+        "from runtime.tasks.rewards import register_reward\n"
         "register_reward('forgesky_testtask', lambda p, c, a: 0.25)\n"
     )
-    monkeypatch.setattr(runtime, "__path__", [*runtime.__path__, str(pkg.parent)])
+    monkeypatch.setattr(runtime.tasks, "__path__", [*runtime.tasks.__path__, str(pkg.parent)])
     monkeypatch.setattr(rewards, "_REGISTRY", {})
     try:
         assert resolve_reward("builtin:forgesky_testtask")("", "", "") == 0.25
     finally:
-        sys.modules.pop("runtime.forgesky_testtask", None)
+        sys.modules.pop("runtime.tasks.forgesky_testtask", None)
 
 
 # ---------------------------------------------------------------- the mix

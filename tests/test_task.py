@@ -513,15 +513,15 @@ def test_one_node_tasks_have_no_worker_port(monkeypatch, capsys, env):
 
 def test_launcher_and_runtime_agree_on_the_worker_port():
     from launcher.options import WORKER_PORT, WORKER_PORT_ENV
-    from runtime.cluster import DEFAULT_WORKER_PORT, PORT_ENV
+    from runtime.procs.cluster import DEFAULT_WORKER_PORT, PORT_ENV
 
     assert (WORKER_PORT, WORKER_PORT_ENV) == (DEFAULT_WORKER_PORT, PORT_ENV)
 
 
 def test_node_plans_exactly_what_the_launcher_planned(node, monkeypatch):
     """The run script's arguments, read by the runtime's own parser, give the launcher's plan."""
-    from runtime.cluster import check_plan_fits
     from runtime.entry import parse_config
+    from runtime.procs.cluster import check_plan_fits
 
     options = LaunchOptions(
         gpus=8, gpus_per_node=4, overrides=("grpo.kl_beta=0.05",), steps=20, wandb="offline"

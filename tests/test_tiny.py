@@ -9,14 +9,14 @@ from collections import Counter
 import pytest
 import torch
 
-import runtime.tiny as tiny
+import runtime.tasks.tiny as tiny
 from recipes import architecture, load_recipe
 from runtime.backends import HFGenerator, OptimizerConfig, TitanTrainer, collate
-from runtime.data import build_prompt_source
 from runtime.grpo import group_advantages, policy_loss
 from runtime.models import ModelSpec
-from runtime.rewards import resolve_reward
-from runtime.tiny.task import TinyTask, tiny_reward
+from runtime.tasks.data import build_prompt_source
+from runtime.tasks.rewards import resolve_reward
+from runtime.tasks.tiny.task import TinyTask, tiny_reward
 
 
 def test_tokenizer_round_trips_task_text_with_bos_and_eos():

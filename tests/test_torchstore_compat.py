@@ -62,7 +62,7 @@ def test_canary_upstream_still_mixes_sync_and_async():
     assert torchstore_needs_compat(), (
         "The installed torchstore no longer mixes sync and async endpoints in one Actor class: "
         "upstream fixed it. Delete runtime/compat/ (the compat layer), its "
-        "ensure_torchstore_compatible() calls in runtime/weights.py, and "
+        "ensure_torchstore_compatible() calls in runtime/weights/store.py, and "
         "tests/test_torchstore_compat.py."
     )
     assert sync_endpoints(Controller) == UPSTREAM_SYNC_ENDPOINTS

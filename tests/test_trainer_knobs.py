@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from recipes import UserError, architecture
-from runtime import services
 from runtime.backends import OptimizerConfig, fsdp_trainer
+from runtime.backends import build as services
 from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference
 from runtime.grpo import policy_loss
 from runtime.models import ModelSpec

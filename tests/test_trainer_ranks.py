@@ -11,11 +11,12 @@ import torch
 from runtime_helpers import NOISE, finish, leftover_processes, metrics, start
 
 from recipes import UserError, architecture
-from runtime import services, weight_sync
 from runtime.backends import OptimizerConfig, TitanTrainer
+from runtime.backends import build as services
 from runtime.backends.fsdp_trainer import WORLD_ENV
+from runtime.control.run import trainer_env, trainer_ranks
 from runtime.models import ModelSpec
-from runtime.run import trainer_env, trainer_ranks
+from runtime.weights import direct as weight_sync
 
 
 def test_one_trainer_proc_per_gpu_unless_told(monkeypatch):

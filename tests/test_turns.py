@@ -14,7 +14,7 @@ import pytest
 from runtime_helpers import NOISE, ROOT
 
 from recipes import UserError, apply_overrides, estimate_memory, load_recipe, minimum_gpus, plan
-from runtime.turns import GpuTurns, shared_groups
+from runtime.control.turns import GpuTurns, shared_groups
 
 
 def folded(recipe_name: str, gpus: int):

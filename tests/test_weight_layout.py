@@ -1,4 +1,4 @@
-"""runtime.weight_layout: a state dict as capped one-dtype byte buckets, and back, bit-exactly."""
+"""runtime.weights.layout: a state dict as capped one-dtype byte buckets, and back, bit-exactly."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.weight_layout import (
+from runtime.weights.layout import (
     BUCKET_BYTES,
     Packer,
     TensorEntry,

@@ -1,4 +1,4 @@
-"""Direct weight paths (runtime.weight_sync): layout, path choice, and the push protocol over gloo.
+"""Direct weight paths (runtime.weights.direct): layout, path choice, and the push protocol over gloo.
 
 The push tests run the real sender and receiver threads, TCPStore rendezvous and gloo broadcasts
 (what NCCL does between GPUs), in one process; the end-to-end test runs the tiny recipe through
@@ -15,8 +15,8 @@ import pytest
 import torch
 from runtime_helpers import finish, metrics, start
 
-from runtime import weight_sync
-from runtime.weight_sync import Endpoint, PushReceiver, WeightSource, choose, flat_layout, views
+from runtime.weights import direct as weight_sync
+from runtime.weights.direct import Endpoint, PushReceiver, WeightSource, choose, flat_layout, views
 
 
 def state(seed: int) -> dict[str, torch.Tensor]:

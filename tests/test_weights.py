@@ -1,4 +1,4 @@
-"""runtime.weights: versioned policy weights over real TorchStore between real Monarch procs."""
+"""runtime.weights.store: versioned policy weights over real TorchStore between real Monarch procs."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from monarch.actor import Actor, endpoint, this_host
 from test_weight_layout import bits, check_layout, random_bits
 from torch import nn
 
-from runtime.weight_layout import plan_buckets
-from runtime.weights import (
+from runtime.weights.layout import plan_buckets
+from runtime.weights.store import (
     BUCKET_BYTES,
     SyncStats,
     VersionNotPublished,
@@ -489,7 +489,7 @@ RUN_SCRIPT = textwrap.dedent(
     """
     import asyncio, psutil
     from monarch.actor import this_host
-    from runtime.weights import start_store, stop_store
+    from runtime.weights.store import start_store, stop_store
     from test_weights import Trainer, assert_bit_exact, policy_state_dict
 
     async def main():

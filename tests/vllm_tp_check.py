@@ -21,7 +21,7 @@ from runtime.backends import collate  # noqa: E402
 from runtime.backends.fsdp_trainer import GPUReference  # noqa: E402
 from runtime.backends.vllm_generator import VLLMGenerator  # noqa: E402
 from runtime.models import to_hf  # noqa: E402
-from runtime.weight_sync import _fill, flat_layout  # noqa: E402
+from runtime.weights.direct import _fill, flat_layout  # noqa: E402
 
 T = 0.7
 

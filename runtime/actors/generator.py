@@ -7,7 +7,7 @@ from typing import Any
 
 from monarch.actor import Actor, endpoint
 
-from runtime import services
+from runtime.backends import build as services
 
 
 class GeneratorActor(Actor):
@@ -16,7 +16,9 @@ class GeneratorActor(Actor):
         self.store: Any = None
         self.tokenizer: Any = None
         self.recipe: Any = None
-        self.path = "store"  # how policy versions arrive: store | push | ipc (runtime.weight_sync)
+        self.path = (
+            "store"  # how policy versions arrive: store | push | ipc (runtime.weights.direct)
+        )
         self.receiver: Any = None
 
     @endpoint
@@ -31,7 +33,7 @@ class GeneratorActor(Actor):
     @endpoint
     async def weight_endpoint(self) -> Any:
         """Where this generator's weights live (host, GPU, TP width): picks its weight path."""
-        from runtime import weight_sync
+        from runtime.weights import direct as weight_sync
 
         return weight_sync.endpoint(tp=self.recipe.layout.generator.tp)
 
@@ -39,7 +41,7 @@ class GeneratorActor(Actor):
     async def connect_weights(self, path: str, push: tuple[str, int, int, int] | None) -> None:
         """Take policy versions by `path`; for "push", join the trainer's group at
         (address, port) as (rank, world): a receiver thread takes each version as it comes."""
-        from runtime import weight_sync
+        from runtime.weights import direct as weight_sync
 
         self.path = path
         if path == "push":
@@ -68,8 +70,8 @@ class GeneratorActor(Actor):
     async def _load_direct(self, version: int) -> tuple[int, int]:
         import asyncio
 
-        from runtime import weight_sync
-        from runtime.weight_layout import TensorEntry
+        from runtime.weights import direct as weight_sync
+        from runtime.weights.layout import TensorEntry
 
         direct = await self.store.direct(version, wait_s=60.0)
         if direct is None:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from monarch.actor import Actor, endpoint
 
-from runtime import services
+from runtime.backends import build as services
 
 
 class ReferenceActor(Actor):

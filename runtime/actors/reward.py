@@ -14,7 +14,7 @@ class RewardActor(Actor):
     @endpoint
     async def setup(self, rewards: list[dict[str, Any]]) -> list[str]:
         """Resolve every reward now, so a missing module fails before training starts."""
-        from runtime.rewards import build_reward_fn
+        from runtime.tasks.rewards import build_reward_fn
 
         self.mix = build_reward_fn(rewards)
         return list(self.mix.fns)

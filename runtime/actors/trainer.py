@@ -3,7 +3,7 @@
 With several trainer ranks (one proc per trainer GPU) every endpoint is called on all of them:
 the backend's forward, backward and weight gathers are collectives. Rank 0 alone speaks for the
 service: it publishes, serves the weight paths and writes the checkpoint; the controller reads
-its answers (`runtime.run.Services.train_call`).
+its answers (`runtime.control.run.Services.train_call`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from monarch.actor import Actor, endpoint
 
-from runtime import services
+from runtime.backends import build as services
 
 
 class TrainerActor(Actor):
@@ -23,7 +23,7 @@ class TrainerActor(Actor):
         self.backend: Any = None
         self.store: Any = None
         self.recipe: Any = None
-        self.source: Any = None  # runtime.weight_sync.WeightSource: generators reading directly
+        self.source: Any = None  # runtime.weights.direct.WeightSource: generators reading directly
 
     @endpoint
     async def setup(self, recipe: Any, store: Any) -> dict[str, Any]:
@@ -71,15 +71,15 @@ class TrainerActor(Actor):
     @endpoint
     async def weight_endpoint(self) -> Any:
         """Where this trainer's published weights live (host, GPU)."""
-        from runtime import weight_sync
+        from runtime.weights import direct as weight_sync
 
         return weight_sync.endpoint()
 
     @endpoint
     async def connect_weights(self, paths: list[str]) -> tuple[str, int] | None:
         """Serve the generators' weight paths (one per generator: store | push | ipc, see
-        runtime.weight_sync); the push group's (address, port) when any generator pushes."""
-        from runtime import weight_sync
+        runtime.weights.direct); the push group's (address, port) when any generator pushes."""
+        from runtime.weights import direct as weight_sync
 
         if self._rank() != 0 or all(p == "store" for p in paths):
             return None

@@ -53,7 +53,7 @@ _SUMMED = ("loss", "pg_loss", "response_tokens")
 
 
 WORLD_ENV = "FORGESKY_TRAINER_WORLD_SIZE"
-RANK_ENV = "FORGESKY_PROC_RANK"  # runtime.mesh sets it in every proc
+RANK_ENV = "FORGESKY_PROC_RANK"  # runtime.procs.mesh sets it in every proc
 
 
 def init_distributed() -> int:

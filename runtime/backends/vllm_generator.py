@@ -13,7 +13,7 @@ policy version 0 from the trainer, like every later version.
 Tensor parallelism: with TP=1 the worker is this process (vLLM's uni-process executor). With TP>1
 vLLM's multiprocess executor starts one worker process per GPU; the engine core stays here, and
 each worker's weight loaders keep their own shard of whatever full tensors they are given:
-- `load_flat` (the direct weight paths of `runtime.weight_sync`): the version sits in one flat
+- `load_flat` (the direct weight paths of `runtime.weights.direct`): the version sits in one flat
   buffer on this proc's first GPU (pushed there) or on the trainer's (CUDA IPC); every worker
   opens that buffer through its CUDA IPC handle and loads from views of it, worker 0 from its own
   GPU, the others over NVLink/PCIe peer reads. No copy through the host.
@@ -117,8 +117,8 @@ def _load_flat_on_worker(
 ) -> list[str]:
     """Runs inside a vLLM worker: open a flat weight buffer by its CUDA IPC handle (see
     `torch.multiprocessing.reductions.reduce_tensor`) and load from views of it."""
-    from runtime.weight_layout import TensorEntry
-    from runtime.weight_sync import views
+    from runtime.weights.direct import views
+    from runtime.weights.layout import TensorEntry
 
     rebuild, args = handle
     flat = rebuild(*args)
@@ -244,13 +244,13 @@ class VLLMGenerator:
         self, flat: Tensor, entries: Mapping[str, Any], handle: Any | None = None
     ) -> None:
         """Load HF-named weights that lie in one flat uint8 buffer at `entries` (name ->
-        `runtime.weight_layout.TensorEntry`); like `load_weights` otherwise.
+        `runtime.weights.layout.TensorEntry`); like `load_weights` otherwise.
 
         With TP>1 the workers open `flat` through a CUDA IPC handle: `handle` when the buffer
         was itself opened from another process's handle (that one is passed on, rather than a
         mapping shared a second time), else one made here.
         """
-        from runtime.weight_sync import views
+        from runtime.weights.direct import views
 
         if self.tensor_parallel_size == 1 or flat.device.type != "cuda":
             self.load_weights(views(flat, entries))

@@ -33,7 +33,7 @@ Where the patch must run: monarch re-checks the class in every process that buil
 ``ActorMesh`` for it. The torchstore ``Controller`` lives in the process that called
 ``ts.initialize()`` (monarch's controller registry spawns it on its own proc), but any actor in
 another proc mesh that calls ``ts.put``/``ts.get`` receives a pickled ``Controller`` reference
-and fails there unless that process is patched too. ``runtime.weights`` calls
+and fails there unless that process is patched too. ``runtime.weights.store`` calls
 :func:`ensure_torchstore_compatible` at import and before each store operation, so importing
 it (as every actor module that syncs weights does) is enough.
 

@@ -236,8 +236,8 @@ def build_prompt_source(dataset: Any, *, seed: int = 0) -> PromptSource:
     if path.startswith("builtin:"):
         name = path.removeprefix("builtin:")
         if name not in _REGISTRY:
-            # Shipped tasks (runtime/<name>/) register themselves when imported.
-            module = f"runtime.{name}"
+            # Shipped tasks (runtime/tasks/<name>/) register themselves when imported.
+            module = f"runtime.tasks.{name}"
             if name.isidentifier() and importlib.util.find_spec(module) is not None:
                 importlib.import_module(module)
         if name not in _REGISTRY:

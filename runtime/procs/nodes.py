@@ -7,7 +7,7 @@ host mesh, a host per plan node, watched until the end, and told when the run is
 
 Node 0 is the controller's own machine: its services run on the controller's local host
 (`this_host()`), as in a one-node run, so the head node needs no worker loop; its fixed port
-serves the node watch (runtime/nodewatch.py) that the workers dial instead.
+serves the node watch (runtime/procs/nodewatch.py) that the workers dial instead.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Any
 from monarch.actor import HostMesh, attach_to_workers
 
 from recipes import UserError
-from runtime.cluster import PORT_ENV, RANK_ENV, Cluster
-from runtime.host import RUN_ID_ENV
-from runtime.lifecycle import RunLifecycle, RunStopping
-from runtime.mesh import ActorFailure
-from runtime.nodewatch import HEARTBEAT_S, SILENCE_S, NodeWatch
+from runtime.procs.cluster import PORT_ENV, RANK_ENV, Cluster
+from runtime.procs.host import RUN_ID_ENV
+from runtime.procs.lifecycle import RunLifecycle, RunStopping
+from runtime.procs.mesh import ActorFailure
+from runtime.procs.nodewatch import HEARTBEAT_S, SILENCE_S, NodeWatch
 
 # After every node joined, Monarch's attach takes well under a second; a stuck one is a bug or a
 # firewall between the nodes (Monarch's procs listen on ephemeral ports, not only the fixed one).

@@ -25,7 +25,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runtime.cluster import Cluster
+from runtime.procs.cluster import Cluster
 
 HEARTBEAT_S = 2.0
 SILENCE_S = 20.0

@@ -8,7 +8,7 @@ boundaries fall on element boundaries, so a tensor inside one bucket is a view o
 that spans buckets is copied together when fetched. Bytes are moved as uint8, so every dtype
 (bfloat16 included) round-trips bit-exactly.
 
-Pure torch, no store: :mod:`runtime.weights` moves the buckets.
+Pure torch, no store: :mod:`runtime.weights.store` moves the buckets.
 """
 
 from __future__ import annotations

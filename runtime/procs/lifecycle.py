@@ -31,8 +31,13 @@ from typing import Any, TypeVar
 
 from monarch.actor import HostMesh
 
-from runtime.host import become_subreaper, kill_descendants, start_monarch, sweep_shared_memory
-from runtime.mesh import (
+from runtime.procs.host import (
+    become_subreaper,
+    kill_descendants,
+    start_monarch,
+    sweep_shared_memory,
+)
+from runtime.procs.mesh import (
     PROBE_SUFFIX,
     ActorFailure,
     ServiceMesh,

@@ -11,9 +11,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.config import RunConfig
-from runtime.lifecycle import RunLifecycle
-from runtime.mesh import ActorFailure, available_cores, root_cause
+from runtime.control.config import RunConfig
+from runtime.procs.lifecycle import RunLifecycle
+from runtime.procs.mesh import ActorFailure, available_cores, root_cause
 
 
 @dataclass
@@ -68,7 +68,7 @@ def trainer_ranks(trainer_gpus: tuple[int, ...]) -> list[tuple[int, ...]]:
     """The GPUs of each trainer proc (one FSDP rank each): one proc per trainer GPU by default;
     `FORGESKY_TRAINER_PROCS` asks for another count (on CPU: that many gloo ranks)."""
     from recipes import UserError
-    from runtime.services import TRAINER_PROCS_ENV
+    from runtime.backends.build import TRAINER_PROCS_ENV
 
     raw = os.environ.get(TRAINER_PROCS_ENV, "").strip()
     if not raw:
@@ -101,10 +101,10 @@ def trainer_env(ranks: int) -> dict[str, str]:
 
 
 async def _start(life: RunLifecycle, config: RunConfig) -> Services:
-    from runtime import services as svc
-    from runtime import weights
     from runtime.actors import GeneratorActor, ReferenceActor, RewardActor, TrainerActor
-    from runtime.nodes import attach_nodes
+    from runtime.backends import build as svc
+    from runtime.procs.nodes import attach_nodes
+    from runtime.weights import store as weights
 
     plan, recipe = config.plan, config.recipe
     # First, so that at shutdown the other nodes are let go last.
@@ -182,8 +182,8 @@ async def _start(life: RunLifecycle, config: RunConfig) -> Services:
 
 
 async def _main(life: RunLifecycle, config: RunConfig) -> None:
-    from runtime.controller import Controller
-    from runtime.metrics import MetricsLogger
+    from runtime.control.controller import Controller
+    from runtime.control.metrics import MetricsLogger
 
     recipe = config.recipe
     print(config.plan.describe(), flush=True)

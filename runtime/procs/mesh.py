@@ -32,7 +32,7 @@ from monarch.actor import (
     this_host,
 )
 
-from runtime.host import RUN_ID_ENV, host_gpu_ids, start_monarch
+from runtime.procs.host import RUN_ID_ENV, host_gpu_ids, start_monarch
 
 T = TypeVar("T")
 

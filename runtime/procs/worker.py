@@ -1,7 +1,7 @@
 """`python -m runtime` on a worker node (SKYPILOT_NODE_RANK > 0): a Monarch worker loop on the
 fixed port, which the controller attaches to, for exactly as long as the controller's run lasts.
 
-The worker joins the controller's node watch (runtime/nodewatch.py) and exits with the run's
+The worker joins the controller's node watch (runtime/procs/nodewatch.py) and exits with the run's
 exit code when the controller says it is done (1 after a failure, 2 after a user error: SkyPilot
 marks a job by every node's exit code); with 1 when the controller goes away or never answers.
 Monarch ends this process itself when the controller shuts the hosts down after a normal end or
@@ -15,8 +15,8 @@ import signal
 import sys
 from collections.abc import Callable
 
-from runtime.cluster import PORT_ENV, Cluster
-from runtime.nodewatch import Outcome, follow_controller
+from runtime.procs.cluster import PORT_ENV, Cluster
+from runtime.procs.nodewatch import Outcome, follow_controller
 
 FORCED_EXIT_CODE = 130
 
@@ -24,7 +24,7 @@ FORCED_EXIT_CODE = 130
 def run_worker(cluster: Cluster, *, join_timeout: float) -> int:
     """Serve this node to the controller until the run ends, then exit the process with the
     run's exit code. Returns (2) only if this node cannot serve at all."""
-    from runtime.host import (
+    from runtime.procs.host import (
         MONARCH_ENV_DEFAULTS,
         RUN_ID_ENV,
         become_subreaper,

@@ -5,7 +5,7 @@ Rollouts run continuously, one loop per generator replica: sample a group per pr
 `prompts_per_step` groups no older than `max_policy_age` versions, steps the trainer, publishes
 the new version to TorchStore and tells every generator to switch. Rollouts and training overlap;
 only the staleness bound ties them together, except on a GPU that several services share: there
-their calls take turns (`runtime.turns`).
+their calls take turns (`runtime.control.turns`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from runtime import checkpoint
-from runtime.buffer import Group, RolloutBuffer
-from runtime.config import RunConfig
-from runtime.turns import GpuTurns
+from runtime.control import checkpoint
+from runtime.control.buffer import Group, RolloutBuffer
+from runtime.control.config import RunConfig
+from runtime.control.turns import GpuTurns
 
 
 class Controller:
@@ -73,7 +73,7 @@ class Controller:
 
     async def prepare(self) -> None:
         """Data source, resume state and version 0 (or the resumed version) on every generator."""
-        from runtime.data import build_prompt_source
+        from runtime.tasks.data import build_prompt_source
 
         self.source = build_prompt_source(self.recipe.dataset, seed=self.recipe.grpo.seed)
         ckpt = checkpoint.latest(self.config.checkpoint_dir)
@@ -106,8 +106,8 @@ class Controller:
     # --- weights ------------------------------------------------------------------------------
 
     async def _connect_weights(self) -> None:
-        """Pick each generator's weight path (`runtime.weight_sync.choose`) and open it."""
-        from runtime import weight_sync
+        """Pick each generator's weight path (`runtime.weights.direct.choose`) and open it."""
+        from runtime.weights import direct as weight_sync
 
         s = self.services
         mode = weight_sync.transport_mode()

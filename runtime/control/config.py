@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.cluster import Cluster
+from runtime.procs.cluster import Cluster
 
 
 @dataclass(frozen=True)

@@ -49,19 +49,19 @@ def rows(count: int = PROBLEMS, seed: int = 0) -> list[dict[str, str]]:
 def tokenizer(vocab_size: int | None = None) -> Any:
     """Character tokenizer: <pad>=0, <bos>=1, <eos>=2, printable ASCII and newline, then
     filler tokens up to `vocab_size` (they decode to nothing)."""
-    from runtime.arith.tokenization import build_tokenizer
+    from runtime.tasks.arith.tokenization import build_tokenizer
 
     return build_tokenizer(vocab_size)
 
 
 def _prompt_source(dataset: Any, *, seed: int = 0) -> Any:
-    from runtime.data import PromptSource
+    from runtime.tasks.data import PromptSource
 
     return PromptSource.for_dataset(rows(), dataset, seed=seed)
 
 
 def _register() -> None:
-    from runtime.data import register_prompt_source
+    from runtime.tasks.data import register_prompt_source
 
     register_prompt_source("arith", _prompt_source)
 

@@ -165,10 +165,10 @@ _NAMED: dict[str, RewardFn] = {"math": math_reward, "format": format_reward}
 
 def _builtin(spec: str, name: str) -> RewardFn:
     if name not in _REGISTRY:
-        # Shipped tasks (runtime/<name>/) register their reward when imported; reward procs
+        # Shipped tasks (runtime/tasks/<name>/) register their reward when imported; reward procs
         # resolve rewards in their own process, so import the task here rather than rely on
         # some earlier import having done it.
-        module = f"runtime.{name}"
+        module = f"runtime.tasks.{name}"
         if name.isidentifier() and importlib.util.find_spec(module) is not None:
             importlib.import_module(module)
     if name not in _REGISTRY:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.tiny.task import DIGITS, TinyTask, tiny_reward
+from runtime.tasks.tiny.task import DIGITS, TinyTask, tiny_reward
 
 TASK = TinyTask()
 
 
 def tokenizer() -> Any:
     """The tiny tokenizer: <pad>=0, <bos>=1, <eos>=2, then the digits (13 ids)."""
-    from runtime.tiny.tokenization import build_tokenizer
+    from runtime.tasks.tiny.tokenization import build_tokenizer
 
     return build_tokenizer(DIGITS)
 
@@ -27,14 +27,14 @@ def rows(task: TinyTask = TASK) -> list[dict[str, str]]:
 
 
 def _prompt_source(dataset: Any, *, seed: int = 0) -> Any:
-    from runtime.data import PromptSource
+    from runtime.tasks.data import PromptSource
 
     return PromptSource.for_dataset(rows(), dataset, seed=seed)
 
 
 def _register() -> None:
-    from runtime.data import register_prompt_source
-    from runtime.rewards import register_reward
+    from runtime.tasks.data import register_prompt_source
+    from runtime.tasks.rewards import register_reward
 
     register_reward("tiny", tiny_reward)
     register_prompt_source("tiny", _prompt_source)

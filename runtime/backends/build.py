@@ -45,10 +45,10 @@ def load_tokenizer(recipe: Any) -> Any:
     if name.startswith("builtin:"):
         task = name.removeprefix("builtin:")
         try:
-            module = importlib.import_module(f"runtime.{task}")
+            module = importlib.import_module(f"runtime.tasks.{task}")
         except ModuleNotFoundError:
             raise UserError(f"model.tokenizer {name!r}: no shipped task named {task!r}") from None
-        # Shipped tokenizers may size themselves to the model's vocabulary (runtime.arith).
+        # Shipped tokenizers may size themselves to the model's vocabulary (runtime.tasks.arith).
         if "vocab_size" in inspect.signature(module.tokenizer).parameters:
             return module.tokenizer(vocab_size=model_spec(recipe).vocab_size)
         return module.tokenizer()

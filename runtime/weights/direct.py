@@ -17,7 +17,7 @@ Three ways a policy version reaches a generator, chosen per generator when the r
   older one than asked for.
   A TP>1 generator's weights live in vLLM's worker procs: they load from the same flat buffer,
   opened by its CUDA IPC handle (``load_flat``), on either path.
-- ``store``: the TorchStore buckets of :mod:`runtime.weights` (any placement, the fallback).
+- ``store``: the TorchStore buckets of :mod:`runtime.weights.store` (any placement, the fallback).
 
 Every version still gets a manifest in TorchStore, written after its bytes are in place: it says
 how to read the version (``direct``) and where each tensor lies in the flat buffer. ``drop``
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.weight_layout import TensorEntry, dtype_name, parse_dtype
+from runtime.weights.layout import TensorEntry, dtype_name, parse_dtype
 
 TRANSPORT_ENV = "FORGESKY_WEIGHT_TRANSPORT"
 TRANSPORT_MODES = ("auto", "store", "push")
@@ -183,7 +183,7 @@ def _advertised_address() -> str:
     if explicit:
         return explicit
     from recipes import UserError
-    from runtime.cluster import cluster_from_env
+    from runtime.procs.cluster import cluster_from_env
 
     try:
         cluster = cluster_from_env()

@@ -3,7 +3,7 @@
 SkyPilot starts the same `run` on every node of a cluster with `SKYPILOT_NODE_RANK` (0 is the
 head) and `SKYPILOT_NODE_IPS` (one address per line, in rank order). Every node listens on one
 fixed port: a worker node's Monarch worker loop, and on the head the controller's node watch
-(runtime/nodewatch.py), which the workers dial to join the run.
+(runtime/procs/nodewatch.py), which the workers dial to join the run.
 
 Torch-free and Monarch-free: `python -m runtime` decides its role from this before importing
 either.

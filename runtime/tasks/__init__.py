@@ -1,0 +1,2 @@
+"""What a run learns from: prompt sources, reward functions, and the tasks forgesky ships
+(tiny, arith)."""
