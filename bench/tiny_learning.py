@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 import runtime.tasks.tiny as tiny
+from recipes.names import LOSSES
 from runtime.backends import HFGenerator, OptimizerConfig, TitanReference, TitanTrainer, collate
 from runtime.grpo import group_advantages, policy_loss
 from runtime.models import ModelSpec
@@ -46,7 +47,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--kl-beta", type=float, default=0.0)
     p.add_argument("--clip-low", type=float, default=0.2)
     p.add_argument("--clip-high", type=float, default=0.28)
-    p.add_argument("--loss", default="grpo", choices=["grpo", "dr_grpo", "gspo"])
+    p.add_argument("--loss", default="grpo", choices=LOSSES)
     p.add_argument("--lag", type=int, default=0, help="policy versions the generator lags")
     p.add_argument("--directions", default="up", help="tiny task directions: up or up,down")
     p.add_argument("--vocab", type=int, default=None, help="model vocab (default: tokenizer's)")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipes import Plan, Recipe, UserError, apply_overrides, load_recipe, minimum_gpus, plan
+from recipes.names import WORKER_PORT, WORKER_PORT_ENV
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 CHECKPOINT_MOUNT = "/checkpoints"
@@ -22,15 +23,12 @@ RECIPE_MOUNT_DIR = "/forgesky/recipes"
 RECOVERY_STRATEGIES = ("eager_next_region", "failover")
 WANDB_MODES = ("online", "offline", "disabled")
 SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
-# The port every node of a multi-node run listens on (runtime.procs.cluster.DEFAULT_WORKER_PORT; a test
-# keeps the two equal, since neither side imports the other). Node 0's controller takes the
-# others' Monarch workers from there. SkyPilot's own rules already allow any traffic between the
+# WORKER_PORT (recipes.names, shared with the runtime): the port every node of a multi-node run
+# listens on; node 0's controller takes the others' Monarch workers from there. SkyPilot's own rules already allow any traffic between the
 # nodes of a cluster (AWS: the security group admits itself; GCP: the VPC admits its internal
 # range; Kubernetes: pods reach pods), and Monarch's procs also listen on ephemeral ports, so the
 # task opens nothing: `resources.ports` would open the port to the internet, for a service that
 # runs whatever code reaches it.
-WORKER_PORT = 26600
-WORKER_PORT_ENV = "FORGESKY_WORKER_PORT"
 # Store URL schemes SkyPilot mounts (sky.data.storage.StoreType prefixes); https:// is Azure blob.
 BUCKET_SCHEMES = ("s3", "gs", "r2", "cos", "oci", "nebius", "cw", "vastdata", "https")
 _BUCKET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

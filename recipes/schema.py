@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from recipes.architectures import ARCHITECTURES, Arch, architecture, sizes
 from recipes.memory import estimate_memory, memory_errors
+from recipes.names import BUILTIN_TASKS, FAMILIES, LOSSES
 
 BUILTIN_REWARDS = ("math", "format")
 DEFAULT_PROMPT_TEMPLATE = "{question}\nThink step by step, then give the final answer after '####'."
@@ -24,14 +25,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+def _shipped(value: str | None) -> str | None:
+    """`builtin:<name>` must name a task forgesky ships; other values pass through."""
+    if value is not None and value.startswith("builtin:"):
+        name = value.removeprefix("builtin:")
+        if name not in BUILTIN_TASKS:
+            raise PydanticCustomError(
+                "builtin",
+                "no shipped task named '{name}' (shipped: {known})",
+                {"name": name, "known": ", ".join(BUILTIN_TASKS)},
+            )
+    return value
+
+
 class Model(_Strict):
     hf_id: str
-    family: Literal["qwen3", "llama3"]
+    family: Literal[FAMILIES]
     size: str
     gated: bool = False
     tokenizer: str | None = None
     init: Literal["hub", "random"] = "hub"
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
+
+    _builtin = field_validator("hf_id", "tokenizer")(_shipped)
 
 
 class Reward(_Strict):
@@ -42,7 +58,7 @@ class Reward(_Strict):
     @classmethod
     def _known_form(cls, name: str) -> str:
         if name in BUILTIN_REWARDS or (":" in name and all(name.split(":", 1))):
-            return name
+            return _shipped(name)
         raise PydanticCustomError(
             "reward_name",
             "unknown reward '{name}'; use math, format, builtin:<name> or module:function",
@@ -59,6 +75,8 @@ class Dataset(_Strict):
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     system_prompt: str | None = None
     rewards: list[Reward] = Field(min_length=1)
+
+    _builtin = field_validator("path")(_shipped)
 
     @field_validator("prompt_template")
     @classmethod
@@ -88,7 +106,7 @@ class Grpo(_Strict):
     kl_beta: float = Field(ge=0)
     clip_low: float = Field(ge=0)
     clip_high: float = Field(ge=0)
-    loss: Literal["grpo", "dr_grpo", "gspo"]
+    loss: Literal[LOSSES]
     max_policy_age: int = Field(ge=0)
     # Prompts of this many steps go to the generators in one call (fuller decode batches, for a
     # generator that would otherwise wait on its own KV cache); the call's last step is trained

@@ -7,13 +7,13 @@ with a boolean `mask` that is True at response tokens; advantages are one value 
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
-LossVariant = Literal["grpo", "dr_grpo", "gspo"]
-VARIANTS: tuple[str, ...] = ("grpo", "dr_grpo", "gspo")
+from recipes.names import LOSSES
+
+LossVariant = str  # one of recipes.names.LOSSES
+VARIANTS: tuple[str, ...] = LOSSES
 
 
 def group_advantages(

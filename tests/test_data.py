@@ -10,13 +10,11 @@ import pytest
 
 from recipes.errors import UserError
 from recipes.schema import Dataset as DatasetSpec
-from runtime.tasks import data
 from runtime.tasks.data import (
     HFPromptSource,
     Prompt,
     PromptSource,
     build_prompt_source,
-    register_prompt_source,
 )
 
 ROWS = [
@@ -237,20 +235,13 @@ def test_build_prompt_source_from_recipe_dataset_section(tmp_path):
     assert source.state_dict()["seed"] == 4
 
 
-def test_builtin_sources_come_from_the_registry(monkeypatch):
-    monkeypatch.setattr(data, "_REGISTRY", {})
-    seen = {}
-
-    def factory(dataset, *, seed):
-        seen["seed"] = seed
-        return PromptSource.for_dataset(ROWS[:4], dataset, seed=seed)
-
-    register_prompt_source("counting", factory)
-    source = build_prompt_source(spec("builtin:counting", prompt_template=">> {question}"), seed=9)
-    assert seen == {"seed": 9}
-    assert len(source) == 4
-    assert next(source).text.startswith(">> Tom has")
+def test_builtin_sources_are_the_shipped_tasks():
+    source = build_prompt_source(spec("builtin:arith", prompt_template=">> {question}"), seed=9)
+    assert len(source) == 2000
+    assert next(source).text.startswith(">> ")
     with pytest.raises(
-        UserError, match=r"no builtin dataset named 'other' \(registered: counting\)"
+        UserError,
+        match=r"dataset.path 'builtin:other': no shipped task named 'other' \(shipped: tiny, arith\)",
     ):
-        build_prompt_source(spec("builtin:other"))
+        # past the schema, which refuses it first (test_recipes_schema)
+        build_prompt_source(DatasetSpec.model_construct(path="builtin:other"))

@@ -233,6 +233,11 @@ def test_rewards_and_template_are_checked(tmp_path):
     assert "dataset.rewards: List should have at least 1 item" in error_of(
         load_recipe, write(tmp_path, data)
     )
+    data["dataset"]["rewards"] = [{"name": "builtin:tinny"}]
+    assert (
+        "dataset.rewards.0.name: no shipped task named 'tinny' (shipped: tiny, arith)"
+        in error_of(load_recipe, write(tmp_path, data))
+    )
     data["dataset"]["rewards"] = [{"name": "mypkg.rewards:exact"}, {"name": "builtin:tiny"}]
     data["dataset"]["prompt_template"] = "Q: {prompt}"
     assert (

@@ -7,14 +7,12 @@ from types import SimpleNamespace
 import pytest
 
 from recipes.errors import UserError
-from runtime.tasks import rewards
 from runtime.tasks.rewards import (
     build_reward_fn,
     extract_answer,
     format_reward,
     math_reward,
     parse_number,
-    register_reward,
     resolve_reward,
 )
 
@@ -189,7 +187,10 @@ def test_resolves_named_and_user_rewards(user_module):
         ),
         ("myrewards:", "expected 'module:function'"),
         ("accuracy", "reward 'accuracy': unknown reward"),
-        ("builtin:nosuchtask", "reward 'builtin:nosuchtask': no builtin reward named 'nosuchtask'"),
+        (
+            "builtin:nosuchtask",
+            "reward 'builtin:nosuchtask': no shipped task named 'nosuchtask' (shipped: tiny, arith)",
+        ),
     ],
 )
 def test_unresolvable_rewards_are_one_line_user_errors(user_module, spec, message):
@@ -199,31 +200,21 @@ def test_unresolvable_rewards_are_one_line_user_errors(user_module, spec, messag
     assert "\n" not in str(info.value)
 
 
-def test_builtin_registry(monkeypatch):
-    monkeypatch.setattr(rewards, "_REGISTRY", {})
-    register_reward("parity", lambda p, c, a: float(len(c) % 2 == 0))
-    fn = resolve_reward("builtin:parity")
-    assert fn("", "ab", "") == 1.0
-    with pytest.raises(UserError, match=r"registered: parity"):
+def test_builtin_rewards_are_the_shipped_tasks_own():
+    assert resolve_reward("builtin:tiny")("123", "456", "456") == 1.0
+    with pytest.raises(UserError, match=r"no shipped task named 'other' \(shipped: tiny, arith\)"):
         resolve_reward("builtin:other")
+    with pytest.raises(UserError, match=r"the shipped task 'arith' has no reward of its own"):
+        resolve_reward("builtin:arith")
 
 
-def test_builtin_imports_the_shipped_task_that_registers_it(tmp_path, monkeypatch):
-    # A shipped task lives in runtime/tasks/<name>/ and registers its reward on import.
-    import runtime.tasks
+def test_the_registry_ships_exactly_the_tasks_recipes_know():
+    from recipes.names import BUILTIN_TASKS
+    from runtime.tasks.registry import _LOADERS, shipped_task
 
-    pkg = tmp_path / "tasks" / "forgesky_testtask"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(
-        "from runtime.tasks.rewards import register_reward\n"
-        "register_reward('forgesky_testtask', lambda p, c, a: 0.25)\n"
-    )
-    monkeypatch.setattr(runtime.tasks, "__path__", [*runtime.tasks.__path__, str(pkg.parent)])
-    monkeypatch.setattr(rewards, "_REGISTRY", {})
-    try:
-        assert resolve_reward("builtin:forgesky_testtask")("", "", "") == 0.25
-    finally:
-        sys.modules.pop("runtime.tasks.forgesky_testtask", None)
+    assert tuple(_LOADERS) == BUILTIN_TASKS
+    for name in BUILTIN_TASKS:
+        assert shipped_task(name, field="dataset.path").name == name
 
 
 # ---------------------------------------------------------------- the mix

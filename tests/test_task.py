@@ -511,13 +511,6 @@ def test_one_node_tasks_have_no_worker_port(monkeypatch, capsys, env):
     assert "FORGESKY_WORKER_PORT" not in fake.task().envs
 
 
-def test_launcher_and_runtime_agree_on_the_worker_port():
-    from launcher.options import WORKER_PORT, WORKER_PORT_ENV
-    from runtime.procs.cluster import DEFAULT_WORKER_PORT, PORT_ENV
-
-    assert (WORKER_PORT, WORKER_PORT_ENV) == (DEFAULT_WORKER_PORT, PORT_ENV)
-
-
 def test_node_plans_exactly_what_the_launcher_planned(node, monkeypatch):
     """The run script's arguments, read by the runtime's own parser, give the launcher's plan."""
     from runtime.entry import parse_config

@@ -5,9 +5,7 @@ Each actor calls these in its own proc, so the controller ships only the (small,
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
-import inspect
 import os
 from typing import Any
 
@@ -43,15 +41,13 @@ def load_tokenizer(recipe: Any) -> Any:
     """The recipe's tokenizer: a shipped one (`builtin:<task>`) or one from the Hub."""
     name = recipe.model.tokenizer or recipe.model.hf_id
     if name.startswith("builtin:"):
-        task = name.removeprefix("builtin:")
-        try:
-            module = importlib.import_module(f"runtime.tasks.{task}")
-        except ModuleNotFoundError:
-            raise UserError(f"model.tokenizer {name!r}: no shipped task named {task!r}") from None
-        # Shipped tokenizers may size themselves to the model's vocabulary (runtime.tasks.arith).
-        if "vocab_size" in inspect.signature(module.tokenizer).parameters:
-            return module.tokenizer(vocab_size=model_spec(recipe).vocab_size)
-        return module.tokenizer()
+        from runtime.tasks.registry import shipped_task
+
+        task = shipped_task(name.removeprefix("builtin:"), field="model.tokenizer")
+        if task.tokenizer is None:
+            raise UserError(f"model.tokenizer {name!r}: the shipped task has no tokenizer")
+        # Shipped tokenizers may size themselves to the model's vocabulary (arith).
+        return task.tokenizer(model_spec(recipe).vocab_size)
     from transformers import AutoTokenizer
 
     try:

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from recipes import UserError
+from recipes.names import WORKER_PORT as DEFAULT_WORKER_PORT
+from recipes.names import WORKER_PORT_ENV as PORT_ENV
 
-# Monarch's own launchers use this port for their worker loops (monarch/_src/job/spmd.py).
-DEFAULT_WORKER_PORT = 26600
-PORT_ENV = "FORGESKY_WORKER_PORT"
 RANK_ENV = "SKYPILOT_NODE_RANK"
 IPS_ENV = "SKYPILOT_NODE_IPS"
 

@@ -1,17 +1,15 @@
 """Prompt sources: the recipe's dataset as an endless, seeded, resumable stream of prompts.
 
-`build_prompt_source(recipe.dataset, seed=...)` picks the source: "builtin:<name>" for tasks the
-project ships (they register a factory with `register_prompt_source`), anything else is loaded with
+`build_prompt_source(recipe.dataset, seed=...)` picks the source: "builtin:<name>" for the tasks
+the project ships (runtime/tasks/registry.py), anything else is loaded with
 Hugging Face `datasets`: a Hub dataset, a local .jsonl/.json/.csv/.parquet file, a directory
 written by `save_to_disk`, or a directory of data files.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,37 +213,18 @@ def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
-# ---------------------------------------------------------------- builtin sources
-
-PromptSourceFactory = Callable[..., PromptSource]
-_REGISTRY: dict[str, PromptSourceFactory] = {}
-
-
-def register_prompt_source(name: str, factory: PromptSourceFactory) -> None:
-    """Make a shipped task's prompts available as dataset.path "builtin:<name>".
-
-    `factory(dataset, *, seed)` gets the recipe's `dataset` section and returns a PromptSource
-    (usually `PromptSource.for_dataset(rows, dataset, seed=seed)`).
-    """
-    _REGISTRY[name] = factory
+# ---------------------------------------------------------------- the recipe's source
 
 
 def build_prompt_source(dataset: Any, *, seed: int = 0) -> PromptSource:
-    """The prompt source for a recipe's `dataset` section."""
+    """The prompt source for a recipe's `dataset` section: a shipped task's prompts
+    (`builtin:<name>`) or a dataset loaded with Hugging Face `datasets`."""
+    from runtime.tasks.registry import shipped_task
+
     path: str = dataset.path
     if path.startswith("builtin:"):
-        name = path.removeprefix("builtin:")
-        if name not in _REGISTRY:
-            # Shipped tasks (runtime/tasks/<name>/) register themselves when imported.
-            module = f"runtime.tasks.{name}"
-            if name.isidentifier() and importlib.util.find_spec(module) is not None:
-                importlib.import_module(module)
-        if name not in _REGISTRY:
-            known = ", ".join(sorted(_REGISTRY)) or "none"
-            raise UserError(
-                f"dataset.path {path!r}: no builtin dataset named {name!r} (registered: {known})"
-            )
-        return _REGISTRY[name](dataset, seed=seed)
+        task = shipped_task(path.removeprefix("builtin:"), field="dataset.path")
+        return PromptSource.for_dataset(task.rows(), dataset, seed=seed)
     return HFPromptSource(path, dataset.config, dataset.split, seed=seed, **_formatting(dataset))
 
 

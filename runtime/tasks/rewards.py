@@ -4,7 +4,7 @@ A recipe names each reward as one of:
 - "math": 1.0 when the completion's final answer (`<answer>`, `\\boxed{}` or `####`) equals the
   gold number (GSM8K style), else 0.0;
 - "format": credit for the `<think>...</think><answer>...</answer>` layout;
-- "builtin:<name>": a reward registered with `register_reward` (shipped tasks such as "tiny");
+- "builtin:<name>": the reward of a task forgesky ships (runtime/tasks/registry.py);
 - "module:function": a user function, imported with importlib.
 """
 
@@ -21,14 +21,6 @@ from typing import Any
 from recipes.errors import UserError
 
 RewardFn = Callable[[str, str, str], float]
-
-_REGISTRY: dict[str, RewardFn] = {}
-
-
-def register_reward(name: str, fn: RewardFn) -> None:
-    """Make `fn` available to recipes as "builtin:<name>"."""
-    _REGISTRY[name] = fn
-
 
 # ---------------------------------------------------------------- math
 
@@ -164,17 +156,12 @@ _NAMED: dict[str, RewardFn] = {"math": math_reward, "format": format_reward}
 
 
 def _builtin(spec: str, name: str) -> RewardFn:
-    if name not in _REGISTRY:
-        # Shipped tasks (runtime/tasks/<name>/) register their reward when imported; reward procs
-        # resolve rewards in their own process, so import the task here rather than rely on
-        # some earlier import having done it.
-        module = f"runtime.tasks.{name}"
-        if name.isidentifier() and importlib.util.find_spec(module) is not None:
-            importlib.import_module(module)
-    if name not in _REGISTRY:
-        known = ", ".join(sorted(_REGISTRY)) or "none"
-        raise UserError(f"reward {spec!r}: no builtin reward named {name!r} (registered: {known})")
-    return _REGISTRY[name]
+    from runtime.tasks.registry import shipped_task
+
+    task = shipped_task(name, field="reward")
+    if task.reward is None:
+        raise UserError(f"reward {spec!r}: the shipped task {name!r} has no reward of its own")
+    return task.reward
 
 
 def _imported(spec: str) -> RewardFn:

@@ -10,13 +10,16 @@ sample decodes. A prompt is about 120-160 characters, i.e. as many tokens (+1 fo
     python -m runtime --recipe qwen3-1.7b --set model.init=random \
         --set model.tokenizer=builtin:arith --set dataset.path=builtin:arith
 
-Importing this package registers the prompt source; it stays light (no torch).
+`SHIPPED` is what `builtin:arith` stands for (runtime/tasks/registry.py); the package stays
+light (no torch).
 """
 
 from __future__ import annotations
 
 import random
 from typing import Any
+
+from runtime.tasks.registry import ShippedTask
 
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jonas")
 ITEMS = ("apples", "pencils", "stickers", "marbles", "books", "cookies", "stamps", "shells")
@@ -54,18 +57,6 @@ def tokenizer(vocab_size: int | None = None) -> Any:
     return build_tokenizer(vocab_size)
 
 
-def _prompt_source(dataset: Any, *, seed: int = 0) -> Any:
-    from runtime.tasks.data import PromptSource
+SHIPPED = ShippedTask("arith", rows=rows, tokenizer=tokenizer)
 
-    return PromptSource.for_dataset(rows(), dataset, seed=seed)
-
-
-def _register() -> None:
-    from runtime.tasks.data import register_prompt_source
-
-    register_prompt_source("arith", _prompt_source)
-
-
-_register()
-
-__all__ = ["problem", "rows", "tokenizer"]
+__all__ = ["SHIPPED", "problem", "rows", "tokenizer"]

@@ -1,7 +1,7 @@
 """The `tiny` recipe's world: a counting task, its reward and a local character tokenizer.
 
-Importing this package registers prompt source "tiny" (dataset.path "builtin:tiny") and reward
-"tiny" ("builtin:tiny"). It stays light (no torch, no transformers) for reward procs;
+`SHIPPED` is what `builtin:tiny` stands for in a recipe (runtime/tasks/registry.py): its prompts,
+its reward and its tokenizer. It stays light (no torch, no transformers) for reward procs;
 `tokenizer()` imports transformers when called.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.tasks.registry import ShippedTask
 from runtime.tasks.tiny.task import DIGITS, TinyTask, tiny_reward
 
 TASK = TinyTask()
@@ -26,20 +27,6 @@ def rows(task: TinyTask = TASK) -> list[dict[str, str]]:
     return [{"question": q, "answer": a} for q, a in task.all_prompts()]
 
 
-def _prompt_source(dataset: Any, *, seed: int = 0) -> Any:
-    from runtime.tasks.data import PromptSource
+SHIPPED = ShippedTask("tiny", rows=rows, reward=tiny_reward, tokenizer=lambda _vocab: tokenizer())
 
-    return PromptSource.for_dataset(rows(), dataset, seed=seed)
-
-
-def _register() -> None:
-    from runtime.tasks.data import register_prompt_source
-    from runtime.tasks.rewards import register_reward
-
-    register_reward("tiny", tiny_reward)
-    register_prompt_source("tiny", _prompt_source)
-
-
-_register()
-
-__all__ = ["DIGITS", "TASK", "TinyTask", "rows", "tiny_reward", "tokenizer"]
+__all__ = ["DIGITS", "SHIPPED", "TASK", "TinyTask", "rows", "tiny_reward", "tokenizer"]
