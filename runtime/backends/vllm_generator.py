@@ -70,8 +70,7 @@ def write_model_dir(spec: ModelSpec, directory: str | Path, **token_ids: Any) ->
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    config = hf_config(spec, **token_ids)
-    config.architectures = ["Qwen3ForCausalLM" if spec.family == "qwen3" else "LlamaForCausalLM"]
+    config = hf_config(spec, **token_ids)  # with `architectures`, which vLLM reads
     config.save_pretrained(str(directory))
     return directory
 

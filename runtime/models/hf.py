@@ -8,27 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
-from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedConfig,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
 
+from runtime.models.family import family
 from runtime.models.spec import ModelSpec
 from runtime.models.titan import titan_config
 
 
-def _adapter(spec: ModelSpec):
+def _adapter(spec: ModelSpec) -> Any:
     # The adapters read only shapes, tying and the RoPE flavour from the config, never the
     # attention backend, so an SDPA config serves every variant.
-    config = titan_config(spec, attention="sdpa")
-    if spec.family == "qwen3":
-        return Qwen3StateDictAdapter(config, None)
-    return Llama3StateDictAdapter(config, None)
+    return family(spec.family).adapter(titan_config(spec, attention="sdpa"))
 
 
 def to_hf(state_dict: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
@@ -41,23 +30,9 @@ def from_hf(hf_state_dict: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str
     return _adapter(spec).from_hf(dict(hf_state_dict))
 
 
-def hf_config(spec: ModelSpec, **token_ids: Any) -> PreTrainedConfig:
-    """The transformers config of the same architecture (`Qwen3Config` or `LlamaConfig`).
-
-    `token_ids` may set pad_token_id, bos_token_id, eos_token_id.
-    """
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(spec.rope_theta)}
-    if spec.rope_scaling is not None:
-        rope = {
-            "rope_type": "llama3",
-            "rope_theta": float(spec.rope_theta),
-            "factor": float(spec.rope_scaling["factor"]),
-            "low_freq_factor": float(spec.rope_scaling.get("low_freq_factor", 1.0)),
-            "high_freq_factor": float(spec.rope_scaling.get("high_freq_factor", 4.0)),
-            "original_max_position_embeddings": int(
-                spec.rope_scaling.get("original_max_position_embeddings", 8192)
-            ),
-        }
+def hf_config(spec: ModelSpec, **token_ids: Any) -> Any:
+    """The transformers config of the same architecture (`Qwen3Config`, `LlamaConfig`, ...),
+    with `architectures` set. `token_ids` may set pad_token_id, bos_token_id, eos_token_id."""
     common = dict(
         vocab_size=spec.vocab_size,
         hidden_size=spec.dim,
@@ -69,13 +44,14 @@ def hf_config(spec: ModelSpec, **token_ids: Any) -> PreTrainedConfig:
         max_position_embeddings=spec.max_seq_len,
         rms_norm_eps=spec.norm_eps,
         tie_word_embeddings=spec.tie_embeddings,
-        rope_parameters=rope,
+        rope_parameters={"rope_type": "default", "rope_theta": float(spec.rope_theta)},
         attention_bias=False,
         **token_ids,
     )
-    if spec.family == "qwen3":
-        return Qwen3Config(**common)
-    return LlamaConfig(**common)
+    fam = family(spec.family)
+    config = fam.hf_config(common, spec)
+    config.architectures = [fam.hf_architecture]
+    return config
 
 
 def build_hf_model(
@@ -89,8 +65,7 @@ def build_hf_model(
     Uses the eager/SDPA attention that runs everywhere; weights are HF-named.
     """
     config = hf_config(spec, **token_ids)
-    cls = Qwen3ForCausalLM if spec.family == "qwen3" else LlamaForCausalLM
     config._attn_implementation = "sdpa"
-    model = cls(config).to(device=device, dtype=dtype)
+    model = family(spec.family).hf_model()(config).to(device=device, dtype=dtype)
     model.eval()
     return model

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Family = Literal["qwen3", "llama3"]
+from recipes.names import FAMILIES
+from runtime.models.family import family
+
+Family = str  # one of recipes.names.FAMILIES
 
 _FIELDS = (
     "family",
@@ -47,16 +50,18 @@ class ModelSpec:
     rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
-        if self.family not in ("qwen3", "llama3"):
-            raise ValueError(f"unknown model family {self.family!r} (expected qwen3 or llama3)")
+        if self.family not in FAMILIES:
+            raise ValueError(
+                f"unknown model family {self.family!r} (expected {' or '.join(FAMILIES)})"
+            )
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
             )
         if self.head_dim % 2 != 0:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
-        if self.rope_scaling is not None and self.family != "llama3":
-            raise ValueError("rope_scaling is only supported for the llama3 family")
+        if self.rope_scaling is not None and not family(self.family).rope_scaling:
+            raise ValueError(f"the {self.family} family has no rope_scaling")
 
     @classmethod
     def from_arch(cls, arch: Any, family: str | None = None) -> ModelSpec:
@@ -87,7 +92,7 @@ class ModelSpec:
         """Parameter count (tied embeddings counted once)."""
         attn = self.dim * self.head_dim * (self.n_heads + 2 * self.n_kv_heads)
         attn += self.n_heads * self.head_dim * self.dim
-        if self.family == "qwen3":
+        if family(self.family).qk_norm:
             attn += 2 * self.head_dim  # q_norm, k_norm
         mlp = 3 * self.dim * self.ffn_dim
         per_layer = attn + mlp + 2 * self.dim

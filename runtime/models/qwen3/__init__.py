@@ -1,0 +1,15 @@
+"""Qwen3: queries and keys normalised per head, plain RoPE (cos/sin tables)."""
+
+from runtime.models.family import Family
+from runtime.models.qwen3.model import titan_config
+from runtime.models.qwen3.state_dict import adapter, hf_config, hf_model
+
+FAMILY = Family(
+    name="qwen3",
+    titan_config=titan_config,
+    adapter=adapter,
+    hf_config=hf_config,
+    hf_model=hf_model,
+    hf_architecture="Qwen3ForCausalLM",
+    qk_norm=True,
+)
