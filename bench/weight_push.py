@@ -3,8 +3,8 @@
     python bench/weight_push.py [--model qwen3-1.7b] [--versions 5] [--paths push,ipc]
     python bench/weight_push.py --device cpu --model tiny      # the same code over gloo
 
-One proc plays trainer rank 0 (`runtime.weights.direct.WeightSource`), the other a generator
-(`PushReceiver` for "push", `open_ipc` for "ipc"). On a GPU machine "push" puts them on GPUs 0
+One proc plays trainer rank 0 (a `PushSender` or `IpcSender` of runtime/weights/), the other a
+generator (`PushReceiver` for "push", `open_ipc` for "ipc"). On a GPU machine "push" puts them on GPUs 0
 and 1 (NCCL), "ipc" both on GPU 0. Weights: the model's HF state dict in bf16 (the architecture
 from the recipe catalog, random values). Each version is staged, moved and checked on the
 receiving side (a checksum of every tensor against the trainer's); the first version (NCCL set-up)
@@ -77,14 +77,22 @@ def _device(kind: str) -> Any:
 
 def _trainer(args: dict[str, Any], to_gen: Any, from_gen: Any, results: Any) -> None:
     _pin_gpu(0)
+    import asyncio
+
     import torch
 
-    from runtime.weights import direct as weight_sync
+    from runtime.weights.flat import flat_layout
+    from runtime.weights.ipc import IpcSender
+    from runtime.weights.push import PushSender
 
     device = _device(args["device"])
     state = _weights(args["model"], device, seed=0)
-    source = weight_sync.WeightSource([args["path"]], device)
-    to_gen.put(source.open_push() if args["path"] == "push" else None)
+    push = args["path"] == "push"
+    source = PushSender(device, receivers=1) if push else IpcSender(device)
+    to_gen.put(source.open())
+    entries, _ = flat_layout(state)
+    plain = {n: tuple(e) for n, e in entries.items()}
+    nbytes = sum(e.nbytes for e in entries.values())
     rows = []
     for version in range(args["versions"]):
         # A new version: every tensor changes (as after an optimizer step).
@@ -93,25 +101,27 @@ def _trainer(args: dict[str, Any], to_gen: Any, from_gen: Any, results: Any) -> 
                 t.add_(1.0 / 64)
         sums = _checksums(state)
         start = time.perf_counter()
-        direct, staged = source.stage(version, state)
-        if args["path"] == "push":
+        direct = asyncio.run(source.stage(version, state, entries))["direct"]
+        staged_s = time.perf_counter() - start
+        if push:
             source.wait_pushed(600)
-        to_gen.put((version, direct, sums))
+        to_gen.put((version, {**direct, "tensors": plain}, sums))
         got = from_gen.get(timeout=600)
         if got["error"]:
             raise RuntimeError(got["error"])
+        transfer_s = source.last_push_s if push else 0.0
         print(
-            f"  version {version}: stage {staged.seconds:.3f} s, transfer "
-            f"{source.last_push_s:.3f} s, end to end {got['done'] - start:.3f} s "
-            f"({staged.bytes / 1e9:.2f} GB)",
+            f"  version {version}: stage {staged_s:.3f} s, transfer "
+            f"{transfer_s:.3f} s, end to end {got['done'] - start:.3f} s "
+            f"({nbytes / 1e9:.2f} GB)",
             flush=True,
         )
         rows.append(
             {
                 "version": version,
-                "bytes": staged.bytes,
-                "stage_s": staged.seconds,
-                "transfer_s": source.last_push_s if args["path"] == "push" else 0.0,
+                "bytes": nbytes,
+                "stage_s": staged_s,
+                "transfer_s": transfer_s,
                 "end_to_end_s": got["done"] - start,
                 "load_s": got["load_s"],
             }
@@ -126,14 +136,15 @@ def _generator(args: dict[str, Any], from_trainer: Any, to_trainer: Any) -> None
     _pin_gpu(1 if args["path"] == "push" else 0)
     import torch
 
-    from runtime.weights import direct as weight_sync
-    from runtime.weights.layout import TensorEntry
+    from runtime.weights.flat import entries_of, views
+    from runtime.weights.ipc import open_ipc
+    from runtime.weights.push import PushReceiver
 
     device = _device(args["device"])
     receiver = None
     address = from_trainer.get(timeout=600)
     if args["path"] == "push":
-        receiver = weight_sync.PushReceiver(*address, 1, 2, device)
+        receiver = PushReceiver(*address, 1, 2, device)
     while True:
         item = from_trainer.get(timeout=600)
         if item is None:
@@ -145,9 +156,8 @@ def _generator(args: dict[str, Any], from_trainer: Any, to_trainer: Any) -> None
             receiver.wait_for(version, 600)
             flat = receiver.buffer
         else:
-            flat = weight_sync.open_ipc(direct["ipc"])
-        entries = {n: TensorEntry(*f) for n, f in direct["tensors"].items()}
-        got = weight_sync.views(flat, entries)
+            flat = open_ipc(direct["ipc"])
+        got = views(flat, entries_of(direct))
         # "Load": one on-GPU copy of every tensor, what the engine's load_weights does.
         copies = {k: v.clone() for k, v in got.items()}
         if device.type == "cuda":

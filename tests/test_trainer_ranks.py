@@ -16,7 +16,6 @@ from runtime.backends import build as services
 from runtime.backends.fsdp_trainer import WORLD_ENV
 from runtime.control.run import trainer_env, trainer_ranks
 from runtime.models import ModelSpec
-from runtime.weights import direct as weight_sync
 
 
 def test_one_trainer_proc_per_gpu_unless_told(monkeypatch):
@@ -67,7 +66,7 @@ def test_tiny_run_on_two_trainer_ranks_checkpoints_and_resumes(tmp_path: Path):
     assert saved["step"] == 4
 
     # the resumed run also publishes through rank 0's direct push path
-    again = start([*args, "--steps", "6"], env={**env, weight_sync.TRANSPORT_ENV: "push"})
+    again = start([*args, "--steps", "6"], env={**env, "FORGESKY_WEIGHT_TRANSPORT": "push"})
     code, out = finish(again, timeout=300)
     assert code == 0, out
     assert "resumed from step 4" in out

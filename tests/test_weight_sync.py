@@ -1,4 +1,4 @@
-"""Direct weight paths (runtime.weights.direct): layout, path choice, and the push protocol over gloo.
+"""Weight paths (runtime/weights/): flat layout, path choice, and the push protocol over gloo.
 
 The push tests run the real sender and receiver threads, TCPStore rendezvous and gloo broadcasts
 (what NCCL does between GPUs), in one process; the end-to-end test runs the tiny recipe through
@@ -15,8 +15,10 @@ import pytest
 import torch
 from runtime_helpers import finish, metrics, start
 
-from runtime.weights import direct as weight_sync
-from runtime.weights.direct import Endpoint, PushReceiver, WeightSource, choose, flat_layout, views
+from runtime.weights import transport as weight_sync
+from runtime.weights.flat import fill, flat_layout, views
+from runtime.weights.push import PushReceiver, PushSender
+from runtime.weights.transport import Endpoint, Publisher, choose, connections
 
 
 def state(seed: int) -> dict[str, torch.Tensor]:
@@ -35,7 +37,7 @@ def test_flat_layout_aligns_and_views_round_trip():
     assert all(e.offset % 256 == 0 for e in entries.values())
     assert total >= sum(t.numel() * t.element_size() for t in sd.values())
     buffer = torch.zeros(total, dtype=torch.uint8)
-    weight_sync._fill(buffer, entries, sd)
+    fill(buffer, entries, sd)
     for name, view in views(buffer, entries).items():
         assert view.dtype == sd[name].dtype and torch.equal(view, sd[name]), name
     # views share the buffer's bytes
@@ -63,30 +65,41 @@ def test_choose_paths():
 def test_transport_mode_rejects_unknown(monkeypatch):
     from recipes import UserError
 
-    monkeypatch.setenv(weight_sync.TRANSPORT_ENV, "carrier-pigeon")
+    monkeypatch.setenv("FORGESKY_WEIGHT_TRANSPORT", "carrier-pigeon")
     with pytest.raises(UserError, match="FORGESKY_WEIGHT_TRANSPORT"):
         weight_sync.transport_mode()
 
 
+def stage(sender: PushSender, version: int, sd: dict[str, torch.Tensor]) -> dict:
+    import asyncio
+
+    entries, _ = flat_layout(sd)
+    return asyncio.run(sender.stage(version, sd, entries))
+
+
+def test_connections_give_each_push_receiver_its_rank():
+    paths = ["push", "store", "ipc", "push"]
+    links = connections(paths, {"push": ("10.0.0.1", 7), "store": None, "ipc": None})
+    assert links == [("10.0.0.1", 7, 1, 3), None, None, ("10.0.0.1", 7, 2, 3)]
+
+
 def test_push_over_gloo_delivers_each_version_to_every_receiver():
-    source = WeightSource(["push", "store", "push"], torch.device("cpu"))
-    address, port = source.open_push()
+    source = PushSender(torch.device("cpu"), receivers=2)
+    address, port = source.open()
     receivers = [PushReceiver(address, port, r, 3, torch.device("cpu")) for r in (1, 2)]
     try:
         for version in range(3):
             sd = state(version)
-            direct, stats = source.stage(version, sd)
-            assert direct["push"] and stats.bytes == source.total
+            assert stage(source, version, sd) == {"direct": {"push": True}}
+            entries, _ = flat_layout(sd)
             for r in receivers:
                 assert r.wait_for(version, timeout=60) == version
                 with r.lock:
-                    got = views(r.buffer, source.entries)
+                    got = views(r.buffer, entries)
                     for name, tensor in sd.items():
                         assert torch.equal(got[name], tensor), (version, name)
         assert source.wait_pushed(60)
         assert source.pushes == 3 and source.last_push_s > 0
-        # the stored layout is what a generator reads from the manifest
-        assert set(direct["tensors"]) == set(sd)
     finally:
         source.close()
     for r in receivers:
@@ -96,16 +109,16 @@ def test_push_over_gloo_delivers_each_version_to_every_receiver():
 
 
 def test_a_receiver_behind_gets_the_newest_version_and_a_late_one_times_out():
-    source = WeightSource(["push"], torch.device("cpu"))
-    address, port = source.open_push()
+    source = PushSender(torch.device("cpu"), receivers=1)
+    address, port = source.open()
     receiver = PushReceiver(address, port, 1, 2, torch.device("cpu"))
     try:
         with receiver.lock:  # the generator is loading: pushes wait for it
-            source.stage(0, state(0))
+            stage(source, 0, state(0))
             staged = threading.Event()
 
             def second() -> None:
-                source.stage(1, state(1))  # waits until push 0 is through
+                stage(source, 1, state(1))  # waits until push 0 is through
                 staged.set()
 
             threading.Thread(target=second, daemon=True).start()
@@ -122,12 +135,14 @@ def test_a_receiver_behind_gets_the_newest_version_and_a_late_one_times_out():
 
 
 def test_changed_tensors_between_versions_are_refused():
-    source = WeightSource(["ipc"], torch.device("cpu"))
-    source.entries, source.total = flat_layout(state(0))
+    import asyncio
+
+    publisher = Publisher(None, ["ipc"], torch.device("cpu"))
+    publisher.entries, _ = flat_layout(state(0))
     sd = state(1)
     sd["extra"] = torch.zeros(1)
     with pytest.raises(ValueError, match="changed its tensors"):
-        source.stage(1, sd)
+        asyncio.run(publisher.publish(1, sd))
 
 
 @pytest.mark.slow
@@ -135,7 +150,7 @@ def test_tiny_run_with_pushed_weights(tmp_path: Path):
     run_dir = tmp_path / "run"
     proc = start(
         ["--recipe", "tiny", "--run-dir", str(run_dir), "--set", "grpo.steps=12"],
-        env={weight_sync.TRANSPORT_ENV: "push"},
+        env={"FORGESKY_WEIGHT_TRANSPORT": "push"},
     )
     code, out = finish(proc, timeout=600)
     assert code == 0, out

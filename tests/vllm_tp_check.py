@@ -21,7 +21,7 @@ from runtime.backends import collate  # noqa: E402
 from runtime.backends.fsdp_trainer import GPUReference  # noqa: E402
 from runtime.backends.vllm_generator import VLLMGenerator  # noqa: E402
 from runtime.models import to_hf  # noqa: E402
-from runtime.weights.direct import _fill, flat_layout  # noqa: E402
+from runtime.weights.flat import fill, flat_layout  # noqa: E402
 
 T = 0.7
 
@@ -30,7 +30,7 @@ def flat_of(weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
     hf = {k: v.to(torch.bfloat16) for k, v in to_hf(weights, SMALL).items()}
     entries, total = flat_layout(hf)
     flat = torch.empty(total, dtype=torch.uint8, device="cuda:0")
-    _fill(flat, entries, hf)
+    fill(flat, entries, hf)
     torch.cuda.synchronize()
     return flat, entries
 

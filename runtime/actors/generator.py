@@ -16,9 +16,8 @@ class GeneratorActor(Actor):
         self.store: Any = None
         self.tokenizer: Any = None
         self.recipe: Any = None
-        self.path = (
-            "store"  # how policy versions arrive: store | push | ipc (runtime.weights.direct)
-        )
+        # How policy versions arrive (runtime.weights.transport): the store until the
+        # controller connects this generator's path.
         self.receiver: Any = None
 
     @endpoint
@@ -33,21 +32,18 @@ class GeneratorActor(Actor):
     @endpoint
     async def weight_endpoint(self) -> Any:
         """Where this generator's weights live (host, GPU, TP width): picks its weight path."""
-        from runtime.weights import direct as weight_sync
+        from runtime.weights.transport import endpoint
 
-        return weight_sync.endpoint(tp=self.recipe.layout.generator.tp)
+        return endpoint(tp=self.recipe.layout.generator.tp)
 
     @endpoint
-    async def connect_weights(self, path: str, push: tuple[str, int, int, int] | None) -> None:
-        """Take policy versions by `path`; for "push", join the trainer's group at
-        (address, port) as (rank, world): a receiver thread takes each version as it comes."""
-        from runtime.weights import direct as weight_sync
+    async def connect_weights(self, path: str, connection: Any = None) -> None:
+        """Take policy versions by `path` (store | ipc | push), with what its sender opened."""
+        from runtime.weights.transport import receiver
 
-        self.path = path
-        if path == "push":
-            assert push is not None
-            address, port, rank, world = push
-            self.receiver = weight_sync.PushReceiver(address, port, rank, world, services.device())
+        if self.receiver is not None:
+            self.receiver.close()
+        self.receiver = receiver(path, self.store, services.device(), connection)
 
     @endpoint
     async def update_weights(self, version: int) -> dict[str, float]:
@@ -57,46 +53,21 @@ class GeneratorActor(Actor):
         returned: no completion mixes two versions. Returns the version loaded, the bytes and
         the seconds this took (for "push", the wait for bytes still in flight included).
         """
+        from runtime.weights.transport import receiver
+
         start = time.perf_counter()
-        if self.path == "store":
-            fetched = await self.store.fetch(version, wait_s=60.0)
-            self.backend.load_weights(fetched.state_dict)
-            loaded, nbytes = version, fetched.stats.bytes
-        else:
-            loaded, nbytes = await self._load_direct(version)
+        if self.receiver is None:
+            self.receiver = receiver("store", self.store, services.device())
+        loaded, nbytes = await self.receiver.load(version, self.backend)
         self.backend.policy_version = loaded
         return {"version": loaded, "bytes": nbytes, "seconds": time.perf_counter() - start}
-
-    async def _load_direct(self, version: int) -> tuple[int, int]:
-        import asyncio
-
-        from runtime.weights import direct as weight_sync
-        from runtime.weights.layout import TensorEntry
-
-        direct = await self.store.direct(version, wait_s=60.0)
-        if direct is None:
-            raise RuntimeError(f"policy version {version} has no direct entry in its manifest")
-        entries = {n: TensorEntry(*fields) for n, fields in direct["tensors"].items()}
-        nbytes = sum(e.nbytes for e in entries.values())
-        if self.path == "ipc":
-            flat = weight_sync.open_ipc(direct["ipc"])
-            weight_sync.load_flat(self.backend, flat, entries, handle=direct["ipc"])
-            del flat
-            return version, nbytes
-        if self.backend.policy_version >= version:
-            return self.backend.policy_version, 0  # a newer version came with an earlier call
-        await asyncio.to_thread(self.receiver.wait_for, version, 120.0)
-        with self.receiver.lock:
-            loaded = self.receiver.version
-            weight_sync.load_flat(self.backend, self.receiver.buffer, entries)
-        return loaded, nbytes
 
     @endpoint
     async def close(self) -> None:
         """End the engine before the proc stops: vLLM's process group and TP workers are torn
         down in order (left to the interpreter's exit, NCCL warns of a leak)."""
         if self.receiver is not None:
-            self.receiver.close(timeout=5.0)
+            self.receiver.close()
             self.receiver = None
         close = getattr(self.backend, "close", None)
         self.backend = None

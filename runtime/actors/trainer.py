@@ -23,7 +23,9 @@ class TrainerActor(Actor):
         self.backend: Any = None
         self.store: Any = None
         self.recipe: Any = None
-        self.source: Any = None  # runtime.weights.direct.WeightSource: generators reading directly
+        # How versions leave rank 0 (runtime.weights.transport.Publisher): the store until the
+        # controller connects the generators' paths.
+        self.publisher: Any = None
 
     @endpoint
     async def setup(self, recipe: Any, store: Any) -> dict[str, Any]:
@@ -71,59 +73,47 @@ class TrainerActor(Actor):
     @endpoint
     async def weight_endpoint(self) -> Any:
         """Where this trainer's published weights live (host, GPU)."""
-        from runtime.weights import direct as weight_sync
+        from runtime.weights.transport import endpoint
 
-        return weight_sync.endpoint()
+        return endpoint()
 
     @endpoint
-    async def connect_weights(self, paths: list[str]) -> tuple[str, int] | None:
-        """Serve the generators' weight paths (one per generator: store | push | ipc, see
-        runtime.weights.direct); the push group's (address, port) when any generator pushes."""
-        from runtime.weights import direct as weight_sync
+    async def connect_weights(self, paths: list[str]) -> dict[str, Any]:
+        """Serve the generators' weight paths (one per generator, see
+        runtime.weights.transport); what their receivers need, by path (rank 0)."""
+        from runtime.weights.transport import Publisher
 
-        if self._rank() != 0 or all(p == "store" for p in paths):
-            return None
-        self.source = weight_sync.WeightSource(paths, services.device())
-        return self.source.open_push() if self.source.pushing else None
+        if self._rank() != 0:
+            return {}
+        if self.publisher is not None:
+            self.publisher.close()
+        self.publisher = Publisher(self.store, paths, services.device())
+        return self.publisher.open()
 
     @endpoint
     async def publish(self, version: int) -> dict[str, float]:
-        """Make the current weights (HF names) `version`: staged for the direct paths, in the
-        store's buckets for the store path, indexed in the store either way."""
+        """Make the current weights (HF names) `version`: sent by every path in use, then
+        indexed in the store."""
         state = self.backend.hf_state_dict()  # with several ranks: a collective on every rank
         if self._rank() != 0:
             return {"bytes": 0, "seconds": 0.0}
-        start = time.perf_counter()
-        if self.source is None:
-            stats = await self.store.publish(version, state)
-            return {"bytes": stats.bytes, "seconds": stats.seconds}
-        direct, staged = self.source.stage(version, state)
-        if self.source.needs_store:
-            await self.store.publish(version, state, direct=direct)
-        else:
-            await self.store.announce(version, direct)
-        return {
-            "bytes": staged.bytes,
-            "seconds": time.perf_counter() - start,
-            "stage_s": staged.seconds,
-            "push_wait_s": staged.waited_s,
-            "push_s": staged.last_push_s,
-        }
+        if self.publisher is None:
+            from runtime.weights.transport import Publisher
+
+            self.publisher = Publisher(self.store, ["store"], services.device())
+        return await self.publisher.publish(version, state)
 
     @endpoint
     async def drop(self, version: int) -> None:
-        if self._rank() != 0:
-            return
-        if self.source is not None:
-            self.source.release(version)
-        await self.store.drop(version)
+        if self._rank() == 0 and self.publisher is not None:
+            await self.publisher.drop(version)
 
     @endpoint
     async def close_weights(self) -> None:
         """Stop serving the direct paths (the receivers' threads end)."""
-        if self.source is not None:
-            self.source.close()
-            self.source = None
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None
 
     @endpoint
     async def save(self, directory: str) -> None:

@@ -13,7 +13,7 @@ policy version 0 from the trainer, like every later version.
 Tensor parallelism: with TP=1 the worker is this process (vLLM's uni-process executor). With TP>1
 vLLM's multiprocess executor starts one worker process per GPU; the engine core stays here, and
 each worker's weight loaders keep their own shard of whatever full tensors they are given:
-- `load_flat` (the direct weight paths of `runtime.weights.direct`): the version sits in one flat
+- `load_flat` (the direct weight paths of `runtime.weights.transport`): the version sits in one flat
   buffer on this proc's first GPU (pushed there) or on the trainer's (CUDA IPC); every worker
   opens that buffer through its CUDA IPC handle and loads from views of it, worker 0 from its own
   GPU, the others over NVLink/PCIe peer reads. No copy through the host.
@@ -116,7 +116,7 @@ def _load_flat_on_worker(
 ) -> list[str]:
     """Runs inside a vLLM worker: open a flat weight buffer by its CUDA IPC handle (see
     `torch.multiprocessing.reductions.reduce_tensor`) and load from views of it."""
-    from runtime.weights.direct import views
+    from runtime.weights.flat import views
     from runtime.weights.layout import TensorEntry
 
     rebuild, args = handle
@@ -249,7 +249,7 @@ class VLLMGenerator:
         was itself opened from another process's handle (that one is passed on, rather than a
         mapping shared a second time), else one made here.
         """
-        from runtime.weights.direct import views
+        from runtime.weights.flat import views
 
         if self.tensor_parallel_size == 1 or flat.device.type != "cuda":
             self.load_weights(views(flat, entries))

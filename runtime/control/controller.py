@@ -106,31 +106,28 @@ class Controller:
     # --- weights ------------------------------------------------------------------------------
 
     async def _connect_weights(self) -> None:
-        """Pick each generator's weight path (`runtime.weights.direct.choose`) and open it."""
-        from runtime.weights import direct as weight_sync
+        """Pick each generator's weight path (`runtime.weights.transport.choose`) and open it."""
+        from runtime.weights import transport
 
         s = self.services
-        mode = weight_sync.transport_mode()
+        mode = transport.transport_mode()
         self.weight_paths = ["store"] * len(s.generators)
-        if mode == "store":
-            return
-        trainer = await s.train_call("weight_endpoint")
-        gens = await asyncio.gather(
-            *(s.call("generator", g.weight_endpoint.call_one()) for g in s.generators)
+        if mode != "store":
+            trainer = await s.train_call("weight_endpoint")
+            gens = await asyncio.gather(
+                *(s.call("generator", g.weight_endpoint.call_one()) for g in s.generators)
+            )
+            self.weight_paths = transport.choose(trainer, list(gens), mode)
+        opened = await s.train_call("connect_weights", self.weight_paths)
+        links = transport.connections(self.weight_paths, opened)
+        await asyncio.gather(
+            *(
+                s.call("generator", gen.connect_weights.call_one(path, link))
+                for gen, path, link in zip(s.generators, self.weight_paths, links, strict=True)
+            )
         )
-        self.weight_paths = weight_sync.choose(trainer, list(gens), mode)
-        if all(p == "store" for p in self.weight_paths):
-            return
-        address = await s.train_call("connect_weights", self.weight_paths)
-        world, rank, joins = 1 + self.weight_paths.count("push"), 0, []
-        for gen, path in zip(s.generators, self.weight_paths, strict=True):
-            push = None
-            if path == "push":
-                rank += 1
-                push = (address[0], address[1], rank, world)
-            joins.append(s.call("generator", gen.connect_weights.call_one(path, push)))
-        await asyncio.gather(*joins)
-        print(f"weights reach the generators by: {', '.join(self.weight_paths)}", flush=True)
+        if any(p != "store" for p in self.weight_paths):
+            print(f"weights reach the generators by: {', '.join(self.weight_paths)}", flush=True)
 
     async def _publish_and_load(self, version: int) -> float:
         """Publish `version` and load it on every generator now (start of run)."""

@@ -174,17 +174,28 @@ class WeightStore:
         *,
         direct: dict[str, Any] | None = None,
     ) -> SyncStats:
-        """Store ``state_dict`` (HF names) as ``version``; readers see it once this returns.
+        """Store `state_dict` (HF names) as `version`; readers see it once this returns.
 
-        ``direct`` (from :class:`runtime.weight_sync.WeightSource`) goes into the manifest too,
-        for the generators that read the version another way.
+        `direct` (how the direct paths read this version, see runtime/weights/transport.py)
+        goes into the manifest too.
         """
+        start = time.perf_counter()
+        manifest = await self.put_buckets(version, state_dict)
+        if direct is not None:
+            manifest["direct"] = direct
+        await self.put_manifest(version, manifest)
+        nbytes = sum(manifest["buckets"])
+        return SyncStats(version, len(manifest["tensors"]), nbytes, time.perf_counter() - start)
+
+    async def put_buckets(
+        self, version: int, state_dict: dict[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        """Write `version`'s buckets (not yet readable); the manifest entries that index them."""
         if not state_dict:
             raise ValueError("refusing to publish an empty state dict")
         client = await self._client()
         if await client.exists(manifest_key(version)):
             raise ValueError(f"policy version {version} is already published in {self.name}")
-        start = time.perf_counter()
         packer = Packer(state_dict, self.bucket_bytes)
 
         async def put(index: int) -> None:
@@ -194,20 +205,23 @@ class WeightStore:
         await _bounded([put(i) for i in range(len(packer.sizes))])
         # Plain builtins: the storage volume's proc unpickles it without importing this module.
         tensors = {n: tuple(entry) for n, entry in packer.entries.items()}
-        manifest = {"buckets": packer.sizes, "tensors": tensors}
-        if direct is not None:
-            manifest["direct"] = direct
+        return {"buckets": packer.sizes, "tensors": tensors}
+
+    async def put_manifest(
+        self, version: int, manifest: dict[str, Any], *, check: bool = False
+    ) -> None:
+        """Make `version` exist for readers: its manifest, written after its bytes. With
+        `check`, refuse a version already published (`put_buckets` checks it otherwise)."""
+        client = await self._client()
+        if check and await client.exists(manifest_key(version)):
+            raise ValueError(f"policy version {version} is already published in {self.name}")
         await client.put(manifest_key(version), manifest)
-        seconds = time.perf_counter() - start
-        return SyncStats(version, len(tensors), sum(packer.sizes), seconds)
 
     async def announce(self, version: int, direct: dict[str, Any]) -> None:
-        """Index ``version`` without its bytes: a manifest that only says how to read it
-        directly (see :mod:`runtime.weight_sync`). ``fetch`` refuses such a version."""
-        client = await self._client()
-        if await client.exists(manifest_key(version)):
-            raise ValueError(f"policy version {version} is already published in {self.name}")
-        await client.put(manifest_key(version), {"buckets": [], "tensors": {}, "direct": direct})
+        """Index `version` without its bytes: a manifest that only says how to read it
+        directly. `fetch` refuses such a version."""
+        manifest = {"buckets": [], "tensors": {}, "direct": direct}
+        await self.put_manifest(version, manifest, check=True)
 
     async def direct(self, version: int, *, wait_s: float = 0.0) -> dict[str, Any] | None:
         """The ``direct`` entry of ``version``'s manifest (None if it has none), waiting up to
@@ -363,3 +377,49 @@ async def stop_store(store: WeightStore) -> None:
     finally:
         ts.reset_client(store.name)
         await procs.stop()
+
+
+# --- the store as a transport (any placement; the fallback) --------------------------------------
+
+
+class StoreSender:
+    """Trainer rank 0's end of the `store` path: the version's bytes in the store's buckets."""
+
+    name = "store"
+
+    def __init__(self, store: WeightStore) -> None:
+        self.store = store
+
+    def open(self) -> None:
+        return None
+
+    async def stage(
+        self, version: int, state: dict[str, torch.Tensor], entries: Any
+    ) -> dict[str, Any]:
+        return await self.store.put_buckets(version, state)
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def release(self, version: int) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class StoreReceiver:
+    """A generator's end of the `store` path: fetch the buckets, load the state dict."""
+
+    name = "store"
+
+    def __init__(self, store: WeightStore) -> None:
+        self.store = store
+
+    async def load(self, version: int, backend: Any) -> tuple[int, int]:
+        fetched = await self.store.fetch(version, wait_s=60.0)
+        backend.load_weights(fetched.state_dict)
+        return version, fetched.stats.bytes
+
+    def close(self) -> None:
+        return None

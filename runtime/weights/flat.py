@@ -1,0 +1,66 @@
+"""One flat byte buffer holding a whole policy version: what the direct paths (CUDA IPC, NCCL
+push) move. Every tensor starts on a 256-byte boundary, so each is a view of the buffer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from runtime.weights.layout import TensorEntry, dtype_name, parse_dtype
+
+ALIGN = 256  # bytes; every tensor of a flat buffer starts on such a boundary
+
+
+def flat_layout(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, TensorEntry], int]:
+    """Byte offsets of every tensor in one flat buffer (`ALIGN`-aligned); its total size."""
+    entries, offset = {}, 0
+    for name, tensor in state_dict.items():
+        entries[name] = TensorEntry(
+            0, offset, tensor.numel(), tuple(tensor.shape), dtype_name(tensor.dtype)
+        )
+        nbytes = tensor.numel() * tensor.element_size()
+        offset += -(-nbytes // ALIGN) * ALIGN
+    return entries, offset
+
+
+def views(buffer: torch.Tensor, entries: Mapping[str, TensorEntry]) -> dict[str, torch.Tensor]:
+    """Tensors of `entries` as views into a flat uint8 `buffer`."""
+    out = {}
+    for name, e in entries.items():
+        dtype = parse_dtype(e.dtype)
+        raw = buffer[e.offset : e.offset + e.numel * dtype.itemsize]
+        out[name] = raw.view(dtype).view(e.shape)
+    return out
+
+
+def fill(buffer: torch.Tensor, entries: Mapping[str, TensorEntry], state_dict: Any) -> None:
+    """Copy `state_dict` into `buffer` at `entries` (asynchronously on a GPU)."""
+    with torch.no_grad():
+        for name, view in views(buffer, entries).items():
+            view.copy_(state_dict[name], non_blocking=True)
+
+
+def indexed(device: torch.device) -> torch.device:
+    """`cuda` as the current CUDA device (`cuda:N`): threads need the index to set it."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def entries_of(direct: Mapping[str, Any]) -> dict[str, TensorEntry]:
+    """The flat layout a manifest's `direct` entry carries (plain tuples on the wire)."""
+    return {name: TensorEntry(*fields) for name, fields in direct["tensors"].items()}
+
+
+def load_flat(
+    backend: Any, flat: torch.Tensor, entries: Mapping[str, TensorEntry], handle: Any = None
+) -> None:
+    """Load a version lying in one flat buffer into a generator backend: through its own
+    `load_flat` where it has one (vLLM: TP workers open the buffer by CUDA IPC), else from
+    views of the buffer."""
+    if hasattr(backend, "load_flat"):
+        backend.load_flat(flat, entries, handle=handle)
+    else:
+        backend.load_weights(views(flat, entries))

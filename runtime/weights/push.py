@@ -1,0 +1,321 @@
+"""The `push` path: a generator with GPUs of its own (any host) gets each version broadcast into
+a flat buffer of its own, in the background, while it keeps sampling.
+
+Trainer rank 0 and the push generators form one process group outside `torch.distributed`'s
+default one (NCCL between GPUs, gloo on CPU) that rendezvous through a `TCPStore` on the
+trainer. On each publish the trainer copies the weights into one flat staging buffer and a
+sender thread broadcasts it; each generator's receiver thread takes it into its buffer. The
+generator's load is then on-GPU copies (a TP>1 generator's workers open the buffer by CUDA
+IPC). A generator that is behind loads the newest version it has received, never an older one
+than asked for. Every collective carries the recipe's `weight_sync.timeout_s`: a peer that
+died fails the push instead of hanging the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runtime.weights.flat import entries_of, fill, indexed, load_flat
+from runtime.weights.layout import TensorEntry
+
+_ANNOUNCE = "forgesky/push/"
+_STOP = -1
+DEFAULT_TIMEOUT_S = 300.0
+NODE_ADDR_ENV = "FORGESKY_NODE_ADDR"  # process plumbing: this node's address, if not found
+
+
+def _group(store: dist.Store, rank: int, world: int, device: torch.device, timeout: Any) -> Any:
+    """A process group of its own (not torch.distributed's default group, which FSDP or vLLM
+    may own in the same proc): NCCL for GPU buffers, gloo for CPU ones."""
+    prefixed = dist.PrefixStore("forgesky-weights", store)
+    if device.type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(prefixed, rank, world, options)
+    return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+
+
+def _broadcast(group: Any, buffer: torch.Tensor, stream: Any) -> None:
+    """Broadcast `buffer` from rank 0 and wait until this proc's part is done."""
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    options.rootTensor = 0
+    if stream is None:
+        group.broadcast([buffer], options).wait()
+        return
+    with torch.cuda.stream(stream):
+        group.broadcast([buffer], options).wait()
+    stream.synchronize()
+
+
+def _shutdown(group: Any) -> None:
+    """End a group before its thread returns: an NCCL group left to the interpreter's exit is
+    torn down while the CUDA driver shuts down, which aborts the process."""
+    # A backend without shutdown, or one already ended, has nothing left to end.
+    with contextlib.suppress(Exception):
+        group.shutdown()
+
+
+def _advertised_address() -> str:
+    """An address of this host that the generators' hosts can reach."""
+    explicit = os.environ.get(NODE_ADDR_ENV)
+    if explicit:
+        return explicit
+    from recipes import UserError
+    from runtime.procs.cluster import cluster_from_env
+
+    try:
+        cluster = cluster_from_env()
+    except UserError:
+        cluster = None
+    return cluster.ip if cluster is not None and cluster.multi_node else "127.0.0.1"
+
+
+def _timedelta(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+class PushSender:
+    """Trainer rank 0's end: stages each version in one buffer that a thread broadcasts.
+
+    `open()` starts the rendezvous store and the thread and returns (address, port); `close()`
+    tells the receivers to stop.
+    """
+
+    name = "push"
+
+    def __init__(
+        self, device: torch.device, receivers: int, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        if receivers < 1:
+            raise ValueError("a push needs at least one receiver")
+        self.device = indexed(torch.device(device))
+        self.receivers = receivers
+        self.timeout = _timedelta(timeout_s)
+        self.total = 0
+        self._buffer: torch.Tensor | None = None
+        self._store: dist.TCPStore | None = None
+        self._queue: queue.Queue[tuple[int, Any] | None] = queue.Queue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._waited_s = 0.0
+        self.last_push_s = 0.0
+        self.pushes = 0
+
+    def open(self) -> tuple[str, int]:
+        self._store = dist.TCPStore(
+            "0.0.0.0",
+            0,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=self.timeout,
+            use_libuv=True,
+        )
+        self._thread = threading.Thread(target=self._send_loop, name="weight-push", daemon=True)
+        self._thread.start()
+        return _advertised_address(), self._store.port
+
+    async def stage(
+        self, version: int, state: Mapping[str, torch.Tensor], entries: dict[str, TensorEntry]
+    ) -> dict[str, Any]:
+        total = max(e.offset + e.nbytes for e in entries.values())
+        self._raise_if_failed()
+        t = time.perf_counter()
+        # The staging buffer is reused: the previous push must be through first.
+        if not self._idle.wait(self.timeout.total_seconds()):
+            raise TimeoutError(f"pushing the previous policy version took over {self.timeout}")
+        self._raise_if_failed()
+        self._waited_s = time.perf_counter() - t
+        if self._buffer is None or self.total != total:
+            self._buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
+            self.total = total
+        fill(self._buffer, entries, state)
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        self._idle.clear()
+        self._queue.put((version, ready))
+        return {"direct": {"push": True}}
+
+    def stats(self) -> dict[str, float]:
+        """The last stage's wait for the push before it, and that push's seconds."""
+        return {"push_wait_s": self._waited_s, "push_s": self.last_push_s}
+
+    def wait_pushed(self, timeout: float | None = None) -> bool:
+        """Block until the last staged version has reached every receiver."""
+        done = self._idle.wait(timeout)
+        self._raise_if_failed()
+        return done
+
+    def release(self, version: int) -> None:
+        return None
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"weight push failed: {self._error}") from self._error
+
+    def _send_loop(self) -> None:
+        assert self._store is not None
+        try:
+            stream = None
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+                stream = torch.cuda.Stream(self.device)
+            group = _group(self._store, 0, 1 + self.receivers, self.device, self.timeout)
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    self._store.set(f"{_ANNOUNCE}{self.pushes + 1}", f"{_STOP}:0")
+                    _shutdown(group)
+                    return
+                version, ready = item
+                start = time.perf_counter()
+                if ready is not None:
+                    stream.wait_event(ready)
+                self.pushes += 1
+                # Announce first: receivers post their half of the broadcast when they see it.
+                self._store.set(f"{_ANNOUNCE}{self.pushes}", f"{version}:{self.total}")
+                assert self._buffer is not None
+                _broadcast(group, self._buffer, stream)
+                self.last_push_s = time.perf_counter() - start
+                self._idle.set()
+        except BaseException as e:  # noqa: BLE001 - surfaced by the next stage()
+            self._error = e
+            self._idle.set()
+
+    def close(self, timeout: float = 30.0) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout)
+
+
+class PushReceiver:
+    """A generator's end: a receiver thread takes each pushed version into one flat buffer.
+
+    `lock` guards the buffer: held while a version is received and while it is loaded.
+    """
+
+    name = "push"
+
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        rank: int,
+        world: int,
+        device: torch.device,
+        *,
+        store: Any = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ):
+        self.device = indexed(torch.device(device))
+        self.rank, self.world = rank, world
+        self.store = store  # the weight store: manifests say where each tensor lies
+        self.timeout = _timedelta(timeout_s)
+        self.version = -1
+        self.lock = threading.Lock()
+        self.buffer: torch.Tensor | None = None
+        self.last_receive_s = 0.0
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._store = dist.TCPStore(
+            address, port, is_master=False, timeout=self.timeout, use_libuv=True
+        )
+        self._thread = threading.Thread(target=self._receive_loop, name="weight-recv", daemon=True)
+        self._thread.start()
+
+    def _next_announcement(self, seq: int) -> tuple[int, int] | None:
+        key = f"{_ANNOUNCE}{seq}"
+        # Polled (a blocking wait with a timeout logs a warning per timeout); the first checks
+        # come quickly, later ones every 20 ms: a push takes at least that long to move.
+        delay = 0.001
+        while not self._stop.is_set():
+            if self._store.check([key]):
+                version, total = self._store.get(key).decode().split(":")
+                return int(version), int(total)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        return None
+
+    def _receive_loop(self) -> None:
+        try:
+            stream = None
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+                stream = torch.cuda.Stream(self.device)
+            group = _group(self._store, self.rank, self.world, self.device, self.timeout)
+            seq = 0
+            while True:
+                seq += 1
+                announced = self._next_announcement(seq)
+                if announced is None or announced[0] == _STOP:
+                    _shutdown(group)
+                    return
+                version, total = announced
+                with self.lock:
+                    start = time.perf_counter()
+                    if self.buffer is None or self.buffer.numel() != total:
+                        self.buffer = None
+                        self.buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
+                    _broadcast(group, self.buffer, stream)
+                    self.last_receive_s = time.perf_counter() - start
+                    self.version = version
+                with self._changed:
+                    self._changed.notify_all()
+        except BaseException as e:  # noqa: BLE001 - surfaced by wait_for()
+            self._error = e
+            with self._changed:
+                self._changed.notify_all()
+
+    def wait_for(self, version: int, timeout: float) -> int:
+        """Block until a version >= `version` has arrived; returns the one that has."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self.version < version and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    break
+                self._changed.wait(min(left, 1.0))
+        if self._error is not None:
+            raise RuntimeError(f"weight receiver failed: {self._error}") from self._error
+        if self.version < version:
+            raise TimeoutError(
+                f"policy version {version} was not pushed within {timeout:g} s "
+                f"(last received: {self.version})"
+            )
+        return self.version
+
+    async def load(self, version: int, backend: Any) -> tuple[int, int]:
+        """Load `version` (or a newer one already here) into `backend`: (version, bytes)."""
+        import asyncio
+
+        if backend.policy_version >= version:
+            return backend.policy_version, 0  # a newer version came with an earlier call
+        direct = await self.store.direct(version, wait_s=60.0)
+        if direct is None:
+            raise RuntimeError(f"policy version {version} has no direct entry in its manifest")
+        entries = entries_of(direct)
+        await asyncio.to_thread(self.wait_for, version, self.timeout.total_seconds())
+        with self.lock:
+            loaded = self.version
+            load_flat(backend, self.buffer, entries)
+        return loaded, sum(e.nbytes for e in entries.values())
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop receiving (after the trainer's stop announcement, or now) and end the group."""
+        self._stop.set()
+        self._thread.join(timeout)

@@ -1,0 +1,267 @@
+"""How a policy version travels from the trainer to each generator: one `Transport` per path,
+chosen per generator when the run starts; TorchStore is the index of versions whatever the path.
+
+- `store` (runtime/weights/store.py): TorchStore's buckets; any placement, the fallback.
+- `ipc` (runtime/weights/ipc.py): the generator's first GPU is the trainer's; it reads the
+  trainer's memory through a CUDA IPC handle.
+- `push` (runtime/weights/push.py): the generator has GPUs of its own; a sender thread
+  broadcasts each version into its buffer while it keeps sampling.
+
+Every version gets a manifest in TorchStore, written after its bytes are in place (by any path):
+it says where the store holds them (`buckets`, `tensors`), and for the direct paths where each
+tensor lies in the flat buffer and how to reach it (`direct`). `drop` removes it.
+
+Adding a path is one module with a sender (`open`, `stage`, `stats`, `release`, `close`) and a
+receiver (`load`, `close`), its entry in `TRANSPORTS`, and its rule in `choose`.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from runtime.weights.flat import flat_layout
+from runtime.weights.layout import TensorEntry
+
+MODES = ("auto", "store", "push")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where one service's weights live: its host, its GPU (uuid) or None, its TP width."""
+
+    host: str
+    gpu: str | None
+    tp: int = 1
+
+
+def _host_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def endpoint(tp: int = 1) -> Endpoint:
+    """This proc's `Endpoint` (its first visible GPU, if any)."""
+    gpu = None
+    if torch.cuda.is_available():
+        gpu = str(torch.cuda.get_device_properties(0).uuid)
+    return Endpoint(_host_id(), gpu, tp)
+
+
+def choose(trainer: Endpoint, generators: list[Endpoint], mode: str) -> list[str]:
+    """The path ("ipc", "push" or "store") for each generator, in order.
+
+    `mode` is the recipe's weight_sync.transport: "auto" (the direct paths between GPUs, the
+    store on CPU), "store" (always), or "push" (also on CPU, over gloo).
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown weight transport mode {mode!r}; expected one of {MODES}")
+    paths = []
+    for gen in generators:
+        if mode == "store":
+            paths.append("store")
+        elif gen.gpu is not None and gen.gpu == trainer.gpu and gen.host == trainer.host:
+            paths.append("ipc")
+        elif mode == "push" or (trainer.gpu is not None and gen.gpu is not None):
+            paths.append("push")
+        else:
+            paths.append("store")
+    return paths
+
+
+class Sender(Protocol):
+    """Trainer rank 0's end of one path."""
+
+    name: str
+
+    def open(self) -> Any:
+        """Start serving; what the receivers need to connect (None if nothing)."""
+
+    async def stage(
+        self, version: int, state: Mapping[str, torch.Tensor], entries: dict[str, TensorEntry]
+    ) -> dict[str, Any]:
+        """Put `version`'s bytes where this path's receivers read them; the manifest entries
+        that say how (merged into the version's manifest)."""
+
+    def stats(self) -> dict[str, float]:
+        """Seconds the last stage spent on this path's own work, by name."""
+
+    def release(self, version: int) -> None:
+        """No generator needs `version` any more."""
+
+    def close(self) -> None: ...
+
+
+class Receiver(Protocol):
+    """A generator's end of one path."""
+
+    name: str
+
+    async def load(self, version: int, backend: Any) -> tuple[int, int]:
+        """Load `version` (or a newer one already received) into the generator backend;
+        returns the version loaded and the bytes it took."""
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Transport:
+    """One path: how its sender and each receiver are made.
+
+    `sender(store, device, receivers, timeout_s)`; `connection(info, index)` is what receiver
+    `index` (0-based among this path's) needs from the sender's `open()`;
+    `receiver(store, device, connection, timeout_s)`.
+    """
+
+    name: str
+    sender: Callable[..., Sender]
+    connection: Callable[[Any, int, int], Any]
+    receiver: Callable[..., Receiver]
+
+
+def _store_sender(store: Any, device: Any, receivers: int, timeout_s: float) -> Sender:
+    from runtime.weights.store import StoreSender
+
+    return StoreSender(store)
+
+
+def _store_receiver(store: Any, device: Any, connection: Any, timeout_s: float) -> Receiver:
+    from runtime.weights.store import StoreReceiver
+
+    return StoreReceiver(store)
+
+
+def _ipc_sender(store: Any, device: Any, receivers: int, timeout_s: float) -> Sender:
+    from runtime.weights.ipc import IpcSender
+
+    return IpcSender(device)
+
+
+def _ipc_receiver(store: Any, device: Any, connection: Any, timeout_s: float) -> Receiver:
+    from runtime.weights.ipc import IpcReceiver
+
+    return IpcReceiver(store)
+
+
+def _push_sender(store: Any, device: Any, receivers: int, timeout_s: float) -> Sender:
+    from runtime.weights.push import PushSender
+
+    return PushSender(device, receivers, timeout_s)
+
+
+def _push_connection(info: Any, index: int, count: int) -> Any:
+    address, port = info
+    return address, port, index + 1, count + 1  # rank 0 is the trainer
+
+
+def _push_receiver(store: Any, device: Any, connection: Any, timeout_s: float) -> Receiver:
+    from runtime.weights.push import PushReceiver
+
+    address, port, rank, world = connection
+    return PushReceiver(address, port, rank, world, device, store=store, timeout_s=timeout_s)
+
+
+def _nothing(info: Any, index: int, count: int) -> None:
+    return None
+
+
+TRANSPORTS: dict[str, Transport] = {
+    "store": Transport("store", _store_sender, _nothing, _store_receiver),
+    "ipc": Transport("ipc", _ipc_sender, _nothing, _ipc_receiver),
+    "push": Transport("push", _push_sender, _push_connection, _push_receiver),
+}
+
+
+def connections(paths: list[str], opened: Mapping[str, Any]) -> list[Any]:
+    """What each generator's receiver needs, from what each path's sender `open()`ed."""
+    seen: dict[str, int] = {}
+    out = []
+    for path in paths:
+        index = seen.get(path, 0)
+        seen[path] = index + 1
+        out.append(TRANSPORTS[path].connection(opened.get(path), index, paths.count(path)))
+    return out
+
+
+def receiver(
+    path: str, store: Any, device: Any, connection: Any = None, timeout_s: float = 300.0
+) -> Receiver:
+    """A generator's end of `path`."""
+    return TRANSPORTS[path].receiver(store, device, connection, timeout_s)
+
+
+class Publisher:
+    """Trainer rank 0's side of every path in use: each version goes out by each once, then
+    its manifest is written to the store (the index of versions)."""
+
+    def __init__(self, store: Any, paths: list[str], device: Any, timeout_s: float = 300.0) -> None:
+        self.store = store
+        self.paths = list(paths)
+        self.senders = [
+            TRANSPORTS[name].sender(store, device, self.paths.count(name), timeout_s)
+            for name in dict.fromkeys(self.paths)
+        ]
+        self.entries: dict[str, TensorEntry] | None = None
+
+    def open(self) -> dict[str, Any]:
+        """Start every path's sender; what their receivers need, by path."""
+        return {s.name: s.open() for s in self.senders}
+
+    async def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """Send `version` by every path and index it; bytes and seconds, per path too."""
+        start = time.perf_counter()
+        entries, _ = flat_layout(state)
+        if self.entries is None:
+            self.entries = entries
+        elif set(entries) != set(self.entries):
+            raise ValueError("the published state dict changed its tensors between versions")
+        manifest: dict[str, Any] = {"buckets": [], "tensors": {}}
+        direct = any(s.name != "store" for s in self.senders)
+        if direct:
+            manifest["direct"] = {"tensors": {n: tuple(e) for n, e in entries.items()}}
+        stats: dict[str, float] = {}
+        for sender in self.senders:
+            t = time.perf_counter()
+            part = await sender.stage(version, state, entries)
+            stats[f"stage_{sender.name}_s"] = time.perf_counter() - t
+            stats.update(sender.stats())
+            for key, value in part.items():
+                if key == "direct":
+                    manifest["direct"].update(value)
+                else:
+                    manifest[key] = value
+        has_store = any(s.name == "store" for s in self.senders)
+        await self.store.put_manifest(version, manifest, check=not has_store)
+        nbytes = sum(e.nbytes for e in entries.values())
+        return {"bytes": nbytes, "seconds": time.perf_counter() - start, **stats}
+
+    async def drop(self, version: int) -> None:
+        """Forget `version`: its buffers on every path, its keys in the store."""
+        for sender in self.senders:
+            sender.release(version)
+        await self.store.drop(version)
+
+    def close(self) -> None:
+        for sender in self.senders:
+            sender.close()
+
+
+def transport_mode() -> str:
+    """The transport mode from `FORGESKY_WEIGHT_TRANSPORT` (auto by default)."""
+    import os
+
+    from recipes import UserError
+
+    mode = os.environ.get("FORGESKY_WEIGHT_TRANSPORT", "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise UserError(f"FORGESKY_WEIGHT_TRANSPORT={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
