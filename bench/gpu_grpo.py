@@ -106,6 +106,9 @@ def shared_plan(recipe: Any, gpus: int, gpu_map: list[int] | None = None) -> tup
             f"--gpu-map {','.join(map(str, gpu_map))}: expected {need} GPU numbers "
             f"(one per GPU of {recipe.name}'s plan), each below {gpus}"
         )
+    from recipes.planner import shared_services
+    from recipes.settings import plan_settings
+
     base = plan(recipe, need)
     where = gpu_map or [g % gpus for g in range(need)]
     folded = tuple(
@@ -113,7 +116,18 @@ def shared_plan(recipe: Any, gpus: int, gpu_map: list[int] | None = None) -> tup
         for p in base.placements
     )
     used = len({where[g] for p in base.placements for g in p.gpus})
-    return dataclasses.replace(base, placements=folded, total_gpus=used, idle_gpus=()), True
+    # The folded services share GPUs: their settings are planned for that.
+    settings = plan_settings(
+        recipe,
+        accelerator=base.accelerator,
+        shared=shared_services(folded),
+        trainer_gpus=base.trainer_gpus,
+        generator_replicas=base.generator_replicas,
+    )
+    folded_plan = dataclasses.replace(
+        base, placements=folded, total_gpus=used, idle_gpus=(), settings=settings
+    )
+    return folded_plan, True
 
 
 def prompt_tokens(recipe: Any, count: int = 512) -> list[list[int]]:
@@ -148,17 +162,26 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     from runtime.control.config import RunConfig
     from runtime.control.run import run
 
-    recipe = load(args.recipe, args.steps, args.response_tokens, args.set)
     gpus = args.gpus or torch.cuda.device_count()
     gpu_map = [int(g) for g in args.gpu_map.split(",")] if args.gpu_map else None
-    run_plan, shared = shared_plan(recipe, gpus, gpu_map)
-    if shared:
-        # Read by every proc (they inherit this environment): a fixed KV cache, no profiling.
+    from recipes import minimum_gpus
+
+    extra = list(args.set or [])
+    need = minimum_gpus(load(args.recipe, args.steps, args.response_tokens, extra))
+    if gpus < need or gpu_map is not None:
+        # Services share GPUs: a fixed KV cache and micro-batch unless --set says otherwise.
         # On one 80 GB H100 (1.7B): trainer ~27.5 GB of fp32 state plus its micro-batch's
         # logits, reference 3.4 GB plus logits, vLLM 3.4 GB plus KV cache and CUDA graphs.
-        os.environ.setdefault("FORGESKY_VLLM_KV_CACHE_GB", str(args.kv_cache_gb))
-        os.environ.setdefault("FORGESKY_TOKENS_PER_MICRO_BATCH", str(args.tokens_per_micro_batch))
+        given = {item.partition("=")[0] for item in extra}
+        defaults = {
+            "generator.kv_cache_gb": args.kv_cache_gb,
+            "trainer.tokens_per_micro_batch": args.tokens_per_micro_batch,
+            "reference.tokens_per_micro_batch": args.tokens_per_micro_batch,
+        }
+        extra = [f"{k}={v}" for k, v in defaults.items() if k not in given] + extra
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    recipe = load(args.recipe, args.steps, args.response_tokens, extra)
+    run_plan, shared = shared_plan(recipe, gpus, gpu_map)
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="forgesky-gpu-bench-"))
     start = time.perf_counter()
     code = run(RunConfig(recipe=recipe, plan=run_plan, run_dir=run_dir))
@@ -168,13 +191,12 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     summary = summarize(
         recipe, run_plan, records, args.warmup, prompt_tokens(recipe), gpu_info()["peak_bf16_flops"]
     )
-    knobs = {k: v for k, v in os.environ.items() if k.startswith("FORGESKY_")}
     return {
         "exit_code": code,
         "services_share_gpus": shared,
         "wall_s": wall,
-        "overrides_extra": args.set,
-        "knobs": knobs,
+        "overrides_extra": extra,
+        "settings": run_plan.settings.to_dict(),
         **summary,
     }
 

@@ -20,7 +20,16 @@ from recipes.schema import Recipe
 CATALOG_DIR = Path(__file__).parent / "catalog"
 
 # Error types whose pydantic message already says what the value was.
-_SELF_DESCRIBING = {"missing", "extra_forbidden", "recipe", "reward_name", "template", "fsdp"}
+_SELF_DESCRIBING = {
+    "missing",
+    "extra_forbidden",
+    "recipe",
+    "reward_name",
+    "template",
+    "builtin",
+    "share",
+    "positive",
+}
 
 
 def list_recipes() -> list[str]:

@@ -7,8 +7,8 @@ Extra GPUs. The recipe's layout is the minimum; GPUs beyond it are handed out on
 by a single rule:
 
 1. while the generator holds fewer than twice the trainer's GPUs, add a generator replica
-   (generator.tp GPUs) or, if a replica no longer fits, widen the trainer by one data-parallel
-   rank (trainer.tp GPUs: fsdp + 1);
+   (generator.tp GPUs) or, if a replica no longer fits, widen the trainer by one FSDP rank
+   (one GPU);
 2. once the generator holds twice the trainer's GPUs, widen the trainer by one rank;
 3. stop when the step a rule asks for does not fit (the trainer grows only within node 0, see
    Nodes); the GPUs left are listed as idle.
@@ -49,6 +49,7 @@ from typing import Any, Literal
 from recipes.errors import UserError
 from recipes.memory import ACCELERATOR_GB, estimate_memory
 from recipes.schema import Recipe
+from recipes.settings import Settings, plan_settings
 
 Service = Literal["generator", "reference", "trainer", "reward"]
 GENERATOR_TO_TRAINER_GPUS = 2
@@ -81,8 +82,6 @@ class Plan:
     generator_replicas: int
     generator_tp: int
     trainer_gpus: int
-    trainer_fsdp: int
-    trainer_tp: int
     reference_enabled: bool
     reference_tp: int
     reward_procs: int
@@ -91,6 +90,7 @@ class Plan:
     idle_gpus: tuple[tuple[int, int], ...] = ()  # (node, local GPU index) given to no service
     accelerator: str = "H100"
     minimum_gpus: int = 0
+    settings: Settings | None = field(default=None, hash=False, compare=True)
 
     def placements_of(self, service: Service) -> tuple[Placement, ...]:
         """The placements of one service, in replica order."""
@@ -101,6 +101,7 @@ class Plan:
         d = asdict(self)
         d["placements"] = [{**p, "gpus": list(p["gpus"])} for p in d["placements"]]
         d["idle_gpus"] = [list(g) for g in self.idle_gpus]
+        d["settings"] = self.settings.to_dict() if self.settings else None
         return d
 
     def describe(self) -> str:
@@ -135,7 +136,7 @@ class Plan:
             "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
         ]
         idle_nodes = [n for n in range(self.num_nodes) if self._idle_on(n) == self.gpus_per_node]
-        if idle_nodes:
+        if idle_nodes and not self.cpu:
             fewer = (self.num_nodes - len(idle_nodes)) * self.gpus_per_node
             lines.append(
                 f"{_node_list(idle_nodes)} idle: the trainer stays on node 0, where checkpoints "
@@ -147,6 +148,10 @@ class Plan:
                 f"GB/GPU is an estimate (recipes/memory.py); an {self.accelerator} has "
                 f"{ACCELERATOR_GB[self.accelerator]:.0f} GB"
             )
+        if self.settings is not None:
+            where = "CPU" if self.cpu else self.accelerator
+            lines.append(f"settings (* planned for {where}; set any with --set SECTION.KEY=VALUE):")
+            lines += self.settings.describe(cpu=self.cpu)
         return "\n".join(lines)
 
     def _idle_on(self, node: int) -> int:
@@ -160,7 +165,7 @@ class Plan:
         if p.service == "reference":
             return f"TP{self.reference_tp}"
         if p.service == "trainer":
-            return f"FSDP{self.trainer_fsdp}xTP{self.trainer_tp}"
+            return f"FSDP{self.trainer_gpus}"
         return "-"
 
 
@@ -174,13 +179,21 @@ def minimum_gpus(recipe: Recipe) -> int:
 
 
 def plan(
-    recipe: Recipe, gpus: int, gpus_per_node: int | None = None, *, nodes: int | None = None
+    recipe: Recipe,
+    gpus: int,
+    gpus_per_node: int | None = None,
+    *,
+    nodes: int | None = None,
+    accelerator: str | None = None,
 ) -> Plan:
-    """Place every service of `recipe` on `gpus` GPUs (nodes of at most `gpus_per_node`).
+    """Place every service of `recipe` on `gpus` GPUs (nodes of at most `gpus_per_node`), and
+    plan the services' settings for them (recipes/settings.py).
 
     `gpus_per_node` defaults to the recipe's resources.gpus_per_node. A CPU recipe takes 0 GPUs
     and `nodes` machines (default 1). For a GPU recipe the node count follows from `gpus`;
-    `nodes`, if given, must be that count.
+    `nodes`, if given, must be that count. `accelerator` is the GPU type the settings are
+    planned for: the recipe's resources.accelerator unless given (the runtime passes the one
+    it found), one of it and its alternatives.
     """
     gpn = recipe.resources.gpus_per_node if gpus_per_node is None else gpus_per_node
     if nodes is not None and nodes < 1:
@@ -192,6 +205,13 @@ def plan(
                 f"got {gpus}; run it with forgesky local {recipe.name}"
             )
         return _cpu_plan(recipe, nodes or 1)
+    accepted = [recipe.resources.accelerator, *recipe.resources.alternatives]
+    accelerator = accelerator or recipe.resources.accelerator
+    if accelerator not in accepted:
+        raise UserError(
+            f"{recipe.name} runs on {' or '.join(accepted)} (resources.accelerator and "
+            f"resources.alternatives), not {accelerator}"
+        )
     if gpn < 1:
         raise UserError(f"gpus_per_node must be at least 1, got {gpn}")
     need = minimum_gpus(recipe)
@@ -213,44 +233,52 @@ def plan(
         )
     per_node = gpus // num_nodes
     lay = recipe.layout
-    gen_tp, tr_tp = lay.generator.tp, lay.trainer.tp
+    gen_tp = lay.generator.tp
     ref_tp = lay.reference.tp if lay.reference.enabled else 0
-    replicas, fsdp = lay.generator.replicas, lay.trainer.resolved_fsdp
+    replicas, trainer_gpus = lay.generator.replicas, lay.trainer.gpus
 
-    def packing(replicas: int, fsdp: int) -> list[tuple[Service, int, int, int]] | None:
-        groups = _groups(replicas, gen_tp, ref_tp, fsdp * tr_tp)
+    def packing(replicas: int, trainer_gpus: int) -> list[tuple[Service, int, int, int]] | None:
+        groups = _groups(replicas, gen_tp, ref_tp, trainer_gpus)
         if sum(g[2] for g in groups) > gpus:
             return None
         return _pack(groups, num_nodes, per_node)
 
-    packed = packing(replicas, fsdp)
-    if packed is None and tr_tp <= per_node < lay.trainer.gpus:
+    packed = packing(replicas, trainer_gpus)
+    if packed is None and per_node < lay.trainer.gpus:
         raise UserError(
             f"{recipe.name}: the trainer's {lay.trainer.gpus} GPUs must all sit on node 0 (the "
             f"controller's node, where checkpoints are written), and a node here has {per_node}; "
-            f"set layout.trainer.gpus to at most {per_node - per_node % tr_tp} or use nodes of "
-            f"at least {lay.trainer.gpus} GPUs"
+            f"set layout.trainer.gpus to at most {per_node} or use nodes of at least "
+            f"{lay.trainer.gpus} GPUs"
         )
     if packed is None:
-        largest = max(gen_tp, ref_tp, tr_tp)
+        largest = max(gen_tp, ref_tp)
         raise UserError(
             f"{recipe.name}: cannot place its services on {num_nodes} nodes of {per_node} GPUs "
             f"with the trainer on node 0 and no tensor-parallel group split (largest TP "
             f"{largest}); use more GPUs per node"
         )
     while True:
-        attempts = [(replicas, fsdp + 1)]
-        if gen_tp * replicas < GENERATOR_TO_TRAINER_GPUS * fsdp * tr_tp:
-            attempts.insert(0, (replicas + 1, fsdp))
-        for r, f in attempts:
-            if (grown := packing(r, f)) is not None:
-                replicas, fsdp, packed = r, f, grown
+        attempts = [(replicas, trainer_gpus + 1)]
+        if gen_tp * replicas < GENERATOR_TO_TRAINER_GPUS * trainer_gpus:
+            attempts.insert(0, (replicas + 1, trainer_gpus))
+        for r, n in attempts:
+            if (grown := packing(r, n)) is not None:
+                replicas, trainer_gpus, packed = r, n, grown
                 break
         else:
             break
 
     placements, used = _placements(packed, recipe.layout.reward.procs)
     idle = tuple((n, g) for n in range(num_nodes) for g in range(per_node) if (n, g) not in used)
+    settings = plan_settings(
+        recipe,
+        accelerator=accelerator,
+        shared=shared_services(placements),
+        trainer_gpus=trainer_gpus,
+        generator_replicas=replicas,
+        expected_paths=_expected_paths(recipe, placements),
+    )
     return Plan(
         recipe_name=recipe.name,
         total_gpus=gpus,
@@ -259,18 +287,44 @@ def plan(
         cpu=False,
         generator_replicas=replicas,
         generator_tp=gen_tp,
-        trainer_gpus=fsdp * tr_tp,
-        trainer_fsdp=fsdp,
-        trainer_tp=tr_tp,
+        trainer_gpus=trainer_gpus,
         reference_enabled=lay.reference.enabled,
         reference_tp=lay.reference.tp,
         reward_procs=lay.reward.procs,
         placements=placements,
-        memory=estimate_memory(recipe, generator_replicas=replicas, trainer_fsdp=fsdp),
+        memory=estimate_memory(recipe, generator_replicas=replicas, trainer_gpus=trainer_gpus),
         idle_gpus=idle,
-        accelerator=recipe.resources.accelerator,
+        accelerator=accelerator,
         minimum_gpus=need,
+        settings=settings,
     )
+
+
+def shared_services(placements: tuple[Placement, ...]) -> frozenset[str]:
+    """The GPU services whose GPUs another service's placement also uses."""
+    owners: dict[tuple[int, int], set[str]] = {}
+    for p in placements:
+        for gpu in p.gpus:
+            owners.setdefault((p.node, gpu), set()).add(p.service)
+    return frozenset(s for services in owners.values() if len(services) > 1 for s in services)
+
+
+def _expected_paths(recipe: Recipe, placements: tuple[Placement, ...]) -> tuple[str, ...]:
+    """The weight path each generator replica should take (runtime/weights/transport.choose
+    decides at start from where the procs really are)."""
+    mode = recipe.weight_sync.transport
+    trainer = next(p for p in placements if p.service == "trainer")
+    paths = []
+    for p in placements:
+        if p.service != "generator":
+            continue
+        if mode == "store" or not p.gpus:
+            paths.append("store" if mode != "push" else "push")
+        elif p.node == trainer.node and p.gpus[0] in trainer.gpus:
+            paths.append("ipc")
+        else:
+            paths.append("push")
+    return tuple(paths)
 
 
 def _cpu_plan(recipe: Recipe, nodes: int) -> Plan:
@@ -281,6 +335,14 @@ def _cpu_plan(recipe: Recipe, nodes: int) -> Plan:
     placements = [Placement(s, r, (i + 1) % nodes, ()) for i, (s, r) in enumerate(units)]
     placements.append(Placement("trainer", 0, 0, ()))  # node 0: see the module docstring
     placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
+    settings = plan_settings(
+        recipe,
+        accelerator="cpu",
+        shared=frozenset(),
+        trainer_gpus=0,
+        generator_replicas=lay.generator.replicas,
+        expected_paths=_expected_paths(recipe, tuple(placements)),
+    )
     return Plan(
         recipe_name=recipe.name,
         total_gpus=0,
@@ -290,8 +352,6 @@ def _cpu_plan(recipe: Recipe, nodes: int) -> Plan:
         generator_replicas=lay.generator.replicas,
         generator_tp=1,
         trainer_gpus=0,
-        trainer_fsdp=1,
-        trainer_tp=1,
         reference_enabled=lay.reference.enabled,
         reference_tp=1,
         reward_procs=lay.reward.procs,
@@ -299,6 +359,7 @@ def _cpu_plan(recipe: Recipe, nodes: int) -> Plan:
         memory=estimate_memory(recipe),
         accelerator="cpu",
         minimum_gpus=0,
+        settings=settings,
     )
 
 
@@ -354,7 +415,7 @@ def _breakdown(recipe: Recipe) -> str:
     if lay.reference.enabled:
         tp = lay.reference.tp
         parts.append(f"reference {tp}" + (f" = TP{tp}" if tp > 1 else ""))
-    parts.append(f"trainer {t.gpus} = FSDP{t.resolved_fsdp}×TP{t.tp}")
+    parts.append(f"trainer {t.gpus} = FSDP{t.gpus}")
     return ", ".join(parts)
 
 

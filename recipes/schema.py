@@ -1,8 +1,12 @@
 """The recipe: one YAML file describing a GRPO run (model, data, algorithm, layout, resources).
 
 Field checks live on the fields; checks that span sections (tensor-parallel sizes against the
-architecture, the trainer's FSDP x TP against its GPUs, the memory estimate against the
-accelerator) live in `Recipe._check_consistency`. Every message names the dotted field path.
+architecture, trainer ranks against its GPUs, the memory estimate against the accelerator) live
+in `Recipe._check_consistency`. Every message names the dotted field path.
+
+Placement is `layout` (which service gets how many GPUs); how each service runs is its own
+section (`generator`, `trainer`, `reference`, `weight_sync`), where "auto" values are planned
+from the GPU type and the layout (recipes/settings.py) and shown by `forgesky plan`.
 """
 
 from __future__ import annotations
@@ -135,23 +139,8 @@ class ReferenceLayout(_Strict):
 
 
 class TrainerLayout(_Strict):
+    # The trainer shards its weights, gradients and optimizer state over its GPUs (FSDP2).
     gpus: int = Field(default=1, ge=1)
-    fsdp: int = -1
-    tp: int = Field(default=1, ge=1)
-
-    @field_validator("fsdp")
-    @classmethod
-    def _fill_or_positive(cls, fsdp: int) -> int:
-        if fsdp == -1 or fsdp >= 1:
-            return fsdp
-        raise PydanticCustomError(
-            "fsdp", "must be -1 (fill: gpus / tp) or >= 1, got {v}", {"v": fsdp}
-        )
-
-    @property
-    def resolved_fsdp(self) -> int:
-        """The data-parallel (FSDP) degree, with -1 resolved to gpus / tp."""
-        return self.gpus // self.tp if self.fsdp == -1 else self.fsdp
 
 
 class RewardLayout(_Strict):
@@ -172,6 +161,77 @@ class Resources(_Strict):
     gpus_per_node: int = Field(default=8, ge=1)
 
 
+Auto = Literal["auto"]
+
+
+def _at_least_one(value: int | str) -> int | str:
+    if value != "auto" and value < 1:
+        raise PydanticCustomError("positive", "must be >= 1 or auto, got {v}", {"v": value})
+    return value
+
+
+class GeneratorSettings(_Strict):
+    """How each generator samples. "auto" values are planned (`forgesky plan` shows them)."""
+
+    # vLLM on GPUs, transformers' generate on CPU
+    backend: Literal["auto", "vllm", "hf"] = "auto"
+    # vLLM's share of its GPU; with a fixed kv_cache_gb only the share that must be free to start
+    gpu_memory_utilization: float | Auto = "auto"
+    # a fixed KV cache (GB per GPU) instead of vLLM's profiling: planned when services share
+    # the generator's GPU, whose free memory profiling would misread
+    kv_cache_gb: float | Auto = "auto"
+    # no torch.compile / CUDA graphs: a faster start, slower decoding
+    enforce_eager: bool = False
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _share(cls, value: float | str) -> float | str:
+        if value != "auto" and not 0 < value <= 1:
+            raise PydanticCustomError("share", "must be in (0, 1] or auto, got {v}", {"v": value})
+        return value
+
+    @field_validator("kv_cache_gb")
+    @classmethod
+    def _positive(cls, value: float | str) -> float | str:
+        if value != "auto" and value <= 0:
+            raise PydanticCustomError("positive", "must be > 0 or auto, got {v}", {"v": value})
+        return value
+
+
+class TrainerSettings(_Strict):
+    """How the trainer computes. "auto" values are planned for the GPU (`forgesky plan`)."""
+
+    # trainer processes (FSDP ranks): one per trainer GPU; on a CPU recipe, gloo ranks
+    ranks: int | Auto = "auto"
+    # tokens per micro-batch (gradients accumulate): the largest that fits the GPU
+    tokens_per_micro_batch: int | Auto = "auto"
+    # recompute each block in backward (a third more FLOPs, much less memory): where needed
+    activation_checkpointing: bool | Auto = "auto"
+    # torch.compile each block and the output projection: on GPUs
+    compile: bool | Auto = "auto"
+
+    _positive = field_validator("ranks", "tokens_per_micro_batch")(_at_least_one)
+
+
+class ReferenceSettings(_Strict):
+    """How the reference scores (forward only)."""
+
+    tokens_per_micro_batch: int | Auto = "auto"
+    compile: bool | Auto = "auto"
+
+    _positive = field_validator("tokens_per_micro_batch")(_at_least_one)
+
+
+class WeightSyncSettings(_Strict):
+    """How policy versions reach the generators (runtime/weights/transport.py)."""
+
+    # auto: CUDA IPC on the trainer's GPU, NCCL push to other GPUs, TorchStore on CPU;
+    # store: always TorchStore; push: also on CPU (over gloo)
+    transport: Literal["auto", "store", "push"] = "auto"
+    # a weight-push collective whose peer died fails after this many seconds
+    timeout_s: float = Field(default=300.0, gt=0)
+
+
 class Recipe(_Strict):
     """A complete, validated GRPO run description."""
 
@@ -182,6 +242,10 @@ class Recipe(_Strict):
     grpo: Grpo
     layout: Layout = Layout()
     resources: Resources = Resources()
+    generator: GeneratorSettings = GeneratorSettings()
+    trainer: TrainerSettings = TrainerSettings()
+    reference: ReferenceSettings = ReferenceSettings()
+    weight_sync: WeightSyncSettings = WeightSyncSettings()
 
     @property
     def arch(self) -> Arch:
@@ -221,7 +285,7 @@ def _consistency_errors(r: Recipe) -> list[str]:
             f"later), got {g.max_policy_age}"
         )
     lay = r.layout
-    tps = [("layout.generator.tp", lay.generator.tp), ("layout.trainer.tp", lay.trainer.tp)]
+    tps = [("layout.generator.tp", lay.generator.tp)]
     if lay.reference.enabled:
         tps.insert(1, ("layout.reference.tp", lay.reference.tp))
     for path, tp in tps:
@@ -238,15 +302,17 @@ def _consistency_errors(r: Recipe) -> list[str]:
                 "a tensor-parallel group must sit on one node"
             )
     t = lay.trainer
-    if t.fsdp == -1 and t.gpus % t.tp:
-        errors.append(f"layout.trainer.gpus: {t.gpus} is not divisible by layout.trainer.tp {t.tp}")
-    elif t.fsdp != -1 and t.fsdp * t.tp != t.gpus:
-        errors.append(
-            f"layout.trainer.fsdp: fsdp {t.fsdp} x tp {t.tp} = {t.fsdp * t.tp} must equal "
-            f"layout.trainer.gpus {t.gpus} (or set fsdp: -1 to fill)"
-        )
     if r.cpu and t.gpus != 1:
-        errors.append(f"layout.trainer.gpus: must be 1 on accelerator cpu (one proc), got {t.gpus}")
+        errors.append(
+            f"layout.trainer.gpus: must be 1 on accelerator cpu (trainer.ranks sets its "
+            f"processes), got {t.gpus}"
+        )
+    ranks = r.trainer.ranks
+    if not r.cpu and ranks != "auto" and ranks != t.gpus:
+        errors.append(
+            f"trainer.ranks: {ranks} must be auto or layout.trainer.gpus ({t.gpus}): one "
+            "trainer process per GPU"
+        )
     if errors:
         return errors
     return memory_errors(r, estimate_memory(r))

@@ -103,6 +103,18 @@ def _default_gpus(recipe) -> int:
         return 0
 
 
+def _accelerator(recipe) -> str | None:
+    """The GPU type to plan the services' settings for: this node's, when the recipe accepts it
+    (an H200 where the recipe asks for H100 and accepts H200), else the recipe's."""
+    if recipe.cpu:
+        return None
+    from runtime.procs.host import gpu_type
+
+    found = gpu_type()
+    accepted = [recipe.resources.accelerator, *recipe.resources.alternatives]
+    return found if found in accepted else None
+
+
 def parse_config(argv: list[str] | None, prog: str = "python -m runtime"):
     """Parse arguments into a RunConfig: recipe (with overrides) and its plan."""
     from recipes import apply_overrides, load_recipe, plan
@@ -126,7 +138,7 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime"):
     gpus = args.gpus if args.gpus is not None else _default_gpus(recipe)
     cluster = cluster_from_env(port=args.worker_port)
     nodes = args.nodes if args.nodes is not None else (cluster.nodes if recipe.cpu else None)
-    run_plan = plan(recipe, gpus, nodes=nodes)
+    run_plan = plan(recipe, gpus, nodes=nodes, accelerator=_accelerator(recipe))
     if args.join_timeout <= 0:
         raise UserError(f"--join-timeout must be positive (got {args.join_timeout:g})")
     run_dir = Path(args.run_dir or Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -179,8 +179,11 @@ def test_train_step_lowers_the_loss_on_a_fixed_batch():
 
 def test_micro_batches_make_the_same_step_as_one_batch():
     whole = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2), seed=0)
-    micro = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2), seed=0, micro_batch_size=5)
     batch, advantages = _fixed_batch(whole)
+    rows = 5  # rows per micro-batch: several micro-batches, the last one shorter
+    assert batch.tokens.shape[0] > rows and batch.tokens.shape[0] % rows
+    budget = rows * batch.tokens.shape[1]
+    micro = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2), seed=0, tokens_per_micro_batch=budget)
     args = (batch.tokens, batch.response_mask, advantages, batch.logprobs, None, policy_loss)
     a, b = whole.train_step(*args), micro.train_step(*args)
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)

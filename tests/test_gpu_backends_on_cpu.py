@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from recipes import UserError, architecture, load_recipe
+from recipes import UserError, apply_overrides, architecture, load_recipe, plan
 from runtime.backends import OptimizerConfig, TitanReference, TitanTrainer, token_logprobs
 from runtime.backends import build as services
 from runtime.backends.fsdp_trainer import (
@@ -57,20 +57,23 @@ def test_model_folder_describes_the_architecture(tmp_path):
     assert not list(folder.glob("*.safetensors"))  # vLLM starts with load_format="dummy"
 
 
-def test_backend_choice_on_cpu(monkeypatch):
+def test_backend_choice_on_cpu():
     recipe = load_recipe("tiny")
+    settings = plan(recipe, 0).settings
     tokenizer = services.load_tokenizer(recipe)
-    monkeypatch.delenv(services.GENERATOR_ENV, raising=False)
-    assert services.generator_kind() == "hf"
-    assert isinstance(services.build_generator(recipe, tokenizer), HFGenerator)
-    assert isinstance(services.build_trainer(recipe), TitanTrainer)
-    assert isinstance(services.build_reference(recipe), TitanReference)
-    monkeypatch.setenv(services.GENERATOR_ENV, "vllm")
-    with pytest.raises(UserError, match="no GPU"):
-        services.generator_kind()
-    monkeypatch.setenv(services.GENERATOR_ENV, "tensorrt")
-    with pytest.raises(UserError, match="expected auto, vllm or hf"):
-        services.generator_kind()
+    assert settings.generator.backend == "hf"
+    assert isinstance(
+        services.GeneratorConfig(recipe, settings.generator).build(tokenizer), HFGenerator
+    )
+    assert isinstance(services.TrainerConfig(recipe, settings.trainer).build(), TitanTrainer)
+    assert isinstance(services.ReferenceConfig(recipe, settings.reference).build(), TitanReference)
+    vllm = plan(apply_overrides(recipe, ["generator.backend=vllm"]), 0).settings.generator
+    with pytest.raises(UserError, match="generator.backend vllm needs a GPU"):
+        services.GeneratorConfig(recipe, vllm).build(tokenizer)
+    with pytest.raises(
+        UserError, match=r"generator.backend: Input should be 'auto', 'vllm' or 'hf'"
+    ):
+        apply_overrides(recipe, ["generator.backend=tensorrt"])
 
 
 def test_response_only_logprobs_equal_full_logits_logprobs():

@@ -23,7 +23,7 @@ def error_of(*args, **kwargs) -> str:
 
 
 def shape(p):
-    return (p.generator_replicas, p.trainer_fsdp, len(p.idle_gpus))
+    return (p.generator_replicas, p.trainer_gpus, len(p.idle_gpus))
 
 
 def test_minimum_is_the_sum_of_services():
@@ -35,10 +35,10 @@ def test_minimum_is_the_sum_of_services():
 
 def test_below_minimum_names_the_breakdown():
     assert error_of(recipe("qwen3-8b"), 4) == (
-        "qwen3-8b needs at least 5 GPUs (generator 2 = TP2×1, reference 1, trainer 2 = FSDP2×TP1); got 4"
+        "qwen3-8b needs at least 5 GPUs (generator 2 = TP2×1, reference 1, trainer 2 = FSDP2); got 4"
     )
     assert "got 0" in error_of(recipe("qwen3-8b"), 0)
-    assert "(generator 4 = TP4×1, reference 4 = TP4, trainer 8 = FSDP8×TP1); got 12" in error_of(
+    assert "(generator 4 = TP4×1, reference 4 = TP4, trainer 8 = FSDP8); got 12" in error_of(
         recipe("qwen3-32b"), 12
     )
 
@@ -53,12 +53,12 @@ def test_minimum_plan_is_the_recipe_layout():
         ("reward", 0, 0, ()),
         ("reward", 1, 0, ()),
     ]
-    assert (p.trainer_gpus, p.trainer_fsdp, p.trainer_tp, p.idle_gpus) == (2, 2, 1, ())
+    assert (p.trainer_gpus, p.idle_gpus) == (2, ())
 
 
 def test_extra_gpus_go_to_the_generator_until_twice_the_trainer():
     r = recipe("qwen3-1.7b")  # generator TP1, reference 1, trainer 1
-    # gpus: (generator replicas, trainer fsdp, idle)
+    # gpus: (generator replicas, trainer GPUs, idle)
     expected = {3: (1, 1, 0), 4: (2, 1, 0), 5: (2, 2, 0), 6: (3, 2, 0), 7: (4, 2, 0), 8: (4, 3, 0)}
     expected[16] = (10, 5, 0)  # two nodes: generator 10 = 2 x trainer 5
     assert {n: shape(plan(r, n)) for n in expected} == expected
@@ -72,18 +72,12 @@ def test_generator_tp_sets_the_replica_unit():
 
 
 def test_generator_never_exceeds_twice_the_trainer():
-    r = recipe("qwen3-1.7b", "layout.trainer.tp=2", "layout.trainer.gpus=2")  # units of 2
-    p = plan(r, 8)  # generator 4 = 2 x trainer 2; one GPU too few for another trainer rank
-    assert shape(p) == (4, 1, 1) and p.idle_gpus == ((0, 7),)
-    assert shape(plan(r, 9, gpus_per_node=16)) == (4, 2, 0)
-
-
-def test_leftover_gpus_are_reported_idle():
-    r = recipe("qwen3-8b", "layout.trainer.tp=2")  # units of 2 both ways
-    p = plan(r, 6)
-    assert shape(p) == (1, 1, 1) and p.idle_gpus == ((0, 5),)
-    assert "idle" in p.describe()
-    assert p.to_dict()["idle_gpus"] == [[0, 5]]
+    r = recipe("qwen3-8b", "layout.generator.tp=4")  # replicas of 4 GPUs, trainer 2
+    p = plan(r, 8)  # generator 4 = 2 x trainer 2: the spare GPU widens the trainer
+    assert shape(p) == (1, 3, 0)
+    # a second replica fits from 12 GPUs on; one GPU fewer goes to the trainer instead
+    assert shape(plan(r, 11, gpus_per_node=16)) == (1, 6, 0)
+    assert shape(plan(r, 12, gpus_per_node=16)) == (2, 3, 0)
 
 
 def test_memory_follows_the_grown_layout():
@@ -104,7 +98,7 @@ def test_multi_node_puts_the_trainer_on_node_0_and_keeps_tp_groups_whole():
     ]
     # The trainer fills node 0 and cannot widen; the generator stops at twice its GPUs.
     p = plan(recipe("qwen3-32b"), 32)
-    assert (p.num_nodes, p.generator_replicas, p.trainer_fsdp) == (4, 4, 8)
+    assert (p.num_nodes, p.generator_replicas, p.trainer_gpus) == (4, 4, 8)
     assert p.idle_gpus == ((3, 4), (3, 5), (3, 6), (3, 7))
     for x in p.placements_of("generator") + p.placements_of("reference"):
         assert len(x.gpus) == 4 and max(x.gpus) < 8 and x.node > 0
@@ -112,7 +106,7 @@ def test_multi_node_puts_the_trainer_on_node_0_and_keeps_tp_groups_whole():
     assert all(x.node == 0 for x in p.placements_of("reward"))
     # Below a node, the trainer takes node 0 first and the rest of the services fill around it.
     p = plan(recipe("qwen3-8b"), 16)
-    assert (p.generator_replicas, p.trainer_fsdp, p.idle_gpus) == (5, 5, ())
+    assert (p.generator_replicas, p.trainer_gpus, p.idle_gpus) == (5, 5, ())
     assert [(x.service, x.node, x.gpus) for x in p.placements if x.service != "reward"] == [
         ("generator", 0, (0, 1)),
         ("generator", 1, (0, 1)),
@@ -142,11 +136,6 @@ def test_trainer_larger_than_a_node_is_an_error():
         "checkpoints are written), and a node here has 4; set layout.trainer.gpus to at most 4 "
         "or use nodes of at least 8 GPUs"
     )
-    # The most it could have is whole trainer TP groups on one node.
-    r = recipe(
-        "qwen3-8b", "resources.gpus_per_node=6", "layout.trainer.tp=4", "layout.trainer.gpus=8"
-    )
-    assert "a node here has 6; set layout.trainer.gpus to at most 4 or" in error_of(r, 12)
 
 
 def test_multi_node_uses_whole_nodes():
@@ -175,11 +164,11 @@ def test_tp_group_that_cannot_sit_on_a_node_is_an_error():
 
 def test_cpu_plan():
     p = plan(recipe("tiny"), 0)
-    assert p.cpu and (p.total_gpus, p.num_nodes, p.generator_replicas, p.trainer_fsdp) == (
+    assert p.cpu and (p.total_gpus, p.num_nodes, p.generator_replicas, p.trainer_gpus) == (
         0,
         1,
         1,
-        1,
+        0,
     )
     assert [(x.service, x.replica, x.gpus) for x in p.placements] == [
         ("generator", 0, ()),
@@ -252,7 +241,10 @@ def test_to_dict_is_json_and_describe_is_a_table():
     text = p.describe()
     assert text.splitlines()[0] == "qwen3-8b on 8 x H100 (1 node x 8 GPUs; minimum 5)"
     assert "generator  1        0     2-3   TP2" in text
-    assert "FSDP3xTP1" in text
+    assert "FSDP3" in text
+    idle = plan(recipe("qwen3-32b"), 32)
+    assert idle.to_dict()["idle_gpus"] == [[3, 4], [3, 5], [3, 6], [3, 7]]
+    assert "idle       -        3     4-7" in idle.describe()
 
 
 # --- invariants over many layouts --------------------------------------------------------------
@@ -263,16 +255,13 @@ layouts = st.fixed_dictionaries(
         "layout.generator.replicas": st.integers(1, 3),
         "layout.reference.enabled": st.booleans(),
         "layout.reference.tp": st.sampled_from([1, 2]),
-        "layout.trainer.tp": st.sampled_from([1, 2, 4]),
-        "layout.trainer.fsdp": st.integers(1, 3),
+        "layout.trainer.gpus": st.integers(1, 6),
     }
 )
 
 
 def layout_recipe(layout: dict):
-    trainer_gpus = layout["layout.trainer.tp"] * layout["layout.trainer.fsdp"]
-    items = [f"{k}={v}" for k, v in sorted(layout.items())]
-    return recipe("qwen3-0.6b", *items, f"layout.trainer.gpus={trainer_gpus}")
+    return recipe("qwen3-0.6b", *(f"{k}={v}" for k, v in sorted(layout.items())))
 
 
 def try_plan(r, gpus, gpn):
@@ -312,19 +301,18 @@ def test_plan_invariants(layout, gpus, gpn):
     # The trainer: all its GPUs on node 0, where the controller writes the checkpoints.
     [trainer] = p.placements_of("trainer")
     assert trainer.node == 0 and len(trainer.gpus) == p.trainer_gpus
-    assert p.trainer_gpus == p.trainer_fsdp * p.trainer_tp
     assert (
         len(p.placements_of("generator"))
         == p.generator_replicas
         >= layout["layout.generator.replicas"]
     )
-    assert p.trainer_fsdp >= layout["layout.trainer.fsdp"]
+    assert p.trainer_gpus >= layout["layout.trainer.gpus"]
     # GPUs stay idle only when no generator replica (while the generator holds less than twice
     # the trainer's GPUs) and no trainer rank fits: that layout as a recipe does not plan.
     if p.idle_gpus:
-        grown = dict(layout, **{"layout.trainer.fsdp": p.trainer_fsdp})
+        grown = dict(layout, **{"layout.trainer.gpus": p.trainer_gpus})
         grown["layout.generator.replicas"] = p.generator_replicas
-        wider = dict(grown, **{"layout.trainer.fsdp": p.trainer_fsdp + 1})
+        wider = dict(grown, **{"layout.trainer.gpus": p.trainer_gpus + 1})
         assert try_plan(layout_recipe(wider), gpus, gpn) is None
         if p.generator_replicas * p.generator_tp < 2 * p.trainer_gpus:
             more = dict(grown, **{"layout.generator.replicas": p.generator_replicas + 1})

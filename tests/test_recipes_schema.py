@@ -85,9 +85,9 @@ def error_of(fn, *args) -> str:
         ),
         (
             "layout.trainer",
-            "fsdp",
-            0,
-            "layout.trainer.fsdp: must be -1 (fill: gpus / tp) or >= 1, got 0",
+            "tp",
+            2,
+            "layout.trainer.tp: unknown key; valid keys here: gpus",
         ),
         ("model", "family", "gpt", "model.family: Input should be 'qwen3' or 'llama3' (got 'gpt')"),
         (
@@ -135,7 +135,6 @@ def test_wrong_type_shows_file_path_and_value(tmp_path):
             16,
             "layout.reference.tp: 16 must divide the qwen3 8b head counts",
         ),
-        ("layout.trainer", "tp", 16, "layout.trainer.tp: 16 must divide the qwen3 8b head counts"),
     ],
 )
 def test_tensor_parallel_must_divide_heads(tmp_path, section, key, value, expected):
@@ -156,20 +155,6 @@ def test_disabled_reference_tp_is_not_checked(tmp_path):
     data = catalog_data()
     data["layout"]["reference"] = {"enabled": False, "tp": 3}
     assert not load_recipe(write(tmp_path, data)).layout.reference.enabled
-
-
-def test_trainer_fsdp_times_tp_must_equal_gpus(tmp_path):
-    data = catalog_data()
-    data["layout"]["trainer"] = {"gpus": 2, "fsdp": 4, "tp": 1}
-    assert "layout.trainer.fsdp: fsdp 4 x tp 1 = 4 must equal layout.trainer.gpus 2" in error_of(
-        load_recipe, write(tmp_path, data)
-    )
-    data["layout"]["trainer"] = {"gpus": 3, "fsdp": -1, "tp": 2}
-    assert "layout.trainer.gpus: 3 is not divisible by layout.trainer.tp 2" in error_of(
-        load_recipe, write(tmp_path, data)
-    )
-    data["layout"]["trainer"] = {"gpus": 4, "fsdp": -1, "tp": 2}
-    assert load_recipe(write(tmp_path, data)).layout.trainer.resolved_fsdp == 2
 
 
 def test_memory_must_fit_the_accelerator(tmp_path):
@@ -257,7 +242,7 @@ def test_unknown_and_missing_keys(tmp_path):
     assert "grpo.stepz: unknown key; valid keys here: checkpoint_interval, clip_high" in message
     data = catalog_data()
     data["layout"]["trainer"]["dp"] = 2
-    assert "layout.trainer.dp: unknown key; valid keys here: fsdp, gpus, tp" in error_of(
+    assert "layout.trainer.dp: unknown key; valid keys here: gpus" in error_of(
         load_recipe, write(tmp_path, data)
     )
     data = catalog_data()
@@ -358,9 +343,10 @@ def test_override_mistakes():
     assert error_of(apply_overrides, base, ["grpo.stepz=3"]).startswith(
         "unknown key 'grpo.stepz'; valid keys under grpo: checkpoint_interval, clip_high, clip_low"
     )
-    assert "valid keys under the top level: dataset, description, grpo, layout, model, name" in (
-        error_of(apply_overrides, base, ["gpro.steps=3"])
-    )
+    assert (
+        "valid keys under the top level: dataset, description, generator, grpo, layout, model, "
+        "name, reference, resources, trainer, weight_sync"
+    ) in error_of(apply_overrides, base, ["gpro.steps=3"])
     assert "dataset.rewards is a list of 2; use an index 0..1" in error_of(
         apply_overrides, base, ["dataset.rewards.5.weight=1"]
     )

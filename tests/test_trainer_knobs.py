@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recipes import UserError, architecture
+from recipes import architecture
 from runtime.backends import OptimizerConfig, fsdp_trainer
-from runtime.backends import build as services
 from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference
 from runtime.grpo import policy_loss
 from runtime.models import ModelSpec
@@ -43,19 +42,6 @@ def _step(trainer: FSDPTrainer, width: int, seed: int) -> dict[str, float]:
     tokens, mask, adv = _batch(width, seed)
     old = trainer.logprobs(tokens, mask)
     return trainer.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS)
-
-
-def test_knobs_read_0_or_1(monkeypatch):
-    name = services.ACTIVATION_CHECKPOINTING_ENV
-    monkeypatch.delenv(name, raising=False)
-    assert services.env_flag(name, True) is True
-    monkeypatch.setenv(name, "0")
-    assert services.env_flag(name, True) is False
-    monkeypatch.setenv(services.TRAINER_COMPILE_ENV, "1")
-    assert services.env_flag(services.TRAINER_COMPILE_ENV, False) is True
-    monkeypatch.setenv(services.TRAINER_COMPILE_ENV, "yes")
-    with pytest.raises(UserError, match="FORGESKY_TRAINER_COMPILE='yes': expected 0 or 1"):
-        services.env_flag(services.TRAINER_COMPILE_ENV, False)
 
 
 def test_without_activation_checkpointing_the_steps_are_the_same():
@@ -100,57 +86,3 @@ def test_compiled_reference_scores_like_eager():
         torch.testing.assert_close(
             compiled.logprobs(tokens, mask), eager.logprobs(tokens, mask), atol=1e-5, rtol=0
         )
-
-
-def _spec(recipe: str) -> ModelSpec:
-    from recipes import load_recipe
-
-    return services.model_spec(load_recipe(recipe))
-
-
-H100, H200 = 79.6 * 2**30, 139.8 * 2**30  # what torch reports as their total memory
-
-
-def test_memory_plan_is_calibrated_on_the_measured_peaks_and_stays_above_them():
-    # Qwen3-1.7B alone on an H200, compiled, no checkpointing: peaks of 67.8, 90.9 and 137.1 GB
-    # at 8192, 16384 and 32768 tokens per micro-batch (bench/results, trainer_mfu).
-    spec = _spec("qwen3-1.7b")
-    for tokens, measured in ((8192, 67.8e9), (16384, 90.9e9), (32768, 137.1e9)):
-        fsdp_trainer.PLAN_TOKENS, saved = (tokens,), fsdp_trainer.PLAN_TOKENS
-        try:
-            _, checkpointing, peak = fsdp_trainer.memory_plan(spec, 1, 10**15)
-        finally:
-            fsdp_trainer.PLAN_TOKENS = saved
-        assert not checkpointing
-        assert measured < peak < 1.15 * measured, tokens
-
-
-def test_memory_plan_keeps_activations_where_the_gpu_holds_them():
-    small = _spec("qwen3-1.7b")
-    assert fsdp_trainer.memory_plan(small, 1, H200)[:2] == (16384, False)
-    assert fsdp_trainer.memory_plan(small, 1, H100)[:2] == (8192, False)
-    # 8B over two H100 ranks: the sharded optimizer state leaves room only with checkpointing
-    big = _spec("qwen3-8b")
-    tokens, checkpointing, peak = fsdp_trainer.memory_plan(big, 2, H100)
-    assert checkpointing and peak <= fsdp_trainer.PLAN_HEADROOM * H100
-    # nothing fits: the smallest micro-batch, checkpointed (the recipe check rejects such plans)
-    assert fsdp_trainer.memory_plan(big, 1, H100)[:2] == (4096, True)
-    # more memory never means fewer tokens or checkpointing where less memory went without
-    previous = None
-    for gb in range(60, 200, 10):
-        tokens, checkpointing, _ = fsdp_trainer.memory_plan(small, 1, gb * 2**30)
-        if previous is not None and not previous[1]:
-            assert not checkpointing and tokens >= previous[0]
-        previous = (tokens, checkpointing)
-
-
-def test_knobs_in_the_environment_win_over_the_memory_plan(monkeypatch):
-    from recipes import load_recipe
-
-    recipe = load_recipe("tiny")
-    for name in (services.MICRO_BATCH_ENV, services.ACTIVATION_CHECKPOINTING_ENV):
-        monkeypatch.delenv(name, raising=False)
-    assert services.trainer_memory_plan(recipe) == (8192, True)  # a CPU: the fixed default
-    monkeypatch.setenv(services.MICRO_BATCH_ENV, "2048")
-    monkeypatch.setenv(services.ACTIVATION_CHECKPOINTING_ENV, "0")
-    assert services.trainer_memory_plan(recipe) == (2048, False)

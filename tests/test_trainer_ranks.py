@@ -1,5 +1,5 @@
 """The trainer service on several procs: one FSDP rank per trainer GPU, every endpoint called on
-all ranks. On CPU `FORGESKY_TRAINER_PROCS=2` runs two gloo ranks through the real runtime."""
+all ranks. On CPU `--set trainer.ranks=2` runs two gloo ranks through the real runtime."""
 
 from __future__ import annotations
 
@@ -10,27 +10,25 @@ import pytest
 import torch
 from runtime_helpers import NOISE, finish, leftover_processes, metrics, start
 
-from recipes import UserError, architecture
+from recipes import UserError, apply_overrides, architecture, load_recipe, plan
 from runtime.backends import OptimizerConfig, TitanTrainer
-from runtime.backends import build as services
 from runtime.backends.fsdp_trainer import WORLD_ENV
 from runtime.control.run import trainer_env, trainer_ranks
 from runtime.models import ModelSpec
 
 
-def test_one_trainer_proc_per_gpu_unless_told(monkeypatch):
-    monkeypatch.delenv(services.TRAINER_PROCS_ENV, raising=False)
-    assert trainer_ranks(()) == [()]  # CPU: one proc, as before
-    assert trainer_ranks((4, 5, 6, 7)) == [(4,), (5,), (6,), (7,)]
-    monkeypatch.setenv(services.TRAINER_PROCS_ENV, "2")
-    assert trainer_ranks(()) == [(), ()]
-    assert trainer_ranks((0, 1, 2, 3)) == [(0, 1), (2, 3)]
-    monkeypatch.setenv(services.TRAINER_PROCS_ENV, "3")
-    with pytest.raises(UserError, match="does not divide the 4 trainer GPUs"):
-        trainer_ranks((0, 1, 2, 3))
-    monkeypatch.setenv(services.TRAINER_PROCS_ENV, "two")
-    with pytest.raises(UserError, match="FORGESKY_TRAINER_PROCS='two'"):
-        trainer_ranks(())
+def test_one_trainer_proc_per_gpu_and_cpu_ranks_as_planned():
+    assert trainer_ranks((), 1) == [()]  # CPU: one proc, as before
+    assert trainer_ranks((), 2) == [(), ()]  # CPU: gloo ranks
+    assert trainer_ranks((4, 5, 6, 7), 4) == [(4,), (5,), (6,), (7,)]
+    cpu = load_recipe("tiny")
+    assert plan(apply_overrides(cpu, ["trainer.ranks=2"]), 0).settings.trainer.ranks == 2
+    gpu = load_recipe("qwen3-8b")
+    assert plan(gpu, 5).settings.trainer.ranks == 2  # one per trainer GPU
+    with pytest.raises(
+        UserError, match=r"trainer.ranks: 3 must be auto or layout.trainer.gpus \(2\)"
+    ):
+        apply_overrides(gpu, ["trainer.ranks=3"])
 
 
 def test_several_ranks_meet_on_a_free_local_port():
@@ -44,13 +42,13 @@ def test_several_ranks_meet_on_a_free_local_port():
 def test_tiny_run_on_two_trainer_ranks_checkpoints_and_resumes(tmp_path: Path):
     run_dir = tmp_path / "run"
     args = ["--recipe", "tiny", "--checkpoint-every", "2", "--run-dir", str(run_dir)]
-    env = {services.TRAINER_PROCS_ENV: "2"}
-    proc = start([*args, "--steps", "4"], env=env)
+    args += ["--set", "trainer.ranks=2"]
+    proc = start([*args, "--steps", "4"])
     code, out = finish(proc, timeout=300)
     assert code == 0, out
     assert (
         "trainer: FSDPTrainer on 2 ranks, 8192 tokens per micro-batch, "
-        "activation checkpointing on" in out
+        "activation checkpointing off" in out
     )
     for word in NOISE:
         assert word not in out, f"{word!r} in output:\n{out}"
@@ -66,7 +64,7 @@ def test_tiny_run_on_two_trainer_ranks_checkpoints_and_resumes(tmp_path: Path):
     assert saved["step"] == 4
 
     # the resumed run also publishes through rank 0's direct push path
-    again = start([*args, "--steps", "6"], env={**env, "FORGESKY_WEIGHT_TRANSPORT": "push"})
+    again = start([*args, "--steps", "6", "--set", "weight_sync.transport=push"])
     code, out = finish(again, timeout=300)
     assert code == 0, out
     assert "resumed from step 4" in out

@@ -15,7 +15,6 @@ import pytest
 import torch
 from runtime_helpers import finish, metrics, start
 
-from runtime.weights import transport as weight_sync
 from runtime.weights.flat import fill, flat_layout, views
 from runtime.weights.push import PushReceiver, PushSender
 from runtime.weights.transport import Endpoint, Publisher, choose, connections
@@ -62,12 +61,19 @@ def test_choose_paths():
     assert choose(t, [Endpoint("h2", "GPU-a")], "auto") == ["push"]
 
 
-def test_transport_mode_rejects_unknown(monkeypatch):
-    from recipes import UserError
+def test_transport_mode_is_a_recipe_setting():
+    from recipes import UserError, apply_overrides, load_recipe, plan
 
-    monkeypatch.setenv("FORGESKY_WEIGHT_TRANSPORT", "carrier-pigeon")
-    with pytest.raises(UserError, match="FORGESKY_WEIGHT_TRANSPORT"):
-        weight_sync.transport_mode()
+    recipe = load_recipe("tiny")
+    with pytest.raises(
+        UserError, match="weight_sync.transport: Input should be 'auto', 'store' or 'push'"
+    ):
+        apply_overrides(recipe, ["weight_sync.transport=carrier-pigeon"])
+    pushed = plan(apply_overrides(recipe, ["weight_sync.transport=push"]), 0)
+    assert pushed.settings.weight_sync.transport == "push"
+    assert pushed.settings.weight_sync.expected == ("push",)
+    with pytest.raises(ValueError, match="unknown weight transport mode"):
+        choose(Endpoint("h", None), [Endpoint("h", None)], "pigeon")
 
 
 def stage(sender: PushSender, version: int, sd: dict[str, torch.Tensor]) -> dict:
@@ -149,8 +155,8 @@ def test_changed_tensors_between_versions_are_refused():
 def test_tiny_run_with_pushed_weights(tmp_path: Path):
     run_dir = tmp_path / "run"
     proc = start(
-        ["--recipe", "tiny", "--run-dir", str(run_dir), "--set", "grpo.steps=12"],
-        env={"FORGESKY_WEIGHT_TRANSPORT": "push"},
+        ["--recipe", "tiny", "--run-dir", str(run_dir), "--set", "grpo.steps=12"]
+        + ["--set", "weight_sync.transport=push"],
     )
     code, out = finish(proc, timeout=600)
     assert code == 0, out

@@ -7,7 +7,7 @@ from typing import Any
 
 from monarch.actor import Actor, endpoint
 
-from runtime.backends import build as services
+from runtime.backends import build
 
 
 class GeneratorActor(Actor):
@@ -16,18 +16,20 @@ class GeneratorActor(Actor):
         self.store: Any = None
         self.tokenizer: Any = None
         self.recipe: Any = None
+        self.settings: Any = None
         # How policy versions arrive (runtime.weights.transport): the store until the
         # controller connects this generator's path.
         self.receiver: Any = None
 
     @endpoint
-    async def setup(self, recipe: Any, store: Any) -> dict[str, Any]:
-        """Build the sampling model; its weights arrive with the first `update_weights`."""
-        self.recipe, self.store = recipe, store
-        self.tokenizer = services.load_tokenizer(recipe)
-        self.backend = services.build_generator(recipe, self.tokenizer)
+    async def setup(self, recipe: Any, settings: Any, store: Any) -> dict[str, Any]:
+        """Build the sampling model (`settings`: the plan's recipes.settings.Settings); its
+        weights arrive with the first `update_weights`."""
+        self.recipe, self.settings, self.store = recipe, settings, store
+        self.tokenizer = build.load_tokenizer(recipe)
+        self.backend = build.GeneratorConfig(recipe, settings.generator).build(self.tokenizer)
         self.backend.policy_version = -1
-        return {"device": str(services.device()), "backend": type(self.backend).__name__}
+        return {"device": str(build.device()), "backend": type(self.backend).__name__}
 
     @endpoint
     async def weight_endpoint(self) -> Any:
@@ -43,7 +45,8 @@ class GeneratorActor(Actor):
 
         if self.receiver is not None:
             self.receiver.close()
-        self.receiver = receiver(path, self.store, services.device(), connection)
+        timeout_s = self.settings.weight_sync.timeout_s
+        self.receiver = receiver(path, self.store, build.device(), connection, timeout_s)
 
     @endpoint
     async def update_weights(self, version: int) -> dict[str, float]:
@@ -57,7 +60,7 @@ class GeneratorActor(Actor):
 
         start = time.perf_counter()
         if self.receiver is None:
-            self.receiver = receiver("store", self.store, services.device())
+            self.receiver = receiver("store", self.store, build.device())
         loaded, nbytes = await self.receiver.load(version, self.backend)
         self.backend.policy_version = loaded
         return {"version": loaded, "bytes": nbytes, "seconds": time.perf_counter() - start}

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from monarch.actor import Actor, endpoint
 
-from runtime.backends import build as services
+from runtime.backends import build
 
 
 class ReferenceActor(Actor):
@@ -16,9 +16,10 @@ class ReferenceActor(Actor):
         self.backend: Any = None
 
     @endpoint
-    async def setup(self, recipe: Any) -> dict[str, Any]:
-        self.backend = services.build_reference(recipe)
-        return {"device": str(services.device()), "backend": type(self.backend).__name__}
+    async def setup(self, recipe: Any, settings: Any) -> dict[str, Any]:
+        """Build the frozen model (`settings`: the plan's recipes.settings.Settings)."""
+        self.backend = build.ReferenceConfig(recipe, settings.reference).build()
+        return {"device": str(build.device()), "backend": type(self.backend).__name__}
 
     @endpoint
     async def logprobs(self, tokens: torch.Tensor, response_mask: torch.Tensor) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from monarch.actor import Actor, endpoint
 
-from runtime.backends import build as services
+from runtime.backends import build
 
 
 class TrainerActor(Actor):
@@ -23,20 +23,22 @@ class TrainerActor(Actor):
         self.backend: Any = None
         self.store: Any = None
         self.recipe: Any = None
+        self.settings: Any = None
         # How versions leave rank 0 (runtime.weights.transport.Publisher): the store until the
         # controller connects the generators' paths.
         self.publisher: Any = None
 
     @endpoint
-    async def setup(self, recipe: Any, store: Any) -> dict[str, Any]:
-        """Build the model (pretrained or seeded init) and the optimizer; join the other ranks."""
-        self.recipe, self.store = recipe, store
+    async def setup(self, recipe: Any, settings: Any, store: Any) -> dict[str, Any]:
+        """Build the model (pretrained or seeded init) and the optimizer; join the other ranks.
+        `settings`: the plan's recipes.settings.Settings."""
+        self.recipe, self.settings, self.store = recipe, settings, store
         torch.manual_seed(recipe.grpo.seed)
-        spec = services.model_spec(recipe)
-        self.backend = services.build_trainer(recipe)
+        spec = build.model_spec(recipe)
+        self.backend = build.TrainerConfig(recipe, settings.trainer).build()
         return {
             "params": spec.num_params(),
-            "device": str(services.device()),
+            "device": str(build.device()),
             "backend": type(self.backend).__name__,
             "ranks": getattr(self.backend, "world", 1),
             "tokens_per_micro_batch": getattr(self.backend, "tokens_per_micro_batch", None),
@@ -87,7 +89,8 @@ class TrainerActor(Actor):
             return {}
         if self.publisher is not None:
             self.publisher.close()
-        self.publisher = Publisher(self.store, paths, services.device())
+        timeout_s = self.settings.weight_sync.timeout_s
+        self.publisher = Publisher(self.store, paths, build.device(), timeout_s)
         return self.publisher.open()
 
     @endpoint
@@ -100,7 +103,7 @@ class TrainerActor(Actor):
         if self.publisher is None:
             from runtime.weights.transport import Publisher
 
-            self.publisher = Publisher(self.store, ["store"], services.device())
+            self.publisher = Publisher(self.store, ["store"], build.device())
         return await self.publisher.publish(version, state)
 
     @endpoint

@@ -14,8 +14,8 @@ logits instead of `[B, T, vocab]`; compiled, the projection's log-softmax is one
 its bf16 output (`head_logprobs`). Batches are split into micro-batches of about
 `tokens_per_micro_batch` tokens (gradients accumulate), which bounds activations and logits.
 Activation checkpointing recomputes each block's forward in backward (about a third more FLOPs,
-for a GPU too small to hold every block's activations); `memory_plan` picks the micro-batch and
-whether to checkpoint for a GPU's size.
+for a GPU too small to hold every block's activations); recipes/settings.py plans the
+micro-batch and whether to checkpoint for a GPU's size (recipes.memory.trainer_memory_plan).
 
 Compile (optional): each block's forward goes through `torch.compile(dynamic=True)`, outside the
 checkpoint so that the compiler sees the recomputed region, and so does the output projection
@@ -34,7 +34,6 @@ endpoint on all of them (`runtime.actors.trainer`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -42,9 +41,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from runtime.backends.base import LossFn
+from runtime.backends.blocks import head_logprobs, micro_batches, wrap_blocks
 from runtime.backends.titan_trainer import OptimizerConfig
 from runtime.models import ModelSpec, build_model, to_hf
 
@@ -88,101 +87,6 @@ def response_logprobs(
     out = torch.zeros(tokens.shape, dtype=picked.dtype, device=picked.device)
     out[:, 1:] = out[:, 1:].masked_scatter(predicts, picked)
     return out
-
-
-def head_logprobs(
-    lm_head: torch.nn.Module, hidden: Tensor, target: Tensor, temperature: float
-) -> Tensor:
-    """`log softmax(lm_head(hidden) / T)[target]` per row of `hidden` `[N, D]`, in fp32.
-
-    Eager, this materialises fp32 logits `[N, vocab]` several times over (the cast, the scaled
-    copy, logsumexp's pass, and their gradients). `wrap_blocks(compile=True)` swaps in a
-    compiled copy: one kernel reads the projection's bf16 output and reduces it.
-    """
-    logits = lm_head(hidden).float()  # [N, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    return logits.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-# Micro-batch sizes the memory plan tries, largest first (more tokens per micro-batch: fewer
-# weight casts and gradient additions per step; 8192 -> 16384 was 5 % faster at 2048 tokens).
-PLAN_TOKENS = (16384, 8192, 4096)
-# Share of the GPU's memory the trainer plans to use (the rest: allocator slack, NCCL, spikes).
-PLAN_HEADROOM = 0.9
-
-
-def memory_plan(spec: ModelSpec, world: int, gpu_bytes: int) -> tuple[int, bool, float]:
-    """Tokens per micro-batch and whether to checkpoint activations, for a trainer rank with a
-    GPU of `gpu_bytes` to itself; and the estimated peak in bytes.
-
-    The largest of `PLAN_TOKENS` whose activations fit next to the weights and optimizer state
-    without checkpointing; else the largest that fits with it (4096 tokens at least).
-    - fixed: fp32 weights, gradients and AdamW moments (16 bytes a parameter, sharded over the
-      ranks); on one rank also autocast's bf16 weights and their bf16 gradients, plus the
-      compiled blocks' and cuBLAS workspaces (10 more); several ranks instead hold two
-      gathered blocks' bf16 weights and fp32 gradients; plus 3 GB.
-    - per token kept for backward, no checkpointing: per layer 24 x dim + 6 x ffn_dim bytes
-      (the bf16 inputs of each matmul, the fp32 residual stream and norms), plus the bf16
-      logits of the output projection (2 x vocab); with checkpointing, each layer's fp32 input
-      (4 x dim) plus one layer's activations being recomputed. 15 % on top.
-    Calibrated on Qwen3-1.7B on one H200 (compiled blocks and head, 64 x 2048 tokens, 3/4
-    response): peaks 68, 91 and 137 GB at 8192, 16384 and 32768 tokens; this estimates 73, 99
-    and 150.
-    """
-    params = spec.num_params()
-    # several ranks: two blocks' bf16 weights gathered and their fp32 gradients in flight
-    gathered = 2 * 6 * params / spec.n_layers
-    fixed = 16 * params / world + (10 * params if world == 1 else gathered) + 3e9
-    layer = 24 * spec.dim + 6 * spec.ffn_dim
-    logits = 2 * spec.vocab_size
-    kept = 1.15 * (spec.n_layers * layer + logits)
-    recomputed = 1.15 * (spec.n_layers * 4 * spec.dim + layer + logits)
-    budget = PLAN_HEADROOM * gpu_bytes
-    for per_token, checkpointing in ((kept, False), (recomputed, True)):
-        for tokens in PLAN_TOKENS:
-            peak = fixed + tokens * per_token
-            if peak <= budget:
-                return tokens, checkpointing, peak
-    tokens = PLAN_TOKENS[-1]
-    return tokens, True, fixed + tokens * recomputed
-
-
-def micro_batches(tokens: Tensor, budget: int) -> list[slice]:
-    """Row slices of about `budget` tokens each (at least one row per slice)."""
-    batch, width = tokens.shape
-    size = max(1, budget // max(1, width))
-    return [slice(i, min(i + size, batch)) for i in range(0, batch, size)]
-
-
-def wrap_blocks(
-    model: torch.nn.Module, *, checkpointing: bool, compile: bool, compile_head: bool = True
-) -> None:
-    """Activation checkpointing and/or torch.compile around each transformer block's forward
-    (with `compile` and `compile_head`, the output projection plus log-softmax too).
-
-    The forward is wrapped rather than the module, so parameter names (the HF conversion's
-    input) stay as they are. Compile goes outside the checkpoint: `checkpoint` refuses to be the
-    first frame torch.compile traces (it is `_disable_dynamo`), and inside a traced function it
-    becomes one region the compiler recomputes.
-    """
-    for block in model.layers.values():
-        forward = block.forward
-        if checkpointing:
-            forward = _checkpointed(forward)
-        if compile:
-            forward = torch.compile(forward, dynamic=True)
-        block.forward = forward
-    if compile and compile_head:
-        model._head_logprobs = torch.compile(head_logprobs, dynamic=True)
-
-
-def _checkpointed(forward: Any) -> Any:
-    @functools.wraps(forward)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    return run
 
 
 def _full(tensor: Tensor) -> Tensor:

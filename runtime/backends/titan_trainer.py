@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from runtime.backends.base import LossFn, token_logprobs
+from runtime.backends.blocks import micro_batches, wrap_blocks
 from runtime.models import ModelSpec, build_model, to_hf
 
 # Stats that add up across micro-batches (the loss is normalised by the whole batch's size).
@@ -108,14 +109,18 @@ class TitanTrainer:
         seed: int = 0,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
-        micro_batch_size: int | None = None,
+        tokens_per_micro_batch: int | None = None,
+        activation_checkpointing: bool = False,
     ):
         self.spec = spec
         self.optim_config = optim
         self.temperature = temperature
         self.device = torch.device(device)
-        self.micro_batch_size = micro_batch_size
+        self.tokens_per_micro_batch = tokens_per_micro_batch
+        self.activation_checkpointing = activation_checkpointing
         self.model = _load_or_init(spec, weights, seed, self.device, dtype)
+        if activation_checkpointing:
+            wrap_blocks(self.model, checkpointing=True, compile=False)
         self.model.train()
         self.optimizer, self.scheduler = optim.build(self.model)
         self.step = 0
@@ -140,10 +145,12 @@ class TitanTrainer:
         loss_fn: LossFn,
         **loss_kwargs: Any,
     ) -> dict[str, float]:
-        """One AdamW step on the whole batch (gradients accumulated over micro-batches)."""
+        """One AdamW step on the whole batch (gradients accumulated over micro-batches of about
+        `tokens_per_micro_batch` tokens)."""
         batch = tokens.shape[0]
-        size = self.micro_batch_size or batch
-        chunks = [slice(i, min(i + size, batch)) for i in range(0, batch, size)]
+        chunks = [slice(0, batch)]
+        if self.tokens_per_micro_batch:
+            chunks = micro_batches(tokens, self.tokens_per_micro_batch)
         if len(chunks) > 1:
             loss_kwargs = {**loss_kwargs, "num_sequences": batch}
         self.optimizer.zero_grad(set_to_none=True)

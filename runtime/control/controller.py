@@ -110,7 +110,7 @@ class Controller:
         from runtime.weights import transport
 
         s = self.services
-        mode = transport.transport_mode()
+        mode = self.config.plan.settings.weight_sync.transport
         self.weight_paths = ["store"] * len(s.generators)
         if mode != "store":
             trainer = await s.train_call("weight_endpoint")

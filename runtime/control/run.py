@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import socket
 import time
@@ -64,27 +65,12 @@ def _placements(plan: Any, service: str) -> list[Any]:
     return [p for p in plan.placements if p.service == service]
 
 
-def trainer_ranks(trainer_gpus: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """The GPUs of each trainer proc (one FSDP rank each): one proc per trainer GPU by default;
-    `FORGESKY_TRAINER_PROCS` asks for another count (on CPU: that many gloo ranks)."""
-    from recipes import UserError
-    from runtime.backends.build import TRAINER_PROCS_ENV
-
-    raw = os.environ.get(TRAINER_PROCS_ENV, "").strip()
-    if not raw:
-        return [(g,) for g in trainer_gpus] or [()]
-    procs = int(raw) if raw.isdigit() else 0
-    if procs < 1:
-        raise UserError(f"{TRAINER_PROCS_ENV}={raw!r}: expected a whole number >= 1")
+def trainer_ranks(trainer_gpus: tuple[int, ...], ranks: int) -> list[tuple[int, ...]]:
+    """The GPUs of each trainer proc (one FSDP rank each): one proc per trainer GPU; on CPU,
+    `ranks` procs (the plan's trainer.ranks: gloo ranks)."""
     if not trainer_gpus:
-        return [()] * procs
-    per_proc, left = divmod(len(trainer_gpus), procs)
-    if left or not per_proc:
-        raise UserError(
-            f"{TRAINER_PROCS_ENV}={procs} does not divide the {len(trainer_gpus)} trainer GPUs; "
-            "unset it for one proc per GPU"
-        )
-    return [trainer_gpus[i * per_proc : (i + 1) * per_proc] for i in range(procs)]
+        return [()] * ranks
+    return [(g,) for g in trainer_gpus]
 
 
 def trainer_env(ranks: int) -> dict[str, str]:
@@ -115,7 +101,8 @@ async def _start(life: RunLifecycle, config: RunConfig) -> Services:
     gens = _placements(plan, "generator")
     refs = _placements(plan, "reference") if plan.reference_enabled else []
     trainers = _placements(plan, "trainer")
-    ranks = trainer_ranks(tuple(g for p in trainers for g in p.gpus))
+    settings = plan.settings
+    ranks = trainer_ranks(tuple(g for p in trainers for g in p.gpus), settings.trainer.ranks)
     # CPU threads: every service proc computes at once (rollouts overlap training)
     busy = len(ranks) + len(gens) + len(refs) + plan.reward_procs
     threads = max(1, available_cores() // busy)
@@ -156,12 +143,13 @@ async def _start(life: RunLifecycle, config: RunConfig) -> Services:
 
     rewards = [r.model_dump() for r in recipe.dataset.rewards]
     setups = [
-        life.call("trainer", trainer.setup.call(recipe, store)),  # every rank joins the group
-        *(life.call("generator", g.setup.call_one(recipe, store)) for g in generators),
+        # every trainer rank joins the group
+        life.call("trainer", trainer.setup.call(recipe, settings, store)),
+        *(life.call("generator", g.setup.call_one(recipe, settings, store)) for g in generators),
         life.call("reward", reward.setup.call(rewards)),
     ]
     if reference is not None:
-        setups.append(life.call("reference", reference.setup.call_one(recipe)))
+        setups.append(life.call("reference", reference.setup.call_one(recipe, settings)))
     trained_by = (await asyncio.gather(*setups))[0]
     info = next(value for _, value in trained_by.items())
     # FSDPTrainer (a GPU, or several CPU ranks) reports its memory plan; the CPU TitanTrainer
@@ -196,11 +184,13 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     )
     controller = Controller(config, services, life.stopping)
     await controller.prepare()
+    recorded = {**recipe.model_dump(mode="json"), "plan": config.plan.to_dict()}
+    (config.run_dir / "config.json").write_text(json.dumps(recorded, indent=2) + "\n")
     metrics = MetricsLogger(
         config.run_dir,
         wandb_mode=config.wandb_mode,
         run_name=config.run_dir.name,
-        config=recipe.model_dump(mode="json"),
+        config=recorded,
         resume_id=controller.wandb_run_id,
         total_steps=recipe.grpo.steps,
     )

@@ -188,3 +188,31 @@ def host_gpu_ids(gpus: tuple[int, ...], visible: str | None = None) -> list[str]
             f"{len(names)} GPU(s)"
         )
     return [names[g] for g in gpus]
+
+
+def gpu_type(names: list[str] | None = None) -> str | None:
+    """This host's GPU type as recipes name it ("H100", "H200"), read from nvidia-smi without
+    touching CUDA (the controller must not hold a context on a GPU a service uses); None when
+    there is no GPU, no nvidia-smi, or a type no recipe names."""
+    if names is None:
+        import shutil
+        import subprocess
+
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            return None
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        names = [line.strip() for line in out.splitlines() if line.strip()]
+    for known in ("H200", "H100"):
+        if names and all(known in name for name in names):
+            return known
+    return None

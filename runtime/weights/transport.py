@@ -253,15 +253,3 @@ class Publisher:
     def close(self) -> None:
         for sender in self.senders:
             sender.close()
-
-
-def transport_mode() -> str:
-    """The transport mode from `FORGESKY_WEIGHT_TRANSPORT` (auto by default)."""
-    import os
-
-    from recipes import UserError
-
-    mode = os.environ.get("FORGESKY_WEIGHT_TRANSPORT", "auto").strip().lower() or "auto"
-    if mode not in MODES:
-        raise UserError(f"FORGESKY_WEIGHT_TRANSPORT={mode!r}: expected one of {', '.join(MODES)}")
-    return mode

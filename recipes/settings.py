@@ -1,0 +1,245 @@
+"""The services' settings of a run: the recipe's `generator`, `trainer`, `reference` and
+`weight_sync` sections with every "auto" planned for the layout and the GPU type.
+
+`plan()` calls `plan_settings`, so `forgesky plan` shows what a run will use and the runtime
+builds its services from exactly that (it plans again on the node, with the GPU it found).
+A value the recipe sets is kept; an "auto" is filled in from the others, never the other way
+round, and a setting that cannot fit is refused with its memory arithmetic.
+
+Planned values:
+- generator.backend: vllm on GPUs, hf (transformers) on CPU.
+- generator.kv_cache_gb / gpu_memory_utilization: a generator with GPUs to itself lets vLLM
+  profile its memory and take 0.85 of the GPU; one that shares a GPU with another service gets
+  a fixed KV cache (the memory model's reserve, recipes/memory.py) and must find 0.05 of the
+  GPU free at start (profiling would count the neighbours' memory as its own).
+- trainer.ranks: one process per trainer GPU (1 on CPU).
+- trainer.tokens_per_micro_batch / activation_checkpointing: a trainer with its GPUs to itself
+  takes the largest micro-batch that fits, without checkpointing if it can
+  (`trainer_memory_plan`); on a shared GPU 8192 tokens with checkpointing; on a CPU 8192
+  without.
+- trainer.compile, reference.compile: on GPUs.
+- reference.tokens_per_micro_batch: the trainer memory plan of a one-rank trainer on the
+  reference's GPU (the reference holds less, so this is conservative); 8192 when shared.
+- weight_sync.transport stays "auto" until the run starts: each generator's path then follows
+  where it and the trainer are (`plan` shows the path it expects).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from recipes.errors import UserError
+from recipes.memory import (
+    ACCELERATOR_BYTES,
+    GB,
+    PLAN_HEADROOM,
+    PLAN_TOKENS,
+    RUNTIME_OVERHEAD_GB,
+    trainer_fixed_bytes,
+    trainer_memory_plan,
+    trainer_token_bytes,
+)
+
+SHARED_TOKENS = 8192
+ALONE_GPU_SHARE = 0.85
+SHARED_START_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class GeneratorSettings:
+    backend: str
+    gpu_memory_utilization: float
+    kv_cache_gb: float | None  # None: vLLM profiles the GPU
+    enforce_eager: bool
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    ranks: int
+    tokens_per_micro_batch: int
+    activation_checkpointing: bool
+    compile: bool
+    peak_gb: float | None = None  # the memory plan's estimate for one rank (GPU alone)
+
+
+@dataclass(frozen=True)
+class ReferenceSettings:
+    tokens_per_micro_batch: int
+    compile: bool
+
+
+@dataclass(frozen=True)
+class WeightSyncSettings:
+    transport: str
+    timeout_s: float
+    expected: tuple[str, ...] = ()  # the path each generator should take (plan display)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every service's settings for one plan; `planned` names the values that were "auto"."""
+
+    generator: GeneratorSettings
+    trainer: TrainerSettings
+    reference: ReferenceSettings
+    weight_sync: WeightSyncSettings
+    planned: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["planned"] = list(self.planned)
+        d["weight_sync"]["expected"] = list(self.weight_sync.expected)
+        return d
+
+    def describe(self, cpu: bool = False) -> list[str]:
+        """One line per service: `key value`, marked `*` where planned (GPU-only settings
+        left out on CPU)."""
+        lines = []
+        for section in ("generator", "trainer", "reference", "weight_sync"):
+            parts = []
+            for key, value in asdict(getattr(self, section)).items():
+                if key in ("peak_gb", "expected") or (cpu and key in _GPU_ONLY):
+                    continue
+                if key == "kv_cache_gb" and value is None:
+                    value = "profiled"
+                elif isinstance(value, bool):
+                    value = "on" if value else "off"
+                elif isinstance(value, float):
+                    value = f"{value:g}"
+                mark = "*" if f"{section}.{key}" in self.planned else ""
+                parts.append(f"{key} {value}{mark}")
+            line = f"  {section:<12}{', '.join(parts)}"
+            if section == "trainer" and self.trainer.peak_gb is not None:
+                line += f" (~{self.trainer.peak_gb:.0f} GB a rank)"
+            if section == "weight_sync" and self.weight_sync.expected:
+                line += f" (expected: {', '.join(self.weight_sync.expected)})"
+            lines.append(line)
+        return lines
+
+
+_GPU_ONLY = ("gpu_memory_utilization", "kv_cache_gb", "enforce_eager", "compile")
+
+
+def plan_settings(
+    recipe: Any,
+    *,
+    accelerator: str,
+    shared: frozenset[str],
+    trainer_gpus: int,
+    generator_replicas: int,
+    expected_paths: tuple[str, ...] = (),
+) -> Settings:
+    """The recipe's settings with every "auto" planned.
+
+    `shared`: the services ("generator", "trainer", "reference") whose GPUs another service
+    also uses; `trainer_gpus` and `generator_replicas` as planned; `accelerator` the GPU type
+    ("cpu" for a CPU plan).
+    """
+    cpu = accelerator == "cpu"
+    planned: list[str] = []
+
+    def pick(section: str, key: str, value: Any) -> Any:
+        given = getattr(getattr(recipe, section), key)
+        if given != "auto":
+            return given
+        planned.append(f"{section}.{key}")
+        return value
+
+    gen = recipe.generator
+    backend = pick("generator", "backend", "hf" if cpu else "vllm")
+    kv_auto = None
+    if not cpu and "generator" in shared:
+        kv_auto = _kv_reserve_gb(recipe, generator_replicas)
+    kv = pick("generator", "kv_cache_gb", kv_auto)
+    share = pick(
+        "generator",
+        "gpu_memory_utilization",
+        SHARED_START_SHARE if kv is not None else ALONE_GPU_SHARE,
+    )
+    if not cpu and kv is not None:
+        _check_kv(recipe, accelerator, kv)
+    generator = GeneratorSettings(backend, share, kv, gen.enforce_eager)
+
+    ranks = pick("trainer", "ranks", 1 if cpu else trainer_gpus)
+    tokens, ckpt, peak = _trainer_plan(recipe, accelerator, ranks, "trainer" in shared)
+    trainer = TrainerSettings(
+        ranks=ranks,
+        tokens_per_micro_batch=pick("trainer", "tokens_per_micro_batch", tokens),
+        activation_checkpointing=pick("trainer", "activation_checkpointing", ckpt),
+        compile=pick("trainer", "compile", not cpu),
+        peak_gb=None if peak is None else round(peak / GB, 1),
+    )
+
+    ref_tokens = SHARED_TOKENS
+    if not cpu and "reference" not in shared:
+        fit = trainer_memory_plan(recipe.arch, 1, ACCELERATOR_BYTES[accelerator])
+        ref_tokens = fit[0] if fit else SHARED_TOKENS
+    reference = ReferenceSettings(
+        tokens_per_micro_batch=pick("reference", "tokens_per_micro_batch", ref_tokens),
+        compile=pick("reference", "compile", not cpu),
+    )
+    sync = recipe.weight_sync
+    weight_sync = WeightSyncSettings(sync.transport, sync.timeout_s, expected_paths)
+    return Settings(generator, trainer, reference, weight_sync, tuple(planned))
+
+
+def _trainer_plan(
+    recipe: Any, accelerator: str, ranks: int, fallback: bool
+) -> tuple[int, bool, float | None]:
+    """(tokens per micro-batch, activation checkpointing, estimated peak bytes) for the
+    trainer, honouring whichever of the two the recipe sets."""
+    t = recipe.trainer
+    given_tokens = None if t.tokens_per_micro_batch == "auto" else t.tokens_per_micro_batch
+    given_ckpt = None if t.activation_checkpointing == "auto" else t.activation_checkpointing
+    if accelerator == "cpu":  # small models: memory is no concern, recomputing would be
+        return given_tokens or SHARED_TOKENS, bool(given_ckpt), None
+    if fallback:
+        return given_tokens or SHARED_TOKENS, True if given_ckpt is None else given_ckpt, None
+    arch, gpu = recipe.arch, ACCELERATOR_BYTES[accelerator]
+    fit = trainer_memory_plan(arch, ranks, gpu, tokens=given_tokens, checkpointing=given_ckpt)
+    if fit is not None:
+        return fit
+    tokens = given_tokens or PLAN_TOKENS[-1]
+    ckpt = True if given_ckpt is None else given_ckpt
+    fixed = trainer_fixed_bytes(arch, ranks)
+    per_token = trainer_token_bytes(arch, ckpt)
+    need = fixed + tokens * per_token
+    if given_tokens is None and given_ckpt is None:
+        # Nothing fits the finer model though the coarse estimate let the recipe through:
+        # the smallest micro-batch, recomputed, is the best chance.
+        return tokens, ckpt, need
+    raise UserError(
+        f"trainer: {tokens} tokens per micro-batch "
+        f"{'with' if ckpt else 'without'} activation checkpointing need ~{need / GB:.0f} GB "
+        f"per trainer GPU ({fixed / GB:.0f} GB of weights, gradients and optimizer state on "
+        f"{ranks} rank{'s' if ranks > 1 else ''} + {tokens} x {per_token / 1e6:.2f} MB), but "
+        f"{PLAN_HEADROOM:.0%} of an {accelerator} is {PLAN_HEADROOM * gpu / GB:.0f} GB; lower "
+        "trainer.tokens_per_micro_batch"
+        + ("" if ckpt else " or set trainer.activation_checkpointing=true")
+    )
+
+
+def _kv_reserve_gb(recipe: Any, replicas: int) -> float:
+    """The generator's KV reserve (recipes/memory.py) per GPU, in GB, rounded up to 0.5."""
+    arch, g = recipe.arch, recipe.grpo
+    seq = g.max_prompt_tokens + g.max_response_tokens
+    sequences = max(
+        math.ceil(g.prompts_per_step * g.group_size * g.steps_per_call / replicas), g.group_size
+    )
+    gb = sequences * seq * arch.kv_bytes_per_token / recipe.layout.generator.tp / GB
+    return math.ceil(gb * 2) / 2
+
+
+def _check_kv(recipe: Any, accelerator: str, kv_gb: float) -> None:
+    arch = recipe.arch
+    weights = 2 * arch.params / recipe.layout.generator.tp / GB
+    need = weights + kv_gb + RUNTIME_OVERHEAD_GB
+    have = ACCELERATOR_BYTES[accelerator] / GB
+    if need > have:
+        raise UserError(
+            f"generator.kv_cache_gb: {kv_gb:g} GB of KV cache + {weights:.0f} GB of bf16 "
+            f"weights + {RUNTIME_OVERHEAD_GB:.0f} GB runtime = {need:.0f} GB per GPU, but an "
+            f"{accelerator} has {have:.0f} GB; lower generator.kv_cache_gb"
+        )

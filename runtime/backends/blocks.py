@@ -1,0 +1,63 @@
+"""What the trainers do to a TorchTitan model's blocks and batches, on any device: micro-batches
+of a token budget, activation checkpointing and torch.compile around each block."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+
+def head_logprobs(
+    lm_head: torch.nn.Module, hidden: Tensor, target: Tensor, temperature: float
+) -> Tensor:
+    """`log softmax(lm_head(hidden) / T)[target]` per row of `hidden` `[N, D]`, in fp32.
+
+    Eager, this materialises fp32 logits `[N, vocab]` several times over (the cast, the scaled
+    copy, logsumexp's pass, and their gradients). `wrap_blocks(compile=True)` swaps in a
+    compiled copy: one kernel reads the projection's bf16 output and reduces it.
+    """
+    logits = lm_head(hidden).float()  # [N, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def micro_batches(tokens: Tensor, budget: int) -> list[slice]:
+    """Row slices of about `budget` tokens each (at least one row per slice)."""
+    batch, width = tokens.shape
+    size = max(1, budget // max(1, width))
+    return [slice(i, min(i + size, batch)) for i in range(0, batch, size)]
+
+
+def wrap_blocks(
+    model: torch.nn.Module, *, checkpointing: bool, compile: bool, compile_head: bool = True
+) -> None:
+    """Activation checkpointing and/or torch.compile around each transformer block's forward
+    (with `compile` and `compile_head`, the output projection plus log-softmax too).
+
+    The forward is wrapped rather than the module, so parameter names (the HF conversion's
+    input) stay as they are. Compile goes outside the checkpoint: `checkpoint` refuses to be the
+    first frame torch.compile traces (it is `_disable_dynamo`), and inside a traced function it
+    becomes one region the compiler recomputes.
+    """
+    for block in model.layers.values():
+        forward = block.forward
+        if checkpointing:
+            forward = _checkpointed(forward)
+        if compile:
+            forward = torch.compile(forward, dynamic=True)
+        block.forward = forward
+    if compile and compile_head:
+        model._head_logprobs = torch.compile(head_logprobs, dynamic=True)
+
+
+def _checkpointed(forward: Any) -> Any:
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run

@@ -1,0 +1,174 @@
+"""The services' settings: every knob is a recipe field, "auto" values are planned for the GPU
+type and the layout (recipes/settings.py), `plan` shows them, and a setting that cannot fit is
+refused with its memory arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes import UserError, apply_overrides, load_recipe, plan
+from recipes.memory import (
+    ACCELERATOR_BYTES,
+    PLAN_HEADROOM,
+    trainer_memory_plan,
+)
+from recipes.planner import Placement, shared_services
+from recipes.settings import plan_settings
+
+H100, H200 = ACCELERATOR_BYTES["H100"], ACCELERATOR_BYTES["H200"]
+
+
+def recipe(name: str, *overrides: str):
+    r = load_recipe(name)
+    return apply_overrides(r, list(overrides)) if overrides else r
+
+
+# --- the trainer's memory plan -----------------------------------------------------------------
+
+
+def test_memory_plan_is_calibrated_on_the_measured_peaks_and_stays_above_them():
+    # Qwen3-1.7B alone on an H200, compiled, no checkpointing: peaks of 67.8, 90.9 and 137.1 GB
+    # at 8192, 16384 and 32768 tokens per micro-batch (bench/results, trainer_mfu).
+    arch = recipe("qwen3-1.7b").arch
+    for tokens, measured in ((8192, 67.8e9), (16384, 90.9e9), (32768, 137.1e9)):
+        _, checkpointing, peak = trainer_memory_plan(arch, 1, 10**15, tokens=tokens)
+        assert not checkpointing
+        assert measured < peak < 1.15 * measured, tokens
+
+
+def test_memory_plan_keeps_activations_where_the_gpu_holds_them():
+    small, big = recipe("qwen3-1.7b").arch, recipe("qwen3-8b").arch
+    assert trainer_memory_plan(small, 1, H200)[:2] == (16384, False)
+    assert trainer_memory_plan(small, 1, H100)[:2] == (8192, False)
+    # 8B over two H100 ranks: the sharded optimizer state leaves room only with checkpointing
+    tokens, checkpointing, peak = trainer_memory_plan(big, 2, H100)
+    assert checkpointing and peak <= PLAN_HEADROOM * H100
+    assert trainer_memory_plan(big, 1, H100) is None  # nothing fits one H100
+    # more memory never means fewer tokens or checkpointing where less memory went without
+    previous = None
+    for gb in range(60, 200, 10):
+        fit = trainer_memory_plan(small, 1, gb * 2**30)
+        assert fit is not None
+        if previous is not None and not previous[1]:
+            assert not fit[1] and fit[0] >= previous[0]
+        previous = fit[:2]
+
+
+# --- planned settings --------------------------------------------------------------------------
+
+
+def test_auto_settings_are_planned_for_the_gpu_type():
+    on_h100 = plan(recipe("qwen3-1.7b"), 3).settings
+    on_h200 = plan(recipe("qwen3-1.7b"), 3, accelerator="H200").settings
+    assert (on_h100.trainer.tokens_per_micro_batch, on_h100.trainer.activation_checkpointing) == (
+        8192,
+        False,
+    )
+    assert (on_h200.trainer.tokens_per_micro_batch, on_h200.trainer.activation_checkpointing) == (
+        16384,
+        False,
+    )
+    for s in (on_h100, on_h200):
+        assert s.generator.backend == "vllm" and s.trainer.compile and s.reference.compile
+        assert s.generator.kv_cache_gb is None and s.generator.gpu_memory_utilization == 0.85
+        assert s.weight_sync.expected == ("push",)  # the generator has a GPU of its own
+        assert "trainer.tokens_per_micro_batch" in s.planned
+    eight = plan(recipe("qwen3-8b"), 5).settings.trainer
+    assert (eight.ranks, eight.activation_checkpointing) == (2, True)
+    with pytest.raises(UserError, match="runs on H100 or H200"):
+        plan(recipe("qwen3-1.7b"), 3, accelerator="A100")
+
+
+def test_a_cpu_plan_samples_with_transformers_and_compiles_nothing():
+    s = plan(recipe("tiny"), 0).settings
+    assert s.generator.backend == "hf"
+    assert (s.trainer.ranks, s.trainer.compile, s.reference.compile) == (1, False, False)
+    assert (s.trainer.tokens_per_micro_batch, s.trainer.activation_checkpointing) == (8192, False)
+    assert s.weight_sync.expected == ("store",)
+
+
+def test_a_value_the_recipe_sets_is_kept_and_the_rest_planned_around_it():
+    # checkpointing forced on: the largest micro-batch that fits with it
+    s = plan(recipe("qwen3-1.7b", "trainer.activation_checkpointing=true"), 3).settings.trainer
+    assert s.activation_checkpointing and s.tokens_per_micro_batch == 16384
+    assert (
+        "trainer.activation_checkpointing"
+        not in plan(
+            recipe("qwen3-1.7b", "trainer.activation_checkpointing=true"), 3
+        ).settings.planned
+    )
+    # a micro-batch too big to keep activations: checkpointing is planned on, not refused
+    s = plan(recipe("qwen3-1.7b", "trainer.tokens_per_micro_batch=32768"), 3).settings.trainer
+    assert (s.tokens_per_micro_batch, s.activation_checkpointing) == (32768, True)
+    s = plan(
+        recipe("qwen3-1.7b", "trainer.compile=false", "generator.enforce_eager=true"), 3
+    ).settings
+    assert not s.trainer.compile and s.generator.enforce_eager
+
+
+def test_settings_that_cannot_fit_are_refused_with_the_arithmetic():
+    big = recipe(
+        "qwen3-1.7b",
+        "trainer.tokens_per_micro_batch=65536",
+        "trainer.activation_checkpointing=false",
+    )
+    with pytest.raises(UserError) as info:
+        plan(big, 3)
+    message = str(info.value)
+    assert "65536 tokens per micro-batch without activation checkpointing need ~" in message
+    assert "GB per trainer GPU" in message and "90% of an H100 is 77 GB" in message
+    assert "set trainer.activation_checkpointing=true" in message and "\n" not in message
+    with pytest.raises(
+        UserError, match=r"generator.kv_cache_gb: 90 GB of KV cache \+ 3 GB of bf16 weights"
+    ):
+        plan(recipe("qwen3-1.7b", "generator.kv_cache_gb=90"), 3)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("generator.gpu_memory_utilization=1.5", "must be in (0, 1] or auto, got 1.5"),
+        ("generator.kv_cache_gb=0", "must be > 0 or auto, got 0"),
+        ("trainer.tokens_per_micro_batch=0", "must be >= 1 or auto, got 0"),
+        ("trainer.compile=maybe", "trainer.compile"),
+        ("weight_sync.timeout_s=0", "weight_sync.timeout_s: Input should be greater than 0"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(override, message):
+    with pytest.raises(UserError) as info:
+        recipe("qwen3-1.7b", override)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_services_sharing_a_gpu_get_a_fixed_kv_cache_and_a_checkpointed_trainer():
+    placements = (
+        Placement("generator", 0, 0, (0,)),
+        Placement("reference", 0, 0, (1,)),
+        Placement("trainer", 0, 0, (1,)),
+        Placement("reward", 0, 0, ()),
+    )
+    assert shared_services(placements) == {"reference", "trainer"}
+    r = recipe("qwen3-1.7b")
+    s = plan_settings(
+        r,
+        accelerator="H200",
+        shared=frozenset({"generator", "trainer", "reference"}),
+        trainer_gpus=1,
+        generator_replicas=1,
+    )
+    # 16 prompts x 8 samples of 2048 tokens, 112 KiB of bf16 keys and values a token: 30 GB
+    assert s.generator.kv_cache_gb == 30.5 and s.generator.gpu_memory_utilization == 0.05
+    assert (s.trainer.tokens_per_micro_batch, s.trainer.activation_checkpointing) == (8192, True)
+    assert s.reference.tokens_per_micro_batch == 8192
+
+
+def test_plan_shows_and_records_every_setting():
+    p = plan(recipe("qwen3-1.7b", "trainer.compile=false"), 3)
+    text = p.describe()
+    assert "settings (* planned for H100; set any with --set SECTION.KEY=VALUE):" in text
+    assert "tokens_per_micro_batch 8192*" in text and "compile off (~" in text
+    assert "kv_cache_gb profiled*" in text and "(expected: push)" in text
+    recorded = p.to_dict()["settings"]
+    assert recorded["trainer"]["compile"] is False
+    assert recorded["generator"]["backend"] == "vllm"
+    assert "trainer.compile" not in recorded["planned"]
