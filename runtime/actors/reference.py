@@ -23,6 +23,9 @@ class ReferenceActor(Actor):
 
     @endpoint
     async def logprobs(self, tokens: torch.Tensor, response_mask: torch.Tensor) -> dict[str, Any]:
+        """The reference's log-prob of every response token, one list per row (in order)."""
         start = time.perf_counter()
         lp = self.backend.logprobs(tokens, response_mask).float().cpu()
-        return {"logprobs": lp, "seconds": time.perf_counter() - start}
+        mask = response_mask.bool()
+        rows = [row[keep].tolist() for row, keep in zip(lp, mask, strict=True)]
+        return {"logprobs": rows, "seconds": time.perf_counter() - start}

@@ -3,7 +3,7 @@
 With several trainer ranks (one proc per trainer GPU) every endpoint is called on all of them:
 the backend's forward, backward and weight gathers are collectives. Rank 0 alone speaks for the
 service: it publishes, serves the weight paths and writes the checkpoint; the controller reads
-its answers (`runtime.control.run.Services.train_call`).
+its answers (`runtime.control.services.Services.train_call`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class TrainerActor(Actor):
 
     @endpoint
     async def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
-        """One optimizer step on a collated batch (see Controller._train_batch); each rank
+        """One optimizer step on a batch (runtime.control.batching.train_batch); each rank
         trains on its share of the rows, the stats cover the whole batch."""
         from runtime.grpo import policy_loss
 

@@ -8,57 +8,12 @@ import json
 import os
 import socket
 import time
-import traceback
-from dataclasses import dataclass
 from typing import Any
 
 from runtime.control.config import RunConfig
+from runtime.control.services import Services
 from runtime.procs.lifecycle import RunLifecycle
-from runtime.procs.mesh import ActorFailure, available_cores, root_cause
-
-
-@dataclass
-class Services:
-    """The actor meshes of one run and the supervised way to call them."""
-
-    life: RunLifecycle
-    trainer: Any
-    generators: list[Any]
-    reference: Any | None
-    reward: Any
-    reward_procs: int
-    pad_id: int
-
-    async def call(self, service: str, awaitable: Any) -> Any:
-        return await self.life.call(service, awaitable)
-
-    async def train_call(self, endpoint: str, *args: Any) -> Any:
-        """Call a trainer endpoint on every rank (they run collectives together); rank 0's answer.
-
-        The ranks' answers agree or only rank 0's matters (it alone publishes and saves).
-        """
-        answers = await self.call("trainer", getattr(self.trainer, endpoint).call(*args))
-        return next(value for _, value in answers.items())
-
-    async def score(self, items: list[tuple[str, str, str]]) -> list[Any]:
-        """Score on every reward proc at once, in contiguous slices."""
-        n = self.reward_procs
-        size = -(-len(items) // n)
-        parts = [items[i * size : (i + 1) * size] for i in range(n)]
-        calls = [
-            self.call("reward", self.reward.slice(procs=i).score.call_one(part))
-            for i, part in enumerate(parts)
-            if part
-        ]
-        return [score for chunk in await asyncio.gather(*calls) for score in chunk]
-
-    def fail(self, error: BaseException) -> None:
-        """A background task of the controller died: end the run with its cause."""
-        if isinstance(error, ActorFailure):
-            self.life.fail(error)
-            return
-        traceback.print_exception(error)  # a bug here keeps its traceback
-        self.life.fail(ActorFailure("controller", root_cause(error), error))
+from runtime.procs.mesh import available_cores
 
 
 def _placements(plan: Any, service: str) -> list[Any]:

@@ -1,0 +1,61 @@
+"""What the controller asks of the services: one async method per thing it needs done.
+
+`Services` (runtime/control/services.py) answers through the run's Monarch actors; the unit
+tests answer with plain Python (tests/fake_services.py), so the rollout loop, the freshness
+rule, checkpoint state and batching run without a cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from torch import Tensor
+
+
+class ServiceHandles(Protocol):
+    generators: int  # generator replicas
+    has_reference: bool
+    pad_id: int
+
+    async def generate(
+        self, replica: int, prompts: list[list[dict[str, str]]], seed: int
+    ) -> list[dict[str, Any]]:
+        """`group_size` completions per prompt, prompt-major: prompt_ids, response_ids,
+        response_logprobs, text and the policy_version that sampled each."""
+
+    async def score(
+        self, items: list[tuple[str, str, str]]
+    ) -> list[tuple[float, dict[str, float]]]:
+        """(prompt, completion, answer) -> (total reward, per-reward scores)."""
+
+    async def reference_logprobs(self, tokens: Tensor, mask: Tensor) -> list[list[float]]:
+        """The reference's log-prob of each response token, one list per row."""
+
+    async def train_step(self, batch: dict[str, Any]) -> dict[str, float]: ...
+
+    async def publish(self, version: int) -> dict[str, float]:
+        """Make the trainer's weights `version` (bytes, seconds, per-path figures)."""
+
+    async def load_version(self, replica: int, version: int) -> dict[str, float]:
+        """Load `version` (or a newer one at hand) on a generator: version, bytes, seconds."""
+
+    async def drop(self, version: int) -> None: ...
+
+    async def weight_endpoints(self) -> tuple[Any, list[Any]]:
+        """Where the trainer's and each generator's weights live (transport.Endpoint)."""
+
+    async def open_weights(self, paths: list[str]) -> dict[str, Any]:
+        """Serve `paths` (one per generator) on the trainer; what their receivers need."""
+
+    async def connect_generator(self, replica: int, path: str, link: Any) -> None: ...
+
+    async def close_weights(self) -> None: ...
+
+    async def save(self, directory: str) -> None:
+        """The trainer's state into a checkpoint directory."""
+
+    async def restore(self, directory: str) -> int:
+        """The trainer's state from a checkpoint directory; the optimizer step restored."""
+
+    def fail(self, error: BaseException) -> None:
+        """A background task of the controller died: end the run with its cause."""

@@ -1,0 +1,92 @@
+"""Policy sync: each version the trainer publishes reaches every generator, between two of its
+generate calls, by the path chosen for it when the run starts (runtime/weights/transport.py).
+
+After each step the trainer publishes version v; every generator loads v once the call in
+flight returns (its endpoints run one at a time), so no sequence mixes versions; then v-1 is
+dropped. The loads run in the background: the trainer goes on with its next step meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from runtime.control.handles import ServiceHandles
+from runtime.control.progress import Progress
+from runtime.control.turns import GpuTurns
+from runtime.weights import transport
+
+
+class PolicySync:
+    def __init__(
+        self, services: ServiceHandles, progress: Progress, turns: GpuTurns, mode: str
+    ) -> None:
+        self.services = services
+        self.progress = progress
+        self.turns = turns
+        self.mode = mode  # the recipe's weight_sync.transport
+        self.paths: list[str] = ["store"] * services.generators
+        self.last_load_s = 0.0  # the slowest generator's last load
+        self._tasks: set[asyncio.Task] = set()
+
+    async def connect(self) -> None:
+        """Pick each generator's path and open it on both ends."""
+        s = self.services
+        if self.mode != "store":
+            trainer, generators = await s.weight_endpoints()
+            self.paths = transport.choose(trainer, generators, self.mode)
+        opened = await s.open_weights(self.paths)
+        links = transport.connections(self.paths, opened)
+        await asyncio.gather(
+            *(
+                s.connect_generator(replica, path, link)
+                for replica, (path, link) in enumerate(zip(self.paths, links, strict=True))
+            )
+        )
+        if any(p != "store" for p in self.paths):
+            print(f"weights reach the generators by: {', '.join(self.paths)}", flush=True)
+
+    async def publish_and_load(self, version: int) -> None:
+        """Publish `version` and load it on every generator now (the start of a run)."""
+        s = self.services
+        await s.publish(version)
+        loads = await asyncio.gather(*(s.load_version(r, version) for r in range(s.generators)))
+        self.last_load_s = max(r["seconds"] for r in loads)
+        self.progress.loaded = [int(r["version"]) for r in loads]
+
+    def switch(self, version: int) -> None:
+        """Every generator loads `version` after its generation in flight; then v-1 is dropped."""
+        s = self.services
+
+        async def load(replica: int) -> float:
+            async with self.turns.turn(f"generator{replica}"):
+                result = await s.load_version(replica, version)
+            # A generator that received a newer version already loads that one.
+            loaded = self.progress.loaded
+            loaded[replica] = max(loaded[replica], int(result["version"]))
+            await self.progress.notify()
+            return result["seconds"]
+
+        async def switch() -> None:
+            loads = await asyncio.gather(*(load(r) for r in range(s.generators)))
+            self.last_load_s = max(loads)
+            if version - 1 >= 0:
+                await s.drop(version - 1)
+
+        task = asyncio.create_task(switch())
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.services.fail(task.exception())
+
+    async def drain(self) -> None:
+        """Wait for the switches in flight."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop the direct paths (the receivers' threads end); nothing is published any more."""
+        if any(p != "store" for p in self.paths):
+            await self.services.close_weights()

@@ -1,0 +1,115 @@
+"""The run's services as the controller sees them (`handles.ServiceHandles`), answered by the
+actor meshes through the run's lifecycle: every call supervised, a failure ends the run."""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from runtime.procs.lifecycle import RunLifecycle
+from runtime.procs.mesh import ActorFailure, root_cause
+
+
+@dataclass
+class Services:
+    """The actor meshes of one run and the supervised way to call them."""
+
+    life: RunLifecycle
+    trainer: Any
+    generator_actors: list[Any]
+    reference: Any | None
+    reward: Any
+    reward_procs: int
+    pad_id: int
+
+    @property
+    def generators(self) -> int:
+        return len(self.generator_actors)
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None
+
+    async def call(self, service: str, awaitable: Any) -> Any:
+        return await self.life.call(service, awaitable)
+
+    async def train_call(self, endpoint: str, *args: Any) -> Any:
+        """Call a trainer endpoint on every rank (they run collectives together); rank 0's answer.
+
+        The ranks' answers agree or only rank 0's matters (it alone publishes and saves).
+        """
+        answers = await self.call("trainer", getattr(self.trainer, endpoint).call(*args))
+        return next(value for _, value in answers.items())
+
+    async def generate(
+        self, replica: int, prompts: list[list[dict[str, str]]], seed: int
+    ) -> list[dict[str, Any]]:
+        gen = self.generator_actors[replica]
+        return await self.call("generator", gen.generate.call_one(prompts, seed))
+
+    async def score(
+        self, items: list[tuple[str, str, str]]
+    ) -> list[tuple[float, dict[str, float]]]:
+        """Score on every reward proc at once, in contiguous slices."""
+        n = self.reward_procs
+        size = -(-len(items) // n)
+        parts = [items[i * size : (i + 1) * size] for i in range(n)]
+        calls = [
+            self.call("reward", self.reward.slice(procs=i).score.call_one(part))
+            for i, part in enumerate(parts)
+            if part
+        ]
+        return [score for chunk in await asyncio.gather(*calls) for score in chunk]
+
+    async def reference_logprobs(self, tokens: Tensor, mask: Tensor) -> list[list[float]]:
+        assert self.reference is not None
+        answer = await self.call("reference", self.reference.logprobs.call_one(tokens, mask))
+        return answer["logprobs"]
+
+    async def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
+        return await self.train_call("train_step", batch)
+
+    async def publish(self, version: int) -> dict[str, float]:
+        return await self.train_call("publish", version)
+
+    async def load_version(self, replica: int, version: int) -> dict[str, float]:
+        gen = self.generator_actors[replica]
+        return await self.call("generator", gen.update_weights.call_one(version))
+
+    async def drop(self, version: int) -> None:
+        await self.train_call("drop", version)
+
+    async def weight_endpoints(self) -> tuple[Any, list[Any]]:
+        trainer = await self.train_call("weight_endpoint")
+        gens = await asyncio.gather(
+            *(self.call("generator", g.weight_endpoint.call_one()) for g in self.generator_actors)
+        )
+        return trainer, list(gens)
+
+    async def open_weights(self, paths: list[str]) -> dict[str, Any]:
+        return await self.train_call("connect_weights", paths)
+
+    async def connect_generator(self, replica: int, path: str, link: Any) -> None:
+        gen = self.generator_actors[replica]
+        await self.call("generator", gen.connect_weights.call_one(path, link))
+
+    async def close_weights(self) -> None:
+        await self.train_call("close_weights")
+
+    async def save(self, directory: str) -> None:
+        await self.train_call("save", directory)
+
+    async def restore(self, directory: str) -> int:
+        return await self.train_call("load", directory)
+
+    def fail(self, error: BaseException) -> None:
+        """A background task of the controller died: end the run with its cause."""
+        if isinstance(error, ActorFailure):
+            self.life.fail(error)
+            return
+        traceback.print_exception(error)  # a bug here keeps its traceback
+        self.life.fail(ActorFailure("controller", root_cause(error), error))

@@ -1,0 +1,220 @@
+"""The controller without a cluster: the rollout loops, the freshness rule, stops, checkpoints
+and resumes, driven against services in plain Python (tests/fake_services.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+from fake_services import FakeMetrics, FakeServices
+
+from recipes import apply_overrides, load_recipe, plan
+from runtime.control.batching import collate_groups, train_batch
+from runtime.control.buffer import Group
+from runtime.control.config import RunConfig
+from runtime.control.controller import Controller
+from runtime.tasks.data import PromptSource
+
+ROWS = [{"question": f"prompt {i}", "answer": str(i)} for i in range(40)]
+
+
+def config(tmp_path: Path, *overrides: str) -> RunConfig:
+    base = ["grpo.group_size=4", "grpo.prompts_per_step=4", "grpo.steps=8", *overrides]
+    recipe = apply_overrides(load_recipe("tiny"), base)
+    return RunConfig(recipe=recipe, plan=plan(recipe, 0), run_dir=tmp_path)
+
+
+def source(cfg: RunConfig) -> PromptSource:
+    return PromptSource(ROWS, prompt_template="{question}", seed=cfg.recipe.grpo.seed)
+
+
+async def run(cfg: RunConfig, services: FakeServices, stop_after: int | None = None) -> Controller:
+    """A run to its end (or a stop after `stop_after` steps), as runtime/control/run.py does."""
+    stopping = asyncio.Event()
+    controller = Controller(cfg, services, stopping)
+    await controller.prepare(source(cfg))
+    metrics = controller.metrics = FakeMetrics()
+    if stop_after is not None:
+        real_log = metrics.log
+
+        def log(step, record):
+            real_log(step, record)
+            if step >= stop_after:
+                stopping.set()
+
+        metrics.log = log
+    controller.start_rollouts()
+    await asyncio.wait_for(controller.train(), 60)
+    await asyncio.wait_for(controller.stop_rollouts(), 60)
+    if controller.step > (controller.resumed_from or 0) or stopping.is_set():
+        await controller.save_checkpoint()
+    assert not services.failures, services.failures
+    return controller
+
+
+@pytest.mark.parametrize("age", [0, 1, 2])
+@pytest.mark.parametrize("generators", [1, 2])
+def test_no_group_is_trained_on_staler_than_max_policy_age(tmp_path, age, generators):
+    cfg = config(tmp_path, f"grpo.max_policy_age={age}", f"layout.generator.replicas={generators}")
+    services = FakeServices(generators=generators, jitter=0.01, load_s=0.005, seed=age)
+    controller = asyncio.run(run(cfg, services))
+    assert controller.step == 8 and len(services.trained_prompts) == 8
+    assert max(services.staleness) <= age
+    # the freshness rule holds calls back instead of generating groups that would be dropped
+    assert controller.rollouts.buffer.dropped_stale == 0
+    rows = controller.metrics.records
+    assert all(r["policy/staleness_mean"] <= age for r in rows)
+    if age > 0:  # rollouts overlap training: some groups were one version old
+        assert any(s > 0 for s in services.staleness)
+
+
+def test_lock_step_trains_every_prompt_once_in_order(tmp_path):
+    cfg = config(tmp_path, "grpo.max_policy_age=0")
+    services = FakeServices()
+    asyncio.run(run(cfg, services))
+    assert set(services.staleness) == {0}
+    trained = [pid for step in services.trained_prompts for pid in step]
+    assert trained == [p.id for p in source(cfg).take(32)]
+
+
+def test_stale_groups_are_dropped_when_taken(tmp_path):
+    """Groups a checkpoint saved that are too old for the resumed trainer (here: made three
+    versions old by hand) are dropped, counted, and never trained on."""
+    from runtime.control import checkpoint
+    from runtime.control.state import ControllerState
+
+    cfg = config(tmp_path, "grpo.max_policy_age=1", "grpo.steps=5")
+    asyncio.run(run(cfg, FakeServices()))
+    ckpt = checkpoint.latest(cfg.checkpoint_dir)
+    state = ControllerState.load(ckpt.path)
+    state.buffer = [group(prompt_id=90 + i, version=2, responses=((5,),) * 4) for i in range(3)]
+    partial = checkpoint.begin(cfg.checkpoint_dir, ckpt.step)  # rewritten, committed again
+    for f in ckpt.path.iterdir():
+        if f.name != checkpoint.MARKER:
+            shutil.copy(f, partial / f.name)
+    state.save(partial)
+    checkpoint.commit(cfg.checkpoint_dir, partial, ckpt.step)
+
+    services = FakeServices()
+    resumed = asyncio.run(run(config(tmp_path, "grpo.max_policy_age=1", "grpo.steps=7"), services))
+    assert resumed.resumed_from == 5 and resumed.step == 7
+    assert resumed.rollouts.buffer.dropped_stale == 3
+    assert resumed.metrics.records[-1]["buffer/dropped_stale"] == 3
+    assert all(pid < 90 for step in services.trained_prompts for pid in step)
+    assert max(services.staleness) <= 1
+
+
+def test_a_stop_while_calls_are_in_flight_ends_promptly(tmp_path):
+    cfg = config(tmp_path, "grpo.max_policy_age=1", "grpo.steps=100")
+    services = FakeServices(generators=2, generate_s=0.2, reference_s=0.1)
+
+    async def main():
+        stopping = asyncio.Event()
+        controller = Controller(cfg, services, stopping)
+        await controller.prepare(source(cfg))
+        controller.metrics = FakeMetrics()
+        controller.start_rollouts()
+        train = asyncio.ensure_future(controller.train())
+        while services.version < 2 or not services.in_flight:
+            await asyncio.sleep(0.01)
+        stopping.set()  # a generate call is running now
+        await asyncio.wait_for(train, 5)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await asyncio.wait_for(controller.stop_rollouts(), 5)
+        return controller, loop.time() - start
+
+    controller, seconds = asyncio.run(main())
+    assert controller.step < 100 and seconds < 2
+    assert all(t.done() for t in controller.rollouts._tasks)
+    assert not services.failures
+
+
+def test_a_checkpoint_with_groups_in_flight_resumes_where_it_stood(tmp_path):
+    """Stop at step 3 with calls in flight and groups queued; a new controller resumes from
+    the checkpoint: the saved groups are trained on first, and no prompt is skipped or seen
+    twice."""
+    cfg = config(tmp_path, "grpo.max_policy_age=1", "grpo.steps=8")
+    first = FakeServices(generate_s=0.02, reference_s=0.03)
+
+    stopped = asyncio.run(run(cfg, first, stop_after=3))
+    assert stopped.step == 3
+    saved = stopped.rollouts.buffer.groups()
+    assert saved, "the stop left no groups queued: the test would show nothing"
+    # the trainer's state in the checkpoint, then a new run on the same directory
+    second = FakeServices(generate_s=0.02, reference_s=0.03)
+    resumed = asyncio.run(run(cfg, second))
+    assert resumed.resumed_from == 3 and resumed.step == 8
+    next_trained = [pid for step in second.trained_prompts for pid in step]
+    assert next_trained[: len(saved)] == [gr.prompt_id for gr in saved]
+    everything = [pid for step in first.trained_prompts + second.trained_prompts for pid in step]
+    assert len(everything) == len(set(everything)) == 32
+    order = [p.id for p in source(cfg).take(40)]
+    assert everything == order[: len(everything)]  # one generator: calls take prompts in order
+
+
+def test_resume_refuses_a_checkpoint_whose_parts_disagree(tmp_path):
+    cfg = config(tmp_path, "grpo.max_policy_age=0", "grpo.steps=2")
+    asyncio.run(run(cfg, FakeServices()))
+    services = FakeServices()
+    services.restore = _returns(7)
+    with pytest.raises(RuntimeError, match="trainer step 7, controller step 2"):
+        asyncio.run(Controller(cfg, services, asyncio.Event()).prepare(source(cfg)))
+
+
+def _returns(value):
+    async def call(*_):
+        return value
+
+    return call
+
+
+# --- batching -------------------------------------------------------------------------------
+
+
+def group(prompt_id=0, version=0, responses=((5, 6), (), (7,)), ref=True) -> Group:
+    gr = Group(
+        prompt_id=prompt_id,
+        prompt="p",
+        answer="a",
+        prompt_tokens=[1, 2, 3],
+        responses=[list(r) for r in responses],
+        response_logprobs=[[-0.1 * (i + 1)] * len(r) for i, r in enumerate(responses)],
+        texts=["x"] * len(responses),
+        policy_version=version,
+    )
+    gr.rewards = [1.0, 0.0, 0.5][: len(responses)]
+    if ref:
+        gr.ref_logprobs = [[-1.0 * (i + 1)] * len(r) for i, r in enumerate(responses)]
+    return gr
+
+
+def test_one_collate_lays_out_tokens_and_both_logprobs():
+    b = collate_groups([group(), group(prompt_id=1, responses=((8, 9, 10),))], pad_id=0)
+    assert b.tokens.tolist() == [
+        [1, 2, 3, 5, 6, 0],
+        [1, 2, 3, 0, 0, 0],  # an empty response: prompt only
+        [1, 2, 3, 7, 0, 0],
+        [1, 2, 3, 8, 9, 10],
+    ]
+    assert b.response_mask.sum(dim=1).tolist() == [2, 0, 1, 3]
+    assert b.old_logprobs[0, 3:5].tolist() == pytest.approx([-0.1, -0.1])
+    assert b.old_logprobs[2, 3].item() == pytest.approx(-0.3)
+    assert b.ref_logprobs[2, 3].item() == -3.0 and b.ref_logprobs[0, :3].abs().sum() == 0
+    assert collate_groups([group(ref=False)], pad_id=0).ref_logprobs is None
+    with pytest.raises(ValueError, match="2 response tokens but 1 log-probs"):
+        bad = group()
+        bad.response_logprobs[0] = [-1.0]
+        collate_groups([bad], pad_id=0)
+
+
+def test_train_batch_has_group_relative_advantages_and_the_step_metrics():
+    groups = [group(version=3), group(prompt_id=1, version=2)]
+    batch, info = train_batch(groups, pad_id=0, group_size=3, loss="grpo", version=4)
+    adv = batch["advantages"].view(2, 3)
+    assert adv.mean(dim=1).abs().max() < 1e-6 and adv[0, 0] > adv[0, 2] > adv[0, 1]
+    assert info["policy/staleness_mean"] == 1.5 and info["reward/mean"] == pytest.approx(0.5)
+    dr, _ = train_batch(groups, pad_id=0, group_size=3, loss="dr_grpo", version=4)
+    assert dr["advantages"].view(2, 3)[0].tolist() == pytest.approx([0.5, -0.5, 0.0])
