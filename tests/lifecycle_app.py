@@ -18,6 +18,7 @@ from monarch.actor import Actor, endpoint
 
 from runtime.procs.host import attach_shared_memory, create_shared_memory
 from runtime.procs.lifecycle import RunLifecycle, run
+from runtime.procs.spawn import spawn_service
 
 
 class Worker(Actor):
@@ -64,8 +65,8 @@ def parse_args() -> argparse.Namespace:
 
 async def controller(life: RunLifecycle, args: argparse.Namespace) -> None:
     print("started", flush=True)
-    work = await life.spawn_service("work", 2, threads=1)
-    reward = await life.spawn_service("reward", 1, threads=1)
+    work = await spawn_service(life, "work", 2, threads=1)
+    reward = await spawn_service(life, "reward", 1, threads=1)
     worker = work.spawn_actor(Worker)
     if args.mode == "kill-reward":
         os.kill(reward.pids[0], signal.SIGKILL)

@@ -10,6 +10,7 @@ import sys
 from runtime.procs.cluster import cluster_from_env
 from runtime.procs.lifecycle import RunLifecycle, run
 from runtime.procs.nodes import attach_nodes, use_tcp
+from runtime.procs.spawn import spawn_service
 
 
 def main() -> int:
@@ -20,8 +21,8 @@ def main() -> int:
         hosts = await attach_nodes(life, cluster, join_timeout=120.0)
         seen = []
         for node in range(cluster.nodes):
-            mesh = await life.spawn_service(
-                f"svc{node}", 2, gpus=[(0, 1), (2,)], threads=3, host=hosts.host(node)
+            mesh = await spawn_service(
+                life, f"svc{node}", 2, gpus=[(0, 1), (2,)], threads=3, host=hosts.host(node)
             )
             for info in await life.call(f"svc{node}", mesh.describe()):
                 env = info["env"]

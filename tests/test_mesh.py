@@ -11,8 +11,9 @@ import psutil
 import pytest
 from monarch.actor import Actor, endpoint
 
+from runtime.procs.failures import root_cause
 from runtime.procs.host import host_gpu_ids
-from runtime.procs.mesh import ServiceMesh, proc_env, root_cause, threads_per_proc
+from runtime.procs.mesh import ServiceMesh, proc_env, threads_per_proc
 
 # Procs unpickle the actor classes below by module name, so they need this directory on their path.
 TEST_ENV = {"PYTHONPATH": str(Path(__file__).parent)}

@@ -13,7 +13,7 @@ from runtime_helpers import NOISE, finish, leftover_processes, metrics, start
 from recipes import UserError, apply_overrides, architecture, load_recipe, plan
 from runtime.backends import OptimizerConfig, TitanTrainer
 from runtime.backends.fsdp_trainer import WORLD_ENV
-from runtime.control.run import trainer_env, trainer_ranks
+from runtime.control.startup import trainer_env, trainer_ranks
 from runtime.models import ModelSpec
 
 

@@ -3,125 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import os
-import socket
 import time
-from typing import Any
 
 from runtime.control.config import RunConfig
-from runtime.control.services import Services
+from runtime.control.startup import start_services
 from runtime.procs.lifecycle import RunLifecycle
-from runtime.procs.mesh import available_cores
-
-
-def _placements(plan: Any, service: str) -> list[Any]:
-    return [p for p in plan.placements if p.service == service]
-
-
-def trainer_ranks(trainer_gpus: tuple[int, ...], ranks: int) -> list[tuple[int, ...]]:
-    """The GPUs of each trainer proc (one FSDP rank each): one proc per trainer GPU; on CPU,
-    `ranks` procs (the plan's trainer.ranks: gloo ranks)."""
-    if not trainer_gpus:
-        return [()] * ranks
-    return [(g,) for g in trainer_gpus]
-
-
-def trainer_env(ranks: int) -> dict[str, str]:
-    """Rendezvous of the trainer ranks (torch.distributed env://). The plan keeps the trainer
-    on one node, so its ranks meet on the loopback at a port free here."""
-    from runtime.backends.fsdp_trainer import WORLD_ENV
-
-    if ranks == 1:
-        return {}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return {WORLD_ENV: str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-
-
-async def _start(life: RunLifecycle, config: RunConfig) -> Services:
-    from runtime.actors import GeneratorActor, ReferenceActor, RewardActor, TrainerActor
-    from runtime.backends import build as svc
-    from runtime.procs.nodes import attach_nodes
-    from runtime.weights import store as weights
-
-    plan, recipe = config.plan, config.recipe
-    # First, so that at shutdown the other nodes are let go last.
-    hosts = await attach_nodes(life, config.cluster, join_timeout=config.join_timeout)
-    store = await life.call("weights", weights.start_store())
-    life.register("weight store", lambda: weights.stop_store(store))
-
-    gens = _placements(plan, "generator")
-    refs = _placements(plan, "reference") if plan.reference_enabled else []
-    trainers = _placements(plan, "trainer")
-    settings = plan.settings
-    ranks = trainer_ranks(tuple(g for p in trainers for g in p.gpus), settings.trainer.ranks)
-    # CPU threads: every service proc computes at once (rollouts overlap training)
-    busy = len(ranks) + len(gens) + len(refs) + plan.reward_procs
-    threads = max(1, available_cores() // busy)
-
-    reward_host = hosts.host_of("reward", _placements(plan, "reward"))
-    # All procs start at once: each spends seconds importing torch and the model code.
-    spawns = [
-        life.spawn_service(
-            "trainer",
-            len(ranks),
-            gpus=ranks,
-            env=trainer_env(len(ranks)),
-            threads=threads,
-            host=hosts.host_of("trainer", trainers),
-        ),
-        life.spawn_service("reward", plan.reward_procs, threads=1, host=reward_host),
-        *(
-            life.spawn_service(
-                f"generator{p.replica}", 1, gpus=[p.gpus], threads=threads, host=hosts.host(p.node)
-            )
-            for p in gens
-        ),
-        *(
-            life.spawn_service(
-                "reference", 1, gpus=[refs[0].gpus], threads=threads, host=hosts.host(refs[0].node)
-            )
-            for _ in refs[:1]
-        ),
-    ]
-    meshes = await asyncio.gather(*spawns)
-    trainer = meshes[0].spawn_actor(TrainerActor)
-    reward = meshes[1].spawn_actor(RewardActor)
-    generators = [m.spawn_actor(GeneratorActor) for m in meshes[2 : 2 + len(gens)]]
-    reference = meshes[2 + len(gens)].spawn_actor(ReferenceActor) if refs else None
-    # Stopped before the procs (resources stop newest first).
-    for i, g in enumerate(generators):
-        life.register(f"generator{i} engine", functools.partial(g.close.call_one))
-
-    rewards = [r.model_dump() for r in recipe.dataset.rewards]
-    setups = [
-        # every trainer rank joins the group
-        life.call("trainer", trainer.setup.call(recipe, settings, store)),
-        *(life.call("generator", g.setup.call_one(recipe, settings, store)) for g in generators),
-        life.call("reward", reward.setup.call(rewards)),
-    ]
-    if reference is not None:
-        setups.append(life.call("reference", reference.setup.call_one(recipe, settings)))
-    trained_by = (await asyncio.gather(*setups))[0]
-    info = next(value for _, value in trained_by.items())
-    # FSDPTrainer (a GPU, or several CPU ranks) reports its memory plan; the CPU TitanTrainer
-    # runs on one rank and has none.
-    if info.get("tokens_per_micro_batch"):
-        ac = "on" if info["activation_checkpointing"] else "off"
-        ranks_text = f"{info['ranks']} rank" + ("s" if info["ranks"] > 1 else "")
-        print(
-            f"trainer: {info['backend']} on {ranks_text}, "
-            f"{info['tokens_per_micro_batch']} tokens per micro-batch, "
-            f"activation checkpointing {ac}",
-            flush=True,
-        )
-    tokenizer = svc.load_tokenizer(recipe)
-    return Services(
-        life, trainer, generators, reference, reward, plan.reward_procs, svc.pad_id(tokenizer)
-    )
 
 
 async def _main(life: RunLifecycle, config: RunConfig) -> None:
@@ -132,7 +20,7 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     print(config.plan.describe(), flush=True)
     start = time.perf_counter()
     print("starting services (weight store, trainer, generator, reference, reward) ...", flush=True)
-    services = await _start(life, config)
+    services = await start_services(life, config)
     print(
         f"services ready in {time.perf_counter() - start:.1f} s; run dir {config.run_dir}",
         flush=True,

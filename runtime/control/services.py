@@ -10,8 +10,8 @@ from typing import Any
 
 from torch import Tensor
 
+from runtime.procs.failures import ActorFailure, root_cause
 from runtime.procs.lifecycle import RunLifecycle
-from runtime.procs.mesh import ActorFailure, root_cause
 
 
 @dataclass

@@ -4,7 +4,7 @@ the Hugging Face side, and which transformers classes load them. One `Family` pe
 
 Adding a family: its architecture sizes in recipes/architectures.py, its name in
 recipes/names.FAMILIES, and a folder here with `model.py` (TorchTitan blocks and RoPE) and
-`state_dict.py` (HF names and config).
+`state_dict.py` (HF names and config), and its entry in runtime/models/families.py.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from recipes.names import FAMILIES
 
 
 @dataclass(frozen=True)
@@ -37,14 +35,3 @@ class Family:
     hf_architecture: str
     qk_norm: bool
     rope_scaling: bool = False
-
-
-def family(name: str) -> Family:
-    """The family `name` (one of recipes.names.FAMILIES)."""
-    if name == "qwen3":
-        from runtime.models.qwen3 import FAMILY
-    elif name == "llama3":
-        from runtime.models.llama3 import FAMILY
-    else:
-        raise ValueError(f"unknown model family {name!r} (expected {' or '.join(FAMILIES)})")
-    return FAMILY

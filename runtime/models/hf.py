@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from runtime.models.family import family
+from runtime.models.families import family
 from runtime.models.spec import ModelSpec
 from runtime.models.titan import titan_config
 

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from recipes.names import FAMILIES
-from runtime.models.family import family
+from runtime.models.families import family
 
 Family = str  # one of recipes.names.FAMILIES
 

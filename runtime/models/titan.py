@@ -6,7 +6,7 @@ import torch
 from torchtitan.models.common.decoder import Decoder
 
 from runtime.models.decoder import Attention
-from runtime.models.family import family
+from runtime.models.families import family
 from runtime.models.spec import ModelSpec
 
 

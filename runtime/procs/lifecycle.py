@@ -4,7 +4,7 @@
         return lifecycle.run(controller_main)        # exit code: 0, 1 (failure), 2, 130
 
     async def controller_main(life: RunLifecycle) -> None:
-        trainer = await life.spawn_service("trainer", 1, gpus=[(0,)])
+        trainer = await spawn_service(life, "trainer", 1, gpus=[(0,)])  # procs/spawn.py
         actor = trainer.spawn_actor(Trainer, cfg)
         while not life.stopping.is_set():
             await life.call("trainer", actor.step.call())
@@ -25,26 +25,18 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from monarch.actor import HostMesh
-
+from runtime.procs.failures import ActorFailure, failure_of, is_monarch_error, root_cause
 from runtime.procs.host import (
     become_subreaper,
     kill_descendants,
     start_monarch,
     sweep_shared_memory,
 )
-from runtime.procs.mesh import (
-    PROBE_SUFFIX,
-    ActorFailure,
-    ServiceMesh,
-    failure_of,
-    is_monarch_error,
-    root_cause,
-)
+from runtime.procs.mesh import PROBE_SUFFIX, ServiceMesh
 
 T = TypeVar("T")
 
@@ -187,28 +179,10 @@ class RunLifecycle:
         """Attribute Monarch failures of `mesh`'s actors to its service."""
         self._meshes.append(mesh)
 
-    async def spawn_service(
-        self,
-        service: str,
-        procs: int,
-        gpus: Sequence[tuple[int, ...]] | None = None,
-        *,
-        env: Mapping[str, str] | None = None,
-        threads: int | None = None,
-        host: HostMesh | None = None,
-        stop_timeout: float = 30.0,
-        interruptible: bool = False,
-    ) -> ServiceMesh:
-        """`ServiceMesh.spawn`, watched for failures and stopped at shutdown.
-
-        With `interruptible`, a stop request abandons the spawn (RunStopping); its procs are
-        then ended with Monarch at shutdown.
-        """
-        spawn = ServiceMesh.spawn(service, procs, gpus, env=env, threads=threads, host=host)
-        mesh = await self.call(service, spawn, interruptible=interruptible)
+    def own(self, mesh: ServiceMesh, stop_timeout: float = 30.0) -> None:
+        """Attribute `mesh`'s failures to its service and stop its procs at shutdown."""
         self.watch(mesh)
-        self._resources.append(_Resource(f"{service} procs", mesh.stop, stop_timeout, mesh))
-        return mesh
+        self._resources.append(_Resource(f"{mesh.service} procs", mesh.stop, stop_timeout, mesh))
 
     async def call(
         self,

@@ -3,7 +3,7 @@ host mesh, a host per plan node, watched until the end, and told when the run is
 
     use_tcp(cluster)                          # before Monarch starts in this process
     hosts = await attach_nodes(life, cluster, join_timeout=300)
-    mesh = await life.spawn_service("trainer", 1, host=hosts.host(placement.node))
+    mesh = await spawn_service(life, "trainer", 1, host=hosts.host(placement.node))
 
 Node 0 is the controller's own machine: its services run on the controller's local host
 (`this_host()`), as in a one-node run, so the head node needs no worker loop; its fixed port
@@ -24,9 +24,9 @@ from monarch.actor import HostMesh, attach_to_workers
 
 from recipes import UserError
 from runtime.procs.cluster import PORT_ENV, RANK_ENV, Cluster
+from runtime.procs.failures import ActorFailure
 from runtime.procs.host import RUN_ID_ENV
 from runtime.procs.lifecycle import RunLifecycle, RunStopping
-from runtime.procs.mesh import ActorFailure
 from runtime.procs.nodewatch import HEARTBEAT_S, SILENCE_S, NodeWatch
 
 # After every node joined, Monarch's attach takes well under a second; a stuck one is a bug or a

@@ -9,27 +9,10 @@ reward proc scoring GSM8K never imports the tiny task's tokenizer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from recipes.errors import UserError
 from recipes.names import BUILTIN_TASKS
-
-
-@dataclass(frozen=True)
-class ShippedTask:
-    """One task forgesky ships.
-
-    `rows()`: every prompt, as {"question", "answer"} rows (the columns the recipe's dataset
-    section names by default). `reward(prompt, completion, answer)`: its score, if the task has
-    its own. `tokenizer(vocab_size)`: its tokenizer, if it has one (sized to the model's
-    vocabulary where the task pads it).
-    """
-
-    name: str
-    rows: Callable[[], list[dict[str, str]]]
-    reward: Callable[[str, str, str], float] | None = None
-    tokenizer: Callable[[int], Any] | None = None
+from runtime.tasks.shipped import ShippedTask
 
 
 def _tiny() -> ShippedTask:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from runtime.tasks.registry import ShippedTask
+from runtime.tasks.shipped import ShippedTask
 
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jonas")
 ITEMS = ("apples", "pencils", "stickers", "marbles", "books", "cookies", "stamps", "shells")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.tasks.registry import ShippedTask
+from runtime.tasks.shipped import ShippedTask
 from runtime.tasks.tiny.task import DIGITS, TinyTask, tiny_reward
 
 TASK = TinyTask()

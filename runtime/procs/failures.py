@@ -1,0 +1,99 @@
+"""Monarch's failures as one readable line: which service, what went wrong, where.
+
+An endpoint that raised (ActorError), an actor or proc that died (SupervisionError, a mesh
+failure report) or any exception becomes `ActorFailure(service, cause)`, whose `str()` is the
+line a run ends with: `reward actor failed: ZeroDivisionError: ... (in f.py:12 g)`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sysconfig
+
+from monarch.actor import ActorError
+
+
+class ActorFailure(Exception):
+    """A service's actor or proc failed; `str()` is one line naming the service and root cause."""
+
+    def __init__(self, service: str, cause: str, original: BaseException | None = None) -> None:
+        super().__init__(f"{service} actor failed: {cause}")
+        self.service = service
+        self.cause = cause
+        self.original = original
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_KILLED = re.compile(r"Killed\(sig=(\d+)\)")
+_RANK = re.compile(r"\{'?\w+'?: (\d+/\d+)\}")
+_LIBRARY_DIRS = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib")})
+_CALL = re.compile(r"call (\w[\w-]*)\.\w+")
+
+
+def root_cause(error: BaseException | str) -> str:
+    """One line for a failure: the exception, or how the proc died, and where.
+
+    Accepts Monarch's ActorError (an endpoint raised), SupervisionError (an actor or proc
+    died), a MeshFailure report, or any exception.
+    """
+    if isinstance(error, ActorError):
+        exc = error.exception
+        head = _exception_line(exc)
+        text = error.exception_formatted
+    elif isinstance(error, str):
+        text = error
+        head = _last_line(text)
+    elif type(error).__name__ == "SupervisionError":
+        text = str(error)
+        head = _last_line(text)
+    else:
+        return _exception_line(error)
+    killed = _KILLED.search(head)
+    if killed:
+        rank = _RANK.search(text)
+        where = f" (proc {rank.group(1)})" if rank else ""
+        return f"process killed by {_signal_name(int(killed.group(1)))}{where}"
+    head = head.removeprefix("actor explicitly aborted due to: ")
+    frame = _user_frame(text)
+    return f"{head} (in {frame})" if frame else head
+
+
+def failure_of(error: BaseException, service: str | None = None) -> ActorFailure:
+    """An ActorFailure for a Monarch error; without `service`, the actor named in the error."""
+    if service is None:
+        named = _CALL.search(str(error).splitlines()[0] if str(error) else "")
+        service = named.group(1) if named else "unknown"
+    return ActorFailure(service, root_cause(error), error)
+
+
+def is_monarch_error(error: BaseException) -> bool:
+    """Whether `error` is how Monarch reports a failed call (ActorError, SupervisionError)."""
+    return isinstance(error, ActorError) or type(error).__name__ == "SupervisionError"
+
+
+def _exception_line(exc: BaseException) -> str:
+    message = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "unknown failure"
+
+
+def _user_frame(text: str) -> str | None:
+    frames = _FRAME.findall(text)
+    if not frames:
+        return None
+    own = [f for f in frames if not f[0].startswith(_LIBRARY_DIRS)]
+    path, line, func = (own or frames)[-1]
+    return f"{os.path.basename(path)}:{line} {func}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
