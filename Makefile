@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-gpu lint format bench clean
+.PHONY: install install-gpu demo test test-fast test-gpu lint format bench clean
 
 install: $(STAMP)
 
@@ -26,8 +26,29 @@ test: install
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
-test-gpu: install
-	$(PY) -m pytest -q -m gpu
+# The unit tests without the end-to-end runs of the runtime (marked slow): a few minutes.
+test-fast: install
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m 'not gpu and not slow'
+
+# On a GPU machine: the tests marked gpu, in a venv of their own with vLLM's torch (CUDA build).
+# GPU_PY=python3 uses an environment that already has the stack (scripts/gpu/device_run.sh).
+GPU_VENV := .venv-gpu
+GPU_PY ?= $(GPU_VENV)/bin/python
+GPU_STAMP := $(GPU_VENV)/.installed
+
+install-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install -q torch==2.11.0 vllm==0.24.0 -e '.[runtime,gpu,dev]'
+	$(GPU_VENV)/bin/python -m pip install -q --no-deps torchstore==0.1.2
+	touch $(GPU_STAMP)
+
+test-gpu:
+	@if [ "$(GPU_PY)" = "$(GPU_VENV)/bin/python" ]; then $(MAKE) install-gpu; fi
+	$(GPU_PY) -m pytest -q -m gpu $(ARGS)
 
 lint: install
 	$(PY) -m ruff check .
@@ -41,4 +62,4 @@ bench: install
 	$(PY) bench/cli_latency.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(GPU_VENV) runs .pytest_cache .ruff_cache

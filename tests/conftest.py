@@ -1,19 +1,96 @@
-"""Test-session settings shared by every test file."""
+"""Fixtures every test file can take, and the rule that a Monarch fault fails the test that
+caused it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import runtime_helpers
 
 
-@pytest.fixture(autouse=True, scope="session")
-def monarch_failures_do_not_end_the_test_session():
-    """Some tests run Monarch in the pytest process and kill its procs on purpose. Monarch's
-    default hook for a failure nobody handled exits the process, and its supervision can report
-    a killed proc after that test has finished, which would stop the whole session with a stray
-    KeyboardInterrupt. Recording such late reports keeps them from ending unrelated tests; each
-    test still sees the failures of its own calls as exceptions."""
+class MonarchFaults:
+    """Failures Monarch reported that no actor handled (a proc that died, a mesh that failed),
+    as they arrive on Monarch's own thread."""
+
+    def __init__(self) -> None:
+        self.reports: list[Any] = []
+        self._arrived = threading.Condition()
+
+    def record(self, failure: Any) -> None:
+        with self._arrived:
+            self.reports.append(failure)
+            self._arrived.notify_all()
+
+    def wait_for(self, count: int = 1, timeout: float = 30.0) -> list[Any]:
+        """Block until `count` reports have come (Monarch polls its procs every second)."""
+        deadline = time.monotonic() + timeout
+        with self._arrived:
+            while len(self.reports) < count and time.monotonic() < deadline:
+                self._arrived.wait(deadline - time.monotonic())
+        return list(self.reports)
+
+
+_current: MonarchFaults | None = None
+
+
+def _route(failure: Any) -> None:
+    if _current is not None:
+        _current.record(failure)
+
+
+@pytest.fixture(autouse=True)
+def monarch_faults(request: pytest.FixtureRequest) -> Iterator[MonarchFaults]:
+    """Monarch's default hook for a failure nobody handled exits the process. Here each test
+    records them, and any it recorded fail it at teardown: a proc that died unexpectedly fails
+    the test that started it, not the session. A test that causes faults on purpose carries
+    `@pytest.mark.monarch_faults`, takes this fixture, and waits for and checks its reports
+    (`wait_for`), so none arrives during a later test."""
+    global _current
     import monarch.actor
 
-    late: list = []
-    saved = monarch.actor.unhandled_fault_hook
-    monarch.actor.unhandled_fault_hook = late.append
-    yield late
-    monarch.actor.unhandled_fault_hook = saved
+    faults = _current = MonarchFaults()
+    monarch.actor.unhandled_fault_hook = _route
+    yield faults
+    _current = None
+    if faults.reports and request.node.get_closest_marker("monarch_faults") is None:
+        pytest.fail(
+            f"Monarch reported {len(faults.reports)} unhandled failure(s) during this test: "
+            + "; ".join(_describe(f) for f in faults.reports),
+            pytrace=False,
+        )
+
+
+def _describe(failure: Any) -> str:
+    try:
+        return f"{failure.mesh_name}: {failure.report().strip().splitlines()[-1]}"
+    except Exception:  # noqa: BLE001 - a description, whatever Monarch handed over
+        return repr(failure)
+
+
+@pytest.fixture
+def token_batch() -> Any:
+    """`token_batch(vocab, rows, width, prompt=8, seed=0, short=None, empty=False)`: random
+    tokens, a right-padded response mask and per-row advantages (runtime_helpers)."""
+    return runtime_helpers.token_batch
+
+
+@pytest.fixture
+def free_port() -> Any:
+    """`free_port(*hosts)`: a TCP port free on every host given (default: the loopback)."""
+    return runtime_helpers.free_port
+
+
+@pytest.fixture
+def nothing_left() -> Any:
+    """`nothing_left(output, pgid=...)`: the run printed no noise and left no process of its
+    session and no shared-memory segment made since the test began."""
+    before = runtime_helpers.shm_entries()
+
+    def check(output: str, pgid: int | None = None, noise: tuple[str, ...] = runtime_helpers.NOISE):
+        runtime_helpers.assert_nothing_left(output, pgid=pgid, shm_before=before, noise=noise)
+
+    return check

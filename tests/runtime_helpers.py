@@ -1,4 +1,6 @@
-"""Helpers for tests that run the real runtime in a subprocess (real Monarch procs, TorchStore)."""
+"""Helpers shared by the tests: runs of the real runtime in a subprocess (real Monarch procs,
+TorchStore), what a finished run must not leave behind, free ports, and token batches.
+conftest.py offers the ones tests take as fixtures."""
 
 from __future__ import annotations
 
@@ -16,6 +18,15 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 NOISE = ("Traceback", "SupervisionError", "resource_tracker", "leaked shared_memory")
+# What a run that ends by a signal or a failure must not print either (the lifecycle's own app).
+LIFECYCLE_NOISE = (
+    *NOISE,
+    "leaked",
+    "Monarch internal logs",
+    "Unhandled monarch error",
+    "KeyboardInterrupt",
+    "CancelledError",
+)
 
 
 def shm_entries() -> set[str]:
@@ -87,17 +98,83 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def assert_nothing_left(
+    output: str,
+    *,
+    pgid: int | None = None,
+    shm_before: set[str] | None = None,
+    noise: tuple[str, ...] = NOISE,
+) -> None:
+    """A finished run printed no noise and left no process of its session (`pgid`) and no
+    new shared-memory segment (against `shm_before`)."""
+    noisy = [word for word in noise if word in output]
+    assert not noisy, f"{noisy} in output:\n{output}"
+    if pgid is not None:
+        time.sleep(0.5)
+        assert leftover_processes(pgid) == []
+    if shm_before is not None:
+        assert not (shm_entries() - shm_before), shm_entries() - shm_before
+
+
+def free_port(*hosts: str) -> int:
+    """A TCP port free on every one of `hosts` (default: the loopback)."""
+    import socket
+
+    hosts = hosts or ("127.0.0.1",)
+    while True:
+        with socket.socket() as probe:
+            probe.bind((hosts[0], 0))
+            port = probe.getsockname()[1]
+        try:
+            for host in hosts[1:]:
+                with socket.socket() as s:
+                    s.bind((host, port))
+            return port
+        except OSError:
+            continue
+
+
+def token_batch(
+    vocab: int,
+    rows: int,
+    width: int,
+    prompt: int = 8,
+    *,
+    seed: int = 0,
+    short: int | None = None,
+    empty: bool = False,
+) -> tuple[Any, Any, Any]:
+    """Random tokens `[rows, width]`, the response mask (positions from `prompt` on) and one
+    advantage per row (-1 to 1). Row 0's response keeps only `short` tokens (default: half),
+    right-padded; with `empty`, row 1 has no response token at all."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, vocab, (rows, width), generator=g)
+    mask = torch.zeros(rows, width, dtype=torch.bool)
+    mask[:, prompt:] = True
+    keep = (width - prompt) // 2 if short is None else short
+    mask[0, prompt + keep :] = False
+    if empty:
+        mask[1] = False
+    return tokens, mask, torch.linspace(-1, 1, rows)
+
+
 def run_ranks(fn: Any, ranks: int, tmp_path: Path) -> Any:
     """Spawn `fn(rank, ranks, port, out)` on `ranks` procs meeting on a free loopback port;
     return what rank 0 saved to `out` with torch.save."""
-    import socket
-
     import torch
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = str(tmp_path / "rank0.pt")
     mp.start_processes(fn, args=(ranks, port, out), nprocs=ranks, start_method="spawn")
     return torch.load(out, weights_only=False)

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import torch
-from runtime_helpers import run_ranks
+from runtime_helpers import run_ranks, token_batch
 
 from recipes import architecture
 from runtime.backends import OptimizerConfig, TitanTrainer
@@ -18,12 +18,8 @@ LOSS = dict(variant="grpo", clip_low=0.2, clip_high=0.28, kl_beta=0.1)
 
 
 def _batch():
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(3, SPEC.vocab_size, (7, 20), generator=g)  # 7 rows: 4 + 3 per rank
-    mask = torch.zeros(7, 20, dtype=torch.bool)
-    mask[:, 8:] = True
-    mask[0, 15:] = False
-    return tokens, mask, torch.linspace(-1, 1, 7)
+    # 7 rows: 4 + 3 per rank
+    return token_batch(SPEC.vocab_size, rows=7, width=20, short=7)
 
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:

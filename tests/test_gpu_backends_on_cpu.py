@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from runtime_helpers import token_batch
 
 from recipes import UserError, apply_overrides, architecture, load_recipe, plan
 from runtime.backends import OptimizerConfig, TitanReference, TitanTrainer, token_logprobs
@@ -27,12 +28,8 @@ SPEC = ModelSpec.from_arch(architecture("qwen3", "tiny"))
 
 
 def _batch(seed: int = 0, rows: int = 6, width: int = 20):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(3, SPEC.vocab_size, (rows, width), generator=g)
-    mask = torch.zeros(rows, width, dtype=torch.bool)
-    mask[:, 8:] = True
-    mask[0, 15:] = False  # a shorter response, right-padded
-    mask[1] = False  # a sequence with no response token
+    # row 0 a shorter response, right-padded; row 1 no response token at all
+    tokens, mask, _ = token_batch(SPEC.vocab_size, rows, width, seed=seed, short=7, empty=True)
     return tokens, mask
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gpu_models import QWEN3_1P7B_2_LAYERS, SMALL, free_gpu_memory, peaked_weights
+from runtime_helpers import token_batch
 
 from runtime.backends import OptimizerConfig
 from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference, response_logprobs
@@ -21,11 +22,7 @@ def _release_memory():
 
 
 def _batch(spec, rows: int, prompt: int, response: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(2, spec.vocab_size, (rows, prompt + response), generator=g)
-    mask = torch.zeros_like(tokens, dtype=torch.bool)
-    mask[:, prompt:] = True
-    mask[0, prompt + response // 2 :] = False  # one shorter response, right-padded
+    tokens, mask, _ = token_batch(spec.vocab_size, rows, prompt + response, prompt, seed=seed)
     return tokens, mask
 
 

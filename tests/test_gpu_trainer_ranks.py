@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from gpu_models import SMALL, peaked_weights
-from runtime_helpers import run_ranks
+from runtime_helpers import run_ranks, token_batch
 
 from runtime.backends import OptimizerConfig
 from runtime.backends.fsdp_trainer import FSDPTrainer
@@ -26,12 +26,7 @@ OPTIONS = {
 
 
 def _batch(width: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(2, SMALL.vocab_size, (8, width), generator=g)
-    mask = torch.zeros_like(tokens, dtype=torch.bool)
-    mask[:, 16:] = True
-    mask[0, width - 9 :] = False
-    return tokens, mask, torch.linspace(-1, 1, 8)
+    return token_batch(SMALL.vocab_size, 8, width, 16, seed=seed, short=width - 25)
 
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:

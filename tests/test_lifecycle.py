@@ -18,21 +18,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from runtime_helpers import LIFECYCLE_NOISE, alive, assert_nothing_left
 
 APP = Path(__file__).with_name("lifecycle_app.py")
 # Bounds that catch a hang; they do not measure speed.
 EXIT_BOUND_S = 30.0
 START_BOUND_S = 60.0
-NOISE = (
-    "Traceback",
-    "SupervisionError",
-    "resource_tracker",
-    "leaked",
-    "Monarch internal logs",
-    "Unhandled monarch error",
-    "KeyboardInterrupt",
-    "CancelledError",
-)
 
 pytestmark = pytest.mark.slow
 
@@ -104,22 +95,14 @@ class App:
 
 def assert_clean(app: App) -> None:
     """Nothing of the run survives it: no process, no shared memory, no noise in its output."""
-    leftovers = [p for p in app.state.get("pids", []) if _alive(p)]
+    leftovers = [p for p in app.state.get("pids", []) if alive(p)]
     leftovers += _processes_of_run(app.run_id)
     assert not leftovers, f"processes left: {leftovers}"
     segments = list(Path("/dev/shm").glob(f"forgesky_{app.run_id}_*"))
     assert not segments, f"shared memory left: {segments}"
     assert app.socket_dirs or not app.state, "the procs' socket directory was not found"
     assert not [d for d in app.socket_dirs if d.exists()], "Monarch's socket directory left"
-    noisy = [word for word in NOISE if word in app.output]
-    assert not noisy, f"{noisy} in output:\n{app.output}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    assert_nothing_left(app.output, noise=LIFECYCLE_NOISE)
 
 
 def _socket_dirs(pids: list[int]) -> set[Path]:
@@ -138,7 +121,7 @@ def _processes_of_run(run_id: str) -> list[int]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("FORGESKY_RUN_ID") == run_id and _alive(proc.pid):
+            if proc.environ().get("FORGESKY_RUN_ID") == run_id and alive(proc.pid):
                 found.append(proc.pid)
         except psutil.Error:
             continue

@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 from monarch.actor import Actor, endpoint
+from runtime_helpers import alive
 
 from runtime.procs.failures import root_cause
 from runtime.procs.host import host_gpu_ids
@@ -88,7 +89,7 @@ def test_each_proc_starts_with_its_gpus_and_thread_budget():
     assert all(i["torch_threads"] == 1 for i in infos)
     assert sorted(mesh.pids) == sorted(i["pid"] for i in infos)
     assert os.getpid() not in mesh.pids
-    assert not [p for p in mesh.pids if psutil.pid_exists(p) and _alive(p)]
+    assert not [p for p in mesh.pids if psutil.pid_exists(p) and alive(p)]
 
 
 @pytest.mark.slow
@@ -112,12 +113,8 @@ def test_root_cause_names_the_exception_and_the_users_line():
 
 
 @pytest.mark.slow
-def test_root_cause_of_a_killed_proc_says_how_it_died(monkeypatch):
-    import monarch.actor
-
-    failures = []
-    # Monarch's default hook exits the process on an unhandled failure; record it instead.
-    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", failures.append)
+@pytest.mark.monarch_faults
+def test_root_cause_of_a_killed_proc_says_how_it_died(monarch_faults):
 
     async def scenario():
         mesh = await ServiceMesh.spawn("reward", 1, env=TEST_ENV, threads=1)
@@ -133,17 +130,12 @@ def test_root_cause_of_a_killed_proc_says_how_it_died(monkeypatch):
 
     error = asyncio.run(scenario())
     assert root_cause(error) == "process killed by SIGKILL (proc 0/1)"
-    assert any(root_cause(f.report()) == "process killed by SIGKILL (proc 0/1)" for f in failures)
+    killed = "process killed by SIGKILL (proc 0/1)"
+    reports = monarch_faults.wait_for(1)
+    assert any(root_cause(f.report()) == killed for f in reports), reports
 
 
 async def _forever(scorer) -> None:
     while True:
         await scorer.ping.call_one()
         await asyncio.sleep(0.1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from netns import Fabric, unavailable
-from runtime_helpers import ROOT, finish, leftover_processes, wait_for_line
+from runtime_helpers import ROOT, finish, free_port, leftover_processes, wait_for_line
 
 from runtime.control.metrics import read_metrics
 
@@ -106,25 +106,10 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def free_port(ips: list[str]) -> int:
-    """A port free on every one of `ips`."""
-    while True:
-        with socket.socket() as probe:
-            probe.bind((ips[0], 0))
-            port = probe.getsockname()[1]
-        try:
-            for ip in ips[1:]:
-                with socket.socket() as s:
-                    s.bind((ip, port))
-            return port
-        except OSError:
-            continue
-
-
 @pytest.fixture(params=["netns", "loopback"])
 def nodes(request) -> Iterator[Nodes]:
     if request.param == "loopback":
-        made = Nodes(LOOPBACK, free_port(LOOPBACK))
+        made = Nodes(LOOPBACK, free_port(*LOOPBACK))
         try:
             yield made
         finally:
@@ -207,7 +192,7 @@ def test_losing_a_node_stops_the_run_and_the_rerun_resumes(nodes: Nodes, tmp_pat
 
 @pytest.fixture
 def loopback() -> Iterator[Nodes]:
-    made = Nodes(LOOPBACK, free_port(LOOPBACK))
+    made = Nodes(LOOPBACK, free_port(*LOOPBACK))
     try:
         yield made
     finally:

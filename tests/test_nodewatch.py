@@ -10,18 +10,13 @@ import threading
 import time
 
 import pytest
+from runtime_helpers import free_port
 
 from runtime.procs.cluster import Cluster
 from runtime.procs.nodewatch import NodeWatch, Outcome, follow_controller
 
 IPS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 FAST = {"interval": 0.1, "silence": 1.0}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from runtime_helpers import token_batch
 
 from recipes import architecture
 from runtime.backends import OptimizerConfig, fsdp_trainer
@@ -17,12 +18,7 @@ LOSS = dict(variant="grpo", clip_low=0.2, clip_high=0.28, kl_beta=0.1)
 
 
 def _batch(width: int, seed: int = 0, rows: int = 5):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(3, SPEC.vocab_size, (rows, width), generator=g)
-    mask = torch.zeros(rows, width, dtype=torch.bool)
-    mask[:, 8:] = True
-    mask[0, width - 3 :] = False  # a shorter response, right-padded
-    return tokens, mask, torch.linspace(-1, 1, rows)
+    return token_batch(SPEC.vocab_size, rows, width, seed=seed, short=width - 11)
 
 
 def _trainer(**options) -> FSDPTrainer:

@@ -108,9 +108,15 @@ case "$mode" in
   stage) ;;
   check) install && check ;;
   tests)
+    # What `make test-gpu GPU_PY=python3` runs: every gpu-marked test (two-GPU ones skip on one).
     install && check
-    python3 -m pytest -q -m gpu -s -p no:cacheprovider --timeout 540 \
-      tests/test_gpu_trainer.py tests/test_gpu_vllm.py "$@" 2>&1 | tee "$out/gpu_tests.log"
+    if command -v make >/dev/null; then
+      make test-gpu GPU_PY=python3 ARGS="-s -p no:cacheprovider --timeout 540 $*" 2>&1 \
+        | tee "$out/gpu_tests$tag.log"
+    else
+      python3 -m pytest -q -m gpu -s -p no:cacheprovider --timeout 540 "$@" 2>&1 \
+        | tee "$out/gpu_tests$tag.log"
+    fi
     ;;
   trainer-tests)
     # The trainer's GPU tests alone: TorchTitan only (.whl/tt), no staging.
