@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from launcher.options import (
     PROJECT_DIR,
@@ -53,9 +54,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with mistakes on one line (what, and where to read more), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        from recipes.errors import one_line
+
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="GRPO post-training of Qwen3/Llama models on cloud GPUs through SkyPilot.",
         epilog="NAME is a catalog recipe (forgesky recipes) or a recipe YAML file.",

@@ -4,5 +4,20 @@
 class UserError(Exception):
     """A mistake the user can fix. The message is one line: what, where, and what to do.
 
-    Entry points print it without a traceback and exit with code 2.
+    Entry points print it without a traceback and exit with code 2. Whatever the message quotes
+    from the user's input stays on that line: control characters (a newline in a YAML key, say)
+    are shown escaped.
     """
+
+    def __init__(self, message: object = "") -> None:
+        super().__init__(one_line(str(message)))
+
+
+def one_line(text: str) -> str:
+    """`text` with every character that would not print as itself (a newline in a YAML key, an
+    escape sequence, invisible spacing) written as its escape (`\\n`, `\\x1b`, `\\u3000`)."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )

@@ -27,6 +27,7 @@ _SELF_DESCRIBING = {
     "reward_name",
     "template",
     "builtin",
+    "blank",
     "share",
     "positive",
 }

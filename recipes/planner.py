@@ -42,7 +42,6 @@ controller, the weight store and the reward procs, gets one of them last.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -53,6 +52,9 @@ from recipes.settings import Settings, plan_settings
 
 Service = Literal["generator", "reference", "trainer", "reward"]
 GENERATOR_TO_TRAINER_GPUS = 2
+# Plans stop here: 512 nodes of 8 GPUs (a count past this is a typo, not a cluster).
+MAX_GPUS = 4096
+MAX_GPUS_PER_NODE = 64
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,12 @@ def plan(
     gpn = recipe.resources.gpus_per_node if gpus_per_node is None else gpus_per_node
     if nodes is not None and nodes < 1:
         raise UserError(f"a run needs at least 1 node, got {nodes}")
+    if gpus > MAX_GPUS:
+        raise UserError(f"--gpus {gpus}: a plan takes at most {MAX_GPUS} GPUs")
+    if gpn > MAX_GPUS_PER_NODE:
+        raise UserError(f"{gpn} GPUs per node: a node has at most {MAX_GPUS_PER_NODE}")
+    if nodes is not None and nodes > MAX_GPUS:
+        raise UserError(f"{nodes} nodes: a plan takes at most {MAX_GPUS}")
     if recipe.cpu:
         if gpus != 0:
             raise UserError(
@@ -219,7 +227,7 @@ def plan(
         raise UserError(
             f"{recipe.name} needs at least {need} GPUs ({_breakdown(recipe)}); got {gpus}"
         )
-    num_nodes = math.ceil(gpus / gpn)
+    num_nodes = -(-gpus // gpn)
     if num_nodes > 1 and gpus % gpn:
         options = [n for n in ((num_nodes - 1) * gpn, num_nodes * gpn) if n >= need]
         raise UserError(

@@ -12,9 +12,16 @@ from the GPU type and the layout (recipes/settings.py) and shown by `forgesky pl
 from __future__ import annotations
 
 import string
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from recipes.architectures import ARCHITECTURES, Arch, architecture, sizes
@@ -27,6 +34,16 @@ DEFAULT_PROMPT_TEMPLATE = "{question}\nThink step by step, then give the final a
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("blank", "must not be blank (got '{v}')", {"v": value})
+    return value
+
+
+# A name the user types: a recipe, a model, a dataset, a column, a reward.
+Identifier = Annotated[str, AfterValidator(_not_blank)]
 
 
 def _shipped(value: str | None) -> str | None:
@@ -43,11 +60,11 @@ def _shipped(value: str | None) -> str | None:
 
 
 class Model(_Strict):
-    hf_id: str
+    hf_id: Identifier
     family: Literal[FAMILIES]
-    size: str
+    size: Identifier
     gated: bool = False
-    tokenizer: str | None = None
+    tokenizer: Identifier | None = None
     init: Literal["hub", "random"] = "hub"
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
 
@@ -55,7 +72,7 @@ class Model(_Strict):
 
 
 class Reward(_Strict):
-    name: str
+    name: Identifier
     weight: float = 1.0
 
     @field_validator("name")
@@ -71,11 +88,11 @@ class Reward(_Strict):
 
 
 class Dataset(_Strict):
-    path: str
-    config: str | None = None
-    split: str = "train"
-    prompt_field: str = "question"
-    answer_field: str = "answer"
+    path: Identifier
+    config: Identifier | None = None
+    split: Identifier = "train"
+    prompt_field: Identifier = "question"
+    answer_field: Identifier = "answer"
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     system_prompt: str | None = None
     rewards: list[Reward] = Field(min_length=1)
@@ -158,7 +175,7 @@ class Resources(_Strict):
     accelerator: Literal["H100", "H200", "cpu"] = "H100"
     alternatives: list[Literal["H100", "H200"]] = ["H200"]
     disk_gb: int = Field(default=256, ge=1)
-    gpus_per_node: int = Field(default=8, ge=1)
+    gpus_per_node: int = Field(default=8, ge=1, le=64)
 
 
 Auto = Literal["auto"]
@@ -235,7 +252,7 @@ class WeightSyncSettings(_Strict):
 class Recipe(_Strict):
     """A complete, validated GRPO run description."""
 
-    name: str = Field(min_length=1)
+    name: Identifier
     description: str
     model: Model
     dataset: Dataset

@@ -10,6 +10,10 @@ from typing import Any
 
 import pytest
 import runtime_helpers
+from hypothesis import settings
+
+# `pytest --hypothesis-profile=deep tests/test_fuzz.py`: many more examples than the suite's.
+settings.register_profile("deep", max_examples=3000)
 
 
 class MonarchFaults:
