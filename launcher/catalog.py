@@ -1,19 +1,26 @@
 """The recipe commands that stay on the laptop: list, show, copy, validate.
 
-No SkyPilot and no torch here: these answer in a fraction of a second.
+No SkyPilot and no torch here: these answer in a fraction of a second. `recipes` and `show NAME`
+read the catalog's index (recipes/catalog/index.json, written with sky/ by
+`python -m launcher.write_sky` from the validated recipes, and checked by a test), so listing
+the catalog needs no schema at all.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from launcher.options import is_recipe_file, resolve_recipe
-from recipes import Recipe, UserError, catalog_path, list_recipes, load_recipe, minimum_gpus, plan
+from recipes.errors import UserError
+
+INDEX = Path(__file__).resolve().parent.parent / "recipes" / "catalog" / "index.json"
 
 
-def recipe_rows() -> list[dict[str, Any]]:
-    """One dict per catalog recipe: what `forgesky recipes --json` prints."""
+def compute_rows() -> list[dict[str, Any]]:
+    """One dict per catalog recipe, from the validated recipes: what the index holds."""
+    from recipes import list_recipes, load_recipe, minimum_gpus
+
     rows = []
     for name in list_recipes():
         recipe = load_recipe(name)
@@ -28,9 +35,24 @@ def recipe_rows() -> list[dict[str, Any]]:
                 "accelerator": recipe.resources.accelerator,
                 "gated": recipe.model.gated,
                 "description": recipe.description,
+                "derived": derived_summary(recipe),
             }
         )
     return rows
+
+
+def index_text() -> str:
+    """The catalog index as written to recipes/catalog/index.json."""
+    return json.dumps(compute_rows(), indent=1) + "\n"
+
+
+def _index() -> list[dict[str, Any]]:
+    return json.loads(INDEX.read_text())
+
+
+def recipe_rows() -> list[dict[str, Any]]:
+    """One dict per catalog recipe: what `forgesky recipes --json` prints."""
+    return [{k: v for k, v in row.items() if k != "derived"} for row in _index()]
 
 
 def recipes_table(rows: list[dict[str, Any]]) -> str:
@@ -59,6 +81,9 @@ def recipes_table(rows: list[dict[str, Any]]) -> str:
 
 def recipe_source(source: str) -> Path:
     """The YAML file behind NAME: the catalog file, or the path itself."""
+    from launcher.options import is_recipe_file
+    from recipes.loader import catalog_path
+
     if is_recipe_file(source):
         path = Path(source)
         if not path.is_file():
@@ -69,13 +94,21 @@ def recipe_source(source: str) -> Path:
 
 def show(source: str) -> str:
     """The recipe's YAML as written, then what forgesky derives from it."""
-    recipe = load_recipe(source)
-    text = recipe_source(source).read_text()
-    return f"{text.rstrip()}\n\n{derived_summary(recipe)}"
+    row = next((r for r in _index() if r["name"] == source), None)
+    if row is not None:  # a catalog recipe: validated when the index was written
+        derived = row["derived"]
+    else:
+        from recipes import load_recipe
+
+        derived = derived_summary(load_recipe(source))
+    path = INDEX.parent / f"{source}.yaml" if row is not None else recipe_source(source)
+    return f"{path.read_text().rstrip()}\n\n{derived}"
 
 
-def derived_summary(recipe: Recipe) -> str:
+def derived_summary(recipe: Any) -> str:
     """Comment lines: the minimum GPUs and where to go next."""
+    from recipes import minimum_gpus
+
     need = minimum_gpus(recipe)
     if recipe.cpu:
         return f"# derived: runs on CPU (0 GPUs); forgesky local {recipe.name}"
@@ -106,7 +139,9 @@ def copy_recipe(source: str, dest: str, force: bool = False) -> Path:
 
 def validate(source: str, gpus: int | None, overrides: tuple[str, ...]) -> str:
     """Load, override and plan a recipe; one line saying it is fine (else UserError)."""
-    recipe = resolve_recipe(source, overrides)
+    from recipes import apply_overrides, load_recipe, minimum_gpus, plan
+
+    recipe = apply_overrides(load_recipe(source), list(overrides))
     need = minimum_gpus(recipe)
     count = need if gpus is None else gpus
     run_plan = plan(recipe, count)

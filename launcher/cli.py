@@ -11,19 +11,10 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from launcher.options import (
-    PROJECT_DIR,
-    RECOVERY_STRATEGIES,
-    SECRETS,
-    WANDB_MODES,
-    LaunchOptions,
-    resolve_job,
-    resolve_recipe,
-    secret_values,
-)
-from recipes import UserError, minimum_gpus, plan
+from launcher.names import RECOVERY_STRATEGIES, WANDB_MODES
+from recipes.errors import UserError
 
 PROG = "forgesky"
 Handler = Callable[[argparse.Namespace], int]
@@ -148,8 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def options_from_args(args: argparse.Namespace) -> LaunchOptions:
-    """The LaunchOptions that `render`/`launch` arguments describe."""
+def options_from_args(args: argparse.Namespace) -> Any:
+    """The `launcher.options.LaunchOptions` that `render`/`launch` arguments describe."""
+    from launcher.options import LaunchOptions
+
     return LaunchOptions(
         gpus=args.gpus,
         gpus_per_node=args.gpus_per_node,
@@ -195,7 +188,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    recipe = resolve_recipe(args.recipe, _plan_overrides(args))
+    from recipes import apply_overrides, load_recipe, minimum_gpus, plan
+
+    recipe = apply_overrides(load_recipe(args.recipe), list(_plan_overrides(args)))
     gpus = minimum_gpus(recipe) if args.gpus is None else args.gpus
     run_plan = plan(recipe, gpus)
     print(_json(run_plan.to_dict()) if args.json else run_plan.describe())
@@ -235,6 +230,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     if args.down and options.managed:
         raise UserError("--down applies to clusters; a managed job's cluster goes when it ends")
+    from launcher.options import PROJECT_DIR, SECRETS, resolve_job, secret_values
+
     job = resolve_job(args.recipe, options)
     # Preflight on this machine: a missing token fails here, not after provisioning.
     secrets = secret_values(job, os.environ)

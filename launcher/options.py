@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.names import RECOVERY_STRATEGIES, WANDB_MODES
 from recipes import Plan, Recipe, UserError, apply_overrides, load_recipe, minimum_gpus, plan
 from recipes.names import WORKER_PORT, WORKER_PORT_ENV
 
@@ -20,12 +21,10 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 CHECKPOINT_MOUNT = "/checkpoints"
 # Recipe files from outside the catalog reach the nodes through a file mount here.
 RECIPE_MOUNT_DIR = "/forgesky/recipes"
-RECOVERY_STRATEGIES = ("eager_next_region", "failover")
-WANDB_MODES = ("online", "offline", "disabled")
 SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
 # WORKER_PORT (recipes.names, shared with the runtime): the port every node of a multi-node run
-# listens on; node 0's controller takes the others' Monarch workers from there. SkyPilot's own rules already allow any traffic between the
-# nodes of a cluster (AWS: the security group admits itself; GCP: the VPC admits its internal
+# listens on; node 0's controller takes the others' Monarch workers from there. SkyPilot's own
+# rules already allow any traffic between the nodes of a cluster (AWS: the security group admits itself; GCP: the VPC admits its internal
 # range; Kubernetes: pods reach pods), and Monarch's procs also listen on ephemeral ports, so the
 # task opens nothing: `resources.ports` would open the port to the internet, for a service that
 # runs whatever code reaches it.

@@ -1,7 +1,8 @@
-"""`python -m launcher.write_sky`: regenerate sky/*.yaml from the recipe catalog.
+"""`python -m launcher.write_sky`: regenerate sky/*.yaml and the catalog's index from the recipes.
 
 Per recipe two files, each what `forgesky render` writes: NAME.yaml for `sky launch` at the
 recipe's minimum GPUs, and NAME-spot.yaml, a managed job on spot instances for `sky jobs launch`.
+recipes/catalog/index.json holds what `forgesky recipes` lists, so listing needs no schema.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from launcher import catalog
 from launcher.cli import build_parser, render_text
 from launcher.options import PROJECT_DIR
 from recipes import list_recipes
@@ -59,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for path in write(args.out_dir):
         print(path)
+    catalog.INDEX.write_text(catalog.index_text())
+    print(catalog.INDEX)
     return 0
 
 

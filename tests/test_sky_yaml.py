@@ -26,6 +26,15 @@ def test_sky_dir_is_current():
     assert not stale, f"regenerate with `python -m launcher.write_sky`: {stale}"
 
 
+def test_catalog_index_is_current():
+    """`forgesky recipes` lists recipes/catalog/index.json: it must say what the recipes say."""
+    from launcher import catalog
+
+    assert catalog.INDEX.read_text() == catalog.index_text(), (
+        "regenerate with `python -m launcher.write_sky`"
+    )
+
+
 def test_every_recipe_has_a_cluster_and_a_spot_file():
     assert sorted(f"{n}{suffix}.yaml" for n in list_recipes() for suffix in ("", "-spot")) == FILES
 
