@@ -29,7 +29,11 @@ class GeneratorActor(Actor):
         self.tokenizer = build.load_tokenizer(recipe)
         self.backend = build.GeneratorConfig(recipe, settings.generator).build(self.tokenizer)
         self.backend.policy_version = -1
-        return {"device": str(build.device()), "backend": type(self.backend).__name__}
+        return {
+            "device": str(build.device()),
+            "backend": type(self.backend).__name__,
+            "pad_id": build.pad_id(self.tokenizer),  # the controller pads batches with it
+        }
 
     @endpoint
     async def weight_endpoint(self) -> Any:

@@ -44,7 +44,6 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     """Every service of the plan, started, set up and supervised by `life`: the other nodes
     attached, the weight store, then all procs at once, their actors, and their set-up."""
     from runtime.actors import GeneratorActor, ReferenceActor, RewardActor, TrainerActor
-    from runtime.backends import build as svc
     from runtime.procs.nodes import attach_nodes
     from runtime.weights import store as weights
 
@@ -117,8 +116,10 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     ]
     if reference is not None:
         setups.append(life.call("reference", reference.setup.call_one(recipe, settings)))
-    trained_by = (await asyncio.gather(*setups))[0]
-    info = next(value for _, value in trained_by.items())
+    answers = await asyncio.gather(*setups)
+    info = next(value for _, value in answers[0].items())
+    # the generators' tokenizer pads batches (the controller loads none of its own)
+    pad_id = answers[1]["pad_id"]
     # FSDPTrainer (a GPU, or several CPU ranks) reports its memory plan; the CPU TitanTrainer
     # runs on one rank and has none.
     if info.get("tokens_per_micro_batch"):
@@ -130,7 +131,4 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
             f"activation checkpointing {ac}",
             flush=True,
         )
-    tokenizer = svc.load_tokenizer(recipe)
-    return Services(
-        life, trainer, generators, reference, reward, plan.reward_procs, svc.pad_id(tokenizer)
-    )
+    return Services(life, trainer, generators, reference, reward, plan.reward_procs, pad_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import torch.nn as nn
 from torchtitan.models.common import Embedding, Linear, RMSNorm
@@ -17,7 +17,7 @@ from torchtitan.models.common.attention import (
 )
 from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
 
-Attention = Literal["sdpa", "flex", "varlen"]
+from runtime.models.spec import Attention
 
 # Only used for random-init models.
 _LINEAR_INIT: dict[str, Callable] = {

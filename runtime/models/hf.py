@@ -11,12 +11,13 @@ import torch
 
 from runtime.models.families import family
 from runtime.models.spec import ModelSpec
-from runtime.models.titan import titan_config
 
 
 def _adapter(spec: ModelSpec) -> Any:
     # The adapters read only shapes, tying and the RoPE flavour from the config, never the
     # attention backend, so an SDPA config serves every variant.
+    from runtime.models.titan import titan_config
+
     return family(spec.family).adapter(titan_config(spec, attention="sdpa"))
 
 

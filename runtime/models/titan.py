@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torchtitan.models.common.decoder import Decoder
 
-from runtime.models.decoder import Attention
 from runtime.models.families import family
-from runtime.models.spec import ModelSpec
+from runtime.models.spec import Attention, ModelSpec
 
 
-def titan_config(spec: ModelSpec, attention: Attention = "sdpa") -> Decoder.Config:
+def titan_config(spec: ModelSpec, attention: Attention = "sdpa") -> Any:
     """The TorchTitan model config for `spec` (what `.build()` turns into the nn.Module)."""
     return family(spec.family).titan_config(spec, attention)
 
@@ -22,7 +22,7 @@ def build_model(
     *,
     seed: int = 0,
     attention: Attention = "sdpa",
-) -> Decoder:
+) -> Any:
     """A TorchTitan decoder with freshly initialised weights (deterministic in `seed`).
 
     Parameters take `dtype`; buffers (RoPE tables) stay float32 so positions keep full precision.

@@ -1,8 +1,17 @@
 """Qwen3: queries and keys normalised per head, plain RoPE (cos/sin tables)."""
 
+from typing import Any
+
 from runtime.models.family import Family
-from runtime.models.qwen3.model import titan_config
 from runtime.models.qwen3.state_dict import adapter, hf_config, hf_model
+
+
+def titan_config(spec: Any, attention: str = "sdpa") -> Any:
+    # TorchTitan's model code only where a TorchTitan model is built (not in generator procs).
+    from runtime.models.qwen3.model import titan_config
+
+    return titan_config(spec, attention)
+
 
 FAMILY = Family(
     name="qwen3",
