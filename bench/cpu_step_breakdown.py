@@ -69,6 +69,7 @@ def main() -> int:
         cmd += ["--steps", str(args.steps)]
     start = time.perf_counter()
     first_step_at = None
+    services_ready_s = None  # as the runtime reports it: every proc started and set up
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -78,6 +79,8 @@ def main() -> int:
         sys.stdout.write(line)
         if first_step_at is None and line.startswith("step 1/"):
             first_step_at = time.perf_counter() - start
+        if services_ready_s is None and line.startswith("services ready in "):
+            services_ready_s = float(line.split()[3])
     code = proc.wait()
     wall = time.perf_counter() - start
     if code != 0:
@@ -109,6 +112,7 @@ def main() -> int:
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "wall_seconds": round(wall, 1),
         "startup_seconds_to_first_step": round(first_step_at or 0.0, 1),
+        "services_ready_seconds": services_ready_s,
         "train_seconds": round(sum(r["time/step_s"] for r in rows), 1),
         "mean_seconds_per_step_after_warmup": breakdown,
         "reward": {
