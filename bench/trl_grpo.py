@@ -7,7 +7,7 @@ On the GPU machine: `bash scripts/gpu/device_run.sh trl` (scripts/gpu/README.md)
 the shape of `gpu_grpo.py grpo` on the qwen3-1.7b recipe, without the Hub:
 
 - model: `Qwen3Config` with recipes/architectures.py's numbers, `from_config` random weights,
-  saved in bf16 with the project's Hub-free tokenizer (runtime/arith, one token per character,
+  saved in bf16 with the project's Hub-free tokenizer (runtime/tasks/arith, one token per character,
   padded to the 151936-id vocabulary); TRL loads that folder, its policy in fp32 (TRL's default,
   like our trainer's fp32 state) under bf16 autocast, vLLM in bf16.
 - step: 16 prompts x 8 completions = 128 per optimizer step, one generation per step

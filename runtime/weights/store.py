@@ -9,7 +9,7 @@ Layout in the store: each version is a few 1-D byte buffers ("buckets") and a ma
          "tensors": {hf_name: (bucket, offset, numel, shape, dtype)}}
 
 ``offset`` is the byte where the tensor starts in ``bucket``; a tensor larger than what is left
-there continues in the next buckets (:mod:`runtime.weight_layout` has the packing rules). The
+there continues in the next buckets (:mod:`runtime.weights.layout` has the packing rules). The
 cap is ``bucket_bytes`` of the :class:`WeightStore` handle, :data:`BUCKET_BYTES` (32 MiB) unless
 given. ``fetch`` returns views into the fetched buckets (copies for tensors split across buckets),
 or fills ``into``.
@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 import torch
 
 from runtime.compat.torchstore import ensure_torchstore_compatible
-from runtime.weight_layout import (
+from runtime.weights.layout import (
     BUCKET_BYTES,
     Packer,
     TensorEntry,
