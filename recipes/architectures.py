@@ -123,6 +123,24 @@ TINY = Arch(
     tie_embeddings=True,
 )
 
+# The tiny task on GPUs: shapes vLLM's attention kernels take (head_dim 64), still small enough
+# to learn the task from scratch in a couple of minutes.
+TINY_GPU = Arch(
+    family="qwen3",
+    size="tiny-gpu",
+    vocab_size=13,
+    dim=256,
+    n_layers=4,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=64,
+    ffn_dim=768,
+    rope_theta=1_000_000.0,
+    norm_eps=1e-6,
+    max_seq_len=64,
+    tie_embeddings=True,
+)
+
 ARCHITECTURES: dict[tuple[str, str], Arch] = {
     (a.family, a.size): a
     for a in (
@@ -136,6 +154,7 @@ ARCHITECTURES: dict[tuple[str, str], Arch] = {
         _llama3("3b", 3072, 28, 24, head_dim=128, ffn_dim=8192, tied=True, rope_factor=32.0),
         _llama3("8b", 4096, 32, 32, head_dim=128, ffn_dim=14336, tied=False, rope_factor=8.0),
         TINY,
+        TINY_GPU,
     )
 }
 

@@ -153,7 +153,7 @@ class Plan:
         if self.settings is not None:
             where = "CPU" if self.cpu else self.accelerator
             lines.append(f"settings (* planned for {where}; set any with --set SECTION.KEY=VALUE):")
-            lines += self.settings.describe(cpu=self.cpu)
+            lines += self.settings.describe(cpu=self.cpu, reference=self.reference_enabled)
         return "\n".join(lines)
 
     def _idle_on(self, node: int) -> int:

@@ -93,11 +93,13 @@ class Settings:
         d["weight_sync"]["expected"] = list(self.weight_sync.expected)
         return d
 
-    def describe(self, cpu: bool = False) -> list[str]:
+    def describe(self, cpu: bool = False, reference: bool = True) -> list[str]:
         """One line per service: `key value`, marked `*` where planned (GPU-only settings
-        left out on CPU)."""
+        left out on CPU, the reference's where there is none)."""
         lines = []
         for section in ("generator", "trainer", "reference", "weight_sync"):
+            if section == "reference" and not reference:
+                continue
             parts = []
             for key, value in asdict(getattr(self, section)).items():
                 if key in ("peak_gb", "expected") or (cpu and key in _GPU_ONLY):

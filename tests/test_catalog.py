@@ -19,8 +19,10 @@ NAMES = [
     "qwen3-4b",
     "qwen3-8b",
     "tiny",
+    "tiny-gpu",
 ]
 GPU_NAMES = [n for n in NAMES if n != "tiny"]
+MODEL_NAMES = [n for n in GPU_NAMES if n != "tiny-gpu"]  # the Qwen3 and Llama recipes
 
 
 def header(name: str) -> str:
@@ -105,7 +107,7 @@ def test_upstream_grpo_settings_on_gsm8k(name, prompts):
 
 
 def test_llama_recipes_are_gated_and_qwen_are_not():
-    for name in GPU_NAMES:
+    for name in MODEL_NAMES:
         assert load_recipe(name).model.gated == name.startswith("llama")
 
 
@@ -123,7 +125,15 @@ def test_every_gpu_recipe_fits_h100_at_its_minimum(name):
     r = load_recipe(name)
     assert r.resources.accelerator == "H100"
     memory = estimate_memory(r)
-    assert set(memory) == {"generator", "reference", "trainer"}
+    services = (
+        {"generator", "reference", "trainer"}
+        if r.layout.reference.enabled
+        else {
+            "generator",
+            "trainer",
+        }
+    )
+    assert set(memory) == services
     assert all(0 < gb <= ACCELERATOR_GB["H100"] for gb in memory.values()), memory
     p = plan(r, minimum_gpus(r))
     assert p.memory == memory and not p.idle_gpus
@@ -147,3 +157,13 @@ def test_tiny_recipe():
     # checkpoints land inside the run, not only at its end
     assert 0 < g.checkpoint_interval < g.steps
     assert g.max_prompt_tokens + g.max_response_tokens <= r.arch.max_seq_len
+
+
+def test_tiny_gpu_recipe_runs_the_tiny_task_on_two_gpus_without_a_reference():
+    r = load_recipe("tiny-gpu")
+    assert not r.layout.reference.enabled and r.grpo.kl_beta == 0
+    assert minimum_gpus(r) == 2
+    p = plan(r, 2)
+    assert p.settings.weight_sync.expected == ("push",)  # generator and trainer apart
+    assert r.arch.head_dim == 64 and r.model.tokenizer == "builtin:tiny"
+    assert r.grpo.max_prompt_tokens + r.grpo.max_response_tokens <= r.arch.max_seq_len
