@@ -139,9 +139,11 @@ def copy_recipe(source: str, dest: str, force: bool = False) -> Path:
 
 def validate(source: str, gpus: int | None, overrides: tuple[str, ...]) -> str:
     """Load, override and plan a recipe; one line saying it is fine (else UserError)."""
+    from launcher.options import check_references
     from recipes import apply_overrides, load_recipe, minimum_gpus, plan
 
     recipe = apply_overrides(load_recipe(source), list(overrides))
+    check_references(recipe, source)
     need = minimum_gpus(recipe)
     count = need if gpus is None else gpus
     run_plan = plan(recipe, count)

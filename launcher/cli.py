@@ -191,6 +191,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from recipes import apply_overrides, load_recipe, minimum_gpus, plan
 
     recipe = apply_overrides(load_recipe(args.recipe), list(_plan_overrides(args)))
+    if recipe.grpo.loss.count(":") or any(":" in r.name for r in recipe.dataset.rewards):
+        from launcher.options import check_references
+
+        check_references(recipe, args.recipe)
     gpus = minimum_gpus(recipe) if args.gpus is None else args.gpus
     run_plan = plan(recipe, gpus)
     print(_json(run_plan.to_dict()) if args.json else run_plan.describe())

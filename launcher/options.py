@@ -21,6 +21,9 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 CHECKPOINT_MOUNT = "/checkpoints"
 # Recipe files from outside the catalog reach the nodes through a file mount here.
 RECIPE_MOUNT_DIR = "/forgesky/recipes"
+# A recipe's own code (a loss or reward named module:function) reaches the nodes here, which
+# the task puts on PYTHONPATH.
+CODE_MOUNT_DIR = "/forgesky/code"
 SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
 # WORKER_PORT (recipes.names, shared with the runtime): the port every node of a multi-node run
 # listens on; node 0's controller takes the others' Monarch workers from there. SkyPilot's own
@@ -66,6 +69,8 @@ class Job:
     # (remote path, local path) when it is a file rather than a catalog name.
     recipe_ref: str
     recipe_mount: tuple[str, str] | None
+    # (remote, local) of every top-level package or module of the user's that the recipe names
+    code_mounts: tuple[tuple[str, str], ...]
     # Overrides the node re-applies with --set (model.hf_id travels as $MODEL instead).
     node_overrides: tuple[str, ...]
     envs: dict[str, str] = field(default_factory=dict)
@@ -104,6 +109,15 @@ def resolve_recipe(source: str, overrides: tuple[str, ...] = ()) -> Recipe:
     return apply_overrides(recipe, list(overrides)) if overrides else recipe
 
 
+def check_references(recipe: Recipe, source: str) -> dict[str, Path]:
+    """The recipe's own code (module:function losses and rewards), checked without importing
+    it; the top-level package or module each lives in, by name."""
+    from recipes.references import check, references, search_path
+
+    refs = references(recipe)
+    return check(refs, search_path(source if is_recipe_file(source) else None)) if refs else {}
+
+
 def resolve_job(source: str, options: LaunchOptions) -> Job:
     """Check every option against the recipe and plan the run; raises UserError."""
     overrides = list(options.overrides)
@@ -134,6 +148,10 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         recipe_ref, mount = remote, (remote, str(Path(source).resolve()))
     else:
         recipe_ref, mount = recipe.name, None
+    code = check_references(recipe, source)
+    code_mounts = tuple(
+        (f"{CODE_MOUNT_DIR}/{local.name}", str(local)) for _, local in sorted(code.items())
+    )
     envs = {
         # Knobs of the task, like SkyPilot's torchforge example: change them with
         # `sky launch --env KEY=VALUE` without re-rendering.
@@ -153,6 +171,7 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         min_gpus=need,
         recipe_ref=recipe_ref,
         recipe_mount=mount,
+        code_mounts=code_mounts,
         node_overrides=node_overrides,
         envs=envs,
     )

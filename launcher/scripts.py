@@ -59,11 +59,13 @@ def run_script(
     gated: bool,
     run_dir: str,
     overrides: Sequence[str] = (),
+    code_path: str | None = None,
 ) -> str:
     """Check the GPUs SkyPilot gave against MIN_GPUS, then start `python -m runtime`.
 
     recipe_ref is what `--recipe` gets on the node: a catalog name or a path there.
-    overrides are `key=value` recipe overrides, passed on as `--set`.
+    overrides are `key=value` recipe overrides, passed on as `--set`. code_path is where the
+    recipe's own code (losses, rewards) is mounted: it goes on PYTHONPATH.
     """
     lines = [
         "set -euo pipefail",
@@ -82,6 +84,11 @@ def run_script(
         "  exit 2",
         "fi",
     ]
+    if code_path:
+        lines += [
+            "# The recipe's own code (module:function losses and rewards), for every proc.",
+            f'export PYTHONPATH="{code_path}${{PYTHONPATH:+:$PYTHONPATH}}"',
+        ]
     if gated:
         lines += [
             'if [ -z "${HF_TOKEN:-}" ]; then',

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import sky
-from launcher.options import CHECKPOINT_MOUNT, Job
+from launcher.options import CHECKPOINT_MOUNT, CODE_MOUNT_DIR, Job
 from launcher.scripts import STOPPED_EXIT_CODE, run_script, setup_script
 from recipes import UserError
 
@@ -64,15 +64,19 @@ def build_task(job: Job, secrets: Mapping[str, str | None], workdir: str) -> sky
             gated=job.recipe.model.gated,
             run_dir=job.run_dir,
             overrides=job.node_overrides,
+            code_path=CODE_MOUNT_DIR if job.code_mounts else None,
         ),
         workdir=workdir,
         num_nodes=job.plan.num_nodes,
         envs=dict(job.envs),
         secrets=dict(secrets),
     )
+    mounts = dict(job.code_mounts)
     if job.recipe_mount is not None:
         remote, local = job.recipe_mount
-        task.set_file_mounts({remote: local})
+        mounts[remote] = local
+    if mounts:
+        task.set_file_mounts(mounts)
     if job.options.checkpoint_bucket:
         # MOUNT_CACHED: checkpoints are written to local disk and uploaded in the background,
         # so a save does not wait on the bucket; SkyPilot flushes the cache before teardown.

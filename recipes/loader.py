@@ -28,6 +28,7 @@ _SELF_DESCRIBING = {
     "template",
     "builtin",
     "blank",
+    "loss_name",
     "share",
     "positive",
 }

@@ -7,8 +7,19 @@ from __future__ import annotations
 # folder (runtime/models/<family>/).
 FAMILIES: tuple[str, ...] = ("qwen3", "llama3")
 
-# Policy losses built into the runtime (runtime/grpo.py).
-LOSSES: tuple[str, ...] = ("grpo", "dr_grpo", "gspo")
+# Policy losses built into the runtime (runtime/grpo/losses.py); a recipe may also name its own
+# as module:function.
+LOSSES: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo")
+# How a loss turns per-token terms into one number (runtime/grpo/losses.py), and each built-in's.
+AGGREGATIONS: tuple[str, ...] = ("sequence_mean", "token_mean", "constant")
+LOSS_AGGREGATION: dict[str, str] = {
+    "grpo": "sequence_mean",
+    "dr_grpo": "constant",
+    "dapo": "token_mean",
+    "gspo": "sequence_mean",
+    "cispo": "token_mean",
+    "sapo": "sequence_mean",
+}
 
 # Tasks shipped with the runtime (runtime/tasks/<name>/): `builtin:<name>` in a recipe's
 # dataset.path, model.tokenizer or reward names one of them.

@@ -26,7 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from recipes.architectures import ARCHITECTURES, Arch, architecture, sizes
 from recipes.memory import estimate_memory, memory_errors
-from recipes.names import BUILTIN_TASKS, FAMILIES, LOSSES
+from recipes.names import BUILTIN_TASKS, FAMILIES, LOSS_AGGREGATION, LOSSES
 
 BUILTIN_REWARDS = ("math", "format")
 DEFAULT_PROMPT_TEMPLATE = "{question}\nThink step by step, then give the final answer after '####'."
@@ -127,7 +127,8 @@ class Grpo(_Strict):
     kl_beta: float = Field(ge=0)
     clip_low: float = Field(ge=0)
     clip_high: float = Field(ge=0)
-    loss: Literal[LOSSES]
+    # a built-in (grpo, dr_grpo, dapo, gspo, cispo, sapo) or module:function of your own
+    loss: Identifier
     max_policy_age: int = Field(ge=0)
     # Prompts of this many steps go to the generators in one call (fuller decode batches, for a
     # generator that would otherwise wait on its own KV cache); the call's last step is trained
@@ -143,6 +144,62 @@ class Grpo(_Strict):
     warmup_steps: int = Field(default=0, ge=0)
     # after warmup: hold the learning rate, or decay it linearly to 0 at the last step
     lr_schedule: Literal["constant", "linear"] = "constant"
+    # KL to the reference: its estimator (k1, k2, k3) and where it goes: a term of the loss
+    # (weight kl_beta), or subtracted from each completion's reward before advantages
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_placement: Literal["loss", "reward"] = "loss"
+    # the entropy bonus: the loss less entropy_coef x the policy's entropy (0: off; the entropy
+    # is a metric of every step either way)
+    entropy_coef: float = Field(default=0.0, ge=0)
+    # how per-token terms become one loss: auto is the loss's own (runtime/grpo/losses.py)
+    aggregation: Literal["auto", "sequence_mean", "token_mean", "constant"] = "auto"
+    # advantages scaled by the group's population std (mean 0, RMS 1) or its sample std
+    advantage_std: Literal["population", "sample"] = "population"
+    # DAPO's dynamic sampling: groups whose completions all scored alike are dropped and
+    # sampling goes on until prompts_per_step informative groups are queued, drawing at most
+    # dynamic_sampling_max_draws x prompts_per_step groups a step (then the rest are kept);
+    # auto: on for dapo
+    dynamic_sampling: bool | Literal["auto"] = "auto"
+    dynamic_sampling_max_draws: int = Field(default=3, ge=1)
+    # DAPO's soft overlong punishment: a completion within this many tokens of
+    # max_response_tokens loses up to 1 (linearly), one that ran into the limit 1; auto: a
+    # quarter of max_response_tokens for dapo, else 0 (off)
+    overlong_buffer_tokens: int | Literal["auto"] = "auto"
+    # DAPO's overlong filtering: completions cut at max_response_tokens carry no loss
+    mask_truncated: bool = False
+    # SAPO's gate temperatures (positive and negative advantages)
+    sapo_tau_pos: float = Field(default=1.0, gt=0)
+    sapo_tau_neg: float = Field(default=1.05, gt=0)
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, name: str) -> str:
+        if name in LOSSES or (":" in name and all(name.split(":", 1))):
+            return name
+        raise PydanticCustomError(
+            "loss_name",
+            "unknown loss '{name}'; use {known} or module:function",
+            {"name": name, "known": ", ".join(LOSSES)},
+        )
+
+    @property
+    def aggregation_mode(self) -> str:
+        """The aggregation the loss runs with ("auto" resolved; module:function losses take
+        sequence_mean)."""
+        if self.aggregation != "auto":
+            return self.aggregation
+        return LOSS_AGGREGATION.get(self.loss, "sequence_mean")
+
+    @property
+    def uses_dynamic_sampling(self) -> bool:
+        return self.loss == "dapo" if self.dynamic_sampling == "auto" else self.dynamic_sampling
+
+    @property
+    def overlong_buffer(self) -> int:
+        """Tokens of soft overlong punishment before max_response_tokens (0: none)."""
+        if self.overlong_buffer_tokens != "auto":
+            return self.overlong_buffer_tokens
+        return self.max_response_tokens // 4 if self.loss == "dapo" else 0
 
 
 class GeneratorLayout(_Strict):
@@ -295,6 +352,13 @@ def _consistency_errors(r: Recipe) -> list[str]:
             f"{fam} {size} context of {arch.max_seq_len} tokens"
         )
     g = r.grpo
+    if g.overlong_buffer > g.max_response_tokens:
+        errors.append(
+            f"grpo.overlong_buffer_tokens: {g.overlong_buffer} exceeds grpo.max_response_tokens "
+            f"{g.max_response_tokens}"
+        )
+    if g.kl_placement == "reward" and not r.layout.reference.enabled and g.kl_beta:
+        errors.append("grpo.kl_placement: reward needs a reference (layout.reference.enabled)")
     if g.steps_per_call > g.max_policy_age + 1:
         errors.append(
             f"grpo.steps_per_call: {g.steps_per_call} needs grpo.max_policy_age >= "

@@ -115,6 +115,21 @@ def _accelerator(recipe) -> str | None:
     return found if found in accepted else None
 
 
+def _make_user_code_importable(recipe, source: str) -> None:
+    """Check the recipe's own code (a loss or reward named module:function) and let every proc
+    import it: the folders it lives in go first on the PYTHONPATH the procs inherit."""
+    from recipes.references import check, references, search_path
+
+    refs = references(recipe)
+    if not refs:
+        return
+    roots = check(refs, search_path(source))
+    folders = [str(path.parent) for path in roots.values()]
+    current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*folders, *current]))
+    sys.path[:0] = [f for f in folders if f not in sys.path]
+
+
 def parse_config(argv: list[str] | None, prog: str = "python -m runtime"):
     """Parse arguments into a RunConfig: recipe (with overrides) and its plan."""
     from recipes import apply_overrides, load_recipe, plan
@@ -145,6 +160,7 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime"):
     wandb_mode = args.wandb or os.environ.get("WANDB_MODE") or "disabled"
     if wandb_mode not in ("online", "offline", "disabled"):
         raise UserError(f"WANDB_MODE must be online, offline or disabled (got {wandb_mode!r})")
+    _make_user_code_importable(recipe, args.recipe)
     return RunConfig(
         recipe=recipe,
         plan=run_plan,

@@ -307,7 +307,7 @@ def test_gradient_step_raises_logprob_of_positive_advantage_sequence(variant):
     assert after[1].sum() < before[1].sum()
 
 
-@pytest.mark.parametrize("variant", ["grpo", "dr_grpo", "gspo"])
+@pytest.mark.parametrize("variant", ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo"])
 def test_micro_batches_sum_to_the_whole_batch(variant):
     gen = torch.Generator().manual_seed(1)
     lp = (-torch.rand(4, 5, generator=gen)).requires_grad_(True)
@@ -318,7 +318,9 @@ def test_micro_batches_sum_to_the_whole_batch(variant):
     kw = dict(variant=variant, kl_beta=0.1, max_response_tokens=5, **CLIP)
     whole, _ = policy_loss(lp, old, ref, adv, mask, **kw)
     parts = [
-        policy_loss(lp[s], old[s], ref[s], adv[s], mask[s], num_sequences=4, **kw)[0]
+        policy_loss(
+            lp[s], old[s], ref[s], adv[s], mask[s], num_sequences=4, num_tokens=mask.sum(), **kw
+        )[0]
         for s in (slice(0, 1), slice(1, 4))
     ]
     torch.testing.assert_close(parts[0] + parts[1], whole)
@@ -335,7 +337,7 @@ def test_bfloat16_logprobs_give_float32_loss_and_bf16_gradient():
 def test_rejects_unknown_variant_and_bad_shapes():
     lp = leaf([[-1.0, -1.0]])
     mask = torch.ones(1, 2, dtype=torch.bool)
-    with pytest.raises(ValueError, match="unknown loss variant"):
+    with pytest.raises(ValueError, match="grpo.loss 'ppo': use one of grpo, dr_grpo"):
         policy_loss(lp, None, None, torch.ones(1), mask, variant="ppo")
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(lp, None, None, torch.ones(2), mask)

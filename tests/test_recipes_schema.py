@@ -69,7 +69,7 @@ def error_of(fn, *args) -> str:
             "grpo",
             "loss",
             "ppo",
-            "grpo.loss: Input should be 'grpo', 'dr_grpo' or 'gspo' (got 'ppo')",
+            "grpo.loss: unknown loss 'ppo'; use grpo, dr_grpo, dapo, gspo, cispo, sapo or module:function",
         ),
         (
             "grpo",
@@ -239,7 +239,10 @@ def test_unknown_and_missing_keys(tmp_path):
     data = catalog_data()
     data["grpo"]["stepz"] = 3
     message = error_of(load_recipe, write(tmp_path, data))
-    assert "grpo.stepz: unknown key; valid keys here: checkpoint_interval, clip_high" in message
+    assert (
+        "grpo.stepz: unknown key; valid keys here: advantage_std, aggregation, checkpoint_interval"
+        in message
+    )
     data = catalog_data()
     data["layout"]["trainer"]["dp"] = 2
     assert "layout.trainer.dp: unknown key; valid keys here: gpus" in error_of(
@@ -341,7 +344,7 @@ def test_overrides_apply_and_revalidate():
 def test_override_mistakes():
     base = load_recipe("qwen3-8b")
     assert error_of(apply_overrides, base, ["grpo.stepz=3"]).startswith(
-        "unknown key 'grpo.stepz'; valid keys under grpo: checkpoint_interval, clip_high, clip_low"
+        "unknown key 'grpo.stepz'; valid keys under grpo: advantage_std, aggregation, checkpoint_interval"
     )
     assert (
         "valid keys under the top level: dataset, description, generator, grpo, layout, model, "

@@ -35,6 +35,9 @@ class TrainerActor(Actor):
         self.recipe, self.settings, self.store = recipe, settings, store
         torch.manual_seed(recipe.grpo.seed)
         spec = build.model_spec(recipe)
+        from runtime.grpo import resolve_loss
+
+        resolve_loss(recipe.grpo.loss)  # a loss of the user's: imported now, not at step 1
         self.backend = build.TrainerConfig(recipe, settings.trainer).build()
         return {
             "params": spec.num_params(),
@@ -49,7 +52,7 @@ class TrainerActor(Actor):
     async def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
         """One optimizer step on a batch (runtime.control.batching.train_batch); each rank
         trains on its share of the rows, the stats cover the whole batch."""
-        from runtime.grpo import policy_loss
+        from runtime.grpo import LossConfig, policy_loss
 
         g = self.recipe.grpo
         start = time.perf_counter()
@@ -60,11 +63,9 @@ class TrainerActor(Actor):
             batch["old_logprobs"],
             batch["ref_logprobs"],
             policy_loss,
-            variant=g.loss,
-            clip_low=g.clip_low,
-            clip_high=g.clip_high,
-            kl_beta=g.kl_beta,
+            config=LossConfig.from_grpo(g),
             max_response_tokens=g.max_response_tokens,
+            loss_mask=batch.get("loss_mask"),
         )
         stats["time/train_s"] = time.perf_counter() - start
         return stats

@@ -20,8 +20,8 @@ from torch import Tensor
 
 FinishReason = Literal["stop", "length"]
 
-# `loss_fn(logprobs, old_logprobs, ref_logprobs, advantages, mask, **kwargs) -> (loss, stats)`,
-# e.g. `runtime.grpo.policy_loss`.
+# `loss_fn(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, entropy, loss_mask,
+# num_sequences, num_tokens, **kwargs) -> (loss, stats)`: `runtime.grpo.policy_loss`.
 LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
 
 
@@ -120,3 +120,27 @@ def token_logprobs(
     out = torch.zeros(tokens.shape, dtype=picked.dtype, device=picked.device)
     out[:, 1:] = picked
     return out.masked_fill(~response_mask.bool(), 0.0)
+
+
+def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """The entropy of `softmax(logits / temperature)` over the last dimension, in fp32."""
+    scaled = logits.float()
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    return torch.logsumexp(scaled, dim=-1) - (torch.softmax(scaled, dim=-1) * scaled).sum(dim=-1)
+
+
+def loss_inputs(
+    loss_kwargs: dict[str, Any], response_mask: Tensor
+) -> tuple[dict[str, Any], Tensor | None, int]:
+    """What a trainer needs to hand a batch's micro-batches to `runtime.grpo.policy_loss`:
+    the loss keywords with the whole batch's counts (`num_sequences`, `num_tokens`), the loss
+    mask (`loss_mask` taken out of them, to be sliced per micro-batch), and how to compute the
+    entropy (1: a metric without graph; 2: with its graph, for an entropy bonus)."""
+    kwargs = dict(loss_kwargs)
+    loss_mask = kwargs.pop("loss_mask", None)
+    config = kwargs.get("config")
+    coef = config.entropy_coef if config is not None else kwargs.get("entropy_coef", 0.0)
+    counted = response_mask if loss_mask is None else loss_mask & response_mask.bool()
+    kwargs.update(num_sequences=response_mask.shape[0], num_tokens=int(counted.sum()))
+    return kwargs, loss_mask, 2 if coef else 1

@@ -20,10 +20,26 @@ def head_logprobs(
     copy, logsumexp's pass, and their gradients). `wrap_blocks(compile=True)` swaps in a
     compiled copy: one kernel reads the projection's bf16 output and reduces it.
     """
+    return head_outputs(lm_head, hidden, target, temperature, 0)[0]
+
+
+def head_outputs(
+    lm_head: torch.nn.Module, hidden: Tensor, target: Tensor, temperature: float, entropy: int
+) -> tuple[Tensor, Tensor | None]:
+    """`head_logprobs`, and with `entropy` 1 the entropy of each row's distribution (no graph:
+    a metric), with 2 the entropy with its graph (the recipe's entropy bonus)."""
     logits = lm_head(hidden).float()  # [N, V]
     if temperature != 1.0:
         logits = logits / temperature
-    return logits.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    lp = logits.gather(-1, target[:, None]).squeeze(-1) - lse
+    if entropy == 0:
+        return lp, None
+    if entropy == 1:
+        with torch.no_grad():
+            z = logits.detach()
+            return lp, lse.detach() - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+    return lp, lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
 
 
 def micro_batches(tokens: Tensor, budget: int) -> list[slice]:
@@ -53,6 +69,7 @@ def wrap_blocks(
         block.forward = forward
     if compile and compile_head:
         model._head_logprobs = torch.compile(head_logprobs, dynamic=True)
+        model._head_outputs = torch.compile(head_outputs, dynamic=True)
 
 
 def _checkpointed(forward: Any) -> Any:

@@ -42,13 +42,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from runtime.backends.base import LossFn
-from runtime.backends.blocks import head_logprobs, micro_batches, wrap_blocks
+from runtime.backends.base import LossFn, loss_inputs
+from runtime.backends.blocks import head_logprobs, head_outputs, micro_batches, wrap_blocks
 from runtime.backends.titan_trainer import OptimizerConfig
 from runtime.models import ModelSpec, build_model, to_hf
 
 # Stats that add up across micro-batches and ranks; the rest are averaged weighted by tokens.
-_SUMMED = ("loss", "pg_loss", "response_tokens")
+_SUMMED = ("loss", "pg_loss", "response_tokens")  # runtime.grpo.SUMMED_STATS
 
 
 WORLD_ENV = "FORGESKY_TRAINER_WORLD_SIZE"
@@ -71,9 +71,15 @@ def init_distributed() -> int:
 
 
 def response_logprobs(
-    model: torch.nn.Module, tokens: Tensor, response_mask: Tensor, temperature: float = 1.0
-) -> Tensor:
-    """`lp[b, t] = log softmax(logits / T)[tokens[b, t]]` at response positions, else 0.
+    model: torch.nn.Module,
+    tokens: Tensor,
+    response_mask: Tensor,
+    temperature: float = 1.0,
+    entropy: int = 0,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """`lp[b, t] = log softmax(logits / T)[tokens[b, t]]` at response positions, else 0; with
+    `entropy` (1: a metric, 2: with its graph) also the entropy of the distribution that
+    predicted each response token, `(lp, entropy)`.
 
     Same values as `runtime.backends.base.token_logprobs`, but the output projection runs only
     on positions whose next token is a response token. `model` must have `_skip_lm_head` set.
@@ -82,10 +88,18 @@ def response_logprobs(
         raise ValueError(f"temperature must be > 0 (got {temperature})")
     hidden = model(tokens)  # [B, T, D] after the final norm
     predicts = response_mask[:, 1:].bool()  # position t-1 predicts token t
-    head = getattr(model, "_head_logprobs", head_logprobs)
-    picked = head(model.lm_head, hidden[:, :-1][predicts], tokens[:, 1:][predicts], temperature)
-    out = torch.zeros(tokens.shape, dtype=picked.dtype, device=picked.device)
-    out[:, 1:] = out[:, 1:].masked_scatter(predicts, picked)
+    rows, target = hidden[:, :-1][predicts], tokens[:, 1:][predicts]
+    if not entropy:
+        head = getattr(model, "_head_logprobs", head_logprobs)
+        return _scatter(head(model.lm_head, rows, target, temperature), predicts, tokens.shape)
+    head = getattr(model, "_head_outputs", head_outputs)
+    lp, ent = head(model.lm_head, rows, target, temperature, entropy)
+    return _scatter(lp, predicts, tokens.shape), _scatter(ent, predicts, tokens.shape)
+
+
+def _scatter(values: Tensor, predicts: Tensor, shape: torch.Size) -> Tensor:
+    out = torch.zeros(shape, dtype=values.dtype, device=values.device)
+    out[:, 1:] = out[:, 1:].masked_scatter(predicts, values)
     return out
 
 
@@ -160,10 +174,14 @@ class FSDPTrainer:
             return torch.autocast("cuda", dtype=self.compute_dtype)
         return contextlib.nullcontext()
 
-    def _forward(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
+    def _forward(self, tokens: Tensor, response_mask: Tensor, entropy: int = 0) -> Any:
         with self._autocast():
             return response_logprobs(
-                self.model, tokens.to(self.device), response_mask.to(self.device), self.temperature
+                self.model,
+                tokens.to(self.device),
+                response_mask.to(self.device),
+                self.temperature,
+                entropy,
             )
 
     def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
@@ -191,7 +209,7 @@ class FSDPTrainer:
         """One AdamW step on the whole batch (micro-batches accumulate; ranks split the rows)."""
         batch = tokens.shape[0]
         rows = self._my_rows(batch)
-        loss_kwargs = {**loss_kwargs, "num_sequences": batch}
+        loss_kwargs, loss_mask, entropy = loss_inputs(loss_kwargs, response_mask)
         # FSDP averages gradients over ranks; each rank's loss is its share of the batch's sum.
         scale = float(self.world)
         self.optimizer.zero_grad(set_to_none=True)
@@ -202,13 +220,15 @@ class FSDPTrainer:
         for part in micro_batches(local, self.tokens_per_micro_batch):
             sel = slice(rows.start + part.start, rows.start + part.stop)
             mask = response_mask[sel].to(self.device)
-            lp = self._forward(tokens[sel], mask)
+            lp, ent = self._forward(tokens[sel], mask, entropy)
             loss, stats = loss_fn(
                 lp,
                 None if old_logprobs is None else old_logprobs[sel].to(self.device),
                 None if ref_logprobs is None else ref_logprobs[sel].to(self.device),
                 advantages[sel].to(self.device),
                 mask,
+                entropy=ent,
+                loss_mask=None if loss_mask is None else loss_mask[sel].to(self.device),
                 **loss_kwargs,
             )
             (loss * scale if scale != 1.0 else loss).backward()

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from runtime.backends.base import LossFn, token_logprobs
+from runtime.backends.base import LossFn, loss_inputs, token_entropy, token_logprobs
 from runtime.backends.blocks import micro_batches, wrap_blocks
 from runtime.models import ModelSpec, build_model, to_hf
 
@@ -126,9 +126,21 @@ class TitanTrainer:
         self.step = 0
 
     def _forward_logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
-        tokens = tokens.to(self.device)
+        return self._forward(tokens, response_mask)[0]
+
+    def _forward(self, tokens: Tensor, response_mask: Tensor, entropy: int = 0) -> Any:
+        """(log-probs, entropy of the distribution that predicted each response token, or
+        None); `entropy` 1 computes it without graph, 2 with."""
+        tokens, mask = tokens.to(self.device), response_mask.to(self.device)
         logits = self.model(tokens)
-        return token_logprobs(logits, tokens, response_mask.to(self.device), self.temperature)
+        lp = token_logprobs(logits, tokens, mask, self.temperature)
+        if not entropy:
+            return lp, None
+        with torch.set_grad_enabled(entropy == 2 and torch.is_grad_enabled()):
+            source = logits if entropy == 2 else logits.detach()
+            ent = torch.zeros(tokens.shape, device=lp.device)
+            ent[:, 1:] = token_entropy(source[:, :-1], self.temperature)
+            return lp, ent.masked_fill(~mask.bool(), 0.0)
 
     def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
         """Teacher-forced log-probs `[B, T]` of the current policy (0 off the response)."""
@@ -151,24 +163,25 @@ class TitanTrainer:
         chunks = [slice(0, batch)]
         if self.tokens_per_micro_batch:
             chunks = micro_batches(tokens, self.tokens_per_micro_batch)
-        if len(chunks) > 1:
-            loss_kwargs = {**loss_kwargs, "num_sequences": batch}
+        loss_kwargs, loss_mask, entropy = loss_inputs(loss_kwargs, response_mask)
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
         weights: list[tuple[float, dict[str, float]]] = []
         for part in chunks:
             mask = response_mask[part].to(self.device)
-            lp = self._forward_logprobs(tokens[part], mask)
+            lp, ent = self._forward(tokens[part], mask, entropy)
             loss, stats = loss_fn(
                 lp,
                 None if old_logprobs is None else old_logprobs[part].to(self.device),
                 None if ref_logprobs is None else ref_logprobs[part].to(self.device),
                 advantages[part].to(self.device),
                 mask,
+                entropy=ent,
+                loss_mask=None if loss_mask is None else loss_mask[part].to(self.device),
                 **loss_kwargs,
             )
             loss.backward()
-            weights.append((float(mask.sum()), stats))
+            weights.append((float(stats.get("response_tokens", mask.sum())), stats))
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.optim_config.max_grad_norm
         )

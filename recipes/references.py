@@ -1,0 +1,133 @@
+"""A recipe's references to code of the user's own (`grpo.loss: mypkg.losses:my_loss`, a reward
+`mypkg.rewards:exact`): found and checked without importing them, so `validate` answers on a
+laptop that has no torch, and the launcher knows which folders to bring to the nodes.
+
+A reference is `module:function`. The module is looked for on the search path (the recipe's
+folder, the current directory, then Python's path) by file, without running it; the function
+must be defined at its top level (or bound there by an assignment or import, which is not
+checked further); a `def` must take the arguments the runtime passes (a loss `(inputs, config)`,
+a reward `(prompt, completion, answer)`).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipes.errors import UserError
+from recipes.names import LOSSES
+
+BUILTIN_REWARDS = ("math", "format")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One `module:function` of the user's: where the recipe names it, and how it is called."""
+
+    field: str  # e.g. "grpo.loss", "dataset.rewards.0.name"
+    spec: str
+    arguments: tuple[str, ...]
+
+    @property
+    def module(self) -> str:
+        return self.spec.partition(":")[0]
+
+    @property
+    def function(self) -> str:
+        return self.spec.partition(":")[2]
+
+
+def references(recipe: Any) -> list[Reference]:
+    """Every `module:function` the recipe names."""
+    found = []
+    if recipe.grpo.loss not in LOSSES:
+        found.append(Reference("grpo.loss", recipe.grpo.loss, ("inputs", "config")))
+    for i, reward in enumerate(recipe.dataset.rewards):
+        name = reward.name
+        if name not in BUILTIN_REWARDS and not name.startswith("builtin:"):
+            found.append(
+                Reference(f"dataset.rewards.{i}.name", name, ("prompt", "completion", "answer"))
+            )
+    return found
+
+
+def search_path(recipe_source: str | None = None) -> list[Path]:
+    """Where a recipe's modules are looked for: its own folder (when it is a file), the current
+    directory, then Python's path."""
+    paths = []
+    if recipe_source and Path(recipe_source).is_file():
+        paths.append(Path(recipe_source).resolve().parent)
+    paths.append(Path.cwd())
+    paths += [Path(p) for p in sys.path if p]
+    return list(dict.fromkeys(paths))
+
+
+def locate(module: str, paths: Iterable[Path]) -> tuple[Path, Path] | None:
+    """(the module's file, the folder on the path its top-level package or module lives in),
+    found by file names alone; None when it is nowhere."""
+    parts = module.split(".")
+    for root in paths:
+        base = root.joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file() and all(
+                (root.joinpath(*parts[:i]) / "__init__.py").is_file() for i in range(1, len(parts))
+            ):
+                return candidate, root
+    return None
+
+
+def check(refs: Sequence[Reference], paths: Iterable[Path]) -> dict[str, Path]:
+    """Check every reference; the top-level package or module each lives in, by its name (what
+    a node needs to import them). Raises UserError (one line) for the first that is wrong."""
+    paths = list(paths)
+    roots: dict[str, Path] = {}
+    for ref in refs:
+        where = f"{ref.field} {ref.spec!r}"
+        found = locate(ref.module, paths)
+        if found is None:
+            raise UserError(
+                f"{where}: module {ref.module!r} not found (looked in the recipe's folder, the "
+                "current directory and the Python path)"
+            )
+        file, root = found
+        _check_function(where, file, ref)
+        top = ref.module.split(".")[0]
+        roots[top] = root / top if (root / top).is_dir() else root / f"{top}.py"
+    return roots
+
+
+def _check_function(where: str, file: Path, ref: Reference) -> None:
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+    except (OSError, SyntaxError, ValueError) as e:
+        raise UserError(f"{where}: cannot read {file}: {e}") from None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == ref.function:
+            args = node.args
+            positional = [*args.posonlyargs, *args.args]
+            if args.vararg is None and len(positional) != len(ref.arguments):
+                have = ", ".join(a.arg for a in positional)
+                raise UserError(
+                    f"{where}: {ref.function} must take ({', '.join(ref.arguments)}), "
+                    f"it takes ({have})"
+                )
+            return
+        if _binds(node, ref.function):
+            return  # assigned or imported: found, its arguments are the runtime's to check
+    raise UserError(f"{where}: {file.name} has no function {ref.function!r}")
+
+
+def _binds(node: ast.stmt, name: str) -> bool:
+    if isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    if isinstance(node, ast.AnnAssign | ast.AugAssign):
+        return isinstance(node.target, ast.Name) and node.target.id == name
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return any((a.asname or a.name.split(".")[0]) == name for a in node.names)
+    if isinstance(node, ast.ClassDef):
+        return node.name == name
+    return False
