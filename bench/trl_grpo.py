@@ -123,7 +123,7 @@ def prompts(count: int, prompt_tokens: int) -> list[str]:
     from runtime.tasks.arith import rows
 
     chars = prompt_tokens - 1
-    return [r["question"][:chars].ljust(chars) for r in rows(count)]
+    return [r["question"][:chars].ljust(chars) for r in rows(count=count)]
 
 
 def distinct_share(completion_ids: list[list[int]], **_: Any) -> list[float]:

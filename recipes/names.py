@@ -24,6 +24,8 @@ LOSS_AGGREGATION: dict[str, str] = {
 # Tasks shipped with the runtime (runtime/tasks/<name>/): `builtin:<name>` in a recipe's
 # dataset.path, model.tokenizer or reward names one of them.
 BUILTIN_TASKS: tuple[str, ...] = ("tiny", "arith")
+# The splits each of them has: "train" to learn from, "test" held out for evaluation.
+BUILTIN_SPLITS: tuple[str, ...] = ("train", "test")
 
 # Monarch's own launchers use this port for their worker loops (monarch/_src/job/spmd.py).
 WORKER_PORT = 26600

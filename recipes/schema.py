@@ -11,7 +11,9 @@ from the GPU type and the layout (recipes/settings.py) and shown by `forgesky pl
 
 from __future__ import annotations
 
+import json
 import string
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -26,7 +28,7 @@ from pydantic_core import PydanticCustomError
 
 from recipes.architectures import ARCHITECTURES, Arch, architecture, sizes
 from recipes.memory import estimate_memory, memory_errors
-from recipes.names import BUILTIN_TASKS, FAMILIES, LOSS_AGGREGATION, LOSSES
+from recipes.names import BUILTIN_SPLITS, BUILTIN_TASKS, FAMILIES, LOSS_AGGREGATION, LOSSES
 
 BUILTIN_REWARDS = ("math", "format")
 DEFAULT_PROMPT_TEMPLATE = "{question}\nThink step by step, then give the final answer after '####'."
@@ -202,6 +204,35 @@ class Grpo(_Strict):
         return self.max_response_tokens // 4 if self.loss == "dapo" else 0
 
 
+class Eval(_Strict):
+    """Evaluation on held-out prompts, on the generators, during training and at its end."""
+
+    enabled: bool = False
+    # the held-out split of the dataset section's data (its columns and template); builtin
+    # tasks have "test"; `path` names other data instead (a held-out file, say)
+    split: Identifier = "test"
+    path: Identifier | None = None
+    # the first this many prompts of the split, in its order (the same prompts every time)
+    prompts: int = Field(default=256, ge=1)
+    # an evaluation every this many steps (0: none during training), of the initial policy
+    # (not on a resume) and after the last step
+    every: int = Field(default=0, ge=0)
+    at_start: bool = True
+    at_end: bool = True
+    # greedy pass@1, and pass@k estimated from `samples` completions a prompt sampled at the
+    # run's temperature (k = 1: greedy alone)
+    k: int = Field(default=1, ge=1)
+    samples: int | None = Field(default=None, ge=1)
+    # the reward that says a completion is correct (default: the recipe's first), and the score
+    # that counts as correct
+    reward: Identifier | None = None
+    correct_at: float = 1.0
+
+    @property
+    def samples_drawn(self) -> int:
+        return self.samples if self.samples is not None else self.k
+
+
 class GeneratorLayout(_Strict):
     tp: int = Field(default=1, ge=1)
     replicas: int = Field(default=1, ge=1)
@@ -316,6 +347,7 @@ class Recipe(_Strict):
     grpo: Grpo
     layout: Layout = Layout()
     resources: Resources = Resources()
+    eval: Eval = Eval()
     generator: GeneratorSettings = GeneratorSettings()
     trainer: TrainerSettings = TrainerSettings()
     reference: ReferenceSettings = ReferenceSettings()
@@ -339,6 +371,59 @@ class Recipe(_Strict):
         return self
 
 
+def _eval_errors(r: Recipe) -> list[str]:
+    e = r.eval
+    if not e.enabled:
+        return []
+    errors = []
+    if e.k > e.samples_drawn:
+        errors.append(
+            f"eval.k: pass@{e.k} needs at least {e.k} samples a prompt, but eval.samples is "
+            f"{e.samples_drawn}"
+        )
+    path = e.path or r.dataset.path
+    if path.startswith("builtin:"):
+        if e.split not in BUILTIN_SPLITS:
+            errors.append(
+                f"eval.split: the shipped task {path} has no split {e.split!r} "
+                f"(it has {', '.join(BUILTIN_SPLITS)})"
+            )
+    elif path == r.dataset.path and e.split == r.dataset.split:
+        errors.append(
+            f"eval.split: {e.split!r} is the split the run trains on (dataset.split); name a "
+            "held-out one, or held-out data as eval.path"
+        )
+    else:
+        errors += _local_split_errors(path, e.split, same_data=path == r.dataset.path)
+    names = [w.name for w in r.dataset.rewards]
+    if e.reward is not None and e.reward not in names:
+        errors.append(
+            f"eval.reward: {e.reward!r} is not one of the recipe's rewards ({', '.join(names)})"
+        )
+    return errors
+
+
+def _local_split_errors(path: str, split: str, *, same_data: bool) -> list[str]:
+    """What a look at local data (where it is on this machine) says about an eval split: a data
+    file has no splits of its own, a saved dataset lists its splits. Hub data is checked when
+    the run loads it."""
+    local = Path(path).expanduser()
+    if local.is_file() and same_data:
+        return [
+            f"eval: {path} is one data file, the one the run trains on; name a held-out file "
+            "as eval.path"
+        ]
+    listing = local / "dataset_dict.json"
+    if listing.is_file():
+        try:
+            splits = json.loads(listing.read_text()).get("splits", [])
+        except (OSError, ValueError, AttributeError):
+            return []
+        if split not in splits:
+            return [f"eval.split: {path} has no split {split!r} (it has {', '.join(splits)})"]
+    return []
+
+
 def _consistency_errors(r: Recipe) -> list[str]:
     fam, size = r.model.family, r.model.size
     if (fam, size) not in ARCHITECTURES:
@@ -352,6 +437,7 @@ def _consistency_errors(r: Recipe) -> list[str]:
             f"{fam} {size} context of {arch.max_seq_len} tokens"
         )
     g = r.grpo
+    errors += _eval_errors(r)
     if g.overlong_buffer > g.max_response_tokens:
         errors.append(
             f"grpo.overlong_buffer_tokens: {g.overlong_buffer} exceeds grpo.max_response_tokens "

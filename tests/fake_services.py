@@ -37,8 +37,13 @@ class FakeServices:
     staleness: list[int] = field(default_factory=list)  # per trained row
     trained_prompts: list[list[int]] = field(default_factory=list)  # per step
     calls: list[tuple[int, int]] = field(default_factory=list)  # (replica, version) per call
+    greedy_calls: list[tuple[int, int]] = field(default_factory=list)  # those at temperature 0
     failures: list[BaseException] = field(default_factory=list)
     in_flight: int = 0  # generate calls running now
+    # prompts whose completions all score 0 (no learning signal): prompt id % this == 0
+    flat_every: int = 0
+    advantages: list[list[float]] = field(default_factory=list)  # per step
+    reward_name: str = "builtin:tiny"  # the key of the one reward's score
 
     def __post_init__(self) -> None:
         self.loaded = [-1] * self.generators
@@ -48,9 +53,14 @@ class FakeServices:
         if seconds or self.jitter:
             await asyncio.sleep(seconds + self._rng.uniform(0, self.jitter))
 
-    async def generate(self, replica: int, prompts: list, seed: int) -> list[dict[str, Any]]:
+    async def generate(
+        self, replica: int, prompts: list, seed: int, n: int | None = None, temperature=None
+    ) -> list[dict[str, Any]]:
         version = self.loaded[replica]
+        group = self.group_size if n is None else n
         self.calls.append((replica, version))
+        if temperature == 0:
+            self.greedy_calls.append((replica, version))
         self.in_flight += 1
         try:
             await self._pause(self.generate_s)
@@ -60,22 +70,32 @@ class FakeServices:
         for messages in prompts:
             text = messages[-1]["content"]
             prompt_id = int(text.split()[-1])
-            for j in range(self.group_size):
+            for j in range(group):
                 response = [VERSION_TOKEN + version, 10 + j, 20 + prompt_id % 7][: 1 + j % 3]
+                # greedy decoding "learns": right (":0") once the version reaches prompt_id % 8
+                greedy_right = version >= prompt_id % 8
+                text = f"{prompt_id}:{j}" if temperature != 0 or greedy_right else f"{prompt_id}:9"
                 out.append(
                     {
                         "prompt_ids": [1, PROMPT_TOKEN + prompt_id],
                         "response_ids": response,
                         "response_logprobs": [-0.5] * len(response),
-                        "text": f"{prompt_id}:{j}",
+                        "text": text,
                         "policy_version": version,
                     }
                 )
         return out
 
     async def score(self, items: list[tuple[str, str, str]]) -> list[tuple[float, dict]]:
-        # rewards differ within a group, so every group has a learning signal
-        return [(float(c.endswith(":0")), {"first": float(c.endswith(":0"))}) for _, c, _ in items]
+        # rewards differ within a group (every group has a learning signal), except in the
+        # groups of every `flat_every`-th prompt, which all score 0
+        out = []
+        for _, completion, _ in items:
+            prompt_id = int(completion.split(":")[0])
+            flat = self.flat_every and prompt_id % self.flat_every == 0
+            value = 0.0 if flat else float(completion.endswith(":0"))
+            out.append((value, {self.reward_name: value}))
+        return out
 
     async def reference_logprobs(self, tokens: torch.Tensor, mask: torch.Tensor) -> list:
         await self._pause(self.reference_s)
@@ -91,6 +111,7 @@ class FakeServices:
                 sampled_by = int(tokens[row, first[row]]) - VERSION_TOKEN
                 self.staleness.append(self.version - sampled_by)
         assert batch["ref_logprobs"] is None or batch["ref_logprobs"].shape == tokens.shape
+        self.advantages.append(batch["advantages"].tolist())
         self.version += 1
         return {"loss": 0.0, "kl": 0.0, "time/train_s": 0.0}
 

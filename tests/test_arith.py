@@ -20,14 +20,15 @@ def test_a_gsm8k_recipe_runs_on_arith_prompts_and_its_rewards():
         worked = p.answer  # GSM8K-style: reasoning, then "#### N"
         assert rewards(p.text, worked, p.answer)[1]["math"] == 1.0
         assert rewards(p.text, "#### -1", p.answer)[1]["math"] == 0.0
-    assert rows(5) == rows(5) and rows(5, seed=1) != rows(5)
+    assert rows(count=5) == rows(count=5) and rows(count=5, seed=1) != rows(count=5)
+    assert not {r["question"] for r in rows("test")} & {r["question"] for r in rows()}
 
 
 def test_tokenizer_covers_the_model_vocabulary():
     recipe = apply_overrides(load_recipe("qwen3-1.7b"), OFFLINE)
     tok = services.load_tokenizer(recipe)
     assert len(tok) == services.model_spec(recipe).vocab_size == 151936
-    text = rows(1)[0]["question"]
+    text = rows(count=1)[0]["question"]
     ids = tok(text)["input_ids"]
     assert ids[0] == tok.bos_token_id and len(ids) == len(text) + 1
     assert tok.decode(ids, skip_special_tokens=True) == text

@@ -30,11 +30,13 @@ def source(cfg: RunConfig) -> PromptSource:
     return PromptSource(ROWS, prompt_template="{question}", seed=cfg.recipe.grpo.seed)
 
 
-async def run(cfg: RunConfig, services: FakeServices, stop_after: int | None = None) -> Controller:
+async def run(
+    cfg: RunConfig, services: FakeServices, stop_after: int | None = None, eval_prompts=None
+) -> Controller:
     """A run to its end (or a stop after `stop_after` steps), as runtime/control/run.py does."""
     stopping = asyncio.Event()
     controller = Controller(cfg, services, stopping)
-    await controller.prepare(source(cfg))
+    await controller.prepare(source(cfg), eval_prompts=eval_prompts)
     metrics = controller.metrics = FakeMetrics()
     if stop_after is not None:
         real_log = metrics.log
@@ -218,3 +220,128 @@ def test_train_batch_has_group_relative_advantages_and_the_step_metrics():
     assert info["policy/staleness_mean"] == 1.5 and info["reward/mean"] == pytest.approx(0.5)
     dr, _ = train_batch(groups, pad_id=0, group_size=3, loss="dr_grpo", version=4)
     assert dr["advantages"].view(2, 3)[0].tolist() == pytest.approx([0.5, -0.5, 0.0])
+
+
+# --- DAPO's sampling and shaping ----------------------------------------------------------------
+
+
+def test_dynamic_sampling_trains_only_on_groups_that_teach_something(tmp_path):
+    cfg = config(tmp_path, "grpo.loss=dapo", "grpo.max_policy_age=1", "grpo.steps=6")
+    services = FakeServices(flat_every=3)  # a third of the prompts: every completion scores 0
+    controller = asyncio.run(run(cfg, services))
+    trained = [pid for step in services.trained_prompts for pid in step]
+    assert trained and all(pid % 3 for pid in trained)
+    assert all(any(a != 0 for a in step) for step in services.advantages)
+    dropped = sum(r["rollout/dropped_uninformative"] for r in controller.metrics.records)
+    assert dropped > 0
+    assert max(services.staleness) <= 1  # dropping groups never makes the rest staler
+
+
+def test_dynamic_sampling_keeps_groups_past_its_cap(tmp_path):
+    """When nothing teaches (a policy that never earns a reward), each step drops at most
+    (max_draws - 1) x prompts_per_step groups and then trains on what comes."""
+    cfg = config(
+        tmp_path,
+        "grpo.loss=dapo",
+        "grpo.max_policy_age=0",
+        "grpo.steps=3",
+        "grpo.dynamic_sampling_max_draws=2",
+    )
+    services = FakeServices(flat_every=1)
+    controller = asyncio.run(run(cfg, services))
+    assert controller.step == 3
+    rows = controller.metrics.records
+    assert all(r["rollout/dropped_uninformative"] <= 4 for r in rows)  # (2 - 1) x 4
+    assert sum(r["rollout/dropped_uninformative"] for r in rows) >= 4
+
+
+def test_overlong_punishment_and_kl_in_the_reward_shape_a_groups_rewards():
+    from recipes import apply_overrides, load_recipe
+    from runtime.control.rollouts import shape_rewards
+
+    grpo = apply_overrides(
+        load_recipe("tiny"),
+        [
+            "grpo.max_response_tokens=8",
+            "grpo.overlong_buffer_tokens=4",
+            "grpo.kl_beta=0.5",
+            "grpo.kl_placement=reward",
+            "grpo.kl_estimator=k1",
+        ],
+    ).grpo
+    gr = group(responses=((5,) * 4, (5,) * 6, (5,) * 8))  # within the limit, in the buffer, at it
+    gr.rewards = [1.0, 1.0, 1.0]
+    gr.response_logprobs = [[-1.0] * 4, [-1.0] * 6, [-1.0] * 8]
+    gr.ref_logprobs = [[-1.5] * 4, [-1.0] * 6, [-1.0] * 8]  # k1 = lp - ref = 0.5 a token
+    shape_rewards(gr, grpo)
+    assert gr.reward_parts["overlong_penalty"] == [0.0, -0.5, -1.0]
+    assert gr.reward_parts["kl_penalty"] == [-0.5 * 0.5 * 4, 0.0, 0.0]
+    assert gr.rewards == [1.0 - 1.0, 0.5, 0.0]
+
+
+def test_truncated_completions_can_carry_no_loss():
+    gr = group(responses=((5, 6), (7,), (8, 9)))
+    gr.truncated = [True, False, False]
+    batch, info = train_batch(
+        [gr], pad_id=0, group_size=3, loss="dapo", version=0, mask_truncated=True
+    )
+    assert batch["loss_mask"].sum(dim=1).tolist() == [0, 1, 2]
+    assert info["response/truncated_share"] == pytest.approx(1 / 3)
+    plain, _ = train_batch([gr], pad_id=0, group_size=3, loss="dapo", version=0)
+    assert "loss_mask" not in plain
+
+
+# --- evaluation -----------------------------------------------------------------------------
+
+
+def test_pass_at_k_is_the_unbiased_estimate():
+    from itertools import combinations
+
+    from runtime.control.evaluation import pass_at_k
+
+    for n in range(1, 7):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                subsets = list(combinations([True] * c + [False] * (n - c), k))
+                expected = sum(any(s) for s in subsets) / len(subsets)
+                assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("generators", [1, 2])
+def test_evaluation_runs_every_n_steps_and_at_the_end_on_the_version_it_names(tmp_path, generators):
+    """The fake's greedy answer to prompt i is right from version i % 8 on, and one of its 4
+    sampled answers is always right: pass@1 = (min(v, 7) + 1) / 8 and pass@2 = 1 - C(3,2)/C(4,2)
+    tell which version each evaluation saw."""
+    cfg = config(
+        tmp_path,
+        "eval.enabled=true",
+        "eval.every=3",
+        "eval.k=2",
+        "eval.samples=4",
+        f"layout.generator.replicas={generators}",
+    )
+    services = FakeServices(generators=generators, jitter=0.005, seed=generators)
+    prompts = [source(cfg).prompt(i) for i in range(8)]
+    controller = asyncio.run(run(cfg, services, eval_prompts=prompts))
+    evals = [r for r in controller.metrics.records if "eval/pass@1" in r]
+    versions = [int(r["eval/version"]) for r in evals]
+    assert versions[-1] == 8 and evals[-1]["step"] == 8  # the final one joins the last record
+    # the initial policy's, one after step 3 (of version 3 or, when a generator has moved on,
+    # newer), one after step 6 unless it was still running when the final one superseded it
+    assert versions == sorted(versions) and versions[:1] == [0] and versions[1] >= 3
+    assert len(evals) in (3, 4)
+    for r in evals:
+        v = int(r["eval/version"])
+        assert r["eval/pass@1"] == pytest.approx((min(v, 7) + 1) / 8)
+        assert r["eval/pass@2"] == pytest.approx(0.5)
+        assert r["eval/prompts"] == 8 and r["eval/seconds"] >= 0
+    # each evaluation went through every generator replica, greedy and sampled
+    assert len(services.greedy_calls) >= len(evals) * generators
+
+
+def test_a_stop_with_an_evaluation_in_flight_ends_promptly(tmp_path):
+    cfg = config(tmp_path, "eval.enabled=true", "eval.every=1", "grpo.steps=50")
+    services = FakeServices(generate_s=0.02)
+    prompts = [source(cfg).prompt(i) for i in range(8)]
+    controller = asyncio.run(run(cfg, services, stop_after=3, eval_prompts=prompts))
+    assert 3 <= controller.step < 50

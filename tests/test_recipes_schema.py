@@ -347,7 +347,7 @@ def test_override_mistakes():
         "unknown key 'grpo.stepz'; valid keys under grpo: advantage_std, aggregation, checkpoint_interval"
     )
     assert (
-        "valid keys under the top level: dataset, description, generator, grpo, layout, model, "
+        "valid keys under the top level: dataset, description, eval, generator, grpo, layout, model, "
         "name, reference, resources, trainer, weight_sync"
     ) in error_of(apply_overrides, base, ["gpro.steps=3"])
     assert "dataset.rewards is a list of 2; use an index 0..1" in error_of(
@@ -388,3 +388,49 @@ def test_package_reexports_the_contract_api():
     ):
         assert callable(getattr(recipes, name))
     assert issubclass(recipes.UserError, Exception)
+
+
+@pytest.mark.parametrize(
+    ("base", "overrides", "expected"),
+    [
+        (
+            "tiny",
+            ["eval.k=4", "eval.samples=2"],
+            "eval.k: pass@4 needs at least 4 samples a prompt",
+        ),
+        (
+            "tiny",
+            ["eval.split=validation"],
+            "eval.split: the shipped task builtin:tiny has no split",
+        ),
+        ("qwen3-8b", ["eval.split=train"], "eval.split: 'train' is the split the run trains on"),
+        (
+            "tiny",
+            ["eval.reward=format"],
+            "eval.reward: 'format' is not one of the recipe's rewards",
+        ),
+        ("tiny", ["eval.prompts=0"], "eval.prompts: Input should be greater than or equal to 1"),
+    ],
+)
+def test_bad_evaluations_are_refused(base, overrides, expected):
+    recipe = load_recipe(base)
+    message = error_of(apply_overrides, recipe, ["eval.enabled=true", *overrides])
+    assert expected in message
+
+
+def test_an_evaluation_of_local_data_needs_held_out_data(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1", "answer": "#### 2"}\n')
+    recipe = load_recipe("qwen3-8b")
+    same = ["eval.enabled=true", f"dataset.path={data}"]
+    assert "name a held-out file as eval.path" in error_of(apply_overrides, recipe, same)
+    held_out = tmp_path / "test.jsonl"
+    held_out.write_text(data.read_text())
+    ok = apply_overrides(recipe, [*same, f"eval.path={held_out}"])
+    assert ok.eval.path == str(held_out)
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "dataset_dict.json").write_text('{"splits": ["train", "validation"]}')
+    message = error_of(apply_overrides, recipe, ["eval.enabled=true", f"dataset.path={saved}"])
+    assert "has no split 'test' (it has train, validation)" in message
+    apply_overrides(recipe, ["eval.enabled=true", f"dataset.path={saved}", "eval.split=validation"])

@@ -44,6 +44,15 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left):
     assert sum(r["generator/overlapped_calls"] for r in rows) > 0
     # and never one that would be stale by the time it is trained on
     assert rows[-1]["buffer/dropped_stale"] == 0
+    # the held-out prompts (four digits shown, never trained on): the initial policy, every 10
+    # steps and the final one; greedy accuracy rises with the training reward
+    evals = [r for r in rows if "eval/pass@1" in r]
+    versions = [r["eval/version"] for r in evals]  # a generator may be one version on by then
+    assert len(versions) == 7 and versions[0] == 0 and versions[-1] == 60, evals
+    assert all(10 * i <= v <= 10 * i + 1 for i, v in enumerate(versions)), evals
+    assert evals[0]["eval/pass@1"] <= 0.2 and evals[-1]["eval/pass@1"] >= 0.7, evals
+    assert evals[-1]["step"] == 60 and evals[-1]["eval/prompts"] == 10
+    assert all(0 <= r["eval/pass@4"] <= 1 for r in evals)
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert any(p.name.startswith("step_") for p in (run_dir / "checkpoints").iterdir())
 

@@ -83,20 +83,27 @@ class GeneratorActor(Actor):
 
     @endpoint
     async def generate(
-        self, prompts: list[list[dict[str, str]]], seed: int | None = None
+        self,
+        prompts: list[list[dict[str, str]]],
+        seed: int | None = None,
+        n: int | None = None,
+        temperature: float | None = None,
     ) -> list[dict[str, Any]]:
         """`group_size` completions per prompt (chat messages), prompt-major, each with token ids,
-        log-probs, decoded text and the policy version that sampled it."""
+        log-probs, decoded text and the policy version that sampled it. An evaluation asks for
+        `n` completions at its own `temperature` (0: greedy), without log-probs."""
         g = self.recipe.grpo
         ids = [self._encode(p) for p in prompts]
         start = time.perf_counter()
+        evaluating = n is not None or temperature is not None
         completions = self.backend.generate(
             ids,
-            n=g.group_size,
+            n=g.group_size if n is None else n,
             max_new_tokens=g.max_response_tokens,
-            temperature=g.temperature,
+            temperature=g.temperature if temperature is None else temperature,
             top_p=g.top_p,
             seed=seed,
+            logprobs=not evaluating,
         )
         elapsed = time.perf_counter() - start
         out = []

@@ -55,8 +55,11 @@ class GeneratorBackend(Protocol):
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        logprobs: bool = True,
     ) -> list[Completion]:
-        """`n` completions per prompt, prompt-major: result[i * n + j] is sample j of prompt i."""
+        """`n` completions per prompt, prompt-major: result[i * n + j] is sample j of prompt i.
+        Without `logprobs` (an evaluation) `temperature` may be 0 (greedy) and the log-probs
+        are 0."""
         ...
 
     def load_weights(self, hf_state_dict: Mapping[str, Tensor]) -> None:

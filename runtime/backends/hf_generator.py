@@ -65,10 +65,15 @@ class HFGenerator:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        logprobs: bool = True,
     ) -> list[Completion]:
-        """`n` completions per prompt, prompt-major (result[i * n + j] is sample j of prompt i)."""
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (got {temperature})")
+        """`n` completions per prompt, prompt-major (result[i * n + j] is sample j of prompt i).
+
+        `temperature` 0 decodes greedily (then without log-probs: `logprobs` must be False)."""
+        if temperature < 0 or (temperature == 0 and logprobs):
+            raise ValueError(
+                f"temperature must be > 0 to sample with log-probs (got {temperature})"
+            )
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
@@ -100,8 +105,8 @@ class HFGenerator:
                 use_cache=True,
             )
             cache = out.past_key_values
-            logp = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)
-            token = _sample(logp, top_p, rng)
+            logp = torch.log_softmax(out.logits[:, -1].float() / (temperature or 1.0), dim=-1)
+            token = logp.argmax(dim=-1) if temperature == 0 else _sample(logp, top_p, rng)
             token_lp = logp.gather(-1, token[:, None]).squeeze(-1)
             token = torch.where(done, self.pad_token_id, token)
             out_ids[:, step] = token

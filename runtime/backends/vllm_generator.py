@@ -303,15 +303,17 @@ class VLLMGenerator:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        logprobs: bool = True,
     ) -> list[Completion]:
         """`n` completions per prompt, prompt-major (result[i * n + j] is sample j of prompt i).
 
         With `seed`, prompt i uses seed + i * n (vLLM gives its j-th sample seed + i * n + j), so
-        a call is reproducible whatever else the engine batches with it.
+        a call is reproducible whatever else the engine batches with it. Without `logprobs`
+        (evaluation) any temperature goes, 0 decoding greedily, and the log-probs are 0.
         """
         from vllm import SamplingParams
 
-        if temperature != self.temperature or top_p != self.top_p:
+        if logprobs and (temperature != self.temperature or top_p != self.top_p):
             raise ValueError(
                 f"this engine samples at temperature={self.temperature}, top_p={self.top_p} "
                 f"(they fix its log-prob mode); got temperature={temperature}, top_p={top_p}"
@@ -334,7 +336,7 @@ class VLLMGenerator:
                 top_p=top_p,
                 max_tokens=max_new_tokens,
                 stop_token_ids=self.eos_ids,
-                logprobs=0,
+                logprobs=0 if logprobs else None,
                 flat_logprobs=True,
                 detokenize=False,
                 skip_special_tokens=False,
@@ -345,10 +347,10 @@ class VLLMGenerator:
         outputs = self.llm.generate(
             requests, [params(i) for i in range(len(prompts))], use_tqdm=False
         )
-        return list(self._completions(prompts, outputs, n))
+        return list(self._completions(prompts, outputs, n, logprobs))
 
     def _completions(
-        self, prompts: Sequence[Sequence[int]], outputs: Sequence[Any], n: int
+        self, prompts: Sequence[Sequence[int]], outputs: Sequence[Any], n: int, logprobs: bool
     ) -> Iterable[Completion]:
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
@@ -363,7 +365,9 @@ class VLLMGenerator:
                 yield Completion(
                     prompt_ids=list(prompt),
                     response_ids=ids,
-                    response_logprobs=_sampled_logprobs(ids, c.logprobs),
+                    response_logprobs=(
+                        _sampled_logprobs(ids, c.logprobs) if logprobs else [0.0] * len(ids)
+                    ),
                     policy_version=self.policy_version,
                     finish_reason="stop" if stopped else "length",
                     prompt_index=i,

@@ -54,16 +54,30 @@ def collate_groups(groups: Sequence[Group], pad_id: int) -> RolloutBatch:
 
 
 def train_batch(
-    groups: Sequence[Group], *, pad_id: int, group_size: int, loss: str, version: int
+    groups: Sequence[Group],
+    *,
+    pad_id: int,
+    group_size: int,
+    loss: str,
+    version: int,
+    advantage_std: str = "population",
+    mask_truncated: bool = False,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """What one optimizer step trains on (tokens, response mask, advantages, the generator's
-    and the reference's log-probs), and the step's reward and length metrics."""
+    and the reference's log-probs; with `mask_truncated`, a loss mask without the completions
+    cut at the length limit), and the step's reward and length metrics."""
     batch = collate_groups(groups, pad_id)
     rewards = torch.tensor([r for gr in groups for r in gr.rewards], dtype=torch.float32)
     advantages = group_advantages(
-        rewards.view(len(groups), group_size), scale_by_std=loss != "dr_grpo"
+        rewards.view(len(groups), group_size),
+        scale_by_std=loss != "dr_grpo",
+        std=advantage_std,
     ).flatten()
+    truncated = torch.tensor(
+        [t for gr in groups for t in (gr.truncated or [False] * len(gr.responses))]
+    )
     info = {
+        "response/truncated_share": float(truncated.float().mean()),
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
         "response/len_mean": float(batch.response_mask.sum(dim=1).float().mean()),
@@ -81,4 +95,6 @@ def train_batch(
         "old_logprobs": batch.old_logprobs,
         "ref_logprobs": batch.ref_logprobs,
     }
+    if mask_truncated:
+        train["loss_mask"] = batch.response_mask & ~truncated[:, None]
     return train, info

@@ -36,6 +36,7 @@ class Group:
     reward_parts: dict[str, list[float]] = field(default_factory=dict)
     ref_logprobs: list[list[float]] = field(default_factory=list)
     seq: int = -1  # admission order (-1: restored from a checkpoint, before every new one)
+    truncated: list[bool] = field(default_factory=list)  # cut at max_response_tokens
 
 
 def _none() -> None:

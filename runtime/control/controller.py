@@ -18,6 +18,7 @@ from typing import Any
 from runtime.control import checkpoint
 from runtime.control.batching import train_batch
 from runtime.control.config import RunConfig
+from runtime.control.evaluation import Evaluator
 from runtime.control.handles import ServiceHandles
 from runtime.control.policy import PolicySync
 from runtime.control.progress import Notes, Progress
@@ -42,6 +43,7 @@ class Controller:
         self.turns = GpuTurns(config.plan.placements)
         self.notes = Notes()
         self.rollouts: Rollouts | None = None
+        self.evaluator: Evaluator | None = None
         mode = config.plan.settings.weight_sync.transport
         self.policy = PolicySync(services, self.progress, self.turns, mode)
 
@@ -52,10 +54,11 @@ class Controller:
 
     # --- start ------------------------------------------------------------------------------
 
-    async def prepare(self, source: Any = None) -> None:
+    async def prepare(self, source: Any = None, eval_prompts: list[Any] | None = None) -> None:
         """Data source, resume state and version 0 (or the resumed version) on every generator.
 
-        `source` replaces the recipe's prompt source (tests)."""
+        `source` and `eval_prompts` replace the recipe's prompt source and held-out prompts
+        (tests)."""
         if source is None:
             from runtime.tasks.data import build_prompt_source
 
@@ -63,6 +66,10 @@ class Controller:
         self.rollouts = Rollouts(
             self.recipe.grpo, self.services, source, self.progress, self.turns, self.notes
         )
+        if self.recipe.eval.enabled:
+            self.evaluator = Evaluator(
+                self.recipe, self.services, self.progress, self.turns, prompts=eval_prompts
+            )
         ckpt = checkpoint.latest(self.config.checkpoint_dir)
         if ckpt is not None:
             await self._restore(ckpt)
@@ -89,6 +96,9 @@ class Controller:
 
     def start_rollouts(self) -> None:
         self.rollouts.start()
+        evaluator = self.evaluator
+        if evaluator is not None and evaluator.config.at_start and self.resumed_from is None:
+            evaluator.start(self.version)  # the baseline, beside the first step's rollouts
 
     # --- training -------------------------------------------------------------------------------
 
@@ -109,6 +119,8 @@ class Controller:
                 group_size=g.group_size,
                 loss=g.loss,
                 version=self.version,
+                advantage_std=g.advantage_std,
+                mask_truncated=g.mask_truncated,
             )
             async with self.turns.turn("trainer"):
                 stats = await s.train_step(batch)
@@ -117,6 +129,7 @@ class Controller:
                 self.progress.training = False
                 pub = await s.publish(self.version)
             self.policy.switch(self.version)
+            evaluations = await self._evaluate(total)
             step_s = time.perf_counter() - t0
             record = {
                 "step": self.step,
@@ -136,6 +149,7 @@ class Controller:
             record.update(self.notes.take())
             record.update(rollouts.take_stats(step_s))
             record.update(self.turns.take_stats())
+            record.update(evaluations)
             self.metrics.log(self.step, record)
             interval = g.checkpoint_interval
             if interval and self.step % interval == 0 and self.step < total:
@@ -191,8 +205,27 @@ class Controller:
         print(f"checkpoint step {self.step} -> {ckpt.path}", flush=True)
         return ckpt.path
 
+    async def _evaluate(self, total: int) -> dict[str, float]:
+        """Start the evaluation due after this step, or at the end run the final one; the
+        metrics of the evaluations finished since the last record (the final one supersedes an
+        evaluation still running when the last step ends)."""
+        evaluator = self.evaluator
+        if evaluator is None:
+            return {}
+        if self.step < total:
+            if evaluator.due(self.step):
+                evaluator.start(self.version)
+            return evaluator.take_results()
+        await evaluator.wait()
+        results = evaluator.take_results()
+        if evaluator.config.at_end:
+            results = await evaluator.run(self.version)
+        return results
+
     async def stop_rollouts(self, timeout_s: float = 60.0) -> None:
         """No new generation; let the calls in flight return; stop the loops and the sync."""
+        if self.evaluator is not None:
+            await self.evaluator.stop()
         await self.rollouts.stop(timeout_s)
         await self.policy.drain()
         await self.policy.close()

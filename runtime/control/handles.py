@@ -18,10 +18,16 @@ class ServiceHandles(Protocol):
     pad_id: int
 
     async def generate(
-        self, replica: int, prompts: list[list[dict[str, str]]], seed: int
+        self,
+        replica: int,
+        prompts: list[list[dict[str, str]]],
+        seed: int,
+        n: int | None = None,
+        temperature: float | None = None,
     ) -> list[dict[str, Any]]:
         """`group_size` completions per prompt, prompt-major: prompt_ids, response_ids,
-        response_logprobs, text and the policy_version that sampled each."""
+        response_logprobs, text, finish_reason and the policy_version that sampled each; an
+        evaluation asks for `n` at its own `temperature` (0: greedy)."""
 
     async def score(
         self, items: list[tuple[str, str, str]]

@@ -139,6 +139,14 @@ def format_step(record: Mapping[str, Any], total_steps: int | None = None) -> st
             parts.append(f"{label} {record[key]:.3g}")
     if isinstance(record.get("time/step_s"), (int, float)):
         parts.append(f"{record['time/step_s']:.3g} s/step")
+    if isinstance(record.get("eval/pass@1"), (int, float)):
+        version = record.get("eval/version", record["step"])
+        passes = [f"pass@1 {record['eval/pass@1']:.3g}"] + [
+            f"{k.removeprefix('eval/')} {v:.3g}"
+            for k, v in record.items()
+            if k.startswith("eval/pass@") and k != "eval/pass@1"
+        ]
+        parts.append(f"eval of v{int(version)}: {', '.join(passes)}")
     return " | ".join(parts)
 
 
@@ -160,14 +168,30 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def plot_curves(records: list[dict[str, Any]], path: str | os.PathLike[str]) -> None:
-    """Draw reward/mean and kl against step into a PNG (written atomically)."""
+    """Draw reward/mean and kl against step, and with evaluations eval/* against the version
+    evaluated, into a PNG (written atomically)."""
     # The object API with the Agg canvas: no pyplot, no global backend switch in the caller.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 3.5), layout="constrained")
+    evals = sorted({k for r in records for k in r if k.startswith("eval/pass@")})
+    keys = ("reward/mean", "kl", *(["eval"] if evals else []))
+    fig = Figure(figsize=(4.5 * len(keys), 3.5), layout="constrained")
     FigureCanvasAgg(fig)
-    for ax, key in zip(fig.subplots(1, 2), ("reward/mean", "kl"), strict=True):
+    for ax, key in zip(fig.subplots(1, len(keys)), keys, strict=True):
+        if key == "eval":
+            for name in evals:
+                points = sorted(
+                    (r.get("eval/version", r["step"]), r[name])
+                    for r in records
+                    if _finite(r.get(name))
+                )
+                ax.plot(*zip(*points, strict=True), marker=".", label=name.removeprefix("eval/"))
+            ax.legend()
+            ax.set_xlabel("policy version")
+            ax.set_title("eval (held out)")
+            ax.grid(alpha=0.3)
+            continue
         points = [(r["step"], r[key]) for r in records if _finite(r.get(key))]
         if points:
             steps, values = zip(*points, strict=True)

@@ -69,6 +69,10 @@ class Rollouts:
         # Admission order: the next group's `seq`, and those admitted but not yet queued.
         self._admitted = 0
         self._pending: set[int] = set()
+        # Dynamic sampling: groups dropped since the trainer last took a step, and since the last
+        # step record.
+        self._dropped_since_take = 0
+        self._dropped = 0
         # Since the last step record: generating seconds and calls ended (all replicas), calls
         # started while the same replica's last groups were still being scored.
         self._generating_s = 0.0
@@ -148,12 +152,18 @@ class Rollouts:
             raise
 
     async def _finish(self, replica: int, groups: list[Group], per_call: int) -> None:
-        """Rewards and reference log-probs for one call's groups, then into the buffer."""
+        """Rewards and reference log-probs for one call's groups, the recipe's reward shaping,
+        dynamic sampling's filter, then into the buffer."""
         try:
             await self._score(groups)
             await self._reference(groups)
         finally:
             self._calls_in_flight -= 1
+        for gr in groups:
+            shape_rewards(gr, self.grpo)
+        kept = [gr for gr in groups if self._keeps(gr)]
+        self._pending.difference_update(gr.seq for gr in groups if gr not in kept)
+        groups = kept
         # A stop cancels a put waiting on a full buffer: what is left stays in _unqueued.
         pending = self._unqueued[replica] = groups
         while pending:
@@ -188,6 +198,20 @@ class Rollouts:
             self.notes.add("time/reference_s", time.perf_counter() - start)
         for gr in groups:
             gr.ref_logprobs.extend(next(rows) for _ in gr.responses)
+
+    def _keeps(self, group: Group) -> bool:
+        """Dynamic sampling (DAPO): a group whose completions all scored alike teaches nothing
+        and is dropped, until this step has drawn dynamic_sampling_max_draws x prompts_per_step
+        groups (past that every group is kept, so a task nobody solves yet still trains)."""
+        g = self.grpo
+        if not g.uses_dynamic_sampling or len(set(group.rewards)) > 1:
+            return True
+        cap = (g.dynamic_sampling_max_draws - 1) * g.prompts_per_step
+        if self._dropped_since_take >= cap:
+            return True
+        self._dropped_since_take += 1
+        self._dropped += 1
+        return False
 
     # --- the freshness rule ---------------------------------------------------------------------
 
@@ -235,6 +259,7 @@ class Rollouts:
         empty buffer and an idle trainer and start a call that goes stale."""
         groups = await self.buffer.take(n, self.progress.version, self._first_pending)
         self.progress.training = True
+        self._dropped_since_take = 0
         return groups
 
     def _first_pending(self) -> int | None:
@@ -248,9 +273,12 @@ class Rollouts:
             stats["generator/busy_share"] = self._generating_s / (step_s * self.services.generators)
         stats["generator/calls"] = self._calls_ended
         stats["generator/overlapped_calls"] = self._overlapped_calls
+        if self.grpo.uses_dynamic_sampling:
+            stats["rollout/dropped_uninformative"] = self._dropped
         self._generating_s = 0.0
         self._calls_ended = 0
         self._overlapped_calls = 0
+        self._dropped = 0
         return stats
 
     # --- checkpoints and stop -------------------------------------------------------------------
@@ -330,6 +358,37 @@ def groups_of(prompts: list[Any], out: list[dict[str, Any]], group_size: int) ->
                 response_logprobs=[c["response_logprobs"] for c in done],
                 texts=[c["text"] for c in done],
                 policy_version=versions.pop(),
+                truncated=[c.get("finish_reason") == "length" for c in done],
             )
         )
     return groups
+
+
+def shape_rewards(group: Group, grpo: Any) -> None:
+    """The recipe's reward shaping, once a group is scored (and reference-scored): DAPO's soft
+    overlong punishment and, with kl_placement "reward", the KL penalty of each completion.
+    The raw scores stay in `reward_parts`; the shaping terms join them there."""
+    import torch
+
+    from runtime.grpo import kl_per_token
+
+    buffer = grpo.overlong_buffer
+    if buffer:
+        start = grpo.max_response_tokens - buffer
+        penalties = [
+            0.0 if len(r) <= start else max(-1.0, (start - len(r)) / buffer)
+            for r in group.responses
+        ]
+        group.reward_parts["overlong_penalty"] = penalties
+        group.rewards = [r + p for r, p in zip(group.rewards, penalties, strict=True)]
+    if grpo.kl_placement == "reward" and grpo.kl_beta and group.ref_logprobs:
+        penalties = []
+        for old, ref in zip(group.response_logprobs, group.ref_logprobs, strict=True):
+            if not old:
+                penalties.append(0.0)
+                continue
+            lp, rf = torch.tensor([old]), torch.tensor([ref])
+            kl = kl_per_token(lp, rf, torch.ones_like(lp, dtype=torch.bool), grpo.kl_estimator)
+            penalties.append(-grpo.kl_beta * float(kl.sum()))
+        group.reward_parts["kl_penalty"] = penalties
+        group.rewards = [r + p for r, p in zip(group.rewards, penalties, strict=True)]

@@ -46,10 +46,15 @@ class Services:
         return next(value for _, value in answers.items())
 
     async def generate(
-        self, replica: int, prompts: list[list[dict[str, str]]], seed: int
+        self,
+        replica: int,
+        prompts: list[list[dict[str, str]]],
+        seed: int,
+        n: int | None = None,
+        temperature: float | None = None,
     ) -> list[dict[str, Any]]:
         gen = self.generator_actors[replica]
-        return await self.call("generator", gen.generate.call_one(prompts, seed))
+        return await self.call("generator", gen.generate.call_one(prompts, seed, n, temperature))
 
     async def score(
         self, items: list[tuple[str, str, str]]

@@ -216,16 +216,33 @@ def _first_line(e: Exception) -> str:
 # ---------------------------------------------------------------- the recipe's source
 
 
-def build_prompt_source(dataset: Any, *, seed: int = 0) -> PromptSource:
+def build_prompt_source(
+    dataset: Any,
+    *,
+    seed: int = 0,
+    split: str | None = None,
+    path: str | None = None,
+    shuffle: bool = True,
+) -> PromptSource:
     """The prompt source for a recipe's `dataset` section: a shipped task's prompts
-    (`builtin:<name>`) or a dataset loaded with Hugging Face `datasets`."""
+    (`builtin:<name>`) or a dataset loaded with Hugging Face `datasets`; `split` and `path`
+    (default the section's) name other data in the same columns, the held-out data of an
+    evaluation (then `shuffle` False: the data's own order)."""
     from runtime.tasks.registry import shipped_task
 
-    path: str = dataset.path
+    path = path or dataset.path
     if path.startswith("builtin:"):
         task = shipped_task(path.removeprefix("builtin:"), field="dataset.path")
-        return PromptSource.for_dataset(task.rows(), dataset, seed=seed)
-    return HFPromptSource(path, dataset.config, dataset.split, seed=seed, **_formatting(dataset))
+        rows = task.rows(split or "train")
+        return PromptSource.for_dataset(rows, dataset, seed=seed, shuffle=shuffle)
+    return HFPromptSource(
+        path,
+        dataset.config,
+        split or dataset.split,
+        seed=seed,
+        shuffle=shuffle,
+        **_formatting(dataset),
+    )
 
 
 def _formatting(dataset: Any) -> dict[str, Any]:

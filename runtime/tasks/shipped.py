@@ -11,13 +11,13 @@ from typing import Any
 class ShippedTask:
     """One task forgesky ships.
 
-    `rows()`: every prompt, as {"question", "answer"} rows (the columns the recipe's dataset
-    section names by default). `reward(prompt, completion, answer)`: its score, if the task has
+    `rows(split)`: every prompt of a split ("train", or "test": held out for evaluation), as
+    {"question", "answer"} rows (the columns the recipe's dataset section names by default). `reward(prompt, completion, answer)`: its score, if the task has
     its own. `tokenizer(vocab_size)`: its tokenizer, if it has one (sized to the model's
     vocabulary where the task pads it).
     """
 
     name: str
-    rows: Callable[[], list[dict[str, str]]]
+    rows: Callable[[str], list[dict[str, str]]]
     reward: Callable[[str, str, str], float] | None = None
     tokenizer: Callable[[int], Any] | None = None

@@ -43,10 +43,19 @@ def problem(rng: random.Random) -> dict[str, str]:
     return {"question": question, "answer": answer}
 
 
-def rows(count: int = PROBLEMS, seed: int = 0) -> list[dict[str, str]]:
-    """`count` problems, the same for a given seed."""
-    rng = random.Random(f"arith:{seed}")
-    return [problem(rng) for _ in range(count)]
+def rows(split: str = "train", count: int = PROBLEMS, seed: int = 0) -> list[dict[str, str]]:
+    """`count` problems, the same for a given seed; "test" draws from another seed and skips
+    every problem that "train" has, so it is held out."""
+    if split == "train":
+        rng = random.Random(f"arith:{seed}")
+        return [problem(rng) for _ in range(count)]
+    seen = {row["question"] for row in rows("train", count, seed)}
+    rng, out = random.Random(f"arith-test:{seed}"), []
+    while len(out) < count:
+        row = problem(rng)
+        if row["question"] not in seen:
+            out.append(row)
+    return out
 
 
 def tokenizer(vocab_size: int | None = None) -> Any:
