@@ -2,7 +2,7 @@
 
 The catalog commands (recipes, show, plan, validate, cp) import neither SkyPilot nor torch, so
 they answer at once; render/launch and the cluster commands import SkyPilot when they run, and
-`local` imports the runtime.
+`local` and `eval` import the runtime.
 """
 
 from __future__ import annotations
@@ -125,6 +125,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "validate", "check a recipe file (schema, layout, plan)", _cmd_validate)
     p.add_argument("recipe", metavar="FILE")
     _add_plan_options(p)
+
+    p = _add(
+        sub,
+        "eval",
+        "evaluate a finished model on its recipe's held-out data, as a run does",
+        _cmd_eval,
+        epilog="SOURCE: a run directory (its newest committed checkpoint and recorded recipe), "
+        "one of its checkpoints, or a Hugging Face model folder (needs --recipe). What is "
+        "evaluated is the recipe's eval section: --set eval.prompts=64, eval.k=8, ...",
+    )
+    p.add_argument("source", metavar="SOURCE", help="run directory, checkpoint or model folder")
+    p.add_argument(
+        "--recipe", default=None, help="catalog name or YAML path (default: the run's own)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe field (repeatable)",
+    )
+    p.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON")
 
     p = _add(
         sub,
@@ -306,6 +329,12 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     what = f"managed job {args.name}" if args.managed else f"jobs on {args.name}"
     print(f"cancelled {what}")
     return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from runtime.evaluate import run
+
+    return run(args.source, args.recipe, list(args.overrides), args.out)
 
 
 def _cmd_local(args: argparse.Namespace) -> int:

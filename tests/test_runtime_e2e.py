@@ -6,6 +6,7 @@ codes, output free of tracebacks and shutdown noise, no process or shared-memory
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -20,6 +21,8 @@ from runtime_helpers import (
     start,
     wait_for_line,
 )
+
+from launcher.cli import main as cli_main
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +56,13 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left):
     assert evals[0]["eval/pass@1"] <= 0.2 and evals[-1]["eval/pass@1"] >= 0.7, evals
     assert evals[-1]["step"] == 60 and evals[-1]["eval/prompts"] == 10
     assert all(0 <= r["eval/pass@4"] <= 1 for r in evals)
+    # `forgesky eval` of the finished run, in one process, gives the run's own final numbers
+    out = tmp_path / "eval.json"
+    assert cli_main(["eval", str(run_dir), "--out", str(out)]) == 0
+    offline = json.loads(out.read_text())
+    assert offline["step"] == 60
+    for key in ("eval/pass@1", "eval/reward_mean", "eval/pass@4", "eval/mean@4"):
+        assert offline[key] == pytest.approx(evals[-1][key]), (key, offline, evals[-1])
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert any(p.name.startswith("step_") for p in (run_dir / "checkpoints").iterdir())
 

@@ -123,14 +123,4 @@ class GeneratorActor(Actor):
         return out
 
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
-        if getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True
-            )
-            ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
-        else:
-            text = "\n".join(m["content"] for m in messages)
-            ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
-        limit = self.recipe.grpo.max_prompt_tokens
-        # keep the end of an over-long prompt: that is where the question and instructions are
-        return ids[-limit:] if len(ids) > limit else ids
+        return build.encode_messages(self.tokenizer, messages, self.recipe.grpo.max_prompt_tokens)

@@ -81,6 +81,20 @@ def pad_id(tokenizer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids(tokenizer)[0]
 
 
+def encode_messages(tokenizer: Any, messages: list[dict[str, str]], limit: int) -> list[int]:
+    """A prompt's chat messages as the token ids a generator continues: through the tokenizer's
+    chat template where it has one (with the generation prompt), else the contents joined by
+    newlines; an over-long prompt keeps its last `limit` tokens (where the question and the
+    instructions are)."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    else:
+        text = "\n".join(m["content"] for m in messages)
+        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    return ids[-limit:] if len(ids) > limit else ids
+
+
 # --- backends: each service's config, built in its own proc ------------------------------------
 
 

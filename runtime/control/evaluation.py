@@ -1,16 +1,17 @@
 """Evaluation during training: held-out prompts on the generators, at a version boundary.
 
-Every `eval.every` steps (and after the last one), version v is evaluated on the recipe's
-held-out split: each generator replica takes its share of the prompts once it has loaded v
-(between two of its generate calls, so training goes on meanwhile and waits only for what the
-generators spend on the evaluation), samples a greedy completion per prompt and, for pass@k,
-`eval.samples` completions at the run's temperature; the reward procs score them. A completion
+Before the first step, every `eval.every` steps and after the last one, version v is evaluated
+on the recipe's held-out split: each generator replica takes its share of the prompts once it
+has loaded v (between two of its generate calls, so training goes on meanwhile and waits only
+for what the generators spend on the evaluation), decodes one greedy completion per prompt and,
+for pass@k, samples `eval.samples` at the run's temperature; the reward procs score them. A completion
 is correct when the recipe's `eval.reward` (default: its first reward) scores at least
 `eval.correct_at`.
 
 Metrics (`eval/*`, with `eval/version`, the policy version evaluated): `pass@1` (greedy),
-`pass@k` (the unbiased estimator 1 - C(n-c, k) / C(n, k) over n samples with c correct),
-`reward_mean` (the greedy completions' total reward), `prompts`, `seconds`. They join the next
+`mean@n` (the share of the n samples that are correct), `pass@k` (the unbiased estimator
+1 - C(n-c, k) / C(n, k) over n samples with c correct), `reward_mean` (the greedy completions'
+total reward), `prompts`, `seconds`. They join the next
 step record, and the final evaluation the last step's (it supersedes an evaluation that is still
 running when the last step ends).
 """
@@ -21,6 +22,7 @@ import asyncio
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from runtime.control.handles import ServiceHandles
@@ -33,6 +35,73 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+# --- one evaluation's arithmetic, shared with `forgesky eval` (runtime/evaluate.py) -------------
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    """How one held-out prompt fared: its greedy completion's correctness and total reward, and
+    how many of its sampled completions were correct (None: none were sampled)."""
+
+    greedy_correct: bool
+    greedy_reward: float
+    sampled_correct: int | None
+
+
+def needs_samples(config: Any) -> bool:
+    return config.samples_drawn > 1 or config.k > 1
+
+
+def score_items(
+    prompts: list[Any], greedy: list[str], sampled: list[str]
+) -> list[tuple[str, str, str]]:
+    """The (prompt, completion, answer) triples to score: every greedy completion (one a
+    prompt), then the sampled ones (prompt-major, the same count a prompt)."""
+    n = len(sampled) // len(prompts) if prompts else 0
+    return [(p.text, text, p.answer) for p, text in zip(prompts, greedy, strict=True)] + [
+        (prompts[i // n].text, text, prompts[i // n].answer) for i, text in enumerate(sampled)
+    ]
+
+
+def judge(
+    scores: list[tuple[float, dict[str, float]]], prompts: int, config: Any, reward: str
+) -> list[PromptResult]:
+    """The scores of `score_items` as one PromptResult a prompt: a completion is correct when
+    `reward` scores at least `config.correct_at`."""
+    head, tail = scores[:prompts], scores[prompts:]
+    n = len(tail) // prompts if prompts else 0
+
+    def correct(parts: dict[str, float]) -> bool:
+        return parts[reward] >= config.correct_at
+
+    return [
+        PromptResult(
+            greedy_correct=correct(parts),
+            greedy_reward=total,
+            sampled_correct=sum(correct(p) for _, p in tail[i * n : (i + 1) * n]) if n else None,
+        )
+        for i, (total, parts) in enumerate(head)
+    ]
+
+
+def summarize(results: list[PromptResult], config: Any) -> dict[str, float]:
+    """eval/pass@1 (greedy), eval/reward_mean (greedy) and eval/prompts; with samples drawn,
+    eval/mean@n (the share of the n samples a prompt that are correct) and for k > 1
+    eval/pass@k."""
+    metrics = {
+        "eval/prompts": float(len(results)),
+        "eval/pass@1": statistics.mean(float(r.greedy_correct) for r in results),
+        "eval/reward_mean": statistics.mean(r.greedy_reward for r in results),
+    }
+    if needs_samples(config):
+        n, k = config.samples_drawn, config.k
+        correct = [r.sampled_correct or 0 for r in results]
+        metrics[f"eval/mean@{n}"] = statistics.mean(c / n for c in correct)
+        if k > 1:
+            metrics[f"eval/pass@{k}"] = statistics.mean(pass_at_k(n, c, k) for c in correct)
+    return metrics
 
 
 class Evaluator:
@@ -92,51 +161,27 @@ class Evaluator:
         parts = await asyncio.gather(
             *(self._on_replica(r, share, version) for r, share in enumerate(shares) if share)
         )
-        greedy = [x for part in parts for x in part["greedy"]]
-        sampled = [x for part in parts for x in part["sampled"]]
-        versions = [v for part in parts for v in part["versions"]]
-        metrics = {
-            "eval/version": float(min(versions)),
-            "eval/prompts": float(len(greedy)),
-            "eval/pass@1": statistics.mean(correct for correct, _ in greedy),
-            "eval/reward_mean": statistics.mean(total for _, total in greedy),
-        }
-        k, n = self.config.k, self.config.samples_drawn
-        if n > 1 or k > 1:
-            metrics[f"eval/pass@{k}"] = statistics.mean(pass_at_k(n, c, k) for c in sampled)
+        results = [x for part, _ in parts for x in part]
+        metrics = summarize(results, self.config)
+        metrics["eval/version"] = float(min(v for _, v in parts))
         metrics["eval/seconds"] = time.perf_counter() - start
         return metrics
 
-    async def _on_replica(self, replica: int, prompts: list[Any], version: int) -> dict:
+    async def _on_replica(
+        self, replica: int, prompts: list[Any], version: int
+    ) -> tuple[list[PromptResult], int]:
         await self.progress.wait_for(lambda: self.progress.loaded[replica] >= version, _nothing)
         messages = [p.messages() for p in prompts]
-        g = self.recipe.grpo
-        n = self.config.samples_drawn
+        g, n = self.recipe.grpo, self.config.samples_drawn
         async with self.turns.turn(f"generator{replica}"):
             greedy = await self.services.generate(replica, messages, g.seed, 1, 0.0)
             sampled = []
-            if n > 1 or self.config.k > 1:
+            if needs_samples(self.config):
                 sampled = await self.services.generate(replica, messages, g.seed, n, g.temperature)
-        scores = await self.services.score(
-            [(p.text, c["text"], p.answer) for p, c in zip(prompts, greedy, strict=True)]
-            + [
-                (prompts[i // n].text, c["text"], prompts[i // n].answer)
-                for i, c in enumerate(sampled)
-            ]
-        )
-        head, tail = scores[: len(prompts)], scores[len(prompts) :]
-        greedy_out = [
-            (float(parts[self.reward] >= self.config.correct_at), total) for total, parts in head
-        ]
-        per_prompt = [
-            sum(
-                parts[self.reward] >= self.config.correct_at
-                for _, parts in tail[i * n : (i + 1) * n]
-            )
-            for i in range(len(prompts) if sampled else 0)
-        ]
+        texts = [c["text"] for c in greedy], [c["text"] for c in sampled]
+        scores = await self.services.score(score_items(prompts, *texts))
         versions = [c["policy_version"] for c in [*greedy, *sampled]]
-        return {"greedy": greedy_out, "sampled": per_prompt, "versions": versions}
+        return judge(scores, len(prompts), self.config, self.reward), min(versions)
 
     async def wait(self) -> None:
         """Until the evaluations running now have finished."""

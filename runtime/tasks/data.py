@@ -198,9 +198,11 @@ def load_hf_dataset(
         return datasets.load_dataset(path, config, split=split, cache_dir=cache_dir)
     except datasets.exceptions.DatasetNotFoundError as e:
         raise UserError(f"dataset {path!r}: not found ({_first_line(e)})") from None
-    except ConnectionError as e:
+    except (ConnectionError, OSError, RuntimeError) as e:
+        # no network (or the Hub refused): datasets and huggingface_hub raise all of these
         raise UserError(
-            f"dataset {path!r}: {_first_line(e)}; check the network, or use a local file"
+            f"dataset {path!r}: could not be loaded ({_first_line(e)}); check the network, or "
+            "use a local file"
         ) from None
     except ValueError as e:
         # Bad split or config names: datasets' message already lists the valid ones.

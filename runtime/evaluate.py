@@ -1,0 +1,273 @@
+"""`forgesky eval SOURCE`: a finished model evaluated the way a run evaluates it.
+
+SOURCE is a run directory (its newest committed checkpoint, and the recipe it recorded in
+config.json), one checkpoint directory of it (`RUN_DIR/checkpoints/step_000060`), or a Hugging
+Face model folder (config.json and *.safetensors; `--recipe` names the recipe whose held-out
+data, rewards and sampling apply). The recipe's `eval` section says what is evaluated (it need
+not be enabled for training): the same prompts, the same greedy pass@1 and sampled pass@k, the
+same rewards as the evaluations during the run, here in one process with the recipe's generator
+backend (vLLM on a GPU, the HF generator on a CPU recipe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipes import UserError
+
+
+@dataclass(frozen=True)
+class Source:
+    """What SOURCE names: `kind` "checkpoint" (with the run's recorded recipe, if found) or
+    "hf" (a model folder)."""
+
+    kind: str
+    path: Path
+    step: int | None = None
+    recorded: Path | None = None  # the run's config.json
+
+
+def resolve_source(text: str) -> Source:
+    """SOURCE checked on disk without loading anything; UserError says what is wrong."""
+    from runtime.control import checkpoint
+
+    if not text.strip():
+        raise UserError("eval: SOURCE is blank; give a run directory or a model folder")
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise UserError(f"eval: {text}: no such file or directory")
+    if not path.is_dir():
+        raise UserError(f"eval: {text} is a file; give a run directory or a model folder")
+    if (path / "trainer.pt").exists() or (path / checkpoint.MARKER).exists():
+        if not (path / checkpoint.MARKER).exists():
+            raise UserError(f"eval: checkpoint {text} was never committed (no {checkpoint.MARKER})")
+        step = _step_of(path)
+        return Source("checkpoint", path, step, _recorded(path.parent.parent))
+    if (path / "checkpoints").is_dir():
+        found = checkpoint.latest(path / "checkpoints")
+        if found is None:
+            raise UserError(f"eval: run {text} has no committed checkpoint in {path}/checkpoints")
+        return Source("checkpoint", found.path, found.step, _recorded(path))
+    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        return Source("hf", path)
+    raise UserError(
+        f"eval: {text} is neither a run directory (checkpoints/), a checkpoint (COMMITTED, "
+        "trainer.pt) nor a model folder (config.json, *.safetensors)"
+    )
+
+
+def _step_of(path: Path) -> int | None:
+    name = path.name
+    return int(name.removeprefix("step_")) if name.removeprefix("step_").isdigit() else None
+
+
+def _recorded(run_dir: Path) -> Path | None:
+    config = run_dir / "config.json"
+    return config if config.is_file() else None
+
+
+def resolve_recipe(source: Source, recipe: str | None, overrides: list[str]) -> Any:
+    """The recipe to evaluate with: `--recipe`, else the one the run recorded."""
+    from recipes import apply_overrides, load_recipe, validate_recipe
+
+    if recipe is not None:
+        base = load_recipe(recipe)
+    elif source.recorded is not None:
+        try:
+            data = json.loads(source.recorded.read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"eval: cannot read {source.recorded} ({e}); pass --recipe") from None
+        data.pop("plan", None)
+        base = validate_recipe(data, str(source.recorded))
+    elif source.kind == "hf":
+        raise UserError("eval: a model folder needs --recipe (which data, rewards, sampling)")
+    else:
+        raise UserError(f"eval: {source.path} has no recorded recipe (config.json); pass --recipe")
+    # the eval section applies whether or not the run evaluated: enabling it checks it
+    return apply_overrides(base, ["eval.enabled=true", *overrides])
+
+
+def load_hf_weights(source: Source, recipe: Any) -> dict[str, Any]:
+    """The model's weights under HF names, checked against the recipe's architecture."""
+    import torch
+
+    from runtime.backends import build
+    from runtime.models.hf import from_hf, to_hf
+    from runtime.models.loading import check_config, load_hf_state_dict
+
+    spec = build.model_spec(recipe)
+    if source.kind == "hf":
+        check_config(source.path, spec, str(source.path))
+        titan = from_hf(load_hf_state_dict(str(source.path)), spec)
+    else:
+        file = source.path / "trainer.pt"
+        try:
+            state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+            titan = state["model"]
+        except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+            raise UserError(f"eval: checkpoint {file} cannot be read ({first})") from None
+    _check_fit(titan, spec, f"eval: the weights in {source.path}", recipe)
+    return to_hf(dict(titan), spec)
+
+
+def _check_fit(titan: dict[str, Any], spec: Any, what: str, recipe: Any) -> None:
+    """UserError unless the TorchTitan-named tensors are exactly the recipe model's (names and
+    shapes, checked against the model built on the meta device)."""
+    import torch
+
+    from runtime.models.titan import titan_config
+
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in titan_config(spec).build().state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in titan.items()}
+    model = f"{recipe.model.family} {recipe.model.size}"
+    if got.keys() != expected.keys():
+        odd = sorted(got.keys() ^ expected.keys())[:3]
+        raise UserError(
+            f"{what} are not a {model} model (names differ: {', '.join(odd)}); check --recipe"
+        )
+    wrong = [k for k in expected if got[k] != expected[k]]
+    if wrong:
+        k = wrong[0]
+        raise UserError(
+            f"{what} are not a {model} model ({k} is {list(got[k])}, the recipe's model has "
+            f"{list(expected[k])}); check --recipe"
+        )
+
+
+def held_out_prompts(recipe: Any) -> list[Any]:
+    """The prompts the recipe's eval section names, in the data's order."""
+    from runtime.tasks.data import build_prompt_source
+
+    e = recipe.eval
+    source = build_prompt_source(recipe.dataset, split=e.split, path=e.path, shuffle=False)
+    return source.take(min(e.prompts, len(source)))
+
+
+def evaluate(
+    recipe: Any, prompts: list[Any], weights: dict[str, Any], *, log=print
+) -> dict[str, float]:
+    """Greedy and sampled completions of `prompts`, scored by the recipe's rewards."""
+    from recipes import minimum_gpus, plan
+    from runtime.backends import build
+    from runtime.control.evaluation import judge, needs_samples, score_items, summarize
+    from runtime.tasks.rewards import build_reward_fn
+
+    e, g = recipe.eval, recipe.grpo
+    settings = plan(recipe, 0 if recipe.cpu else minimum_gpus(recipe)).settings
+    tokenizer = build.load_tokenizer(recipe)
+    start = time.perf_counter()
+    generator = build.GeneratorConfig(recipe, settings.generator).build(tokenizer)
+    try:
+        generator.load_weights(weights)
+        log(f"generator ready ({type(generator).__name__}) in {time.perf_counter() - start:.1f} s")
+        ids = [build.encode_messages(tokenizer, p.messages(), g.max_prompt_tokens) for p in prompts]
+
+        def texts(n: int, temperature: float) -> list[str]:
+            out = generator.generate(
+                ids,
+                n=n,
+                max_new_tokens=g.max_response_tokens,
+                temperature=temperature,
+                top_p=g.top_p,
+                seed=g.seed,
+                logprobs=False,
+            )
+            return [tokenizer.decode(c.response_ids, skip_special_tokens=True) for c in out]
+
+        start = time.perf_counter()
+        greedy = texts(1, 0.0)
+        sampled = texts(e.samples_drawn, g.temperature) if needs_samples(e) else []
+    finally:
+        close = getattr(generator, "close", None)
+        if close is not None:
+            close()
+    reward = e.reward or recipe.dataset.rewards[0].name
+    mix = build_reward_fn(recipe.dataset.rewards)
+    scores = [mix(*item) for item in score_items(prompts, greedy, sampled)]
+    metrics = summarize(judge(scores, len(prompts), e, reward), e)
+    metrics["eval/seconds"] = time.perf_counter() - start
+    return metrics
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Evaluate a finished model on its recipe's held-out data, as a run does.",
+    )
+    p.add_argument(
+        "source",
+        metavar="SOURCE",
+        help="a run directory, one of its checkpoints, or a Hugging Face model folder",
+    )
+    p.add_argument(
+        "--recipe",
+        default=None,
+        help="catalog name or YAML path (default: the recipe the run recorded)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe field, e.g. --set eval.prompts=64 (repeatable)",
+    )
+    p.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON")
+    return p
+
+
+def run(source_text: str, recipe_name: str | None, overrides: list[str], out: str | None) -> int:
+    """Evaluate SOURCE, print the metrics (and write them to `out`); UserError for mistakes."""
+    source = resolve_source(source_text)
+    recipe = resolve_recipe(source, recipe_name, overrides)
+    e = recipe.eval
+    what = f"step {source.step} of {source.path.parent.parent}" if source.step else source.path
+    data = e.path or recipe.dataset.path
+    samples = f" and {e.samples_drawn} samples" if e.samples_drawn > 1 or e.k > 1 else ""
+    print(
+        f"evaluating {what} with recipe {recipe.name}: up to {e.prompts} prompts of {data} "
+        f"{e.split}, greedy{samples} each",
+        flush=True,
+    )
+    prompts = held_out_prompts(recipe)
+    weights = load_hf_weights(source, recipe)
+    metrics = evaluate(recipe, prompts, weights, log=lambda line: print(line, flush=True))
+    shown = ", ".join(
+        f"{k.removeprefix('eval/')} {v:.3g}"
+        for k, v in metrics.items()
+        if k not in ("eval/prompts", "eval/seconds")
+    )
+    print(f"{shown} ({int(metrics['eval/prompts'])} prompts, {metrics['eval/seconds']:.1f} s)")
+    if out:
+        result = {
+            "source": str(source.path),
+            "step": source.step,
+            "recipe": recipe.name,
+            "data": data,
+            "split": e.split,
+            **metrics,
+        }
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m runtime.evaluate") -> int:
+    """`run` from the command line: mistakes end as one line and exit code 2."""
+    args = build_parser(prog).parse_args(argv)
+    try:
+        return run(args.source, args.recipe, list(args.overrides), args.out)
+    except UserError as err:
+        print(f"{prog.split()[0]}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
