@@ -210,7 +210,6 @@ class Rollouts:
         if self._dropped_since_take >= cap:
             return True
         self._dropped_since_take += 1
-        self._dropped += 1
         return False
 
     # --- the freshness rule ---------------------------------------------------------------------
@@ -259,7 +258,8 @@ class Rollouts:
         empty buffer and an idle trainer and start a call that goes stale."""
         groups = await self.buffer.take(n, self.progress.version, self._first_pending)
         self.progress.training = True
-        self._dropped_since_take = 0
+        # what this step's gathering dropped (the record's count; never above the cap)
+        self._dropped, self._dropped_since_take = self._dropped_since_take, 0
         return groups
 
     def _first_pending(self) -> int | None:
