@@ -49,6 +49,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OFFLINE = ["model.init=random", "model.tokenizer=builtin:arith", "dataset.path=builtin:arith"]
+# throughput runs of random weights: the recipes' held-out evaluation would measure nothing
+NO_EVAL = ["eval.enabled=false"]
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s (SXM)
 
 
@@ -86,7 +88,7 @@ def load(
 ) -> Any:
     from recipes import apply_overrides, load_recipe
 
-    overrides = [*OFFLINE, f"grpo.steps={steps}", "grpo.checkpoint_interval=0"]
+    overrides = [*OFFLINE, *NO_EVAL, f"grpo.steps={steps}", "grpo.checkpoint_interval=0"]
     if response_tokens:
         overrides.append(f"grpo.max_response_tokens={response_tokens}")
     return apply_overrides(load_recipe(recipe_name), [*overrides, *(extra or [])])
@@ -263,7 +265,7 @@ def summarize(
     train_gpus = trainer_gpus(run_plan.placements)
     return {
         "recipe": recipe.name,
-        "overrides": [*OFFLINE, f"grpo.max_response_tokens={g.max_response_tokens}"],
+        "overrides": [*OFFLINE, *NO_EVAL, f"grpo.max_response_tokens={g.max_response_tokens}"],
         "gpus_used": used_gpus,
         "placements": placement_rows(run_plan.placements),
         "params": params,

@@ -1,5 +1,6 @@
 """Names the launcher and the runtime must agree on, defined once: model families, built-in
-losses, the tasks forgesky ships, and the port every node of a multi-node run listens on."""
+losses and rewards, the tasks forgesky ships, and the port every node of a multi-node run
+listens on."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ LOSS_AGGREGATION: dict[str, str] = {
     "cispo": "token_mean",
     "sapo": "sequence_mean",
 }
+
+# Rewards built into the runtime (runtime/tasks/rewards.py); a recipe may also name a shipped
+# task's (builtin:<task>) or its own (module:function).
+BUILTIN_REWARDS: tuple[str, ...] = ("math", "gsm8k_format", "format")
 
 # Tasks shipped with the runtime (runtime/tasks/<name>/): `builtin:<name>` in a recipe's
 # dataset.path, model.tokenizer or reward names one of them.

@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.errors import UserError
-from recipes.names import LOSSES
-
-BUILTIN_REWARDS = ("math", "format")
+from recipes.names import BUILTIN_REWARDS, LOSSES
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,15 @@ from pydantic_core import PydanticCustomError
 
 from recipes.architectures import ARCHITECTURES, Arch, architecture, sizes
 from recipes.memory import estimate_memory, memory_errors
-from recipes.names import BUILTIN_SPLITS, BUILTIN_TASKS, FAMILIES, LOSS_AGGREGATION, LOSSES
+from recipes.names import (
+    BUILTIN_REWARDS,
+    BUILTIN_SPLITS,
+    BUILTIN_TASKS,
+    FAMILIES,
+    LOSS_AGGREGATION,
+    LOSSES,
+)
 
-BUILTIN_REWARDS = ("math", "format")
 DEFAULT_PROMPT_TEMPLATE = "{question}\nThink step by step, then give the final answer after '####'."
 
 
@@ -69,6 +75,10 @@ class Model(_Strict):
     tokenizer: Identifier | None = None
     init: Literal["hub", "random"] = "hub"
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    # Qwen3's thinking mode, passed to the chat template as enable_thinking: false makes the
+    # template close an empty <think></think> block, so the model answers directly; null leaves
+    # the template's default (Qwen3: thinking on). Llama 3 has no thinking mode.
+    thinking: bool | None = None
 
     _builtin = field_validator("hf_id", "tokenizer")(_shipped)
 
@@ -84,7 +94,8 @@ class Reward(_Strict):
             return _shipped(name)
         raise PydanticCustomError(
             "reward_name",
-            "unknown reward '{name}'; use math, format, builtin:<name> or module:function",
+            "unknown reward '{name}'; use math, gsm8k_format, format, builtin:<name> or "
+            "module:function",
             {"name": name},
         )
 
@@ -430,6 +441,10 @@ def _consistency_errors(r: Recipe) -> list[str]:
         return [f"model.size: unknown {fam} size '{size}'; known sizes: {', '.join(sizes(fam))}"]
     arch = r.arch
     errors = []
+    if r.model.thinking is not None and fam != "qwen3":
+        errors.append(
+            f"model.thinking: {fam} models have no thinking mode (Qwen3 has); leave it unset"
+        )
     seq = r.grpo.max_prompt_tokens + r.grpo.max_response_tokens
     if seq > arch.max_seq_len:
         errors.append(

@@ -168,7 +168,11 @@ def evaluate(
     try:
         generator.load_weights(weights)
         log(f"generator ready ({type(generator).__name__}) in {time.perf_counter() - start:.1f} s")
-        ids = [build.encode_messages(tokenizer, p.messages(), g.max_prompt_tokens) for p in prompts]
+        thinking = recipe.model.thinking
+        ids = [
+            build.encode_messages(tokenizer, p.messages(), g.max_prompt_tokens, thinking)
+            for p in prompts
+        ]
 
         def texts(n: int, temperature: float) -> list[str]:
             out = generator.generate(

@@ -32,6 +32,8 @@ def test_tokenizer_covers_the_model_vocabulary():
     ids = tok(text)["input_ids"]
     assert ids[0] == tok.bos_token_id and len(ids) == len(text) + 1
     assert tok.decode(ids, skip_special_tokens=True) == text
+    blank_lines = "a\n\n\nb"  # one id a character, newlines too
+    assert tok.decode(tok(blank_lines)["input_ids"], skip_special_tokens=True) == blank_lines
     # any id a random-weight model samples decodes; filler decodes to nothing
     assert (
         tok.decode([ids[1], 151935, 100_000, tok.eos_token_id], skip_special_tokens=True) == text[0]

@@ -89,7 +89,9 @@ def test_upstream_grpo_settings_on_gsm8k(name, prompts):
         "question",
         "answer",
     )
-    assert [w.name for w in d.rewards] == ["math", "format"]
+    assert [w.name for w in d.rewards] == ["math", "gsm8k_format"]
+    assert r.model.thinking is (False if r.model.family == "qwen3" else None)
+    assert (r.eval.enabled, r.eval.split, r.eval.reward) == (True, "test", "math")
     assert (g.group_size, g.prompts_per_step, g.max_prompt_tokens, g.max_response_tokens) == (
         8,
         prompts,

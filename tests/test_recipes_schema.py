@@ -211,7 +211,7 @@ def test_rewards_and_template_are_checked(tmp_path):
     data = catalog_data()
     data["dataset"]["rewards"] = [{"name": "maths"}]
     assert (
-        "dataset.rewards.0.name: unknown reward 'maths'; use math, format, builtin:<name> or module:function"
+        "dataset.rewards.0.name: unknown reward 'maths'; use math, gsm8k_format, format, builtin:<name> or module:function"
         in error_of(load_recipe, write(tmp_path, data))
     )
     data["dataset"]["rewards"] = []
@@ -434,3 +434,10 @@ def test_an_evaluation_of_local_data_needs_held_out_data(tmp_path):
     message = error_of(apply_overrides, recipe, ["eval.enabled=true", f"dataset.path={saved}"])
     assert "has no split 'test' (it has train, validation)" in message
     apply_overrides(recipe, ["eval.enabled=true", f"dataset.path={saved}", "eval.split=validation"])
+
+
+def test_thinking_mode_is_qwen3s_only():
+    recipe = load_recipe("llama3.1-8b")
+    message = error_of(apply_overrides, recipe, ["model.thinking=true"])
+    assert "model.thinking: llama3 models have no thinking mode" in message
+    assert apply_overrides(load_recipe("qwen3-8b"), ["model.thinking=true"]).model.thinking

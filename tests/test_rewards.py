@@ -11,6 +11,7 @@ from runtime.tasks.rewards import (
     build_reward_fn,
     extract_answer,
     format_reward,
+    gsm8k_format_reward,
     math_reward,
     parse_number,
     resolve_reward,
@@ -135,6 +136,26 @@ def test_format_reward(completion, expected):
     assert format_reward("Q", completion, "72") == expected
 
 
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("48 / 2 = 24 in May, 48 + 24 = 72.\n#### 72", 1.0),
+        ("48 + 24 = 72\n\n####   72  \n", 1.0),
+        ("So she has 72 clips. #### 72", 1.0),  # the marker after the reasoning, on its line
+        ("<think>\n#### 70? no\n</think>\n\n48 + 24 = 72\n#### 72", 1.0),  # thinking read past
+        ("48 + 24 = 72\n#### $72", 1.0),
+        ("#### 72", 0.0 + 0.5),  # no reasoning before it
+        ("48 + 24 = 72\n#### 72\nHope this helps!", 0.5),  # text after the answer line
+        ("#### 70\n48 + 24 = 72\n#### 72", 0.5),  # two answers
+        ("48 + 24 = 72\n#### 70 or 72", 0.0),  # no single number
+        ("48 + 24 = 72. The answer is 72.", 0.0),
+        ("<think>48 + 24 = 72\n#### 72</think>", 0.0),  # only inside the thinking
+    ],
+)
+def test_gsm8k_format_reward(completion, expected):
+    assert gsm8k_format_reward("Q", completion, "#### 72") == expected
+
+
 def test_format_reward_reads_completion_as_continuing_an_opened_think_block():
     prompt = "<|im_start|>assistant\n<think>\n"
     assert format_reward(prompt, "add them</think><answer>72</answer>", "72") == 1.0
@@ -250,3 +271,77 @@ def test_reward_returning_a_non_number_is_named(user_module):
     mix = build_reward_fn([("myrewards:bad", 1.0)])
     with pytest.raises(TypeError, match="reward 'myrewards:bad' returned 'high'"):
         mix("q", "c", "a")
+
+
+# ------------------------------------------- the GSM8K recipes, prompt to reward, per family
+
+# Chat templates that render like each family's own (roles, generation prompt, and Qwen3's
+# enable_thinking=false closing an empty think block); the tokenizer is the shipped character
+# one, so no download is needed.
+QWEN3_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+LLAMA3_TEMPLATE = (
+    "<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>"
+    "\n\n{{ m.content }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+# What each family writes for the first GSM8K training problem when it does as the prompt asks.
+ANSWERS = {
+    "qwen3": "Natalia sold 48 / 2 = 24 clips in May.\nIn total she sold 48 + 24 = 72 clips.\n#### 72",
+    "qwen3-thinking": (
+        "<think>\nApril 48, May half of that, 24. 48 + 24 = 72.\n</think>\n\n"
+        "In May she sold 48 / 2 = 24 clips, so 48 + 24 = 72 in April and May.\n#### 72"
+    ),
+    "llama3": (
+        "Step 1: In May, Natalia sold 48 / 2 = 24 clips.\n"
+        "Step 2: Altogether she sold 48 + 24 = 72 clips.\n\n#### 72"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("recipe_name", "thinking", "answer", "prompt_ends"),
+    [
+        ("qwen3-1.7b", None, "qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        ("qwen3-8b", None, "qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        ("qwen3-8b", True, "qwen3-thinking", "<|im_start|>assistant\n"),
+        ("llama3.1-8b", None, "llama3", "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+        ("llama3.2-1b", None, "llama3", "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+    ],
+)
+def test_a_perfect_answer_earns_the_full_reward_through_the_recipes_chat_template(
+    recipe_name, thinking, answer, prompt_ends
+):
+    from recipes import apply_overrides, load_recipe
+    from runtime.backends import build
+    from runtime.tasks.arith import tokenizer as char_tokenizer
+    from runtime.tasks.data import PromptSource
+
+    recipe = load_recipe(recipe_name)
+    if thinking is not None:
+        recipe = apply_overrides(recipe, [f"model.thinking={str(thinking).lower()}"])
+    tok = char_tokenizer(build.model_spec(recipe).vocab_size)
+    tok.chat_template = QWEN3_TEMPLATE if recipe.model.family == "qwen3" else LLAMA3_TEMPLATE
+    row = {"question": "Natalia sold clips to 48 of her friends in April, and then she sold "
+           "half as many clips in May. How many clips did Natalia sell altogether in April and "
+           "May?", "answer": GSM8K_GOLD}  # fmt: skip
+    source = PromptSource.for_dataset([row], recipe.dataset)
+    prompt = source.prompt(0)
+    assert "####" in prompt.text  # the prompt asks for the layout the rewards pay for
+    ids = build.encode_messages(
+        tok, prompt.messages(), recipe.grpo.max_prompt_tokens, recipe.model.thinking
+    )
+    assert tok.decode(ids, skip_special_tokens=True).endswith(prompt_ends)
+    # the completion as the generator returns it: token ids to eos, decoded without specials
+    response = tok(ANSWERS[answer], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    completion = tok.decode(response, skip_special_tokens=True)
+    total, parts = build_reward_fn(recipe.dataset.rewards)(prompt.text, completion, prompt.answer)
+    weights = {r.name: r.weight for r in recipe.dataset.rewards}
+    assert parts == {name: 1.0 for name in weights}
+    assert total == pytest.approx(sum(weights.values()))
+    # and the recipe's evaluation counts it correct
+    assert parts[recipe.eval.reward or recipe.dataset.rewards[0].name] >= recipe.eval.correct_at

@@ -123,4 +123,7 @@ class GeneratorActor(Actor):
         return out
 
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
-        return build.encode_messages(self.tokenizer, messages, self.recipe.grpo.max_prompt_tokens)
+        r = self.recipe
+        return build.encode_messages(
+            self.tokenizer, messages, r.grpo.max_prompt_tokens, r.model.thinking
+        )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,14 +82,20 @@ def pad_id(tokenizer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids(tokenizer)[0]
 
 
-def encode_messages(tokenizer: Any, messages: list[dict[str, str]], limit: int) -> list[int]:
+def encode_messages(
+    tokenizer: Any, messages: list[dict[str, str]], limit: int, thinking: bool | None = None
+) -> list[int]:
     """A prompt's chat messages as the token ids a generator continues: through the tokenizer's
-    chat template where it has one (with the generation prompt), else the contents joined by
-    newlines; an over-long prompt keeps its last `limit` tokens (where the question and the
-    instructions are)."""
+    chat template where it has one (with the generation prompt; `thinking`, unless None, as its
+    enable_thinking), else the contents joined by newlines; an over-long prompt keeps its last
+    `limit` tokens (where the question and the instructions are)."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        extra = {} if thinking is None else {"enable_thinking": thinking}
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, **extra
+        )
+        # transformers 5 returns a BatchEncoding (a Mapping, not a dict), 4 a list of ids
+        ids = list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
     else:
         text = "\n".join(m["content"] for m in messages)
         ids = tokenizer(text, add_special_tokens=True)["input_ids"]

@@ -3,7 +3,10 @@
 A recipe names each reward as one of:
 - "math": 1.0 when the completion's final answer (`<answer>`, `\\boxed{}` or `####`) equals the
   gold number (GSM8K style), else 0.0;
-- "format": credit for the `<think>...</think><answer>...</answer>` layout;
+- "gsm8k_format": credit for GSM8K's answer layout, the reasoning and then a last line
+  `#### <number>` (what the GSM8K recipes' prompt asks for);
+- "format": credit for the `<think>...</think><answer>...</answer>` layout (DeepSeek-R1 style
+  prompts that ask for those tags);
 - "builtin:<name>": the reward of a task forgesky ships (runtime/tasks/registry.py);
 - "module:function": a user function, imported with importlib.
 """
@@ -150,9 +153,46 @@ def format_reward(prompt: str, completion: str, answer: str) -> float:
     return 0.0
 
 
+_THINK_BLOCK = re.compile(r"\s*<think>.*?</think>", re.DOTALL)
+
+
+def gsm8k_format_reward(prompt: str, completion: str, answer: str) -> float:
+    """Credit for GSM8K's answer layout: reasoning, then `#### <number>` ending the completion.
+
+    - 1.0: some text before it, `####` once, one number after it and nothing else to the end
+      (units and `$` around the number are fine);
+    - 0.5: a `####` line with one number, but with text after it or other `####` lines;
+    - 0.0: otherwise.
+    A leading `<think>...</think>` block (Qwen3 with thinking on) is the model's own and is
+    read past: the layout is judged on the answer after it.
+    """
+    body = (
+        _THINK_BLOCK.sub("", completion, count=1)
+        if completion.lstrip().startswith("<think>")
+        else completion
+    )
+    lines = [line for line in body.strip().splitlines() if line.strip()]
+    marked = [i for i, line in enumerate(lines) if "####" in line]
+    if not marked:
+        return 0.0
+    last = lines[marked[-1]]
+    number = parse_number(last.split("####", 1)[1])
+    if number is None:
+        return 0.0
+    reasoning = "\n".join(lines[: marked[-1]]) + last.split("####", 1)[0]
+    ends = marked[-1] == len(lines) - 1
+    if ends and len(marked) == 1 and body.count("####") == 1 and reasoning.strip():
+        return 1.0
+    return 0.5
+
+
 # ---------------------------------------------------------------- resolution
 
-_NAMED: dict[str, RewardFn] = {"math": math_reward, "format": format_reward}
+_NAMED: dict[str, RewardFn] = {
+    "math": math_reward,
+    "gsm8k_format": gsm8k_format_reward,
+    "format": format_reward,
+}
 
 
 def _builtin(spec: str, name: str) -> RewardFn:
@@ -191,8 +231,8 @@ def resolve_reward(spec: str) -> RewardFn:
     if ":" in spec:
         return _imported(spec)
     raise UserError(
-        f"reward {spec!r}: unknown reward; use 'math', 'format', 'builtin:<name>' "
-        "or 'module:function'"
+        f"reward {spec!r}: unknown reward; use 'math', 'gsm8k_format', 'format', "
+        "'builtin:<name>' or 'module:function'"
     )
 
 

@@ -31,7 +31,8 @@ def build_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
     filler = [f"<unused_{i}>" for i in range(size - len(symbols))]
     vocab = {s: i for i, s in enumerate([*symbols, *filler])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # one piece per character, newlines too ("." would leave "\n\n" as one unknown piece)
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     # Filler decodes to nothing (a random-weight model samples mostly filler).
     core.decoder = decoders.Sequence(
         [decoders.Replace(Regex(r"<unused_\d+>"), ""), decoders.Fuse()]
