@@ -93,6 +93,7 @@ class Plan:
     accelerator: str = "H100"
     minimum_gpus: int = 0
     settings: Settings | None = field(default=None, hash=False, compare=True)
+    colocated: bool = False  # layout.colocate: the GPU services share GPUs and take turns
 
     def placements_of(self, service: Service) -> tuple[Placement, ...]:
         """The placements of one service, in replica order."""
@@ -145,6 +146,11 @@ class Plan:
                 f"are written, and the generator stops at twice its GPUs; --gpus {fewer} "
                 "gives the same plan"
             )
+        if self.colocated:
+            lines.append(
+                "layout.colocate: the services share their GPUs and take turns (sample, score, "
+                "train); GB/GPU adds up per GPU"
+            )
         if not self.cpu:
             lines.append(
                 f"GB/GPU is an estimate (recipes/memory.py); an {self.accelerator} has "
@@ -172,12 +178,16 @@ class Plan:
 
 
 def minimum_gpus(recipe: Recipe) -> int:
-    """GPUs the recipe's own layout uses: the least `plan()` accepts (0 on CPU)."""
+    """GPUs the recipe's own layout uses: the least `plan()` accepts (0 on CPU); with
+    layout.colocate, its widest service's."""
     if recipe.cpu:
         return 0
     lay = recipe.layout
     reference = lay.reference.tp if lay.reference.enabled else 0
-    return lay.generator.tp * lay.generator.replicas + reference + lay.trainer.gpus
+    generator = lay.generator.tp * lay.generator.replicas
+    if lay.colocate:
+        return max(generator, reference, lay.trainer.gpus)
+    return generator + reference + lay.trainer.gpus
 
 
 def plan(
@@ -224,8 +234,9 @@ def plan(
         raise UserError(f"gpus_per_node must be at least 1, got {gpn}")
     need = minimum_gpus(recipe)
     if gpus < need:
+        together = ", sharing GPUs (layout.colocate)" if recipe.layout.colocate else ""
         raise UserError(
-            f"{recipe.name} needs at least {need} GPUs ({_breakdown(recipe)}); got {gpus}"
+            f"{recipe.name} needs at least {need} GPUs ({_breakdown(recipe)}{together}); got {gpus}"
         )
     num_nodes = -(-gpus // gpn)
     if num_nodes > 1 and gpus % gpn:
@@ -240,6 +251,8 @@ def plan(
             f"of {min(gpus, gpn)} GPUs, not {nodes}: ask for {nodes * gpn} GPUs for {nodes} nodes"
         )
     per_node = gpus // num_nodes
+    if recipe.layout.colocate:
+        return _colocated_plan(recipe, gpus, per_node, num_nodes, accelerator, need)
     lay = recipe.layout
     gen_tp = lay.generator.tp
     ref_tp = lay.reference.tp if lay.reference.enabled else 0
@@ -306,6 +319,87 @@ def plan(
         minimum_gpus=need,
         settings=settings,
     )
+
+
+def _colocated_plan(
+    recipe: Recipe, gpus: int, per_node: int, num_nodes: int, accelerator: str, need: int
+) -> Plan:
+    """layout.colocate: on one node, the trainer shards over every GPU (FSDP), the generator
+    has a replica on every generator.tp of them, the reference sits on the first
+    reference.tp; every GPU's services take turns, and must fit it together."""
+    if num_nodes > 1:
+        raise UserError(
+            f"{recipe.name}: layout.colocate runs on one node; use at most {per_node} GPUs"
+        )
+    lay = recipe.layout
+    gen_tp = lay.generator.tp
+    replicas = gpus // gen_tp
+    placements = [
+        Placement("generator", r, 0, tuple(range(r * gen_tp, (r + 1) * gen_tp)))
+        for r in range(replicas)
+    ]
+    if lay.reference.enabled:
+        placements.append(Placement("reference", 0, 0, tuple(range(lay.reference.tp))))
+    placements.append(Placement("trainer", 0, 0, tuple(range(gpus))))
+    placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
+    placements_t = tuple(placements)
+    used = {g for p in placements_t for g in p.gpus}
+    idle = tuple((0, g) for g in range(gpus) if g not in used)
+    settings = plan_settings(
+        recipe,
+        accelerator=accelerator,
+        shared=shared_services(placements_t),
+        trainer_gpus=gpus,
+        generator_replicas=replicas,
+        expected_paths=_expected_paths(recipe, placements_t),
+    )
+    memory = estimate_memory(recipe, generator_replicas=replicas, trainer_gpus=gpus)
+    _check_colocated_memory(recipe, accelerator, memory, settings)
+    return Plan(
+        recipe_name=recipe.name,
+        total_gpus=gpus,
+        gpus_per_node=per_node,
+        num_nodes=1,
+        cpu=False,
+        generator_replicas=replicas,
+        generator_tp=gen_tp,
+        trainer_gpus=gpus,
+        reference_enabled=lay.reference.enabled,
+        reference_tp=lay.reference.tp,
+        reward_procs=lay.reward.procs,
+        placements=placements_t,
+        memory=memory,
+        idle_gpus=idle,
+        accelerator=accelerator,
+        minimum_gpus=need,
+        settings=settings,
+        colocated=True,
+    )
+
+
+def _check_colocated_memory(
+    recipe: Recipe, accelerator: str, memory: dict[str, float], settings: Settings
+) -> None:
+    """Services that share a GPU must fit it together: the trainer's estimate, the generator's
+    bf16 weights with its fixed KV cache, and the reference's."""
+    from recipes.memory import RUNTIME_OVERHEAD_GB
+
+    arch = recipe.arch
+    parts = {"trainer": memory["trainer"]}
+    kv = settings.generator.kv_cache_gb or 0.0
+    parts["generator"] = round(
+        2 * arch.params / recipe.layout.generator.tp / 1e9 + kv + RUNTIME_OVERHEAD_GB, 1
+    )
+    if "reference" in memory:
+        parts["reference"] = memory["reference"]
+    total, capacity = sum(parts.values()), ACCELERATOR_GB[accelerator]
+    if total > capacity:
+        shown = " + ".join(f"{k} {v:.0f}" for k, v in parts.items())
+        raise UserError(
+            f"{recipe.name}: layout.colocate puts {shown} = {total:.0f} GB on one {accelerator} "
+            f"of {capacity:.0f} GB; use more GPUs (the trainer shards over all of them) or give "
+            "the services GPUs of their own (layout.colocate=false)"
+        )
 
 
 def shared_services(placements: tuple[Placement, ...]) -> frozenset[str]:

@@ -268,6 +268,9 @@ class Layout(_Strict):
     reference: ReferenceLayout = ReferenceLayout()
     trainer: TrainerLayout = TrainerLayout()
     reward: RewardLayout = RewardLayout()
+    # every GPU service on the same GPUs of one node, taking turns (sample, score, train): the
+    # least GPUs a recipe can run on (its widest service's), for models small enough to share
+    colocate: bool = False
 
 
 class Resources(_Strict):

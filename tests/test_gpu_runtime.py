@@ -1,15 +1,19 @@
 """The whole runtime on GPUs (run with `pytest -m gpu`): `python -m runtime --recipe tiny-gpu
 --gpus 2` as a launched task runs it. vLLM samples, the TorchTitan trainer trains, each version
-goes to the generator by NCCL push; a policy with random weights learns the tiny task by RL."""
+goes to the generator by NCCL push (on 2 GPUs) or CUDA IPC (on 1 GPU, the services colocated);
+a policy with random weights learns the tiny task by RL, and its held-out accuracy rises."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
 import pytest
 import torch
 from runtime_helpers import finish, metrics, start
+
+from launcher.cli import main as cli_main
 
 pytestmark = pytest.mark.gpu
 
@@ -34,3 +38,30 @@ def test_tiny_gpu_learns_through_vllm_and_the_weight_push(tmp_path: Path, nothin
     assert all(r["time/push_s"] > 0 for r in rows[1:])
     assert rows[-1]["buffer/dropped_stale"] == 0
     nothing_left(out, proc.pid)
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dapo"])
+def test_tiny_gpu_learns_on_one_gpu_colocated(tmp_path: Path, nothing_left, loss):
+    """The plan `forgesky plan tiny-gpu --gpus 1 --set layout.colocate=true` gives: vLLM and
+    the trainer take turns on one GPU, each version reaches vLLM by CUDA IPC."""
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny-gpu", "--gpus", "1", "--run-dir", str(run_dir)]
+    proc = start([*args, "--set", "layout.colocate=true", "--set", f"grpo.loss={loss}"])
+    code, out = finish(proc, timeout=900)
+    print(out)
+    assert code == 0, out
+    assert "weights reach the generators by: ipc" in out and "take turns" in out
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 61))
+    first = statistics.mean(r["reward/mean"] for r in rows[:5])
+    last = statistics.mean(r["reward/mean"] for r in rows[-5:])
+    assert first < 0.3 and last >= 0.8, (first, last)
+    evals = [r for r in rows if "eval/pass@1" in r]
+    assert evals[0]["eval/version"] == 0 and evals[-1]["eval/version"] == 60, evals
+    assert evals[0]["eval/pass@1"] <= 0.2 and evals[-1]["eval/pass@1"] >= 0.8, evals
+    nothing_left(out, proc.pid)
+    # the finished model, evaluated again in one process by `forgesky eval` (a new vLLM)
+    result = tmp_path / "eval.json"
+    assert cli_main(["eval", str(run_dir), "--out", str(result)]) == 0
+    offline = json.loads(result.read_text())
+    assert offline["step"] == 60 and offline["eval/pass@1"] >= 0.8, offline

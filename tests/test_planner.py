@@ -348,3 +348,37 @@ def test_more_gpus_never_mean_fewer_generator_replicas(layout, gpus, more, gpn):
     small, big = try_plan(r, gpus, gpn), try_plan(r, gpus + more, gpn)
     if small is not None and big is not None:
         assert big.generator_replicas >= small.generator_replicas
+
+
+# --- layout.colocate: the services share GPUs ---------------------------------------------------
+
+
+def test_colocated_services_share_every_gpu_of_one_node():
+    one = plan(recipe("qwen3-1.7b", "layout.colocate=true"), 1)
+    assert minimum_gpus(recipe("qwen3-1.7b", "layout.colocate=true")) == 1
+    assert {(p.service, p.gpus) for p in one.placements if p.gpus} == {
+        ("generator", (0,)),
+        ("reference", (0,)),
+        ("trainer", (0,)),
+    }
+    s = one.settings
+    assert s.generator.kv_cache_gb is not None and s.generator.gpu_memory_utilization == 0.05
+    assert s.trainer.activation_checkpointing and s.weight_sync.expected == ("ipc",)
+    assert "take turns" in one.describe()
+    four = plan(recipe("qwen3-1.7b", "layout.colocate=true"), 4)
+    assert (four.generator_replicas, four.trainer_gpus, four.idle_gpus) == (4, 4, ())
+    assert [p.gpus for p in four.placements_of("generator")] == [(0,), (1,), (2,), (3,)]
+    assert four.settings.weight_sync.expected == ("ipc",) * 4
+    # the 8B's widest service is its TP2 generator (and FSDP2 trainer)
+    eight = recipe("qwen3-8b", "layout.colocate=true")
+    assert minimum_gpus(eight) == 2
+    assert "FSDP2, sharing GPUs (layout.colocate)); got 1" in error_of(eight, 1)
+
+
+def test_colocated_services_must_fit_a_gpu_together():
+    message = error_of(recipe("qwen3-8b", "layout.colocate=true"), 2)
+    assert message.startswith("qwen3-8b: layout.colocate puts trainer 70 + generator 26 + ")
+    assert "on one H100 of 80 GB; use more GPUs" in message
+    assert plan(recipe("qwen3-8b", "layout.colocate=true"), 4).trainer_gpus == 4
+    message = error_of(recipe("qwen3-1.7b", "layout.colocate=true"), 16)
+    assert "layout.colocate runs on one node; use at most 8 GPUs" in message

@@ -27,9 +27,10 @@ from launcher.cli import main as cli_main
 pytestmark = pytest.mark.slow
 
 
-def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left):
+@pytest.mark.parametrize("loss", ["grpo", "dapo"])
+def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left, loss):
     run_dir = tmp_path / "run"
-    proc = start(["--recipe", "tiny", "--run-dir", str(run_dir)])
+    proc = start(["--recipe", "tiny", "--run-dir", str(run_dir), "--set", f"grpo.loss={loss}"])
     code, out = finish(proc, timeout=900)
     assert code == 0, out
     nothing_left(out, proc.pid)
@@ -45,6 +46,8 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left):
     # max_policy_age 1: the generator starts its next call while the reference scores the last
     # (at the latest on the first step, when the trainer waits for rollouts)
     assert sum(r["generator/overlapped_calls"] for r in rows) > 0
+    if loss == "dapo":  # dynamic sampling dropped the groups that all scored alike
+        assert sum(r["rollout/dropped_uninformative"] for r in rows) > 0
     # and never one that would be stale by the time it is trained on
     assert rows[-1]["buffer/dropped_stale"] == 0
     # the held-out prompts (four digits shown, never trained on): the initial policy, every 10

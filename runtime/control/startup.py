@@ -8,6 +8,7 @@ import functools
 import socket
 from typing import Any
 
+from recipes.planner import shared_services
 from runtime.control.config import RunConfig
 from runtime.control.services import Services
 from runtime.procs.lifecycle import RunLifecycle
@@ -58,6 +59,16 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     trainers = _placements(plan, "trainer")
     settings = plan.settings
     ranks = trainer_ranks(tuple(g for p in trainers for g in p.gpus), settings.trainer.ranks)
+    # Services that share a GPU take turns: the caching allocator grows and shrinks segments
+    # so one's freed memory serves the next (fixed segments fragment across the turns).
+    shared = shared_services(plan.placements)
+
+    def gpu_env(service: str, env: dict[str, str] | None = None) -> dict[str, str]:
+        extra = dict(env or {})
+        if service in shared:
+            extra.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        return extra
+
     # CPU threads: every service proc computes at once (rollouts overlap training)
     busy = len(ranks) + len(gens) + len(refs) + plan.reward_procs
     threads = max(1, available_cores() // busy)
@@ -70,7 +81,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
             "trainer",
             len(ranks),
             gpus=ranks,
-            env=trainer_env(len(ranks)),
+            env=gpu_env("trainer", trainer_env(len(ranks))),
             threads=threads,
             host=hosts.host_of("trainer", trainers),
         ),
@@ -81,6 +92,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
                 f"generator{p.replica}",
                 1,
                 gpus=[p.gpus],
+                env=gpu_env("generator"),
                 threads=threads,
                 host=hosts.host(p.node),
             )
@@ -92,6 +104,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
                 "reference",
                 1,
                 gpus=[refs[0].gpus],
+                env=gpu_env("reference"),
                 threads=threads,
                 host=hosts.host(refs[0].node),
             )
