@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from runtime.procs.host import create_shared_memory, sweep_stale_shared_memory, unlink_shared_memory
+from runtime.procs.host import (
+    create_shared_memory,
+    sweep_cuda_segments,
+    sweep_stale_shared_memory,
+    unlink_shared_memory,
+)
 
 _TEXT = {"capture_output": True, "text": True}
 
@@ -79,3 +84,19 @@ def test_segments_of_runs_whose_controller_died_are_swept(monkeypatch):
         stale.close()
         live.close()
         unlink_shared_memory(live)
+
+
+def test_the_cuda_drivers_segments_of_ended_processes_are_swept():
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **_TEXT)
+    uid = os.getuid()
+    stale = Path("/dev/shm", f"cuda.shm.{uid}.{int(ended.stdout):x}.1")
+    live = Path("/dev/shm", f"cuda.shm.{uid}.{os.getpid():x}.1")
+    other_user = Path("/dev/shm", f"cuda.shm.{uid + 1}.{int(ended.stdout):x}.1")
+    for path in (stale, live, other_user):
+        path.write_bytes(b"x")
+    try:
+        assert sweep_cuda_segments() >= 1
+        assert not stale.exists() and live.exists() and other_user.exists()
+    finally:
+        for path in (stale, live, other_user):
+            path.unlink(missing_ok=True)

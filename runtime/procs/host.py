@@ -143,9 +143,10 @@ def unlink_shared_memory(segment: shared_memory.SharedMemory) -> None:
 
 
 def sweep_shared_memory(prefix: str | None = None) -> int:
-    """Unlink every segment left by this run; returns how many there were."""
+    """Unlink every segment left by this run, and the CUDA driver's of ended processes; returns
+    how many there were."""
     prefix = shm_prefix() if prefix is None else prefix
-    removed = 0
+    removed = sweep_cuda_segments()  # the run's procs have ended by now
     for path in _SHM_DIR.glob(prefix + "*") if _SHM_DIR.is_dir() else ():
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -153,9 +154,31 @@ def sweep_shared_memory(prefix: str | None = None) -> int:
     return removed
 
 
-def sweep_stale_shared_memory() -> int:
-    """Unlink segments of earlier runs on this host whose controller is gone (say, SIGKILLed)."""
+# The CUDA driver keeps a segment per process that uses CUDA IPC, /dev/shm/cuda.shm.<uid>.<pid in
+# hex>.<n>, and leaves it behind when the process ends without the driver's teardown (a proc
+# stopped at shutdown): on a node that runs many jobs they pile up in /dev/shm.
+_CUDA_SEGMENT = re.compile(r"cuda\.shm\.(\d+)\.([0-9a-f]+)\.\d+")
+
+
+def sweep_cuda_segments() -> int:
+    """Unlink the CUDA driver's segments of this user's processes that have ended."""
     removed = 0
+    for path in _SHM_DIR.glob("cuda.shm.*") if _SHM_DIR.is_dir() else ():
+        match = _CUDA_SEGMENT.fullmatch(path.name)
+        if not match or int(match.group(1)) != os.getuid():
+            continue
+        if psutil.pid_exists(int(match.group(2), 16)):
+            continue
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed += 1
+    return removed
+
+
+def sweep_stale_shared_memory() -> int:
+    """Unlink segments of earlier runs on this host whose controller is gone (say, SIGKILLed),
+    and the CUDA driver's of ended processes."""
+    removed = sweep_cuda_segments()
     for path in _SHM_DIR.glob("forgesky_*") if _SHM_DIR.is_dir() else ():
         owner = _DEFAULT_RUN_ID.match(path.name.removeprefix("forgesky_"))
         if owner and not psutil.pid_exists(int(owner.group(1))):
