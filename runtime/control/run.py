@@ -19,7 +19,9 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     recipe = config.recipe
     print(config.plan.describe(), flush=True)
     start = time.perf_counter()
-    print("starting services (weight store, trainer, generator, reference, reward) ...", flush=True)
+    services = ["weight store", "trainer", "generator"]
+    services += ["reference"] if config.plan.reference_enabled else []
+    print(f"starting services ({', '.join([*services, 'reward'])}) ...", flush=True)
     services = await start_services(life, config)
     print(
         f"services ready in {time.perf_counter() - start:.1f} s; run dir {config.run_dir}",
