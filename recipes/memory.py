@@ -64,9 +64,18 @@ def estimate_memory(
     generator = (2 * arch.params + kv_cache) / layout.generator.tp
 
     memory = {"generator": generator, "trainer": trainer}
-    if layout.reference.enabled:
+    if layout.reference.on_gpu:
         memory["reference"] = 2 * arch.params / layout.reference.tp + activations
     return {k: round(v / GB + RUNTIME_OVERHEAD_GB, 1) for k, v in sorted(memory.items())}
+
+
+def reference_host_gb(recipe: Recipe) -> float:
+    """Host memory a reference on the CPU takes: float32 weights (4 bytes a parameter), one
+    micro-batch's activations and logits, plus 2 GB."""
+    arch = architecture(recipe.model.family, recipe.model.size)
+    seq = recipe.grpo.max_prompt_tokens + recipe.grpo.max_response_tokens
+    activations = arch.n_layers * seq * arch.dim * 4 + seq * arch.vocab_size * 4
+    return round((4 * arch.params + activations) / GB + 2.0, 1)
 
 
 def memory_errors(recipe: Recipe, memory: dict[str, float]) -> list[str]:

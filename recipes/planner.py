@@ -94,6 +94,8 @@ class Plan:
     minimum_gpus: int = 0
     settings: Settings | None = field(default=None, hash=False, compare=True)
     colocated: bool = False  # layout.colocate: the GPU services share GPUs and take turns
+    reference_host_gb: float | None = None  # a reference on the CPU: host memory it takes
+    reference_step_tflop: float | None = None  # and the forward work it does a step
 
     def placements_of(self, service: Service) -> tuple[Placement, ...]:
         """The placements of one service, in replica order."""
@@ -146,6 +148,12 @@ class Plan:
                 f"are written, and the generator stops at twice its GPUs; --gpus {fewer} "
                 "gives the same plan"
             )
+        if self.reference_host_gb is not None:
+            lines.append(
+                f"reference on node 0's CPU (layout.reference.device: cpu): ~"
+                f"{self.reference_host_gb:.0f} GB of host memory, float32, and a forward of "
+                f"~{self.reference_step_tflop:.3g} TFLOP a step on its cores"
+            )
         if self.colocated:
             lines.append(
                 "layout.colocate: the services share their GPUs and take turns (sample, score, "
@@ -166,7 +174,7 @@ class Plan:
         return sum(1 for n, _ in self.idle_gpus if n == node)
 
     def _parallel(self, p: Placement) -> str:
-        if self.cpu or p.service == "reward":
+        if self.cpu or p.service == "reward" or not p.gpus:
             return "-"
         if p.service == "generator":
             return f"TP{self.generator_tp}"
@@ -183,7 +191,7 @@ def minimum_gpus(recipe: Recipe) -> int:
     if recipe.cpu:
         return 0
     lay = recipe.layout
-    reference = lay.reference.tp if lay.reference.enabled else 0
+    reference = lay.reference.tp if lay.reference.on_gpu else 0
     generator = lay.generator.tp * lay.generator.replicas
     if lay.colocate:
         return max(generator, reference, lay.trainer.gpus)
@@ -255,7 +263,7 @@ def plan(
         return _colocated_plan(recipe, gpus, per_node, num_nodes, accelerator, need)
     lay = recipe.layout
     gen_tp = lay.generator.tp
-    ref_tp = lay.reference.tp if lay.reference.enabled else 0
+    ref_tp = lay.reference.tp if lay.reference.on_gpu else 0
     replicas, trainer_gpus = lay.generator.replicas, lay.trainer.gpus
 
     def packing(replicas: int, trainer_gpus: int) -> list[tuple[Service, int, int, int]] | None:
@@ -290,7 +298,7 @@ def plan(
         else:
             break
 
-    placements, used = _placements(packed, recipe.layout.reward.procs)
+    placements, used = _placements(packed, recipe.layout.reward.procs, _cpu_reference(recipe))
     idle = tuple((n, g) for n in range(num_nodes) for g in range(per_node) if (n, g) not in used)
     settings = plan_settings(
         recipe,
@@ -318,7 +326,25 @@ def plan(
         accelerator=accelerator,
         minimum_gpus=need,
         settings=settings,
+        reference_host_gb=_reference_host_gb(recipe),
+        reference_step_tflop=_reference_step_tflop(recipe),
     )
+
+
+def _reference_step_tflop(recipe: Recipe) -> float | None:
+    """2 FLOPs a parameter a token over a step's sequences (prompt and response at their
+    limits): the reference's forward work."""
+    if not _cpu_reference(recipe):
+        return None
+    g = recipe.grpo
+    tokens = g.prompts_per_step * g.group_size * (g.max_prompt_tokens + g.max_response_tokens)
+    return round(2 * recipe.arch.params * tokens / 1e12, 3)
+
+
+def _reference_host_gb(recipe: Recipe) -> float | None:
+    from recipes.memory import reference_host_gb
+
+    return reference_host_gb(recipe) if _cpu_reference(recipe) else None
 
 
 def _colocated_plan(
@@ -339,7 +365,8 @@ def _colocated_plan(
         for r in range(replicas)
     ]
     if lay.reference.enabled:
-        placements.append(Placement("reference", 0, 0, tuple(range(lay.reference.tp))))
+        on = tuple(range(lay.reference.tp)) if lay.reference.on_gpu else ()
+        placements.append(Placement("reference", 0, 0, on))
     placements.append(Placement("trainer", 0, 0, tuple(range(gpus))))
     placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
     placements_t = tuple(placements)
@@ -374,6 +401,8 @@ def _colocated_plan(
         minimum_gpus=need,
         settings=settings,
         colocated=True,
+        reference_host_gb=_reference_host_gb(recipe),
+        reference_step_tflop=_reference_step_tflop(recipe),
     )
 
 
@@ -497,7 +526,7 @@ def _pack(
 
 
 def _placements(
-    packed: list[tuple[Service, int, int, int]], reward_procs: int
+    packed: list[tuple[Service, int, int, int]], reward_procs: int, cpu_reference: bool = False
 ) -> tuple[tuple[Placement, ...], set[tuple[int, int]]]:
     next_gpu: dict[int, int] = {}
     placements: list[Placement] = []
@@ -505,16 +534,24 @@ def _placements(
         start = next_gpu.get(node, 0)
         next_gpu[node] = start + size
         placements.append(Placement(service, index, node, tuple(range(start, start + size))))
+    if cpu_reference:  # on node 0's CPU, beside the controller and the reward procs
+        placements.append(Placement("reference", 0, 0, ()))
     placements += [Placement("reward", r, 0, ()) for r in range(reward_procs)]
     used = {(p.node, g) for p in placements for g in p.gpus}
     return tuple(placements), used
+
+
+def _cpu_reference(recipe: Recipe) -> bool:
+    return recipe.layout.reference.enabled and not recipe.layout.reference.on_gpu
 
 
 def _breakdown(recipe: Recipe) -> str:
     lay = recipe.layout
     g, t = lay.generator, lay.trainer
     parts = [f"generator {g.tp * g.replicas} = TP{g.tp}×{g.replicas}"]
-    if lay.reference.enabled:
+    if _cpu_reference(recipe):
+        parts.append("reference on CPU")
+    elif lay.reference.enabled:
         tp = lay.reference.tp
         parts.append(f"reference {tp}" + (f" = TP{tp}" if tp > 1 else ""))
     parts.append(f"trainer {t.gpus} = FSDP{t.gpus}")

@@ -252,6 +252,13 @@ class GeneratorLayout(_Strict):
 class ReferenceLayout(_Strict):
     enabled: bool = True
     tp: int = Field(default=1, ge=1)
+    # gpu, or cpu: the reference scores in float32 on node 0's CPU cores, taking no GPU (slow:
+    # for small models where a GPU is dearer than the time; the host needs the memory)
+    device: Literal["gpu", "cpu"] = "gpu"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.enabled and self.device == "gpu"
 
 
 class TrainerLayout(_Strict):
@@ -473,6 +480,11 @@ def _consistency_errors(r: Recipe) -> list[str]:
     tps = [("layout.generator.tp", lay.generator.tp)]
     if lay.reference.enabled:
         tps.insert(1, ("layout.reference.tp", lay.reference.tp))
+    if lay.reference.enabled and lay.reference.device == "cpu" and lay.reference.tp != 1:
+        errors.append(
+            f"layout.reference.tp: a reference on the CPU runs in one process; set it to 1, "
+            f"got {lay.reference.tp}"
+        )
     for path, tp in tps:
         if arch.n_heads % tp or arch.n_kv_heads % tp:
             errors.append(

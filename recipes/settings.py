@@ -175,12 +175,13 @@ def plan_settings(
     )
 
     ref_tokens = SHARED_TOKENS
-    if not cpu and "reference" not in shared:
+    ref_gpu = not cpu and recipe.layout.reference.on_gpu
+    if ref_gpu and "reference" not in shared:
         fit = trainer_memory_plan(recipe.arch, 1, ACCELERATOR_BYTES[accelerator])
         ref_tokens = fit[0] if fit else SHARED_TOKENS
     reference = ReferenceSettings(
         tokens_per_micro_batch=pick("reference", "tokens_per_micro_batch", ref_tokens),
-        compile=pick("reference", "compile", not cpu),
+        compile=pick("reference", "compile", ref_gpu),
     )
     sync = recipe.weight_sync
     weight_sync = WeightSyncSettings(sync.transport, sync.timeout_s, expected_paths)

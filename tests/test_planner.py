@@ -382,3 +382,38 @@ def test_colocated_services_must_fit_a_gpu_together():
     assert plan(recipe("qwen3-8b", "layout.colocate=true"), 4).trainer_gpus == 4
     message = error_of(recipe("qwen3-1.7b", "layout.colocate=true"), 16)
     assert "layout.colocate runs on one node; use at most 8 GPUs" in message
+
+
+# --- layout.reference.device: cpu ----------------------------------------------------------------
+
+
+def test_a_reference_on_the_cpu_takes_no_gpu():
+    on_cpu = recipe("qwen3-1.7b", "layout.reference.device=cpu")
+    assert minimum_gpus(on_cpu) == 2
+    p = plan(on_cpu, 2)
+    assert [x.gpus for x in p.placements_of("reference")] == [()]
+    assert {g for x in p.placements for g in x.gpus} == {0, 1} and p.idle_gpus == ()
+    assert p.reference_host_gb == pytest.approx(11, abs=1) and p.reference_step_tflop > 100
+    assert "reference" not in p.memory and not p.settings.reference.compile
+    assert "reference on node 0's CPU" in p.describe()
+    # with extra GPUs the generator grows into what the reference would have held
+    assert plan(on_cpu, 3).generator_replicas == 2
+    together = plan(recipe("qwen3-1.7b", "layout.reference.device=cpu", "layout.colocate=true"), 1)
+    assert {(x.service, x.gpus) for x in together.placements if x.service != "reward"} == {
+        ("generator", (0,)),
+        ("trainer", (0,)),
+        ("reference", ()),
+    }
+    assert "reference on CPU" in error_of(on_cpu, 1)
+
+
+def test_a_reference_on_the_cpu_needs_the_hosts_memory():
+    from runtime.procs.cluster import Cluster, check_plan_fits
+
+    p = plan(recipe("qwen3-1.7b", "layout.reference.device=cpu"), 2)
+    check_plan_fits(p, Cluster(), available_bytes=int(64e9))
+    with pytest.raises(UserError, match="needs ~11 GB of host memory and this node has 8 GB free"):
+        check_plan_fits(p, Cluster(), available_bytes=int(8e9))
+    tp = "layout.reference.tp: a reference on the CPU runs in one process"
+    with pytest.raises(UserError, match=tp):
+        recipe("qwen3-8b", "layout.reference.device=cpu", "layout.reference.tp=2")

@@ -109,8 +109,20 @@ def cluster_from_env(environ: Mapping[str, str] | None = None, port: int | None 
     return Cluster(rank=rank, ips=ips, port=port)
 
 
-def check_plan_fits(plan: Any, cluster: Cluster) -> None:
-    """Raise UserError unless the plan uses exactly the cluster's nodes."""
+def check_plan_fits(plan: Any, cluster: Cluster, available_bytes: int | None = None) -> None:
+    """Raise UserError unless the plan uses exactly the cluster's nodes and, with a reference
+    on the CPU, node 0 has the memory it needs (`available_bytes`: this host's, by default)."""
+    if plan.reference_host_gb is not None and cluster.rank == 0:
+        if available_bytes is None:
+            import psutil
+
+            available_bytes = psutil.virtual_memory().available
+        if plan.reference_host_gb * 1e9 > available_bytes:
+            raise UserError(
+                f"layout.reference.device cpu: the reference needs ~{plan.reference_host_gb:.0f}"
+                f" GB of host memory and this node has {available_bytes / 1e9:.0f} GB free; put "
+                "it on a GPU (layout.reference.device=gpu) or disable it"
+            )
     if plan.num_nodes == cluster.nodes:
         return
     where = (
