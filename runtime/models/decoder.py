@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import torch.nn as nn
 from torchtitan.models.common import Embedding, Linear, RMSNorm
@@ -17,7 +17,9 @@ from torchtitan.models.common.attention import (
 )
 from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
 
-from runtime.models.spec import Attention
+# TorchTitan's inner attention, by name
+Attention = Literal["sdpa", "flex", "varlen"]
+
 
 # Only used for random-init models.
 _LINEAR_INIT: dict[str, Callable] = {

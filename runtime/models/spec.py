@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from recipes.names import FAMILIES
 from runtime.models.families import family
 
 Family = str  # one of recipes.names.FAMILIES
-Attention = Literal["sdpa", "flex", "varlen"]  # TorchTitan's inner attention (models/decoder.py)
 
 _FIELDS = (
     "family",

@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 
+from runtime.models.decoder import Attention
 from runtime.models.families import family
-from runtime.models.spec import Attention, ModelSpec
+from runtime.models.spec import ModelSpec
 
 
 def titan_config(spec: ModelSpec, attention: Attention = "sdpa") -> Any:

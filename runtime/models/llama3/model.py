@@ -8,8 +8,7 @@ from torchtitan.models.common import ComplexRoPE
 from torchtitan.models.llama3 import Llama3Model
 from torchtitan.models.llama3.model import Llama3TransformerBlock
 
-from runtime.models.decoder import decoder_config
-from runtime.models.spec import Attention
+from runtime.models.decoder import Attention, decoder_config
 
 
 def _rope(spec: Any) -> Any:

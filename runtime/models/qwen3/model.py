@@ -8,8 +8,7 @@ from torchtitan.models.common import CosSinRoPE
 from torchtitan.models.qwen3 import Qwen3Model
 from torchtitan.models.qwen3.model import Qwen3TransformerBlock
 
-from runtime.models.decoder import decoder_config
-from runtime.models.spec import Attention
+from runtime.models.decoder import Attention, decoder_config
 
 
 def titan_config(spec: Any, attention: Attention = "sdpa") -> Any:
