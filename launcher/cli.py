@@ -2,7 +2,7 @@
 
 The catalog commands (recipes, show, plan, validate, cp) import neither SkyPilot nor torch, so
 they answer at once; render/launch and the cluster commands import SkyPilot when they run, and
-`local` and `eval` import the runtime.
+`local`, `eval` and `export` import the runtime.
 """
 
 from __future__ import annotations
@@ -152,6 +152,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a recipe field (repeatable)",
     )
     p.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON")
+
+    p = _add(
+        sub,
+        "export",
+        "write a run's trained policy as a Hugging Face model folder (and push it to the Hub)",
+        _cmd_export,
+        epilog="A run writes RUN_DIR/model when it finishes; this exports any committed "
+        "checkpoint. The folder loads with transformers' from_pretrained and vllm.LLM.",
+    )
+    p.add_argument("source", metavar="RUN_DIR", help="run directory, or one of its checkpoints")
+    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
+    p.add_argument(
+        "--recipe", default=None, help="catalog name or YAML path (default: the run's own)"
+    )
+    p.add_argument(
+        "--push-to-hub",
+        default=None,
+        metavar="REPO",
+        help="then upload to this Hub repository, private if new (token: HF_TOKEN)",
+    )
 
     p = _add(
         sub,
@@ -339,6 +360,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from runtime.evaluate import run
 
     return run(args.source, args.recipe, list(args.overrides), args.out)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from runtime.export import run
+
+    return run(
+        args.source,
+        args.out,
+        step=args.step,
+        recipe_name=args.recipe,
+        push_to_hub=args.push_to_hub,
+    )
 
 
 def _cmd_local(args: argparse.Namespace) -> int:

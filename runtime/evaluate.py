@@ -33,31 +33,35 @@ class Source:
     recorded: Path | None = None  # the run's config.json
 
 
-def resolve_source(text: str) -> Source:
+def resolve_source(text: str, command: str = "eval") -> Source:
     """SOURCE checked on disk without loading anything; UserError says what is wrong."""
     from runtime.control import checkpoint
 
     if not text.strip():
-        raise UserError("eval: SOURCE is blank; give a run directory or a model folder")
+        raise UserError(f"{command}: SOURCE is blank; give a run directory or a model folder")
     path = Path(text).expanduser()
     if not path.exists():
-        raise UserError(f"eval: {text}: no such file or directory")
+        raise UserError(f"{command}: {text}: no such file or directory")
     if not path.is_dir():
-        raise UserError(f"eval: {text} is a file; give a run directory or a model folder")
+        raise UserError(f"{command}: {text} is a file; give a run directory or a model folder")
     if (path / "trainer.pt").exists() or (path / checkpoint.MARKER).exists():
         if not (path / checkpoint.MARKER).exists():
-            raise UserError(f"eval: checkpoint {text} was never committed (no {checkpoint.MARKER})")
+            raise UserError(
+                f"{command}: checkpoint {text} was never committed (no {checkpoint.MARKER})"
+            )
         step = _step_of(path)
         return Source("checkpoint", path, step, _recorded(path.parent.parent))
     if (path / "checkpoints").is_dir():
         found = checkpoint.latest(path / "checkpoints")
         if found is None:
-            raise UserError(f"eval: run {text} has no committed checkpoint in {path}/checkpoints")
+            raise UserError(
+                f"{command}: run {text} has no committed checkpoint in {path}/checkpoints"
+            )
         return Source("checkpoint", found.path, found.step, _recorded(path))
     if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
         return Source("hf", path)
     raise UserError(
-        f"eval: {text} is neither a run directory (checkpoints/), a checkpoint (COMMITTED, "
+        f"{command}: {text} is neither a run directory (checkpoints/), a checkpoint (COMMITTED, "
         "trainer.pt) nor a model folder (config.json, *.safetensors)"
     )
 
@@ -72,7 +76,9 @@ def _recorded(run_dir: Path) -> Path | None:
     return config if config.is_file() else None
 
 
-def resolve_recipe(source: Source, recipe: str | None, overrides: list[str]) -> Any:
+def resolve_recipe(
+    source: Source, recipe: str | None, overrides: list[str], command: str = "eval"
+) -> Any:
     """The recipe to evaluate with: `--recipe`, else the one the run recorded."""
     from recipes import apply_overrides, load_recipe, validate_recipe
 
@@ -82,18 +88,22 @@ def resolve_recipe(source: Source, recipe: str | None, overrides: list[str]) -> 
         try:
             data = json.loads(source.recorded.read_text())
         except (OSError, ValueError) as e:
-            raise UserError(f"eval: cannot read {source.recorded} ({e}); pass --recipe") from None
+            raise UserError(
+                f"{command}: cannot read {source.recorded} ({e}); pass --recipe"
+            ) from None
         data.pop("plan", None)
         base = validate_recipe(data, str(source.recorded))
     elif source.kind == "hf":
         raise UserError("eval: a model folder needs --recipe (which data, rewards, sampling)")
     else:
-        raise UserError(f"eval: {source.path} has no recorded recipe (config.json); pass --recipe")
+        raise UserError(
+            f"{command}: {source.path} has no recorded recipe (config.json); pass --recipe"
+        )
     # the eval section applies whether or not the run evaluated: enabling it checks it
     return apply_overrides(base, ["eval.enabled=true", *overrides])
 
 
-def load_hf_weights(source: Source, recipe: Any) -> dict[str, Any]:
+def load_hf_weights(source: Source, recipe: Any, command: str = "eval") -> dict[str, Any]:
     """The model's weights under HF names, checked against the recipe's architecture."""
     import torch
 
@@ -112,8 +122,8 @@ def load_hf_weights(source: Source, recipe: Any) -> dict[str, Any]:
             titan = state["model"]
         except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
             first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
-            raise UserError(f"eval: checkpoint {file} cannot be read ({first})") from None
-    _check_fit(titan, spec, f"eval: the weights in {source.path}", recipe)
+            raise UserError(f"{command}: checkpoint {file} cannot be read ({first})") from None
+    _check_fit(titan, spec, f"{command}: the weights in {source.path}", recipe)
     return to_hf(dict(titan), spec)
 
 

@@ -44,6 +44,7 @@ class FakeServices:
     flat_every: int = 0
     advantages: list[list[float]] = field(default_factory=list)  # per step
     reward_name: str = "builtin:tiny"  # the key of the one reward's score
+    exported: list[tuple[str, dict]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.loaded = [-1] * self.generators
@@ -141,6 +142,9 @@ class FakeServices:
 
     async def save(self, directory: str) -> None:
         torch.save({"step": self.version}, Path(directory) / "trainer.pt")
+
+    async def export(self, directory: str, provenance: dict[str, Any]) -> None:
+        self.exported.append((directory, dict(provenance)))
 
     async def restore(self, directory: str) -> int:
         self.version = torch.load(Path(directory) / "trainer.pt")["step"]

@@ -60,12 +60,19 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left, loss):
     assert evals[-1]["step"] == 60 and evals[-1]["eval/prompts"] == 10
     assert all(0 <= r["eval/pass@4"] <= 1 for r in evals)
     # `forgesky eval` of the finished run, in one process, gives the run's own final numbers
-    out = tmp_path / "eval.json"
-    assert cli_main(["eval", str(run_dir), "--out", str(out)]) == 0
-    offline = json.loads(out.read_text())
+    out_file = tmp_path / "eval.json"
+    assert cli_main(["eval", str(run_dir), "--out", str(out_file)]) == 0
+    offline = json.loads(out_file.read_text())
     assert offline["step"] == 60
     for key in ("eval/pass@1", "eval/reward_mean", "eval/pass@4", "eval/mean@4"):
         assert offline[key] == pytest.approx(evals[-1][key]), (key, offline, evals[-1])
+    # the model the run left, in Hugging Face format, evaluates the same
+    model = run_dir / "model"
+    assert f"model -> {model}" in out
+    assert json.loads((model / "forgesky.json").read_text())["step"] == 60
+    assert cli_main(["eval", str(model), "--recipe", "tiny", "--out", str(out_file)]) == 0
+    exported = json.loads(out_file.read_text())
+    assert exported["eval/pass@1"] == pytest.approx(evals[-1]["eval/pass@1"])
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert any(p.name.startswith("step_") for p in (run_dir / "checkpoints").iterdir())
 
@@ -84,6 +91,7 @@ def test_sigterm_checkpoints_exits_zero_and_the_rerun_resumes(tmp_path: Path, no
     stopped_at = metrics(run_dir)[-1]["step"]
     assert f"checkpoint step {stopped_at}" in out
     assert stopped_at < 12
+    assert not (run_dir / "model").exists()  # a stopped run leaves checkpoints, not a model
 
     again = start(args)
     code, out = finish(again, timeout=600)
@@ -92,6 +100,7 @@ def test_sigterm_checkpoints_exits_zero_and_the_rerun_resumes(tmp_path: Path, no
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 13))
     assert rows[-1]["policy_version"] == 12
+    assert json.loads((run_dir / "model/forgesky.json").read_text())["step"] == 12
 
 
 @pytest.mark.parametrize("when", ["startup", "training"])

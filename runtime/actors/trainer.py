@@ -127,6 +127,27 @@ class TrainerActor(Actor):
             torch.save(state, Path(directory) / "trainer.pt")
 
     @endpoint
+    async def export(self, directory: str, provenance: dict[str, Any]) -> None:
+        """Write the policy as a Hugging Face model folder (rank 0; the gather is on every
+        rank): runtime.models.export."""
+        state = self.backend.hf_state_dict()
+        if self._rank() != 0:
+            return
+        from runtime.models.export import write_hf_model
+
+        r = self.recipe
+        write_hf_model(
+            state,
+            build.model_spec(r),
+            directory,
+            tokenizer=build.load_tokenizer(r),
+            dtype=r.model.dtype,
+            temperature=r.grpo.temperature,
+            top_p=r.grpo.top_p,
+            provenance=provenance,
+        )
+
+    @endpoint
     async def load(self, directory: str) -> int:
         """Restore from a checkpoint directory; returns the restored optimizer step.
 

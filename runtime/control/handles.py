@@ -63,5 +63,8 @@ class ServiceHandles(Protocol):
     async def restore(self, directory: str) -> int:
         """The trainer's state from a checkpoint directory; the optimizer step restored."""
 
+    async def export(self, directory: str, provenance: dict[str, Any]) -> None:
+        """The policy as a Hugging Face model folder."""
+
     def fail(self, error: BaseException) -> None:
         """A background task of the controller died: end the run with its cause."""

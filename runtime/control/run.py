@@ -50,7 +50,17 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     await controller.stop_rollouts()
     if controller.step > (controller.resumed_from or 0) or life.stopping.is_set():
         await controller.save_checkpoint()
-    status = "stopped" if controller.step < recipe.grpo.steps else "finished"
+    finished = controller.step >= recipe.grpo.steps
+    if finished:
+        model = config.run_dir / "model"
+        provenance = {
+            "recipe": recipe.name,
+            "step": controller.step,
+            "run_dir": str(config.run_dir),
+        }
+        await controller.services.export(str(model), provenance)
+        print(f"model -> {model} (Hugging Face format: transformers, vLLM)", flush=True)
+    status = "finished" if finished else "stopped"
     print(f"{status} at step {controller.step}; outputs in {config.run_dir}", flush=True)
 
 

@@ -111,6 +111,9 @@ class Services:
     async def restore(self, directory: str) -> int:
         return await self.train_call("load", directory)
 
+    async def export(self, directory: str, provenance: dict[str, Any]) -> None:
+        await self.train_call("export", directory, provenance)
+
     def fail(self, error: BaseException) -> None:
         """A background task of the controller died: end the run with its cause."""
         if isinstance(error, ActorFailure):

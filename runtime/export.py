@@ -1,0 +1,92 @@
+"""`forgesky export RUN_DIR`: a run's policy as a Hugging Face model folder, and on request on the
+Hub.
+
+A run writes RUN_DIR/model when it finishes; this writes the same from any committed checkpoint
+(`--step`, default the newest) of a run directory, or from one checkpoint directory, with the
+recipe the run recorded (`--recipe` for a checkpoint without one). `--push-to-hub REPO` then
+uploads the folder to a (private, if new) Hub repository with the token in HF_TOKEN.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from recipes import UserError
+
+
+def pick_checkpoint(source_text: str, step: int | None) -> Any:
+    """The checkpoint SOURCE and `--step` name (runtime.evaluate.Source)."""
+    from runtime.control import checkpoint
+    from runtime.evaluate import Source, resolve_source
+
+    source = resolve_source(source_text, command="export")
+    if source.kind == "hf":
+        raise UserError(f"export: {source_text} is a model folder already; give a run directory")
+    if step is None or step == source.step:
+        return source
+    run_dir = source.path.parent.parent
+    found = {c.step: c for c in checkpoint.committed(run_dir / "checkpoints")}
+    if step not in found:
+        have = ", ".join(map(str, sorted(found))) or "none"
+        raise UserError(
+            f"export: no committed checkpoint of step {step} in {run_dir} (have {have})"
+        )
+    return Source("checkpoint", found[step].path, step, source.recorded)
+
+
+def run(
+    source_text: str,
+    out: str,
+    *,
+    step: int | None = None,
+    recipe_name: str | None = None,
+    push_to_hub: str | None = None,
+) -> int:
+    """Export; UserError for what the user can fix."""
+    from runtime.backends import build
+    from runtime.evaluate import load_hf_weights, resolve_recipe
+    from runtime.models.export import write_hf_model
+
+    if not out.strip():
+        raise UserError("export: --out is blank; name the folder to write")
+    if push_to_hub is not None and not push_to_hub.strip():
+        raise UserError("export: --push-to-hub is blank; name the Hub repository (owner/name)")
+    token = build.hf_token()
+    if push_to_hub and token is None:
+        raise UserError("export: --push-to-hub needs a Hugging Face token in HF_TOKEN")
+    source = pick_checkpoint(source_text, step)
+    recipe = resolve_recipe(source, recipe_name, [], command="export")
+    print(f"exporting step {source.step} of {source.path.parent.parent} to {out}", flush=True)
+    weights = load_hf_weights(source, recipe, command="export")
+    folder = write_hf_model(
+        weights,
+        build.model_spec(recipe),
+        Path(out).expanduser(),
+        tokenizer=build.load_tokenizer(recipe),
+        dtype=recipe.model.dtype,
+        temperature=recipe.grpo.temperature,
+        top_p=recipe.grpo.top_p,
+        provenance={"recipe": recipe.name, "step": source.step, "checkpoint": str(source.path)},
+    )
+    files = sorted(p.name for p in folder.iterdir())
+    print(f"wrote {folder}: {', '.join(files)}", flush=True)
+    if push_to_hub:
+        url = push(folder, push_to_hub, token)
+        print(f"pushed to {url}", flush=True)
+    return 0
+
+
+def push(folder: Path, repo: str, token: str | None) -> str:
+    """Upload the folder to the Hub repository `repo` (made private if it does not exist)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo, private=True, exist_ok=True)
+        api.upload_folder(folder_path=str(folder), repo_id=repo, commit_message="forgesky export")
+    except HfHubHTTPError as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"export: the Hub refused {repo} ({first})") from None
+    return f"https://huggingface.co/{repo}"

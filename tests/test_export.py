@@ -1,0 +1,177 @@
+"""A model out: the trained policy as a Hugging Face folder that transformers loads with the
+runtime's own logits; `forgesky export` from any committed checkpoint, and to the Hub (only the
+upload itself is replaced)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_models import LLAMA, QWEN
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from launcher.cli import main
+from recipes import load_recipe, plan
+from runtime.backends import build
+from runtime.backends.titan_trainer import OptimizerConfig, TitanTrainer
+from runtime.control import checkpoint
+from runtime.grpo import policy_loss
+from runtime.models import build_hf_model, load_pretrained
+from runtime.models.export import write_hf_model
+from runtime.tasks.arith import tokenizer as char_tokenizer
+
+# the shipped character tokenizer needs ~100 ids
+SPECS = {
+    "qwen3": dataclasses.replace(QWEN, vocab_size=128),
+    "llama3-untied": dataclasses.replace(LLAMA, vocab_size=128, tie_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_a_trained_model_reloads_in_transformers_with_the_runtimes_logits(
+    tmp_path, token_batch, name
+):
+    spec = SPECS[name]
+    torch.manual_seed(0)
+    build_hf_model(spec).save_pretrained(tmp_path / "start", safe_serialization=True)
+    trainer = TitanTrainer(
+        spec, OptimizerConfig(lr=1e-2), weights=load_pretrained(str(tmp_path / "start"), spec)
+    )
+    start = {k: v.clone() for k, v in trainer.hf_state_dict().items()}
+    tokens, mask, advantages = token_batch(spec.vocab_size, rows=4, width=24)
+    for _ in range(2):
+        trainer.train_step(tokens, mask, advantages, None, None, policy_loss)
+    tok = char_tokenizer(spec.vocab_size)
+    folder = write_hf_model(
+        trainer.hf_state_dict(), spec, tmp_path / "model", tokenizer=tok, dtype="float32"
+    )
+    assert not (tmp_path / "model.partial").exists()
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert (
+        type(hf).__name__
+        == {"qwen3": "Qwen3ForCausalLM", "llama3": "LlamaForCausalLM"}[spec.family]
+    )
+    changed = [k for k, v in hf.state_dict().items() if k in start and not torch.equal(v, start[k])]
+    assert changed  # the export holds the trained weights, not the ones it started from
+    with torch.no_grad():
+        torch.testing.assert_close(
+            hf(input_ids=tokens).logits, trainer.model(tokens), atol=1e-5, rtol=0
+        )
+    reloaded = AutoTokenizer.from_pretrained(folder)
+    assert reloaded("1+1")["input_ids"] == tok("1+1")["input_ids"]
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == tok.eos_token_id and generation["do_sample"]
+
+
+def test_a_bf16_export_is_bf16_on_disk(tmp_path):
+    spec = SPECS["qwen3"]
+    trainer = TitanTrainer(spec, OptimizerConfig(lr=1e-3))
+    folder = write_hf_model(
+        trainer.hf_state_dict(), spec, tmp_path / "m", tokenizer=char_tokenizer(128)
+    )
+    assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype="auto")
+    assert {p.dtype for p in hf.parameters()} == {torch.bfloat16}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A tiny run directory with its recorded recipe and committed checkpoints 3 and 7."""
+    root = tmp_path_factory.mktemp("run")
+    recipe = load_recipe("tiny")
+    recorded = {**recipe.model_dump(mode="json"), "plan": plan(recipe, 0).to_dict()}
+    (root / "config.json").write_text(json.dumps(recorded))
+    for step, seed in ((3, 3), (7, 7)):
+        trainer = TitanTrainer(build.model_spec(recipe), OptimizerConfig(lr=1e-3), seed=seed)
+        partial = checkpoint.begin(root / "checkpoints", step)
+        torch.save(trainer.state_dict(), partial / "trainer.pt")
+        checkpoint.commit(root / "checkpoints", partial, step)
+    return root
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    return AutoModelForCausalLM.from_pretrained(folder).state_dict()
+
+
+def test_forgesky_export_writes_the_newest_or_the_named_checkpoint(run_dir, tmp_path, capsys):
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "newest")]) == 0
+    assert main(["export", str(run_dir), "--step", "3", "--out", str(tmp_path / "three")]) == 0
+    out = capsys.readouterr().out
+    assert "exporting step 7 of" in out and "exporting step 3 of" in out
+    assert json.loads((tmp_path / "newest/forgesky.json").read_text())["step"] == 7
+    spec = build.model_spec(load_recipe("tiny"))
+    for step, name in ((7, "newest"), (3, "three")):
+        state = torch.load(run_dir / f"checkpoints/step_{step:06d}/trainer.pt", weights_only=True)
+        model = build_hf_model(spec)
+        from runtime.models.hf import to_hf
+
+        model.load_state_dict(to_hf(state["model"], spec), strict=False)
+        got = _weights(tmp_path / name)
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(got[key], value, atol=0, rtol=0)
+    # and the exported folder evaluates like the checkpoint it came from
+    for i, source in enumerate([str(run_dir), str(tmp_path / "newest")]):
+        args = ["eval", source, "--recipe", "tiny", "--out", str(tmp_path / f"e{i}.json")]
+        assert main(args) == 0
+    first, second = (json.loads((tmp_path / f"e{i}.json").read_text()) for i in range(2))
+    assert first["eval/pass@1"] == second["eval/pass@1"]
+    assert first["eval/reward_mean"] == second["eval/reward_mean"]
+
+
+class _FakeHub:
+    """Stands in for huggingface_hub.HfApi: the one call that would reach the Hub."""
+
+    calls: list[tuple[str, dict]] = []
+
+    def __init__(self, token=None):
+        self.calls.append(("token", {"token": token}))
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
+
+    def upload_folder(self, **kwargs):
+        files = sorted(p.name for p in Path(kwargs["folder_path"]).iterdir())
+        self.calls.append(("upload_folder", {**kwargs, "files": files}))
+
+
+def test_push_to_hub_uploads_the_folder_with_the_token(run_dir, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", _FakeHub)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    _FakeHub.calls = []
+    args = ["export", str(run_dir), "--out", str(tmp_path / "m"), "--push-to-hub", "me/tiny"]
+    assert main(args) == 0
+    calls = dict(_FakeHub.calls)
+    assert calls["token"] == {"token": "hf_secret"}
+    assert calls["create_repo"] == {"repo_id": "me/tiny", "private": True, "exist_ok": True}
+    upload = calls["upload_folder"]
+    assert upload["repo_id"] == "me/tiny" and "model.safetensors" in upload["files"]
+    assert {"config.json", "generation_config.json", "tokenizer.json"} <= set(upload["files"])
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["{run}", "--out", " "], "--out is blank"),
+        (["{run}", "--out", "{tmp}/m", "--step", "5"], "no committed checkpoint of step 5"),
+        (["{run}", "--out", "{tmp}/m", "--push-to-hub", "me/x"], "needs a Hugging Face token"),
+        (["{tmp}/nothing", "--out", "{tmp}/m"], "no such file or directory"),
+        (["{tmp}/hf", "--out", "{tmp}/m"], "is a model folder already"),
+    ],
+)
+def test_bad_exports_are_one_line_and_exit_2(
+    run_dir, tmp_path, capsys, monkeypatch, args, expected
+):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf/config.json").write_text("{}")
+    (tmp_path / "hf/model.safetensors").write_bytes(b"")
+    argv = ["export", *(a.format(run=run_dir, tmp=tmp_path) for a in args)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("forgesky: error: export: ") and expected in err[0]
