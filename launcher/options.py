@@ -8,14 +8,25 @@ recovery settings, and at launch time the secrets in the environment.
 from __future__ import annotations
 
 import re
+import sys
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.names import RECOVERY_STRATEGIES, WANDB_MODES
-from recipes import Plan, Recipe, UserError, apply_overrides, load_recipe, minimum_gpus, plan
+from recipes import (
+    Plan,
+    Recipe,
+    UserError,
+    apply_overrides,
+    launch_gpus,
+    load_recipe,
+    minimum_gpus,
+    plan,
+)
 from recipes.names import WORKER_PORT, WORKER_PORT_ENV
+from recipes.planner import unsold_note
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 CHECKPOINT_MOUNT = "/checkpoints"
@@ -128,8 +139,13 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         overrides.append(f"resources.gpus_per_node={options.gpus_per_node}")
     recipe = resolve_recipe(source, tuple(overrides))
     need = minimum_gpus(recipe)
-    # The planner refuses counts below the minimum (0 included) with the per-service breakdown.
-    run_plan = plan(recipe, need if options.gpus is None else options.gpus)
+    # By default a count clouds sell; the planner refuses counts below the minimum (0 included)
+    # with the per-service breakdown.
+    gpus = launch_gpus(recipe) if options.gpus is None else options.gpus
+    run_plan = plan(recipe, gpus)
+    note = None if run_plan.cpu else unsold_note(gpus, run_plan.gpus_per_node)
+    if note:
+        print(f"forgesky: {note}", file=sys.stderr)
     _check_managed_options(options)
     if options.checkpoint_bucket is not None:
         check_bucket_url(options.checkpoint_bucket)

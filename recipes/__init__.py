@@ -23,6 +23,7 @@ _WHERE = {
     "Placement": "recipes.planner",
     "Plan": "recipes.planner",
     "minimum_gpus": "recipes.planner",
+    "launch_gpus": "recipes.planner",
     "plan": "recipes.planner",
     "Recipe": "recipes.schema",
 }

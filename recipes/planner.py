@@ -198,6 +198,35 @@ def minimum_gpus(recipe: Recipe) -> int:
     return generator + reference + lay.trainer.gpus
 
 
+# GPUs a node of the VM clouds comes with (1, 2, 4 or 8 of a kind); a Kubernetes cluster may
+# grant any count.
+SOLD_GPUS_PER_NODE = (1, 2, 4, 8)
+
+
+def launch_gpus(recipe: Recipe) -> int:
+    """The GPUs a launch asks for by default: the minimum rounded up to a count VM clouds sell
+    (the planner gives the extra GPUs work), whole nodes past one node; 0 on CPU."""
+    need = minimum_gpus(recipe)
+    gpn = recipe.resources.gpus_per_node
+    if recipe.cpu:
+        return 0
+    if need > gpn:
+        return -(-need // gpn) * gpn
+    return next((n for n in SOLD_GPUS_PER_NODE if need <= n <= gpn), need)
+
+
+def unsold_note(gpus: int, gpus_per_node: int) -> str | None:
+    """A line for a GPU count per node that VM clouds do not sell, else None."""
+    per_node = min(gpus, gpus_per_node)
+    if per_node in SOLD_GPUS_PER_NODE:
+        return None
+    sold = ", ".join(map(str, SOLD_GPUS_PER_NODE[:-1])) + f" or {SOLD_GPUS_PER_NODE[-1]}"
+    return (
+        f"note: {per_node} GPUs a node: VM clouds sell {sold}, so only a Kubernetes cluster "
+        "may grant this"
+    )
+
+
 def plan(
     recipe: Recipe,
     gpus: int,

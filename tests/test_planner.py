@@ -417,3 +417,19 @@ def test_a_reference_on_the_cpu_needs_the_hosts_memory():
     tp = "layout.reference.tp: a reference on the CPU runs in one process"
     with pytest.raises(UserError, match=tp):
         recipe("qwen3-8b", "layout.reference.device=cpu", "layout.reference.tp=2")
+
+
+def test_launches_ask_for_gpu_counts_clouds_sell():
+    from recipes import launch_gpus
+    from recipes.planner import unsold_note
+
+    counts = {
+        n: launch_gpus(recipe(n)) for n in ("qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b")
+    }
+    assert counts == {"qwen3-1.7b": 4, "qwen3-4b": 4, "qwen3-8b": 8, "qwen3-14b": 8}
+    assert launch_gpus(recipe("qwen3-32b")) == 16 and launch_gpus(recipe("tiny")) == 0
+    assert launch_gpus(recipe("qwen3-8b", "resources.gpus_per_node=4")) == 8  # two whole nodes
+    # the extra GPUs get work: the 1.7B's fourth GPU is a second generator replica
+    assert plan(recipe("qwen3-1.7b"), 4).generator_replicas == 2
+    assert unsold_note(5, 8).startswith("note: 5 GPUs a node: VM clouds sell 1, 2, 4 or 8")
+    assert unsold_note(8, 8) is None and unsold_note(16, 8) is None

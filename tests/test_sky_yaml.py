@@ -11,7 +11,7 @@ import yaml
 import sky
 from launcher import write_sky
 from launcher.cli import main
-from recipes import list_recipes, load_recipe, minimum_gpus, plan
+from recipes import launch_gpus, list_recipes, load_recipe, minimum_gpus, plan
 
 REPO = Path(__file__).resolve().parent.parent
 SKY_DIR = REPO / "sky"
@@ -64,7 +64,8 @@ def test_skypilot_parses_the_file(file_name):
     spot = file_name.endswith("-spot.yaml")
     recipe = load_recipe(file_name.removesuffix(".yaml").removesuffix("-spot"))
     need = minimum_gpus(recipe)
-    expected_plan = plan(recipe, need)
+    launched = launch_gpus(recipe)
+    expected_plan = plan(recipe, launched)
 
     assert task.name == f"grpo-{recipe.name}"
     assert task.num_nodes == expected_plan.num_nodes
@@ -75,7 +76,8 @@ def test_skypilot_parses_the_file(file_name):
         per_node = expected_plan.gpus_per_node
         wanted = [recipe.resources.accelerator, *recipe.resources.alternatives]
         assert [r.accelerators for r in task.resources] == [{a: per_node} for a in wanted]
-        assert per_node * task.num_nodes == need
+        assert per_node * task.num_nodes == launched
+        assert per_node in (1, 2, 4, 8)  # what VM clouds sell
     assert task.envs["MIN_GPUS"] == str(need)
     assert task.envs["MODEL"] == recipe.model.hf_id
     multi_node = {"FORGESKY_WORKER_PORT"} if expected_plan.num_nodes > 1 else set()

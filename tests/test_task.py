@@ -539,3 +539,14 @@ def test_node_plans_exactly_what_the_launcher_planned(node, monkeypatch):
     config = parse_config(args[2:])
     check_plan_fits(config.plan, config.cluster)
     assert (config.cluster.rank, config.cluster.port) == (1, 26600)
+
+
+def test_launch_without_gpus_asks_for_a_count_clouds_sell(monkeypatch, capsys, env):
+    code, fake, _, err = launch(monkeypatch, capsys, "qwen3-1.7b")
+    assert code == 0
+    assert [r.accelerators for r in resources(fake.task())] == [{"H100": 4}, {"H200": 4}]
+    assert fake.task().envs["MIN_GPUS"] == "3" and "note:" not in err
+    code, fake, _, err = launch(monkeypatch, capsys, "qwen3-1.7b", "--gpus", "3")
+    assert code == 0
+    assert [r.accelerators for r in resources(fake.task())] == [{"H100": 3}, {"H200": 3}]
+    assert "note: 3 GPUs a node: VM clouds sell 1, 2, 4 or 8" in err
