@@ -17,6 +17,16 @@ from recipes import UserError
 CPU_NODE_CPUS = "8+"
 
 
+def disk_gb(job: Job) -> int:
+    """The node disk: the recipe's, or what the run writes (recipes.memory.disk_plan)."""
+    given = job.recipe.resources.disk_gb
+    if given != "auto":
+        return given
+    from recipes.memory import disk_plan
+
+    return int(disk_plan(job.recipe, bucket=job.options.checkpoint_bucket is not None)["total"])
+
+
 def build_resources(job: Job) -> list[sky.Resources]:
     """One `sky.Resources` per accelerator the recipe accepts, in preference order.
 
@@ -26,7 +36,7 @@ def build_resources(job: Job) -> list[sky.Resources]:
     recipe, options = job.recipe, job.options
     common: dict = {
         "infra": options.infra,
-        "disk_size": recipe.resources.disk_gb,
+        "disk_size": disk_gb(job),
         "use_spot": True if options.spot else None,
     }
     if options.managed:

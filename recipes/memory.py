@@ -105,6 +105,34 @@ def _remedy(service: str) -> str:
     }[service]
 
 
+# --- disk -----------------------------------------------------------------------------------------
+
+# The node's software (the environment with torch and vLLM, compile and kernel caches, logs).
+SOFTWARE_DISK_GB = 60.0
+# A trainer checkpoint: fp32 weights and AdamW's two fp32 moments, 12 bytes a parameter.
+CHECKPOINT_BYTES_PER_PARAM = 12
+
+
+def disk_plan(recipe: Recipe, *, bucket: bool = False) -> dict[str, float]:
+    """GB of node disk a run needs, by what fills it, and "total" (rounded up to 50 GB, at
+    least 100): the model download (bf16), the kept checkpoints plus one being written (with a
+    checkpoint bucket, the one being uploaded plus the one being written stay local), the
+    exported model (bf16) and the software."""
+    from recipes.names import KEPT_CHECKPOINTS
+
+    arch = architecture(recipe.model.family, recipe.model.size)
+    bf16 = 2 * arch.params / GB
+    local_checkpoints = 2 if bucket else KEPT_CHECKPOINTS + 1
+    parts = {
+        "model download": 0.0 if recipe.model.init == "random" else bf16,
+        "checkpoints": local_checkpoints * CHECKPOINT_BYTES_PER_PARAM * arch.params / GB,
+        "exported model": bf16,
+        "software": SOFTWARE_DISK_GB,
+    }
+    total = max(100, math.ceil(sum(parts.values()) / 50) * 50)
+    return {k: round(v, 1) for k, v in parts.items()} | {"total": float(total)}
+
+
 # --- the trainer's micro-batch and activation checkpointing --------------------------------------
 
 # Micro-batch sizes the memory plan tries, largest first (more tokens per micro-batch: fewer

@@ -32,6 +32,9 @@ BUILTIN_TASKS: tuple[str, ...] = ("tiny", "arith")
 # The splits each of them has: "train" to learn from, "test" held out for evaluation.
 BUILTIN_SPLITS: tuple[str, ...] = ("train", "test")
 
+# Committed checkpoints a run keeps (the newest; older ones are deleted as new ones commit).
+KEPT_CHECKPOINTS = 3
+
 # Monarch's own launchers use this port for their worker loops (monarch/_src/job/spmd.py).
 WORKER_PORT = 26600
 WORKER_PORT_ENV = "FORGESKY_WORKER_PORT"

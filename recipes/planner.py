@@ -96,6 +96,7 @@ class Plan:
     colocated: bool = False  # layout.colocate: the GPU services share GPUs and take turns
     reference_host_gb: float | None = None  # a reference on the CPU: host memory it takes
     reference_step_tflop: float | None = None  # and the forward work it does a step
+    disk: dict[str, float] = field(default_factory=dict, hash=False)  # GB a node, by use
 
     def placements_of(self, service: Service) -> tuple[Placement, ...]:
         """The placements of one service, in replica order."""
@@ -153,6 +154,13 @@ class Plan:
                 f"reference on node 0's CPU (layout.reference.device: cpu): ~"
                 f"{self.reference_host_gb:.0f} GB of host memory, float32, and a forward of "
                 f"~{self.reference_step_tflop:.3g} TFLOP a step on its cores"
+            )
+        if self.disk:
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in self.disk.items() if k != "total")
+            lines.append(
+                f"disk: {self.disk['total']:.0f} GB a node ({parts}; resources.disk_gb)"
+                if parts
+                else f"disk: {self.disk['total']:.0f} GB a node (resources.disk_gb)"
             )
         if self.colocated:
             lines.append(
@@ -357,7 +365,16 @@ def plan(
         settings=settings,
         reference_host_gb=_reference_host_gb(recipe),
         reference_step_tflop=_reference_step_tflop(recipe),
+        disk=_disk(recipe),
     )
+
+
+def _disk(recipe: Recipe) -> dict[str, float]:
+    """The node disk: the recipe's, or what the run writes without a checkpoint bucket."""
+    from recipes.memory import disk_plan
+
+    given = recipe.resources.disk_gb
+    return {"total": float(given)} if given != "auto" else disk_plan(recipe)
 
 
 def _reference_step_tflop(recipe: Recipe) -> float | None:
@@ -432,6 +449,7 @@ def _colocated_plan(
         colocated=True,
         reference_host_gb=_reference_host_gb(recipe),
         reference_step_tflop=_reference_step_tflop(recipe),
+        disk=_disk(recipe),
     )
 
 

@@ -283,7 +283,10 @@ class Layout(_Strict):
 class Resources(_Strict):
     accelerator: Literal["H100", "H200", "cpu"] = "H100"
     alternatives: list[Literal["H100", "H200"]] = ["H200"]
-    disk_gb: int = Field(default=256, ge=1)
+    # each node's disk; auto: what the run writes (recipes/memory.py disk_plan)
+    disk_gb: int | Literal["auto"] = "auto"
+
+    _disk = field_validator("disk_gb")(lambda value: _at_least_one(value))
     gpus_per_node: int = Field(default=8, ge=1, le=64)
 
 

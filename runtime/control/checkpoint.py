@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipes import UserError
+from recipes.names import KEPT_CHECKPOINTS
 
 MARKER = "COMMITTED"
 _NAME = re.compile(r"^step_(\d{6,})$")
@@ -58,7 +59,7 @@ def begin(root: Path, step: int) -> Path:
     return partial
 
 
-def commit(root: Path, partial: Path, step: int, keep: int = 3) -> Checkpoint:
+def commit(root: Path, partial: Path, step: int, keep: int = KEPT_CHECKPOINTS) -> Checkpoint:
     """Flush `partial`, rename it to its final name, write the marker; keep the last `keep`."""
     for f in sorted(partial.rglob("*")):
         if f.is_file():
