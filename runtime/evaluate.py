@@ -11,9 +11,7 @@ backend (vLLM on a GPU, the HF generator on a CPU recipe).
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,33 +209,6 @@ def evaluate(
     return metrics
 
 
-def build_parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="Evaluate a finished model on its recipe's held-out data, as a run does.",
-    )
-    p.add_argument(
-        "source",
-        metavar="SOURCE",
-        help="a run directory, one of its checkpoints, or a Hugging Face model folder",
-    )
-    p.add_argument(
-        "--recipe",
-        default=None,
-        help="catalog name or YAML path (default: the recipe the run recorded)",
-    )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a recipe field, e.g. --set eval.prompts=64 (repeatable)",
-    )
-    p.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON")
-    return p
-
-
 def run(source_text: str, recipe_name: str | None, overrides: list[str], out: str | None) -> int:
     """Evaluate SOURCE, print the metrics (and write them to `out`); UserError for mistakes."""
     source = resolve_source(source_text)
@@ -271,17 +242,3 @@ def run(source_text: str, recipe_name: str | None, overrides: list[str], out: st
         }
         Path(out).write_text(json.dumps(result, indent=2) + "\n")
     return 0
-
-
-def main(argv: list[str] | None = None, prog: str = "python -m runtime.evaluate") -> int:
-    """`run` from the command line: mistakes end as one line and exit code 2."""
-    args = build_parser(prog).parse_args(argv)
-    try:
-        return run(args.source, args.recipe, list(args.overrides), args.out)
-    except UserError as err:
-        print(f"{prog.split()[0]}: error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

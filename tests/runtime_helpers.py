@@ -178,3 +178,24 @@ def run_ranks(fn: Any, ranks: int, tmp_path: Path) -> Any:
     out = str(tmp_path / "rank0.pt")
     mp.start_processes(fn, args=(ranks, port, out), nprocs=ranks, start_method="spawn")
     return torch.load(out, weights_only=False)
+
+
+def tiny_run_dir(root: Path, steps: tuple[int, ...] = (7,)) -> Path:
+    """A run directory of the `tiny` recipe without running it: the recipe it records and a
+    committed checkpoint per step, each of a trainer seeded with its step."""
+    import torch
+
+    from recipes import load_recipe, plan
+    from runtime.backends import build
+    from runtime.backends.titan_trainer import OptimizerConfig, TitanTrainer
+    from runtime.control import checkpoint
+
+    recipe = load_recipe("tiny")
+    recorded = {**recipe.model_dump(mode="json"), "plan": plan(recipe, 0).to_dict()}
+    (root / "config.json").write_text(json.dumps(recorded))
+    for step in steps:
+        trainer = TitanTrainer(build.model_spec(recipe), OptimizerConfig(lr=1e-3), seed=step)
+        partial = checkpoint.begin(root / "checkpoints", step)
+        torch.save(trainer.state_dict(), partial / "trainer.pt")
+        checkpoint.commit(root / "checkpoints", partial, step)
+    return root

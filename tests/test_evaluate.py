@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from runtime_helpers import tiny_run_dir
 from safetensors.torch import save_file
 
 from launcher.cli import main
-from recipes import load_recipe, plan
+from recipes import load_recipe
 from runtime.backends import build
-from runtime.backends.titan_trainer import OptimizerConfig, TitanTrainer
 from runtime.control import checkpoint
 from runtime.models import hf_config
 from runtime.models.hf import to_hf
@@ -25,15 +25,7 @@ from runtime.models.hf import to_hf
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     """A tiny run directory: its recorded recipe and one committed checkpoint (step 7)."""
-    root = tmp_path_factory.mktemp("run")
-    recipe = load_recipe("tiny")
-    recorded = {**recipe.model_dump(mode="json"), "plan": plan(recipe, 0).to_dict()}
-    (root / "config.json").write_text(json.dumps(recorded))
-    trainer = TitanTrainer(build.model_spec(recipe), OptimizerConfig(lr=1e-3), seed=7)
-    partial = checkpoint.begin(root / "checkpoints", 7)
-    torch.save(trainer.state_dict(), partial / "trainer.pt")
-    checkpoint.commit(root / "checkpoints", partial, 7)
-    return root
+    return tiny_run_dir(tmp_path_factory.mktemp("run"), steps=(7,))
 
 
 @pytest.fixture(scope="module")

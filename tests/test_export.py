@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from runtime_helpers import tiny_run_dir
 from test_models import LLAMA, QWEN
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from launcher.cli import main
-from recipes import load_recipe, plan
+from recipes import load_recipe
 from runtime.backends import build
 from runtime.backends.titan_trainer import OptimizerConfig, TitanTrainer
-from runtime.control import checkpoint
 from runtime.grpo import policy_loss
 from runtime.models import build_hf_model, load_pretrained
 from runtime.models.export import write_hf_model
@@ -80,16 +80,7 @@ def test_a_bf16_export_is_bf16_on_disk(tmp_path):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     """A tiny run directory with its recorded recipe and committed checkpoints 3 and 7."""
-    root = tmp_path_factory.mktemp("run")
-    recipe = load_recipe("tiny")
-    recorded = {**recipe.model_dump(mode="json"), "plan": plan(recipe, 0).to_dict()}
-    (root / "config.json").write_text(json.dumps(recorded))
-    for step, seed in ((3, 3), (7, 7)):
-        trainer = TitanTrainer(build.model_spec(recipe), OptimizerConfig(lr=1e-3), seed=seed)
-        partial = checkpoint.begin(root / "checkpoints", step)
-        torch.save(trainer.state_dict(), partial / "trainer.pt")
-        checkpoint.commit(root / "checkpoints", partial, step)
-    return root
+    return tiny_run_dir(tmp_path_factory.mktemp("run"), steps=(3, 7))
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
