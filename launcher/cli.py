@@ -143,14 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--recipe", default=None, help="catalog name or YAML path (default: the run's own)"
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a recipe field (repeatable)",
-    )
+    _add_set(p, "eval.prompts=64")
     p.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON")
 
     p = _add(
@@ -402,13 +395,17 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="GPUs per node (default: the recipe's resources.gpus_per_node, 8)",
     )
+    _add_set(p, "grpo.steps=20")
+
+
+def _add_set(p: argparse.ArgumentParser, example: str) -> None:
     p.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a recipe field, e.g. --set grpo.steps=20 (repeatable)",
+        help=f"override a recipe field, e.g. --set {example} (repeatable)",
     )
 
 

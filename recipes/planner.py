@@ -337,6 +337,37 @@ def plan(
 
     placements, used = _placements(packed, recipe.layout.reward.procs, _cpu_reference(recipe))
     idle = tuple((n, g) for n in range(num_nodes) for g in range(per_node) if (n, g) not in used)
+    return _gpu_plan(
+        recipe,
+        accelerator,
+        placements,
+        gpus=gpus,
+        per_node=per_node,
+        num_nodes=num_nodes,
+        replicas=replicas,
+        trainer_gpus=trainer_gpus,
+        idle=idle,
+        need=need,
+    )
+
+
+def _gpu_plan(
+    recipe: Recipe,
+    accelerator: str,
+    placements: tuple[Placement, ...],
+    *,
+    gpus: int,
+    per_node: int,
+    num_nodes: int,
+    replicas: int,
+    trainer_gpus: int,
+    idle: tuple[tuple[int, int], ...],
+    need: int,
+    colocated: bool = False,
+) -> Plan:
+    """The Plan of GPU placements: the services' settings and memory planned for them (with
+    `colocated`, checked to fit each GPU together)."""
+    lay = recipe.layout
     settings = plan_settings(
         recipe,
         accelerator=accelerator,
@@ -345,6 +376,9 @@ def plan(
         generator_replicas=replicas,
         expected_paths=_expected_paths(recipe, placements),
     )
+    memory = estimate_memory(recipe, generator_replicas=replicas, trainer_gpus=trainer_gpus)
+    if colocated:
+        _check_colocated_memory(recipe, accelerator, memory, settings)
     return Plan(
         recipe_name=recipe.name,
         total_gpus=gpus,
@@ -352,17 +386,18 @@ def plan(
         num_nodes=num_nodes,
         cpu=False,
         generator_replicas=replicas,
-        generator_tp=gen_tp,
+        generator_tp=lay.generator.tp,
         trainer_gpus=trainer_gpus,
         reference_enabled=lay.reference.enabled,
         reference_tp=lay.reference.tp,
         reward_procs=lay.reward.procs,
         placements=placements,
-        memory=estimate_memory(recipe, generator_replicas=replicas, trainer_gpus=trainer_gpus),
+        memory=memory,
         idle_gpus=idle,
         accelerator=accelerator,
         minimum_gpus=need,
         settings=settings,
+        colocated=colocated,
         reference_host_gb=_reference_host_gb(recipe),
         reference_step_tflop=_reference_step_tflop(recipe),
         disk=_disk(recipe),
@@ -417,39 +452,18 @@ def _colocated_plan(
     placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
     placements_t = tuple(placements)
     used = {g for p in placements_t for g in p.gpus}
-    idle = tuple((0, g) for g in range(gpus) if g not in used)
-    settings = plan_settings(
+    return _gpu_plan(
         recipe,
-        accelerator=accelerator,
-        shared=shared_services(placements_t),
-        trainer_gpus=gpus,
-        generator_replicas=replicas,
-        expected_paths=_expected_paths(recipe, placements_t),
-    )
-    memory = estimate_memory(recipe, generator_replicas=replicas, trainer_gpus=gpus)
-    _check_colocated_memory(recipe, accelerator, memory, settings)
-    return Plan(
-        recipe_name=recipe.name,
-        total_gpus=gpus,
-        gpus_per_node=per_node,
+        accelerator,
+        placements_t,
+        gpus=gpus,
+        per_node=per_node,
         num_nodes=1,
-        cpu=False,
-        generator_replicas=replicas,
-        generator_tp=gen_tp,
+        replicas=replicas,
         trainer_gpus=gpus,
-        reference_enabled=lay.reference.enabled,
-        reference_tp=lay.reference.tp,
-        reward_procs=lay.reward.procs,
-        placements=placements_t,
-        memory=memory,
-        idle_gpus=idle,
-        accelerator=accelerator,
-        minimum_gpus=need,
-        settings=settings,
+        idle=tuple((0, g) for g in range(gpus) if g not in used),
+        need=need,
         colocated=True,
-        reference_host_gb=_reference_host_gb(recipe),
-        reference_step_tflop=_reference_step_tflop(recipe),
-        disk=_disk(recipe),
     )
 
 
