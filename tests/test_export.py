@@ -166,3 +166,20 @@ def test_bad_exports_are_one_line_and_exit_2(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("forgesky: error: export: ") and expected in err[0]
+
+
+def test_weights_that_are_views_into_one_buffer_export(tmp_path):
+    """Gathered or flat weights share one storage; each still lands in the file."""
+    spec = SPECS["qwen3"]
+    state = TitanTrainer(spec, OptimizerConfig(lr=1e-3)).hf_state_dict()
+    flat = torch.cat([v.reshape(-1) for v in state.values()])
+    views, offset = {}, 0
+    for key, value in state.items():
+        views[key] = flat[offset : offset + value.numel()].view(value.shape)
+        offset += value.numel()
+    folder = write_hf_model(
+        views, spec, tmp_path / "m", tokenizer=char_tokenizer(128), dtype="float32"
+    )
+    got = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    for key, value in state.items():
+        torch.testing.assert_close(got[key], value, atol=0, rtol=0)

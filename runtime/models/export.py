@@ -44,7 +44,7 @@ def write_hf_model(
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
     target = DTYPES[dtype]
-    weights = {k: v.detach().to("cpu", target).contiguous() for k, v in hf_state.items()}
+    weights = {k: _own(v.detach().to("cpu", target)) for k, v in hf_state.items()}
     if spec.tie_embeddings:
         weights.pop("lm_head.weight", None)  # tied: the embedding is the output projection
     save_torch_state_dict(weights, partial, max_shard_size=max_shard_size)
@@ -64,6 +64,13 @@ def write_hf_model(
         shutil.rmtree(folder)
     partial.rename(folder)
     return folder
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """`t` in storage of its own: safetensors refuses views into a larger buffer (what gathered
+    or flat-published weights are)."""
+    t = t.contiguous()
+    return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
 
 
 def _token_ids(tokenizer: Any) -> dict[str, Any]:
