@@ -276,15 +276,17 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     if args.down and options.managed:
         raise UserError("--down applies to clusters; a managed job's cluster goes when it ends")
     from launcher.options import PROJECT_DIR, SECRETS, resolve_job, secret_values
+    from launcher.source import project_source
 
     job = resolve_job(args.recipe, options)
+    project = project_source(PROJECT_DIR)
     # Preflight on this machine: a missing token fails here, not after provisioning.
     secrets = secret_values(job, os.environ)
     from launcher import cloud
     from launcher.render import render
     from launcher.task import build_task
 
-    task = build_task(job, secrets, workdir=str(PROJECT_DIR))
+    task = build_task(job, secrets, project)
     kind = "managed job" if options.managed else "cluster"
     spot = " on spot instances" if options.spot else ""
     print(job.plan.describe())
@@ -293,6 +295,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         f"{kind} {job.name}{spot}; secrets from your environment: "
         f"{', '.join(given) if given else 'none'}"
     )
+    print(f"{PROG} on the nodes: {project.summary}")
     if options.managed and options.spot and not options.checkpoint_bucket:
         print(
             f"{PROG}: warning: no --checkpoint-bucket: a preempted job restarts from step 0",
@@ -302,8 +305,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         import shlex
 
         # The placeholder task: the real one carries secret values, which are never printed.
-        shown = build_task(job, secret_values(job, None), workdir=str(PROJECT_DIR))
-        sys.stdout.write(render(job, shown, f"{PROG} {shlex.join(args.argv)}"))
+        shown = build_task(job, secret_values(job, None), project)
+        sys.stdout.write(render(job, shown, f"{PROG} {shlex.join(args.argv)}", project))
         print(f"{PROG}: dry run: nothing launched", file=sys.stderr)
         return 0
     if not args.yes:

@@ -11,7 +11,15 @@ from typing import Any
 import yaml
 
 import sky
-from launcher.options import WORKER_PORT_ENV, Job, LaunchOptions, resolve_job, secret_values
+from launcher.options import (
+    PROJECT_DIR,
+    WORKER_PORT_ENV,
+    Job,
+    LaunchOptions,
+    resolve_job,
+    secret_values,
+)
+from launcher.source import ProjectSource, checkout, project_source
 from launcher.task import build_task
 
 # GPUs per VM that clouds sell; other counts need Kubernetes or a cloud that splits nodes.
@@ -66,11 +74,11 @@ def dump_yaml(config: dict[str, Any]) -> str:
     )
 
 
-def header(job: Job, command: str, path: str | None) -> str:
+def header(job: Job, command: str, path: str | None, project: ProjectSource) -> str:
     """The comment block on top of a rendered task: what it is and the exact commands.
 
     command: the forgesky command line that writes this file; path: the file, as the user will
-    type it (None when printed to stdout).
+    type it (None when printed to stdout); project: how forgesky reaches the nodes.
     """
     recipe, plan, options = job.recipe, job.plan, job.options
     file = path or "<file>"
@@ -89,7 +97,9 @@ def header(job: Job, command: str, path: str | None) -> str:
         f"{recipe.model.hf_id} on {hardware}; the recipe needs at least {job.min_gpus} GPUs.",
         f"Written by `{command}`: edit the recipe, not this file.",
         "",
-        "Run from the repository root (workdir: . is synced to every node):",
+        "Run from the repository root (workdir: . is synced to every node):"
+        if project.kind == "checkout"
+        else f"Run from any folder; forgesky reaches the nodes as {project.summary}:",
     ]
     if options.managed:
         lines += [
@@ -139,15 +149,24 @@ def header(job: Job, command: str, path: str | None) -> str:
     return "\n".join(f"# {line}".rstrip() for line in lines)
 
 
-def render(job: Job, task: sky.Task, command: str, path: str | None = None) -> str:
+def render(
+    job: Job, task: sky.Task, command: str, project: ProjectSource, path: str | None = None
+) -> str:
     """The whole file: the header and SkyPilot's YAML of `task`."""
-    return f"{header(job, command, path)}\n\n{dump_yaml(task_config(task))}"
+    return f"{header(job, command, path, project)}\n\n{dump_yaml(task_config(task))}"
 
 
 def render_recipe(
-    source: str, options: LaunchOptions, command: str, path: str | None = None, workdir: str = "."
+    source: str, options: LaunchOptions, command: str, path: str | None = None
 ) -> str:
-    """`forgesky render`: the file for `source` with `options`, secrets as placeholders only."""
+    """`forgesky render`: the file for `source` with `options`, secrets as placeholders only.
+
+    From a checkout the file names the workdir relatively (`.`): it is run from the repository
+    root, like the files in sky/. An installed forgesky brings its wheel or release instead.
+    """
     job = resolve_job(source, options)
-    task = build_task(job, secret_values(job, None), workdir)
-    return render(job, task, command, path)
+    project = project_source(PROJECT_DIR)
+    if project.kind == "checkout":
+        project = checkout(".")
+    task = build_task(job, secret_values(job, None), project)
+    return render(job, task, command, project, path)

@@ -27,9 +27,21 @@ STOPPED_EXIT_CODE = 75
 PYTHON_VERSION = "3.11"
 
 
-def setup_script() -> str:
-    """Install uv, a Python 3.11 venv and the pinned stack, from wheels only."""
+CHECKOUT_REQUIREMENT = "-e '.[runtime]'"
+
+
+def setup_script(project: str = CHECKOUT_REQUIREMENT) -> str:
+    """Install uv, a Python 3.11 venv and the pinned stack, from wheels only.
+
+    project: how `uv pip install` names forgesky itself (launcher.source.ProjectSource
+    .requirement): the synced checkout editable, a mounted wheel, or a release.
+    """
     stack = " ".join(RUNTIME_STACK)
+    how = (
+        "the synced workdir, installed editable"
+        if project == CHECKOUT_REQUIREMENT
+        else "from the requirement below"
+    )
     return (
         "\n".join(
             [
@@ -39,9 +51,9 @@ def setup_script() -> str:
                 "# uv's standalone Python: node images often ship an older one.",
                 f'[ -x "{VENV}/bin/python" ] || python3 -m uv venv --python {PYTHON_VERSION} "{VENV}"',
                 "# Wheels only (--only-binary :all:): no git clones, no source builds. The project",
-                "# itself (the synced workdir) is installed editable with its [runtime] extra.",
+                f"# itself ({how}) comes with its [runtime] extra.",
                 f'python3 -m uv pip install --python "{VENV}/bin/python" --only-binary :all: \\',
-                f"  {stack} -e '.[runtime]'",
+                f"  {stack} {project}",
                 f'python3 -m uv pip install --python "{VENV}/bin/python" --only-binary :all: '
                 f"--no-deps {TORCHSTORE}",
                 f'"{VENV}/bin/python" -c "import torch, monarch, torchtitan, torchstore; '

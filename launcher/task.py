@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import sky
 from launcher.options import CHECKPOINT_MOUNT, CODE_MOUNT_DIR, Job
 from launcher.scripts import STOPPED_EXIT_CODE, run_script, setup_script
+from launcher.source import ProjectSource
 from recipes import UserError
 
 # vCPUs for CPU recipes: the runtime starts one process per service (see recipes.plan).
@@ -59,15 +60,17 @@ def build_resources(job: Job) -> list[sky.Resources]:
         raise UserError(f"--infra {options.infra!r}: {first}") from None
 
 
-def build_task(job: Job, secrets: Mapping[str, str | None], workdir: str) -> sky.Task:
+def build_task(job: Job, secrets: Mapping[str, str | None], source: ProjectSource) -> sky.Task:
     """The SkyPilot task for `job`.
 
     secrets: from `launcher.options.secret_values` (None marks a reference SkyPilot must be
-    given at launch). workdir: the project directory, synced to every node.
+    given at launch). source: how forgesky itself reaches the nodes (launcher.source): a
+    checkout is the workdir, synced to every node; a wheel is file-mounted; a release is
+    installed from the index.
     """
     task = sky.Task(
         name=job.name,
-        setup=setup_script(),
+        setup=setup_script(source.requirement),
         run=run_script(
             recipe_name=job.recipe.name,
             recipe_ref=job.recipe_ref,
@@ -76,12 +79,12 @@ def build_task(job: Job, secrets: Mapping[str, str | None], workdir: str) -> sky
             overrides=job.node_overrides,
             code_path=CODE_MOUNT_DIR if job.code_mounts else None,
         ),
-        workdir=workdir,
+        workdir=source.workdir,
         num_nodes=job.plan.num_nodes,
         envs=dict(job.envs),
         secrets=dict(secrets),
     )
-    mounts = dict(job.code_mounts)
+    mounts = {**source.mounts, **dict(job.code_mounts)}
     if job.recipe_mount is not None:
         remote, local = job.recipe_mount
         mounts[remote] = local

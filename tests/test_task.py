@@ -20,6 +20,7 @@ import sky
 from launcher.cli import main
 from launcher.options import PROJECT_DIR, LaunchOptions, resolve_job, secret_values
 from launcher.scripts import RUNTIME_STACK, TORCHSTORE, run_script, setup_script
+from launcher.source import checkout
 from launcher.task import build_task
 
 TOKEN = "hf_secret_value_never_printed"
@@ -287,7 +288,7 @@ def test_render_parses_back_into_the_same_task(capsys):
             gpus=16, managed=True, spot=True, checkpoint_bucket="gs://b/ckpt", recovery="failover"
         ),
     )
-    built = build_task(job, secret_values(job, None), ".")
+    built = build_task(job, secret_values(job, None), checkout("."))
     assert parsed.num_nodes == built.num_nodes == 2
     assert [r.accelerators for r in parsed.resources] == [r.accelerators for r in built.resources]
     assert [r.job_recovery for r in parsed.resources] == [r.job_recovery for r in built.resources]
@@ -521,7 +522,7 @@ def test_node_plans_exactly_what_the_launcher_planned(node, monkeypatch):
         gpus=8, gpus_per_node=4, overrides=("grpo.kl_beta=0.05",), steps=20, wandb="offline"
     )
     job = resolve_job("qwen3-8b", options)
-    task = build_task(job, secret_values(job, None), ".")
+    task = build_task(job, secret_values(job, None), checkout("."))
     code, args, err = node(
         task.run, **task.envs, SKYPILOT_NUM_GPUS_PER_NODE="4", SKYPILOT_NUM_NODES="2"
     )
