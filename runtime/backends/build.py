@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from recipes import UserError, architecture
-from runtime.models import ModelSpec, load_pretrained
+from runtime.models import ModelSpec
+from runtime.models.loading import WeightSource, weight_source
 
 
 def model_spec(recipe: Any) -> ModelSpec:
@@ -66,11 +67,12 @@ def load_tokenizer(recipe: Any) -> Any:
         ) from None
 
 
-def initial_weights(recipe: Any, spec: ModelSpec) -> dict[str, torch.Tensor] | None:
-    """TorchTitan-named pretrained weights, or None for a seeded random init (`init: random`)."""
+def initial_weights(recipe: Any, spec: ModelSpec) -> WeightSource | None:
+    """The pretrained checkpoint as a source read a block at a time (a GPU backend copies
+    each rank's shards out of it), or None for a seeded random init (`init: random`)."""
     if recipe.model.init == "random":
         return None
-    return load_pretrained(recipe.model.hf_id, spec, token=hf_token())
+    return weight_source(recipe.model.hf_id, spec, token=hf_token())
 
 
 def eos_ids(tokenizer: Any) -> list[int]:

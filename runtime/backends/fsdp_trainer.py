@@ -45,7 +45,9 @@ from torch import Tensor
 from runtime.backends.base import LossFn, loss_inputs
 from runtime.backends.blocks import head_logprobs, head_outputs, micro_batches, wrap_blocks
 from runtime.backends.titan_trainer import OptimizerConfig
-from runtime.models import ModelSpec, build_model, to_hf
+from runtime.models import ModelSpec, to_hf
+from runtime.models.loading import WeightSource, as_source, load_into
+from runtime.models.titan import materialize, meta_model
 
 # Stats that add up across micro-batches and ranks; the rest are averaged weighted by tokens.
 _SUMMED = ("loss", "pg_loss", "response_tokens")  # runtime.grpo.SUMMED_STATS
@@ -122,7 +124,7 @@ class FSDPTrainer:
         optim: OptimizerConfig,
         *,
         temperature: float = 1.0,
-        weights: Mapping[str, Tensor] | None = None,
+        weights: WeightSource | Mapping[str, Tensor] | None = None,
         seed: int = 0,
         device: str | torch.device = "cuda",
         compute_dtype: torch.dtype = torch.bfloat16,
@@ -142,9 +144,9 @@ class FSDPTrainer:
         self.activation_checkpointing = activation_checkpointing
         self.world = init_distributed()
         self.rank = dist.get_rank() if self.world > 1 else 0
-        self.model = build_model(spec, device=self.device, dtype=torch.float32, seed=seed)
-        if weights is not None:
-            self.model.load_state_dict(dict(weights), strict=True)
+        # Built on meta, sharded there, then only this rank's shards get storage and are filled
+        # from the source a block at a time: no rank ever holds the whole model.
+        self.model = meta_model(spec)
         self.model._skip_lm_head = True
         wrap_blocks(
             self.model,
@@ -154,6 +156,8 @@ class FSDPTrainer:
         )
         if self.world > 1:
             self._shard()
+        materialize(self.model, self.device)
+        load_into(self.model, as_source(weights, spec, seed), "the trainer")
         self.model.train()
         self.optimizer, self.scheduler = optim.build(self.model, fused=self.device.type == "cuda")
         self.step = 0
@@ -360,7 +364,7 @@ class GPUReference:
         spec: ModelSpec,
         *,
         temperature: float = 1.0,
-        weights: Mapping[str, Tensor] | None = None,
+        weights: WeightSource | Mapping[str, Tensor] | None = None,
         seed: int = 0,
         device: str | torch.device = "cuda",
         dtype: torch.dtype = torch.bfloat16,
@@ -372,12 +376,13 @@ class GPUReference:
         self.device = torch.device(device)
         self.dtype = dtype
         self.tokens_per_micro_batch = tokens_per_micro_batch
-        # Built in fp32 like the trainer, so the rounding below starts from the same numbers.
-        self.model = build_model(spec, device=self.device, dtype=torch.float32, seed=seed)
-        if weights is not None:
-            self.model.load_state_dict(dict(weights), strict=True)
+        # The matmul weights get `dtype` storage while still on meta; the source's fp32 numbers
+        # are rounded once as they are copied in (the rounding autocast would apply per matmul).
+        self.model = meta_model(spec)
         if dtype != torch.float32:
             _round_matmul_weights(self.model, dtype)
+        materialize(self.model, self.device)
+        load_into(self.model, as_source(weights, spec, seed), "the reference")
         self.model._skip_lm_head = True
         self.model.eval().requires_grad_(False)
         wrap_blocks(self.model, checkpointing=False, compile=compile)

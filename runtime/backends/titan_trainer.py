@@ -12,6 +12,7 @@ from torch import Tensor
 from runtime.backends.base import LossFn, loss_inputs, token_entropy, token_logprobs
 from runtime.backends.blocks import micro_batches, wrap_blocks
 from runtime.models import ModelSpec, build_model, to_hf
+from runtime.models.loading import WeightSource
 
 # Stats that add up across micro-batches (the loss is normalised by the whole batch's size).
 _SUMMED_STATS = ("loss", "pg_loss", "response_tokens")
@@ -81,12 +82,16 @@ class OptimizerConfig:
 
 def _load_or_init(
     spec: ModelSpec,
-    weights: Mapping[str, Tensor] | None,
+    weights: WeightSource | Mapping[str, Tensor] | None,
     seed: int,
     device: torch.device,
     dtype: torch.dtype,
 ) -> torch.nn.Module:
+    """The seeded model, or one loaded from `weights`: one process holds all of it (the CPU
+    path), so a source is read whole."""
     model = build_model(spec, device=device, dtype=dtype, seed=seed)
+    if isinstance(weights, WeightSource):
+        weights = weights.state_dict()
     if weights is not None:
         model.load_state_dict(dict(weights), strict=True)
     return model
@@ -105,7 +110,7 @@ class TitanTrainer:
         optim: OptimizerConfig,
         *,
         temperature: float = 1.0,
-        weights: Mapping[str, Tensor] | None = None,
+        weights: WeightSource | Mapping[str, Tensor] | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
@@ -226,7 +231,7 @@ class TitanReference:
         spec: ModelSpec,
         *,
         temperature: float = 1.0,
-        weights: Mapping[str, Tensor] | None = None,
+        weights: WeightSource | Mapping[str, Tensor] | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,

@@ -20,6 +20,11 @@ _WHERE = {
     "load_hf_state_dict": "runtime.models.loading",
     "load_pretrained": "runtime.models.loading",
     "build_model": "runtime.models.titan",
+    "materialize": "runtime.models.titan",
+    "meta_model": "runtime.models.titan",
+    "WeightSource": "runtime.models.loading",
+    "load_into": "runtime.models.loading",
+    "weight_source": "runtime.models.loading",
     "titan_config": "runtime.models.titan",
 }
 __all__ = sorted(_WHERE)

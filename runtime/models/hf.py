@@ -31,6 +31,25 @@ def from_hf(hf_state_dict: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str
     return _adapter(spec).from_hf(dict(hf_state_dict))
 
 
+def from_hf_part(hf_part: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """`from_hf` of part of a checkpoint (one block, or the tensors outside the blocks).
+
+    The adapters expect a whole checkpoint: for a tied model they fill `lm_head` in from the
+    embedding, and refuse a dict with neither. A part without the embedding gets a placeholder
+    `lm_head` (a meta tensor) that is dropped again.
+    """
+    part = dict(hf_part)
+    placeholder = spec.tie_embeddings and not any(
+        k in part for k in ("lm_head.weight", "model.embed_tokens.weight")
+    )
+    if placeholder:
+        part["lm_head.weight"] = torch.empty(0, device="meta")
+    out = _adapter(spec).from_hf(part)
+    if placeholder:
+        out.pop("lm_head.weight", None)
+    return out
+
+
 def hf_config(spec: ModelSpec, **token_ids: Any) -> Any:
     """The transformers config of the same architecture (`Qwen3Config`, `LlamaConfig`, ...),
     with `architectures` set. `token_ids` may set pad_token_id, bos_token_id, eos_token_id."""

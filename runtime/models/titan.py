@@ -44,3 +44,35 @@ def build_model(
         for param in model.parameters():
             param.data = param.data.to(dtype)
     return model
+
+
+def meta_model(spec: ModelSpec, attention: Attention = "sdpa") -> Any:
+    """The TorchTitan decoder of `spec` on the meta device: shapes, no storage.
+
+    Shard it (FSDP2) while it is on meta, then `materialize` it: each rank allocates only its
+    shards, and `runtime.models.loading.load_into` fills them.
+    """
+    with torch.device("meta"):
+        model = titan_config(spec, attention).build()
+    _retie(model)
+    return model
+
+
+def _retie(model: Any) -> None:
+    """A tied model's embedding and output projection as one parameter (on meta the
+    constructor's tying may not hold; TorchTitan re-ties the same way before its init)."""
+    if getattr(model, "enable_weight_tying", False):
+        model.tok_embeddings.weight = model.lm_head.weight
+
+
+def materialize(model: Any, device: str | torch.device) -> Any:
+    """Storage on `device` for a `meta_model` (sharded or not), parameters left uninitialised;
+    the buffers (RoPE tables) computed as `build_model` computes them, in float32."""
+    device = torch.device(device)
+    model.to_empty(device=device)
+    _retie(model)  # to_empty gives each module a new Parameter when the device type changes
+    with torch.no_grad():
+        for module in model.modules():
+            if module._buffers and hasattr(module, "_init_self_buffers"):
+                module._init_self_buffers(buffer_device=device)
+    return model
