@@ -52,6 +52,8 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     old = first.logprobs(tokens, mask)
     stats = first.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS)
     published = first.hf_state_dict()
+    # gathered a group at a time; only rank 0 keeps the published copy
+    assert bool(published) == (rank == 0)
     resumed = trainer(7)
     # As the runtime resumes: rank 0 writes the gathered state, every rank reads it back.
     state = first.state_dict()

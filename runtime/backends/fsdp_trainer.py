@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -269,17 +269,34 @@ class FSDPTrainer:
             out[k] = v / total
         return out
 
-    def hf_state_dict(self) -> dict[str, Tensor]:
-        """The current weights, unsharded, under HF names, in `publish_dtype` (on this device).
-
-        With several ranks this gathers: every rank must call it (rank 0 publishes).
-        """
+    def hf_groups(self) -> Iterator[dict[str, Tensor]]:
+        """The current weights under HF names in `publish_dtype`, a group at a time: the tensors
+        outside the blocks, then each block. With several ranks each group is gathered (a
+        collective: every rank must iterate) and only rank 0 keeps it; the other ranks get
+        empty groups and never hold more than one gathered block."""
+        keep = self.rank == 0
         with torch.no_grad():
-            state = {
-                k: _full(v).detach().to(self.publish_dtype)
-                for k, v in self.model.state_dict().items()
-            }
-        return to_hf(state, self.spec)
+            for prefix, module in self._groups():
+                part = module.state_dict(prefix=prefix)  # fused q/k/v split as checkpoints name it
+                full = {k: _full(v).detach().to(self.publish_dtype) for k, v in part.items()}
+                yield to_hf(full, self.spec) if keep else {}
+                del part, full
+
+    def _groups(self) -> Iterator[tuple[str, torch.nn.Module]]:
+        outside = torch.nn.ModuleDict(
+            {n: m for n, m in self.model.named_children() if n != "layers"}
+        )
+        yield "", outside
+        for index, block in self.model.layers.items():
+            yield f"layers.{index}.", block
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """`hf_groups` joined: the whole model on rank 0, an empty dict on the other ranks
+        (every rank must call it)."""
+        state: dict[str, Tensor] = {}
+        for group in self.hf_groups():
+            state.update(group)
+        return state
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, scheduler and step, as full tensors on the CPU (any rank count
