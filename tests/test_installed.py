@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -31,7 +32,9 @@ from launcher.source import (
 )
 from recipes import UserError
 
-VERSION = metadata.version("forgesky")
+# From pyproject.toml: the wheel built here carries this version (this checkout need not be
+# installed for the module to be collected, e.g. on the GPU machine).
+VERSION = tomllib.loads((PROJECT_DIR / "pyproject.toml").read_text())["project"]["version"]
 WHEEL_NAME = f"forgesky-{VERSION}-py3-none-any.whl"
 
 
