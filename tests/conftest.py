@@ -98,3 +98,13 @@ def nothing_left() -> Any:
         runtime_helpers.assert_nothing_left(output, pgid=pgid, shm_before=before, noise=noise)
 
     return check
+
+
+def pytest_ignore_collect(collection_path: Any, config: Any) -> bool | None:
+    """`pytest -m gpu` on a GPU machine: the peer comparison of the losses (CPU tests, none of
+    them gpu-marked) imports verl, which `make install` puts in the CPU venv and a GPU stack
+    does not have; there it is not collected. Every other run collects it (and fails without
+    verl)."""
+    if config.option.markexpr == "gpu" and collection_path.name == "test_losses.py":
+        return True
+    return None

@@ -10,7 +10,10 @@ from runtime_helpers import token_batch
 from runtime.backends import OptimizerConfig
 from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference, response_logprobs
 from runtime.grpo import policy_loss
-from runtime.models import build_model
+from runtime.models import build_model, to_hf
+from runtime.models.export import write_hf_model
+from runtime.models.loading import weight_source
+from runtime.tasks.arith import tokenizer as char_tokenizer
 
 pytestmark = pytest.mark.gpu
 
@@ -150,3 +153,43 @@ def test_compiled_output_projection_trains_like_eager_in_less_memory():
         assert compiled[key] == pytest.approx(eager[key], rel=0.05, abs=1e-3), key
     # 6144 response tokens x 151936 x 4 bytes = 3.5 GiB per fp32 copy the eager head keeps
     assert peak_c < peak_e - 2.0
+
+
+def test_trainer_start_up_peak_stays_below_its_step_peak(tmp_path):
+    """Built on meta and filled a block at a time, the trainer's start-up peak is its fp32
+    weights plus one group in flight, below the peak of a training step."""
+    spec = QWEN3_1P7B_2_LAYERS
+    model = build_model(spec, device="cpu", seed=3)
+    params = sum(p.numel() for p in model.parameters())
+    folder = write_hf_model(
+        to_hf(model.state_dict(), spec),
+        spec,
+        tmp_path / "hf",
+        tokenizer=char_tokenizer(spec.vocab_size),
+    )
+    del model
+    free_gpu_memory()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    trainer = FSDPTrainer(
+        spec, OptimizerConfig(lr=1e-5), weights=weight_source(str(folder), spec), device="cuda"
+    )
+    torch.cuda.synchronize()
+    start_peak = torch.cuda.max_memory_allocated() - base
+    resident = torch.cuda.memory_allocated() - base
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(2, spec.vocab_size, (8, 512), generator=g)
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[:, 128:] = True
+    torch.cuda.reset_peak_memory_stats()
+    trainer.train_step(tokens, mask, torch.randn(8, generator=g), None, None, policy_loss)
+    torch.cuda.synchronize()
+    step_peak = torch.cuda.max_memory_allocated() - base
+    largest = max(p.numel() for p in trainer.model.parameters()) * 4
+    print(
+        f"{params / 1e9:.2f}B params: start-up peak {start_peak / 1e9:.2f} GB (fp32 weights "
+        f"{4 * params / 1e9:.2f} GB, resident after start {resident / 1e9:.2f} GB), step peak "
+        f"{step_peak / 1e9:.2f} GB"
+    )
+    assert start_peak <= 4 * params + largest
+    assert start_peak < step_peak

@@ -15,6 +15,9 @@ from runtime.backends import OptimizerConfig, collate
 from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference
 from runtime.grpo import policy_loss
 from runtime.models import to_hf
+from runtime.models.export import write_hf_model
+from runtime.models.loading import weight_source
+from runtime.tasks.arith import tokenizer as char_tokenizer
 
 pytestmark = pytest.mark.gpu
 
@@ -178,3 +181,65 @@ def test_incomplete_weights_are_refused(engine, w0):
     with pytest.raises(KeyError, match="model.norm.weight"):
         engine.load_weights(weights)
     engine.load_weights(_hf(w0))
+
+
+# The product path: a Hugging Face folder in (read a block at a time into a model built on meta),
+# a trained policy exported as the trainer actor exports it, and a second engine (beside the
+# module's) that loads the export from disk.
+def test_vllm_serves_an_export_with_the_trainers_logprobs(tmp_path):
+    start = write_hf_model(
+        _hf(peaked_weights(SMALL, seed=12)),
+        SMALL,
+        tmp_path / "start",
+        tokenizer=char_tokenizer(SMALL.vocab_size),
+        dtype="float32",
+    )
+    trainer = FSDPTrainer(
+        SMALL,
+        OptimizerConfig(lr=1e-3),
+        temperature=T,
+        weights=weight_source(str(start), SMALL),
+        device="cuda",
+    )
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(2, SMALL.vocab_size, (16, 96), generator=g)
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[:, 32:] = True
+    adv = torch.randn(16, generator=g)
+    old = trainer.logprobs(tokens, mask)
+    trainer.train_step(tokens, mask, adv, old, None, policy_loss)
+    # what the trainer actor's export endpoint writes at the end of a run
+    export = write_hf_model(
+        trainer.hf_state_dict(),
+        SMALL,
+        tmp_path / "export",
+        tokenizer=char_tokenizer(SMALL.vocab_size),
+        temperature=T,
+    )
+    master = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+    from runtime.backends.vllm_generator import VLLMGenerator
+
+    free_gpu_memory()
+    engine = VLLMGenerator(
+        SMALL,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        max_model_len=256,
+        temperature=T,
+        gpu_memory_utilization=0.25,
+        seed=0,
+        model_dir=export,
+        max_num_seqs=64,
+    )
+    try:
+        prompts = random_prompts(8, SMALL.vocab_size, seed=1)
+        out = engine.generate(prompts, n=4, max_new_tokens=MAX_NEW, temperature=T, seed=5)
+        _assert_not_degenerate(out)
+        diff = _assert_matches(out, master, trainer)
+        print(f"export served by vLLM: mean |lp diff| vs the trainer {diff.mean():.4f}")
+    finally:
+        engine.close()
+        free_gpu_memory()
+    batch = collate(out, pad_id=PAD)
+    assert batch.tokens.shape[0] == 32

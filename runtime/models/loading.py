@@ -246,6 +246,9 @@ def load_into(model: torch.nn.Module, source: WeightSource, what: str = "the mod
                         f"{tuple(target.shape)}"
                     )
                 local, piece = _local_piece(target, full)
+                if piece.device.type == "cpu" and piece.dtype != local.dtype:
+                    # Converted on the host: the copy to the GPU then needs no temporary there.
+                    piece = piece.to(local.dtype)
                 local.copy_(piece)
                 filled.add(name)
             del group
