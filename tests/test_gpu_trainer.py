@@ -191,5 +191,7 @@ def test_trainer_start_up_peak_stays_below_its_step_peak(tmp_path):
         f"{4 * params / 1e9:.2f} GB, resident after start {resident / 1e9:.2f} GB), step peak "
         f"{step_peak / 1e9:.2f} GB"
     )
-    assert start_peak <= 4 * params + largest
+    # one tensor in flight: to_empty gives each module of the tied embedding/output pair its
+    # own storage for a moment, before they are tied again
+    assert start_peak <= resident + 1.01 * largest
     assert start_peak < step_peak
