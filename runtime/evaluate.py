@@ -42,7 +42,7 @@ def resolve_source(text: str, command: str = "eval") -> Source:
         raise UserError(f"{command}: {text}: no such file or directory")
     if not path.is_dir():
         raise UserError(f"{command}: {text} is a file; give a run directory or a model folder")
-    if (path / "trainer.pt").exists() or (path / checkpoint.MARKER).exists():
+    if any((path / name).exists() for name in ("trainer", "trainer.pt", checkpoint.MARKER)):
         if not (path / checkpoint.MARKER).exists():
             raise UserError(
                 f"{command}: checkpoint {text} was never committed (no {checkpoint.MARKER})"
@@ -60,7 +60,7 @@ def resolve_source(text: str, command: str = "eval") -> Source:
         return Source("hf", path)
     raise UserError(
         f"{command}: {text} is neither a run directory (checkpoints/), a checkpoint (COMMITTED, "
-        "trainer.pt) nor a model folder (config.json, *.safetensors)"
+        "trainer/) nor a model folder (config.json, *.safetensors)"
     )
 
 
@@ -103,38 +103,55 @@ def resolve_recipe(
 
 def load_hf_weights(source: Source, recipe: Any, command: str = "eval") -> dict[str, Any]:
     """The model's weights under HF names, checked against the recipe's architecture."""
-    import torch
-
     from runtime.backends import build
     from runtime.models.hf import from_hf, to_hf
     from runtime.models.loading import check_config, load_hf_state_dict
 
     spec = build.model_spec(recipe)
+    where = f"{command}: the weights in {source.path}"
     if source.kind == "hf":
         check_config(source.path, spec, str(source.path))
         titan = from_hf(load_hf_state_dict(str(source.path)), spec)
-    else:
-        file = source.path / "trainer.pt"
-        try:
-            state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
-            titan = state["model"]
-        except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
-            raise UserError(f"{command}: checkpoint {file} cannot be read ({first})") from None
-    _check_fit(titan, spec, f"{command}: the weights in {source.path}", recipe)
+        _check_fit(_shapes(titan), _expected(spec, fused=False), where, recipe)
+        return to_hf(dict(titan), spec)
+    from runtime.backends import trainer_state
+
+    legacy = trainer_state.is_legacy(source.path)
+    try:
+        if not legacy:
+            # names and shapes from the metadata first: a wrong --recipe reads nothing
+            _check_fit(
+                trainer_state.saved_shapes(source.path), _expected(spec, fused=True), where, recipe
+            )
+        titan = trainer_state.model_weights(source.path, spec)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+        raise UserError(f"{command}: checkpoint {source.path} cannot be read ({first})") from None
+    if legacy:
+        _check_fit(_shapes(titan), _expected(spec, fused=False), where, recipe)
     return to_hf(dict(titan), spec)
 
 
-def _check_fit(titan: dict[str, Any], spec: Any, what: str, recipe: Any) -> None:
-    """UserError unless the TorchTitan-named tensors are exactly the recipe model's (names and
-    shapes, checked against the model built on the meta device)."""
-    import torch
+def _shapes(tensors: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in tensors.items()}
 
-    from runtime.models.titan import titan_config
 
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in titan_config(spec).build().state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in titan.items()}
+def _expected(spec: Any, *, fused: bool) -> dict[str, tuple[int, ...]]:
+    """The recipe model's tensors (built on meta): its parameters as the model holds them
+    (`fused`: q/k/v in one projection, what a DCP checkpoint stores) or its state dict."""
+    from runtime.models.titan import meta_model
+
+    model = meta_model(spec)  # tied: one parameter, as a live model saves it
+    tensors = dict(model.named_parameters()) if fused else model.state_dict()
+    return _shapes(tensors)
+
+
+def _check_fit(
+    got: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], what: str, recipe: Any
+) -> None:
+    """UserError unless the names and shapes are exactly the recipe model's."""
     model = f"{recipe.model.family} {recipe.model.size}"
     if got.keys() != expected.keys():
         odd = sorted(got.keys() ^ expected.keys())[:3]

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from runtime_helpers import ROOT
 
+from runtime.backends import trainer_state
 from runtime.control import checkpoint
 from runtime.control.metrics import read_metrics
 
@@ -316,7 +317,7 @@ def final_weights(run_dir: Path) -> dict[str, Any]:
     """The trainer state (model, optimizer, scheduler, step) in the newest checkpoint."""
     ckpt = checkpoint.latest(run_dir / "checkpoints")
     assert ckpt is not None, f"no committed checkpoint in {run_dir}"
-    return torch.load(ckpt.path / "trainer.pt", weights_only=False)
+    return trainer_state.read_all(ckpt.path)
 
 
 def tensors_differ(a: Any, b: Any, path: str = "") -> list[str]:

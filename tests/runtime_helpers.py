@@ -183,7 +183,6 @@ def run_ranks(fn: Any, ranks: int, tmp_path: Path) -> Any:
 def tiny_run_dir(root: Path, steps: tuple[int, ...] = (7,)) -> Path:
     """A run directory of the `tiny` recipe without running it: the recipe it records and a
     committed checkpoint per step, each of a trainer seeded with its step."""
-    import torch
 
     from recipes import load_recipe, plan
     from runtime.backends import build
@@ -196,6 +195,6 @@ def tiny_run_dir(root: Path, steps: tuple[int, ...] = (7,)) -> Path:
     for step in steps:
         trainer = TitanTrainer(build.model_spec(recipe), OptimizerConfig(lr=1e-3), seed=step)
         partial = checkpoint.begin(root / "checkpoints", step)
-        torch.save(trainer.state_dict(), partial / "trainer.pt")
+        trainer.save_checkpoint(str(partial))
         checkpoint.commit(root / "checkpoints", partial, step)
     return root

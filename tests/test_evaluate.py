@@ -10,13 +10,12 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from runtime_helpers import tiny_run_dir
 from safetensors.torch import save_file
 
 from launcher.cli import main
 from recipes import load_recipe
-from runtime.backends import build
+from runtime.backends import build, trainer_state
 from runtime.control import checkpoint
 from runtime.models import hf_config
 from runtime.models.hf import to_hf
@@ -33,10 +32,10 @@ def hf_folder(run_dir, tmp_path_factory) -> Path:
     """The same weights as a Hugging Face model folder."""
     folder = tmp_path_factory.mktemp("hf")
     spec = build.model_spec(load_recipe("tiny"))
-    state = torch.load(run_dir / "checkpoints/step_000007/trainer.pt", weights_only=True)
+    weights = trainer_state.model_weights(run_dir / "checkpoints/step_000007", spec)
     hf_config(spec).save_pretrained(folder)
     save_file(
-        {k: v.contiguous() for k, v in to_hf(state["model"], spec).items()},
+        {k: v.contiguous() for k, v in to_hf(weights, spec).items()},
         folder / "model.safetensors",
     )
     return folder

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from launcher.cli import main
 from recipes import load_recipe
-from runtime.backends import build
+from runtime.backends import build, trainer_state
 from runtime.backends.titan_trainer import OptimizerConfig, TitanTrainer
 from runtime.grpo import policy_loss
 from runtime.models import build_hf_model, load_pretrained
@@ -95,11 +95,11 @@ def test_forgesky_export_writes_the_newest_or_the_named_checkpoint(run_dir, tmp_
     assert json.loads((tmp_path / "newest/forgesky.json").read_text())["step"] == 7
     spec = build.model_spec(load_recipe("tiny"))
     for step, name in ((7, "newest"), (3, "three")):
-        state = torch.load(run_dir / f"checkpoints/step_{step:06d}/trainer.pt", weights_only=True)
+        weights = trainer_state.model_weights(run_dir / f"checkpoints/step_{step:06d}", spec)
         model = build_hf_model(spec)
         from runtime.models.hf import to_hf
 
-        model.load_state_dict(to_hf(state["model"], spec), strict=False)
+        model.load_state_dict(to_hf(weights, spec), strict=False)
         got = _weights(tmp_path / name)
         for key, value in model.state_dict().items():
             torch.testing.assert_close(got[key], value, atol=0, rtol=0)

@@ -37,6 +37,7 @@ from fault_runs import (
 from runtime_helpers import NOISE
 
 from recipes import load_recipe
+from runtime.backends import trainer_state
 from runtime.control import checkpoint
 from runtime.control.metrics import read_metrics
 
@@ -74,10 +75,15 @@ def test_a_checkpoint_holds_everything_a_resume_needs(reference: Path):
     marker = json.loads((ckpt.path / checkpoint.MARKER).read_text())
     assert marker == {
         "step": 8,
-        "files": {f.name: f.stat().st_size for f in ckpt.path.iterdir() if f.name != "COMMITTED"},
+        "files": {
+            str(f.relative_to(ckpt.path)): f.stat().st_size
+            for f in sorted(ckpt.path.rglob("*"))
+            if f.is_file() and f.name != "COMMITTED"
+        },
     }
+    assert "trainer/.metadata" in marker["files"]  # the trainer's DCP folder, listed file by file
 
-    trainer = torch.load(ckpt.path / "trainer.pt", weights_only=False)
+    trainer = trainer_state.read_all(ckpt.path)
     assert trainer["step"] == 8
     assert trainer["scheduler"]["last_epoch"] == 8
     assert "tok_embeddings.weight" in trainer["model"]

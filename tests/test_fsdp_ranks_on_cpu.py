@@ -52,6 +52,8 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     old = first.logprobs(tokens, mask)
     stats = first.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS)
     published = first.hf_state_dict()
+    # DCP: each rank writes its own shards; read back below by one process (resharded)
+    first.save_checkpoint(str(Path(out).parent / "dcp"))
     # gathered a group at a time; only rank 0 keeps the published copy
     assert bool(published) == (rank == 0)
     resumed = trainer(7)
@@ -90,3 +92,15 @@ def test_two_ranks_train_like_one(tmp_path: Path):
     # the restored ranks take the same second step as the ones that never stopped
     assert abs(after["loss"] - after_resume["loss"]) < 1e-6
     assert abs(after["grad_norm"] - after_resume["grad_norm"]) < 1e-5
+    # the two ranks' DCP checkpoint resumes on one process: the same second step again
+    assert sorted(p.name for p in (tmp_path / "dcp" / "trainer").glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    single = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2), temperature=0.7, seed=99)
+    single.load_checkpoint(str(tmp_path / "dcp"))
+    assert single.step == 1
+    # `old`: the initial policy's log-probs, what the ranks' second steps were given too
+    again = single.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS)
+    for key in ("loss", "grad_norm"):
+        assert abs(again[key] - after[key]) < 1e-5, key

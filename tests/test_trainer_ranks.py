@@ -7,11 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from runtime_helpers import NOISE, finish, leftover_processes, metrics, start
 
 from recipes import UserError, apply_overrides, architecture, load_recipe, plan
-from runtime.backends import OptimizerConfig, TitanTrainer
+from runtime.backends import OptimizerConfig, TitanTrainer, trainer_state
 from runtime.backends.fsdp_trainer import WORLD_ENV
 from runtime.control.startup import trainer_env, trainer_ranks
 from runtime.models import ModelSpec
@@ -56,10 +55,15 @@ def test_tiny_run_on_two_trainer_ranks_checkpoints_and_resumes(tmp_path: Path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for key in ("reward/mean", "loss", "grad_norm", "policy_version", "time/publish_s"):
         assert key in rows[0], key
-    # rank 0 wrote the whole model (gathered from both shards), not its own shard
-    saved = torch.load(run_dir / "checkpoints/step_000004/trainer.pt", weights_only=False)
+    # each rank wrote its own shards (DCP), which together are the whole model
+    step_dir = run_dir / "checkpoints/step_000004"
+    assert sorted(p.name for p in (step_dir / "trainer").glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    saved = trainer_state.read_all(step_dir)
     spec = ModelSpec.from_arch(architecture("qwen3", "tiny"))
-    fresh = TitanTrainer(spec, OptimizerConfig()).state_dict()["model"]
+    fresh = dict(TitanTrainer(spec, OptimizerConfig()).model.named_parameters())
     assert {k: v.shape for k, v in saved["model"].items()} == {k: v.shape for k, v in fresh.items()}
     assert saved["step"] == 4
 

@@ -9,7 +9,6 @@ its answers (`runtime.control.services.Services.train_call`).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -121,10 +120,9 @@ class TrainerActor(Actor):
 
     @endpoint
     async def save(self, directory: str) -> None:
-        """Write model, optimizer, scheduler and step into a checkpoint directory (rank 0)."""
-        state = self.backend.state_dict()  # with several ranks: a gather on every rank
-        if self._rank() == 0:
-            torch.save(state, Path(directory) / "trainer.pt")
+        """Write model, optimizer, scheduler and step into a checkpoint directory: every rank
+        writes its own shards (runtime.backends.trainer_state)."""
+        self.backend.save_checkpoint(directory)
 
     @endpoint
     async def export(self, directory: str, provenance: dict[str, Any]) -> None:
@@ -149,11 +147,7 @@ class TrainerActor(Actor):
 
     @endpoint
     async def load(self, directory: str) -> int:
-        """Restore from a checkpoint directory; returns the restored optimizer step.
-
-        Every rank reads the whole file, memory-mapped (the ranks of a host share its pages),
-        and keeps its shard.
-        """
-        state = torch.load(Path(directory) / "trainer.pt", map_location="cpu", mmap=True)
-        self.backend.load_state_dict(state)
+        """Restore from a checkpoint directory, resharded to this trainer's ranks; returns the
+        restored optimizer step. Every rank reads only what its shards need."""
+        self.backend.load_checkpoint(directory)
         return self.backend.step

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from runtime.backends import trainer_state
 from runtime.backends.base import LossFn, loss_inputs, token_entropy, token_logprobs
 from runtime.backends.blocks import micro_batches, wrap_blocks
 from runtime.models import ModelSpec, build_model, to_hf
@@ -215,6 +216,18 @@ class TitanTrainer:
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
         }
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Write the trainer's part of a checkpoint into `directory` (DCP: every rank its own
+        shards; runtime.backends.trainer_state). Every rank must call it."""
+        trainer_state.save(directory, self.model, self.optimizer, self.scheduler, self.step)
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore from `directory`, whatever rank count wrote it. Every rank must call it."""
+        if trainer_state.is_legacy(directory):
+            self.load_state_dict(trainer_state.read_all(directory))
+        else:
+            self.step = trainer_state.load(directory, self.model, self.optimizer, self.scheduler)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"], strict=True)

@@ -1,0 +1,124 @@
+"""The trainer's part of a checkpoint: `torch.distributed.checkpoint` (DCP) in a folder.
+
+Every trainer rank writes its own shards of the weights and AdamW moments (FSDP2 DTensors, or
+whole tensors on one process) and rank 0 the metadata plus the small state (scheduler, step), so
+no rank ever gathers the model. Reading reshards: a checkpoint written by N ranks loads into M
+ranks, into the one-process CPU trainer, or into a plain model for export and evaluation.
+
+Keys are the model's parameter names (the fused q/k/v projection as the model holds it, so a
+save gathers nothing) and, for the optimizer, `torch.distributed.checkpoint.state_dict`'s
+parameter-name keyed form. A checkpoint folder from before DCP (one `trainer.pt`) still loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+# The folder inside a checkpoint directory (runtime.control.checkpoint) that DCP writes.
+TRAINER_DIR = "trainer"
+LEGACY_FILE = "trainer.pt"
+
+
+def _single() -> bool:
+    return not dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    # DCP warns that a single process is assumed, which is what no_dist says.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _state(model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int) -> dict[str, Any]:
+    """What a checkpoint holds, as live objects: DCP saves from them and loads into them."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return {
+        "model": dict(model.named_parameters()),
+        # Creates AdamW's moments (zeros) if no step ran yet: a template to load into.
+        "optimizer": get_optimizer_state_dict(model, optimizer),
+        "scheduler": scheduler.state_dict(),
+        "step": step,
+    }
+
+
+def save(
+    directory: str | Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int
+) -> None:
+    """Write this rank's shards (every trainer rank calls it: a collective)."""
+    with _quiet():
+        dcp.save(
+            _state(model, optimizer, scheduler, step),
+            checkpoint_id=str(Path(directory) / TRAINER_DIR),
+            no_dist=_single(),
+        )
+
+
+def load(directory: str | Path, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> int:
+    """Restore weights, moments and schedule from `directory` (resharded to this layout);
+    returns the step. Every trainer rank calls it."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    state = _state(model, optimizer, scheduler, 0)
+    with torch.no_grad(), _quiet():
+        dcp.load(state, checkpoint_id=str(Path(directory) / TRAINER_DIR), no_dist=_single())
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return int(state["step"])
+
+
+def is_legacy(directory: str | Path) -> bool:
+    return (Path(directory) / LEGACY_FILE).exists() and not (Path(directory) / TRAINER_DIR).exists()
+
+
+def saved_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of the weights a DCP checkpoint holds (its metadata only)."""
+    reader = dcp.FileSystemReader(str(Path(directory) / TRAINER_DIR))
+    out = {}
+    for key, meta in reader.read_metadata().state_dict_metadata.items():
+        if key.startswith("model.") and hasattr(meta, "size"):
+            out[key.removeprefix("model.")] = tuple(meta.size)
+    return out
+
+
+def model_weights(directory: str | Path, spec: Any) -> dict[str, torch.Tensor]:
+    """The policy's weights in a checkpoint, as a one-process model of `spec` holds them: full
+    fp32 CPU tensors under TorchTitan's checkpoint names (q/k/v split), for export and eval."""
+    directory = Path(directory)
+    if is_legacy(directory):
+        state = torch.load(
+            directory / LEGACY_FILE, map_location="cpu", mmap=True, weights_only=True
+        )
+        return dict(state["model"])
+    from runtime.models.titan import materialize, meta_model
+
+    model = materialize(meta_model(spec), "cpu")
+    params = dict(model.named_parameters())
+    with torch.no_grad(), _quiet():
+        dcp.load({"model": params}, checkpoint_id=str(directory / TRAINER_DIR), no_dist=True)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def read_all(directory: str | Path) -> dict[str, Any]:
+    """Everything the trainer wrote, as full tensors in one nested dict (tests, inspection)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    directory = Path(directory)
+    if is_legacy(directory):
+        return torch.load(directory / LEGACY_FILE, map_location="cpu", weights_only=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "state.pt"
+        with _quiet():
+            dcp_to_torch_save(str(directory / TRAINER_DIR), str(out))
+        return torch.load(out, weights_only=False)
