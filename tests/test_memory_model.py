@@ -1,0 +1,86 @@
+"""The memory model against the models themselves: every catalog model built at full size on the
+meta device (no storage), its exact parameter count and the exact shard each GPU holds, compared
+with what `recipes/memory.py` estimates for every recipe at its minimum and at 8 GPUs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from recipes import UserError, architecture, list_recipes, load_recipe, minimum_gpus, plan
+from recipes.memory import GB, RUNTIME_OVERHEAD_GB, trainer_fixed_bytes
+from runtime.backends import build
+from runtime.models.titan import meta_model
+
+# plan() shows GB rounded to 0.1
+ROUNDING = 0.05 * 1e9
+GPU_RECIPES = [n for n in list_recipes() if load_recipe(n).resources.accelerator != "cpu"]
+_SHAPES: dict[tuple[str, str], list[tuple[int, ...]]] = {}
+
+
+def shapes(recipe) -> list[tuple[int, ...]]:
+    """Every parameter's shape (a tied embedding once), from the model built on meta."""
+    key = (recipe.model.family, recipe.model.size)
+    if key not in _SHAPES:
+        model = meta_model(build.model_spec(recipe))
+        _SHAPES[key] = [tuple(p.shape) for p in model.parameters()]
+    return _SHAPES[key]
+
+
+def fsdp_shard(shape: tuple[int, ...], ranks: int) -> int:
+    """Elements one FSDP2 rank holds of a parameter: dim 0 chunked (torch.chunk), padded."""
+    return math.ceil(shape[0] / ranks) * math.prod(shape[1:])
+
+
+def tp_shard(shape: tuple[int, ...], tp: int) -> int:
+    """Elements one tensor-parallel rank holds: matrices split, norm weights replicated."""
+    return math.ceil(math.prod(shape) / tp) if len(shape) > 1 else math.prod(shape)
+
+
+@pytest.mark.parametrize("name", GPU_RECIPES)
+def test_the_parameter_count_is_the_models(name: str):
+    recipe = load_recipe(name)
+    arch = architecture(recipe.model.family, recipe.model.size)
+    assert sum(math.prod(s) for s in shapes(recipe)) == arch.params
+
+
+def _plans(recipe):
+    smallest = minimum_gpus(recipe)
+    for gpus in sorted({smallest, 8}):
+        try:
+            yield gpus, plan(recipe, gpus)
+        except UserError as e:
+            # a count below the minimum is refused, with both numbers in the one line
+            assert gpus < smallest and str(smallest) in str(e), (gpus, str(e))
+
+
+@pytest.mark.parametrize("name", GPU_RECIPES)
+def test_every_gpu_estimate_covers_its_exact_shard(name: str):
+    recipe = load_recipe(name)
+    arch = architecture(recipe.model.family, recipe.model.size)
+    params = shapes(recipe)
+    checked = 0
+    for gpus, p in _plans(recipe):
+        # trainer: fp32 weights, gradients and two AdamW moments of this rank's shard
+        ranks = p.trainer_gpus
+        state = 16 * sum(fsdp_shard(s, ranks) for s in params)
+        assert p.memory["trainer"] * GB + ROUNDING >= state + RUNTIME_OVERHEAD_GB * GB, (
+            gpus,
+            "trainer",
+        )
+        assert trainer_fixed_bytes(arch, ranks) >= state, (gpus, "trainer plan")
+        # generator and reference: bf16 weights of one tensor-parallel rank
+        weights = 2 * sum(tp_shard(s, p.generator_tp) for s in params)
+        assert p.memory["generator"] * GB + ROUNDING >= weights + RUNTIME_OVERHEAD_GB * GB, (
+            gpus,
+            "gen",
+        )
+        if "reference" in p.memory:
+            weights = 2 * sum(tp_shard(s, p.reference_tp) for s in params)
+            assert p.memory["reference"] * GB + ROUNDING >= weights, (gpus, "reference")
+        # and nothing is planned onto a GPU it cannot fit
+        limit = {"H100": 80.0, "H200": 141.0}[p.accelerator]
+        assert max(p.memory.values()) <= limit, (gpus, p.memory)
+        checked += 1
+    assert checked >= 1
