@@ -21,7 +21,10 @@ Planned values:
 - reference.tokens_per_micro_batch: the trainer memory plan of a one-rank trainer on the
   reference's GPU (the reference holds less, so this is conservative); 8192 when shared.
 - weight_sync.transport stays "auto" until the run starts: each generator's path then follows
-  where it and the trainer are (`plan` shows the path it expects).
+  where it and the trainer are (`plan` shows the path it expects), unless the direct paths'
+  flat buffer (2 bytes a parameter on trainer rank 0) leaves the trainer no micro-batch that
+  fits: then "store", which streams each version a block at a time. With a direct path the
+  trainer's micro-batch is planned with that buffer taken off its GPU.
 """
 
 from __future__ import annotations
@@ -165,7 +168,20 @@ def plan_settings(
     generator = GeneratorSettings(backend, share, kv, gen.enforce_eager)
 
     ranks = pick("trainer", "ranks", 1 if cpu else trainer_gpus)
-    tokens, ckpt, peak = _trainer_plan(recipe, accelerator, ranks, "trainer" in shared)
+    sync = recipe.weight_sync
+    transport, reserve = sync.transport, 0
+    direct = not cpu and "trainer" not in shared and any(p != "store" for p in expected_paths)
+    if direct and transport != "store":
+        # The direct paths (push, ipc) send each version from one flat bf16 buffer that trainer
+        # rank 0 keeps beside its shards; the store path streams a block at a time instead.
+        flat = 2 * recipe.arch.params
+        room = ACCELERATOR_BYTES[accelerator] - flat
+        if transport == "auto" and trainer_memory_plan(recipe.arch, ranks, room) is None:
+            transport = pick("weight_sync", "transport", "store")
+            expected_paths = tuple("store" for _ in expected_paths)
+        else:
+            reserve = flat
+    tokens, ckpt, peak = _trainer_plan(recipe, accelerator, ranks, "trainer" in shared, reserve)
     trainer = TrainerSettings(
         ranks=ranks,
         tokens_per_micro_batch=pick("trainer", "tokens_per_micro_batch", tokens),
@@ -183,16 +199,16 @@ def plan_settings(
         tokens_per_micro_batch=pick("reference", "tokens_per_micro_batch", ref_tokens),
         compile=pick("reference", "compile", ref_gpu),
     )
-    sync = recipe.weight_sync
-    weight_sync = WeightSyncSettings(sync.transport, sync.timeout_s, expected_paths)
+    weight_sync = WeightSyncSettings(transport, sync.timeout_s, expected_paths)
     return Settings(generator, trainer, reference, weight_sync, tuple(planned))
 
 
 def _trainer_plan(
-    recipe: Any, accelerator: str, ranks: int, fallback: bool
+    recipe: Any, accelerator: str, ranks: int, fallback: bool, reserve: float = 0
 ) -> tuple[int, bool, float | None]:
     """(tokens per micro-batch, activation checkpointing, estimated peak bytes) for the
-    trainer, honouring whichever of the two the recipe sets."""
+    trainer, honouring whichever of the two the recipe sets; `reserve` bytes of the GPU are
+    kept for something else (the direct weight paths' buffer)."""
     t = recipe.trainer
     given_tokens = None if t.tokens_per_micro_batch == "auto" else t.tokens_per_micro_batch
     given_ckpt = None if t.activation_checkpointing == "auto" else t.activation_checkpointing
@@ -200,7 +216,7 @@ def _trainer_plan(
         return given_tokens or SHARED_TOKENS, bool(given_ckpt), None
     if fallback:
         return given_tokens or SHARED_TOKENS, True if given_ckpt is None else given_ckpt, None
-    arch, gpu = recipe.arch, ACCELERATOR_BYTES[accelerator]
+    arch, gpu = recipe.arch, ACCELERATOR_BYTES[accelerator] - reserve
     fit = trainer_memory_plan(arch, ranks, gpu, tokens=given_tokens, checkpointing=given_ckpt)
     if fit is not None:
         return fit
@@ -213,12 +229,15 @@ def _trainer_plan(
         # Nothing fits the finer model though the coarse estimate let the recipe through:
         # the smallest micro-batch, recomputed, is the best chance.
         return tokens, ckpt, need
+    where = f"an {accelerator}"
+    if reserve:
+        where = f"what an {accelerator} leaves beside the {reserve / GB:.1f} GB weight-push buffer"
     raise UserError(
         f"trainer: {tokens} tokens per micro-batch "
         f"{'with' if ckpt else 'without'} activation checkpointing need ~{need / GB:.0f} GB "
         f"per trainer GPU ({fixed / GB:.0f} GB of weights, gradients and optimizer state on "
         f"{ranks} rank{'s' if ranks > 1 else ''} + {tokens} x {per_token / 1e6:.2f} MB), but "
-        f"{PLAN_HEADROOM:.0%} of an {accelerator} is {PLAN_HEADROOM * gpu / GB:.0f} GB; lower "
+        f"{PLAN_HEADROOM:.0%} of {where} is {PLAN_HEADROOM * gpu / GB:.0f} GB; lower "
         "trainer.tokens_per_micro_batch"
         + ("" if ckpt else " or set trainer.activation_checkpointing=true")
     )

@@ -547,3 +547,35 @@ def test_two_runs_on_one_host_are_isolated_and_exit_cleanly():
     for marker in markers:
         assert _procs_with_marker(marker) == []
     assert (_shm_entries() - shm_before) - _shm_in_use() == set()
+
+
+def test_a_version_handed_over_a_group_at_a_time_fetches_like_one_dict(cluster):
+    """What a sharded trainer publishes: one group (a gathered block) after another, each
+    written before the next is asked for; readers see the same version as from one dict."""
+    from runtime.weights.transport import Publisher
+
+    small = dataclasses.replace(cluster.store, bucket_bytes=4096)
+    want = mixed_state_dict(12)
+    names = list(want)
+    chunks = [names[:3], [], names[3:8], names[8:]]
+    asked: list[int] = []
+
+    def groups():
+        for i, chunk in enumerate(chunks):
+            asked.append(i)
+            yield {n: want[n] for n in chunk}
+
+    publisher = Publisher(small, ["store"], torch.device("cpu"))
+    stats = cluster.run(publisher.publish_groups(12, groups()))
+    assert asked == [0, 1, 2, 3]
+    assert stats["bytes"] == sum(t.numel() * t.element_size() for t in want.values())
+    raw = cluster.run(_raw_manifest(small, 12))
+    assert cluster.run(_version_keys(small, 12)) == {
+        *(bucket_key(12, i) for i in range(len(raw["buckets"]))),
+        manifest_key(12),
+    }
+    assert_bit_exact(cluster.run(cluster.generator.fetch.call_one(small, 12)), want)
+    # the next version must hold the same tensors
+    with pytest.raises(ValueError, match="changed its tensors"):
+        cluster.run(publisher.publish_groups(13, iter([{names[0]: want[names[0]]}])))
+    assert cluster.run(_version_keys(small, 13)) == set()  # nothing of it left behind

@@ -97,14 +97,19 @@ class TrainerActor(Actor):
     async def publish(self, version: int) -> dict[str, float]:
         """Make the current weights (HF names) `version`: sent by every path in use, then
         indexed in the store."""
-        state = self.backend.hf_state_dict()  # with several ranks: a collective on every rank
+        # A group at a time (outside the blocks, then each block); with several ranks each
+        # group is a collective every rank takes part in, and only rank 0 keeps it.
+        groups = getattr(self.backend, "hf_groups", None)
+        parts = groups() if groups is not None else iter([self.backend.hf_state_dict()])
         if self._rank() != 0:
+            for _ in parts:
+                pass
             return {"bytes": 0, "seconds": 0.0}
         if self.publisher is None:
             from runtime.weights.transport import Publisher
 
             self.publisher = Publisher(self.store, ["store"], build.device())
-        return await self.publisher.publish(version, state)
+        return await self.publisher.publish_groups(version, parts)
 
     @endpoint
     async def drop(self, version: int) -> None:

@@ -47,6 +47,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -206,6 +207,36 @@ class WeightStore:
         # Plain builtins: the storage volume's proc unpickles it without importing this module.
         tensors = {n: tuple(entry) for n, entry in packer.entries.items()}
         return {"buckets": packer.sizes, "tensors": tensors}
+
+    async def put_groups(
+        self, version: int, groups: Iterable[Mapping[str, torch.Tensor]]
+    ) -> dict[str, Any]:
+        """`put_buckets` for a version handed over a group at a time (a trainer gathering one
+        block after another): each group is packed and written before the next is asked for,
+        so the publisher never holds more than one group. Same manifest entries."""
+        client = await self._client()
+        if await client.exists(manifest_key(version)):
+            raise ValueError(f"policy version {version} is already published in {self.name}")
+        sizes: list[int] = []
+        tensors: dict[str, tuple[Any, ...]] = {}
+        for group in groups:
+            if not group:
+                continue
+            packer = Packer(group, self.bucket_bytes)
+            first = len(sizes)
+
+            async def put(index: int, packer: Packer = packer, first: int = first) -> None:
+                await client.put(bucket_key(version, first + index), packer.bucket(index))
+
+            await _bounded([put(i) for i in range(len(packer.sizes))])
+            sizes += packer.sizes
+            for name, e in packer.entries.items():
+                bucket = e.bucket + first if e.bucket >= 0 else e.bucket
+                tensors[name] = tuple(e._replace(bucket=bucket))
+            del packer
+        if not tensors:
+            raise ValueError("refusing to publish an empty state dict")
+        return {"buckets": sizes, "tensors": tensors}
 
     async def put_manifest(
         self, version: int, manifest: dict[str, Any], *, check: bool = False
