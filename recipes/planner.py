@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from recipes.errors import UserError
-from recipes.memory import ACCELERATOR_GB, estimate_memory
+from recipes.memory import ACCELERATOR_GB, GB, estimate_memory
 from recipes.schema import Recipe
 from recipes.settings import Settings, plan_settings
 
@@ -377,6 +377,11 @@ def _gpu_plan(
         expected_paths=_expected_paths(recipe, placements),
     )
     memory = estimate_memory(recipe, generator_replicas=replicas, trainer_gpus=trainer_gpus)
+    if "push" in settings.weight_sync.expected:
+        # the push path's flat bf16 buffer of a version, kept on trainer rank 0 beside its
+        # shards (recipes.settings); colocated plans use ipc, whose buffers the check below
+        # does not count yet
+        memory["trainer"] = round(memory["trainer"] + 2 * recipe.arch.params / GB, 1)
     if colocated:
         _check_colocated_memory(recipe, accelerator, memory, settings)
     return Plan(

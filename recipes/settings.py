@@ -170,10 +170,10 @@ def plan_settings(
     ranks = pick("trainer", "ranks", 1 if cpu else trainer_gpus)
     sync = recipe.weight_sync
     transport, reserve = sync.transport, 0
-    direct = not cpu and "trainer" not in shared and any(p != "store" for p in expected_paths)
+    direct = not cpu and "trainer" not in shared and "push" in expected_paths
     if direct and transport != "store":
-        # The direct paths (push, ipc) send each version from one flat bf16 buffer that trainer
-        # rank 0 keeps beside its shards; the store path streams a block at a time instead.
+        # The push path sends each version from one flat bf16 buffer that trainer rank 0 keeps
+        # beside its shards; the store path streams a block at a time instead.
         flat = 2 * recipe.arch.params
         room = ACCELERATOR_BYTES[accelerator] - flat
         if transport == "auto" and trainer_memory_plan(recipe.arch, ranks, room) is None:
