@@ -146,6 +146,9 @@ class FakeServices:
     async def export(self, directory: str, provenance: dict[str, Any]) -> None:
         self.exported.append((directory, dict(provenance)))
 
+    async def saved(self, wait: bool) -> bool:
+        return True
+
     async def restore(self, directory: str) -> int:
         self.version = torch.load(Path(directory) / "trainer.pt")["step"]
         return self.version

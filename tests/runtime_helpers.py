@@ -196,5 +196,6 @@ def tiny_run_dir(root: Path, steps: tuple[int, ...] = (7,)) -> Path:
         trainer = TitanTrainer(build.model_spec(recipe), OptimizerConfig(lr=1e-3), seed=step)
         partial = checkpoint.begin(root / "checkpoints", step)
         trainer.save_checkpoint(str(partial))
+        trainer.checkpoint_written(wait=True)
         checkpoint.commit(root / "checkpoints", partial, step)
     return root

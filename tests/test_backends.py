@@ -221,6 +221,32 @@ def test_checkpoint_state_resumes_the_same_trajectory(tmp_path):
         torch.testing.assert_close(p, q, atol=0, rtol=0)
 
 
+def test_a_checkpoint_written_in_the_background_holds_the_state_it_was_started_with(tmp_path):
+    """DCP, async: the state is staged when save returns; training the next step meanwhile does
+    not reach the files, and the resumed trainer takes the same next step bit for bit."""
+    original = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2, warmup_steps=3), seed=0)
+    batch, advantages = _fixed_batch(original)
+    args = (batch.tokens, batch.response_mask, advantages, batch.logprobs, None, policy_loss)
+    original.train_step(*args)
+    saved = {k: v.clone() for k, v in original.model.state_dict().items()}
+    original.save_checkpoint(str(tmp_path))
+    after_save = original.train_step(*args)  # changes every weight while the files are written
+    assert original.checkpoint_written(wait=True)
+    assert sorted(p.name for p in (tmp_path / "trainer").iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+    ]
+    resumed = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2, warmup_steps=3), seed=99)
+    resumed.load_checkpoint(str(tmp_path))
+    assert resumed.step == 1
+    for name, value in resumed.model.state_dict().items():
+        torch.testing.assert_close(value, saved[name], atol=0, rtol=0)
+    again = resumed.train_step(*args)
+    assert again["loss"] == after_save["loss"] and again["lr"] == after_save["lr"]
+    for p, q in zip(original.model.parameters(), resumed.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+
+
 def test_reference_is_the_initial_policy_and_never_changes():
     trainer = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2), seed=0)
     reference = TitanReference(SPEC, seed=0)

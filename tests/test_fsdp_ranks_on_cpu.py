@@ -54,6 +54,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     published = first.hf_state_dict()
     # DCP: each rank writes its own shards; read back below by one process (resharded)
     first.save_checkpoint(str(Path(out).parent / "dcp"))
+    assert first.checkpoint_written(wait=True)
     # gathered a group at a time; only rank 0 keeps the published copy
     assert bool(published) == (rank == 0)
     resumed = trainer(7)

@@ -125,9 +125,16 @@ class TrainerActor(Actor):
 
     @endpoint
     async def save(self, directory: str) -> None:
-        """Write model, optimizer, scheduler and step into a checkpoint directory: every rank
-        writes its own shards (runtime.backends.trainer_state)."""
+        """Start writing model, optimizer, scheduler and step into a checkpoint directory:
+        every rank its own shards (runtime.backends.trainer_state). Returns once the state is
+        staged in host memory; `saved` says when the files are on disk."""
         self.backend.save_checkpoint(directory)
+
+    @endpoint
+    async def saved(self, wait: bool) -> bool:
+        """Whether the last checkpoint write is on disk on every rank; with `wait`, once it
+        is (every rank answers the same)."""
+        return self.backend.checkpoint_written(wait)
 
     @endpoint
     async def export(self, directory: str, provenance: dict[str, Any]) -> None:

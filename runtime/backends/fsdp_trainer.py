@@ -162,6 +162,7 @@ class FSDPTrainer:
         self.model.train()
         self.optimizer, self.scheduler = optim.build(self.model, fused=self.device.type == "cuda")
         self.step = 0
+        self._saver: trainer_state.Saver | None = None
 
     def _shard(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
@@ -317,9 +318,18 @@ class FSDPTrainer:
         }
 
     def save_checkpoint(self, directory: str) -> None:
-        """Write the trainer's part of a checkpoint into `directory` (DCP: every rank its own
-        shards; runtime.backends.trainer_state). Every rank must call it."""
-        trainer_state.save(directory, self.model, self.optimizer, self.scheduler, self.step)
+        """Start writing the trainer's part of a checkpoint into `directory` (DCP: every rank
+        its own shards; runtime.backends.trainer_state): returns once the state is staged in
+        host memory, the files follow in the background (`checkpoint_written`). Every rank
+        must call it."""
+        if self._saver is None:
+            self._saver = trainer_state.Saver(self.device)
+        self._saver.start(directory, self.model, self.optimizer, self.scheduler, self.step)
+
+    def checkpoint_written(self, wait: bool = False) -> bool:
+        """Whether the last checkpoint write is on disk on every rank (with `wait`, once it
+        is). Every rank must call it."""
+        return self._saver is None or self._saver.written(wait)
 
     def load_checkpoint(self, directory: str) -> None:
         """Restore from `directory`, whatever rank count wrote it. Every rank must call it."""

@@ -130,6 +130,7 @@ class TitanTrainer:
         self.model.train()
         self.optimizer, self.scheduler = optim.build(self.model)
         self.step = 0
+        self._saver: trainer_state.Saver | None = None
 
     def _forward_logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
         return self._forward(tokens, response_mask)[0]
@@ -218,9 +219,18 @@ class TitanTrainer:
         }
 
     def save_checkpoint(self, directory: str) -> None:
-        """Write the trainer's part of a checkpoint into `directory` (DCP: every rank its own
-        shards; runtime.backends.trainer_state). Every rank must call it."""
-        trainer_state.save(directory, self.model, self.optimizer, self.scheduler, self.step)
+        """Start writing the trainer's part of a checkpoint into `directory` (DCP: every rank
+        its own shards; runtime.backends.trainer_state): returns once the state is staged in
+        host memory, the files follow in the background (`checkpoint_written`). Every rank
+        must call it."""
+        if self._saver is None:
+            self._saver = trainer_state.Saver(self.device)
+        self._saver.start(directory, self.model, self.optimizer, self.scheduler, self.step)
+
+    def checkpoint_written(self, wait: bool = False) -> bool:
+        """Whether the last checkpoint write is on disk on every rank (with `wait`, once it
+        is). Every rank must call it."""
+        return self._saver is None or self._saver.written(wait)
 
     def load_checkpoint(self, directory: str) -> None:
         """Restore from `directory`, whatever rank count wrote it. Every rank must call it."""

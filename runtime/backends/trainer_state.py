@@ -56,13 +56,56 @@ def _state(model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int) ->
 def save(
     directory: str | Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int
 ) -> None:
-    """Write this rank's shards (every trainer rank calls it: a collective)."""
-    with _quiet():
-        dcp.save(
-            _state(model, optimizer, scheduler, step),
-            checkpoint_id=str(Path(directory) / TRAINER_DIR),
-            no_dist=_single(),
-        )
+    """Write this rank's shards and wait for them (every trainer rank calls it)."""
+    saver = Saver()
+    saver.start(directory, model, optimizer, scheduler, step)
+    saver.written(wait=True)
+
+
+class Saver:
+    """A trainer rank's checkpoint writes, one in flight at a time: `start` returns once this
+    rank's state is copied to host memory (training may then change it), the files are
+    written by a background thread, and `written` says when they are on disk."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        self.future: Any = None
+        self.group: Any = None
+
+    def start(
+        self,
+        directory: str | Path,
+        model: torch.nn.Module,
+        optimizer: Any,
+        scheduler: Any,
+        step: int,
+    ) -> None:
+        self.written(wait=True)
+        if not _single() and self.group is None:
+            # The write's own collectives run in the background thread: a gloo group of their
+            # own keeps them apart from the training collectives on the default group.
+            self.group = dist.new_group(backend="gloo")
+        with _quiet():
+            response = dcp.async_save(
+                _state(model, optimizer, scheduler, step),
+                checkpoint_id=str(Path(directory) / TRAINER_DIR),
+                process_group=self.group,
+                no_dist=_single(),
+            )
+        self.future = getattr(response, "upload_completion", response)
+
+    def written(self, wait: bool = False) -> bool:
+        """Whether the last write is on disk on every rank (a collective with several ranks);
+        with `wait`, block until it is. A failed write raises here."""
+        done = self.future is None or wait or self.future.done()
+        if not _single():
+            flag = torch.tensor([int(done)], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            done = bool(flag.item())
+        if done and self.future is not None:
+            self.future.result()
+            self.future = None
+        return done
 
 
 def load(directory: str | Path, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> int:

@@ -38,6 +38,8 @@ class Controller:
         self.step = 0  # optimizer steps done
         self.metrics: Any = None
         self.resumed_from: int | None = None
+        # (the .partial directory, its step) while the trainer writes its files
+        self.pending_checkpoint: tuple[Path, int] | None = None
         self.wandb_run_id: str | None = None
         self.progress = Progress(services.generators)
         self.turns = GpuTurns(config.plan.placements)
@@ -151,9 +153,10 @@ class Controller:
             record.update(self.turns.take_stats())
             record.update(evaluations)
             self.metrics.log(self.step, record)
+            await self.commit_written()
             interval = g.checkpoint_interval
             if interval and self.step % interval == 0 and self.step < total:
-                await self.save_checkpoint()
+                await self.save_checkpoint(wait=False)  # written while the next steps train
 
     async def _unless_stopped(self, coro: Any) -> Any:
         """Await `coro` unless a stop is requested first (then cancel it and return None)."""
@@ -168,8 +171,12 @@ class Controller:
 
     # --- checkpoints and shutdown ---------------------------------------------------------------
 
-    async def save_checkpoint(self) -> Path:
+    async def save_checkpoint(self, wait: bool = True) -> Path:
+        """Checkpoint this step: the trainer stages its state and writes it in the background
+        while training goes on; the directory is committed once every file is on disk (at
+        once with `wait`, else at a later step boundary: `commit_written`)."""
         root = self.config.checkpoint_dir
+        await self.commit_written(wait=True)  # one write in flight at a time
         saved = checkpoint.committed(root)
         if saved and saved[-1].step == self.step:
             # Periodic then a stop, or a resume stopped at once: rewriting the same step would
@@ -201,9 +208,22 @@ class Controller:
         (partial / "meta.json").write_text(
             json.dumps({"recipe": self.recipe.name, "step": self.step, "version": self.version})
         )
-        ckpt = checkpoint.commit(root, partial, self.step)
-        print(f"checkpoint step {self.step} -> {ckpt.path}", flush=True)
-        return ckpt.path
+        self.pending_checkpoint = (partial, self.step)
+        if wait:
+            await self.commit_written(wait=True)
+        return root / checkpoint.step_dir_name(self.step)
+
+    async def commit_written(self, wait: bool = False) -> None:
+        """Commit the checkpoint being written if the trainer's files are on disk (with
+        `wait`, once they are)."""
+        if self.pending_checkpoint is None:
+            return
+        if not await self.services.saved(wait):
+            return
+        partial, step = self.pending_checkpoint
+        self.pending_checkpoint = None
+        ckpt = checkpoint.commit(self.config.checkpoint_dir, partial, step)
+        print(f"checkpoint step {step} -> {ckpt.path}", flush=True)
 
     async def _evaluate(self, total: int) -> dict[str, float]:
         """Start the evaluation due after this step, or at the end run the final one; the

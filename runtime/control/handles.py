@@ -58,7 +58,11 @@ class ServiceHandles(Protocol):
     async def close_weights(self) -> None: ...
 
     async def save(self, directory: str) -> None:
-        """The trainer's state into a checkpoint directory."""
+        """Start writing the trainer's state into a checkpoint directory (returns once it is
+        staged; the files follow in the background)."""
+
+    async def saved(self, wait: bool) -> bool:
+        """Whether the trainer's last checkpoint write is on disk; with `wait`, once it is."""
 
     async def restore(self, directory: str) -> int:
         """The trainer's state from a checkpoint directory; the optimizer step restored."""

@@ -108,6 +108,9 @@ class Services:
     async def save(self, directory: str) -> None:
         await self.train_call("save", directory)
 
+    async def saved(self, wait: bool) -> bool:
+        return bool(await self.train_call("saved", wait))
+
     async def restore(self, directory: str) -> int:
         return await self.train_call("load", directory)
 
