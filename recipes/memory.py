@@ -3,7 +3,11 @@
 A deliberately simple model, used to reject layouts that cannot fit before paying for GPUs:
 
 - trainer: 16 bytes per parameter (fp32 master weights 4 + fp32 gradients 4 + AdamW moments 8),
-  sharded over its GPUs (FSDP); plus activations under full activation checkpointing, counted as
+  sharded over its GPUs (FSDP; built on meta and filled a block at a time, so start-up adds one
+  tensor, not a copy of the model); with the push weight path also the flat bf16 buffer of a
+  version on rank 0 (2 bytes per parameter, added by the planner, which plans the store path,
+  streamed a block at a time, where that buffer does not fit); plus activations under full
+  activation checkpointing, counted as
   n_layers x tokens x dim x 2 bytes (one bf16 layer input kept per layer) for one microbatch of
   one sequence of max_prompt_tokens + max_response_tokens tokens, plus that sequence's fp32
   logits (tokens x vocab x 4); plus a fixed 3 GB for the CUDA context, NCCL buffers and
