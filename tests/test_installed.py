@@ -72,8 +72,21 @@ def pip_install(python: Path, requirement: str, cwd: Path) -> None:
     )
 
 
+# What a wheel is built from (setuptools writes build/ and *.egg-info beside the sources, so
+# the build runs on a copy and leaves the checkout as it was).
+SOURCES = ("pyproject.toml", "README.md", "recipes", "launcher", "runtime")
+
+
 @pytest.fixture(scope="module")
 def built_wheel(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("src")
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in SOURCES:
+        path = PROJECT_DIR / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=skip)
+        else:
+            shutil.copy(path, src / name)
     dist = tmp_path_factory.mktemp("dist")
     run(
         [
@@ -86,7 +99,7 @@ def built_wheel(tmp_path_factory) -> Path:
             "--no-build-isolation",
             "-w",
             str(dist),
-            str(PROJECT_DIR),
+            str(src),
         ],
         cwd=dist,
     )
