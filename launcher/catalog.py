@@ -113,7 +113,7 @@ def derived_summary(recipe: Any) -> str:
     if recipe.cpu:
         return f"# derived: runs on CPU (0 GPUs); forgesky local {recipe.name}"
     lay = recipe.layout
-    reference = f" + reference {lay.reference.tp}" if lay.reference.enabled else ""
+    reference = f" + reference {lay.reference.gpus}" if lay.reference.on_gpu else ""
     return (
         f"# derived: minimum {need} x {recipe.resources.accelerator} = generator "
         f"{lay.generator.tp * lay.generator.replicas}{reference} + trainer {lay.trainer.gpus}; "

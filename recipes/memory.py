@@ -69,7 +69,7 @@ def estimate_memory(
 
     memory = {"generator": generator, "trainer": trainer}
     if layout.reference.on_gpu:
-        memory["reference"] = 2 * arch.params / layout.reference.tp + activations
+        memory["reference"] = 2 * arch.params / layout.reference.gpus + activations
     return {k: round(v / GB + RUNTIME_OVERHEAD_GB, 1) for k, v in sorted(memory.items())}
 
 
@@ -105,7 +105,7 @@ def _remedy(service: str) -> str:
     return {
         "trainer": "raise layout.trainer.gpus (more FSDP shards)",
         "generator": "raise layout.generator.tp or replicas, or lower grpo.prompts_per_step",
-        "reference": "raise layout.reference.tp",
+        "reference": "raise layout.reference.gpus (more FSDP shards)",
     }[service]
 
 

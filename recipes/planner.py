@@ -85,7 +85,7 @@ class Plan:
     generator_tp: int
     trainer_gpus: int
     reference_enabled: bool
-    reference_tp: int
+    reference_gpus: int
     reward_procs: int
     placements: tuple[Placement, ...]
     memory: dict[str, float] = field(hash=False)
@@ -187,7 +187,7 @@ class Plan:
         if p.service == "generator":
             return f"TP{self.generator_tp}"
         if p.service == "reference":
-            return f"TP{self.reference_tp}"
+            return f"FSDP{self.reference_gpus}"
         if p.service == "trainer":
             return f"FSDP{self.trainer_gpus}"
         return "-"
@@ -199,7 +199,7 @@ def minimum_gpus(recipe: Recipe) -> int:
     if recipe.cpu:
         return 0
     lay = recipe.layout
-    reference = lay.reference.tp if lay.reference.on_gpu else 0
+    reference = lay.reference.gpus if lay.reference.on_gpu else 0
     generator = lay.generator.tp * lay.generator.replicas
     if lay.colocate:
         return max(generator, reference, lay.trainer.gpus)
@@ -300,11 +300,11 @@ def plan(
         return _colocated_plan(recipe, gpus, per_node, num_nodes, accelerator, need)
     lay = recipe.layout
     gen_tp = lay.generator.tp
-    ref_tp = lay.reference.tp if lay.reference.on_gpu else 0
+    ref_gpus = lay.reference.gpus if lay.reference.on_gpu else 0
     replicas, trainer_gpus = lay.generator.replicas, lay.trainer.gpus
 
     def packing(replicas: int, trainer_gpus: int) -> list[tuple[Service, int, int, int]] | None:
-        groups = _groups(replicas, gen_tp, ref_tp, trainer_gpus)
+        groups = _groups(replicas, gen_tp, ref_gpus, trainer_gpus)
         if sum(g[2] for g in groups) > gpus:
             return None
         return _pack(groups, num_nodes, per_node)
@@ -318,7 +318,7 @@ def plan(
             f"{lay.trainer.gpus} GPUs"
         )
     if packed is None:
-        largest = max(gen_tp, ref_tp)
+        largest = max(gen_tp, ref_gpus)
         raise UserError(
             f"{recipe.name}: cannot place its services on {num_nodes} nodes of {per_node} GPUs "
             f"with the trainer on node 0 and no tensor-parallel group split (largest TP "
@@ -394,7 +394,7 @@ def _gpu_plan(
         generator_tp=lay.generator.tp,
         trainer_gpus=trainer_gpus,
         reference_enabled=lay.reference.enabled,
-        reference_tp=lay.reference.tp,
+        reference_gpus=lay.reference.gpus,
         reward_procs=lay.reward.procs,
         placements=placements,
         memory=memory,
@@ -438,7 +438,7 @@ def _colocated_plan(
 ) -> Plan:
     """layout.colocate: on one node, the trainer shards over every GPU (FSDP), the generator
     has a replica on every generator.tp of them, the reference sits on the first
-    reference.tp; every GPU's services take turns, and must fit it together."""
+    reference.gpus; every GPU's services take turns, and must fit it together."""
     if num_nodes > 1:
         raise UserError(
             f"{recipe.name}: layout.colocate runs on one node; use at most {per_node} GPUs"
@@ -451,7 +451,7 @@ def _colocated_plan(
         for r in range(replicas)
     ]
     if lay.reference.enabled:
-        on = tuple(range(lay.reference.tp)) if lay.reference.on_gpu else ()
+        on = tuple(range(lay.reference.gpus)) if lay.reference.on_gpu else ()
         placements.append(Placement("reference", 0, 0, on))
     placements.append(Placement("trainer", 0, 0, tuple(range(gpus))))
     placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
@@ -550,7 +550,7 @@ def _cpu_plan(recipe: Recipe, nodes: int) -> Plan:
         generator_tp=1,
         trainer_gpus=0,
         reference_enabled=lay.reference.enabled,
-        reference_tp=1,
+        reference_gpus=1,
         reward_procs=lay.reward.procs,
         placements=tuple(placements),
         memory=estimate_memory(recipe),
@@ -618,8 +618,8 @@ def _breakdown(recipe: Recipe) -> str:
     if _cpu_reference(recipe):
         parts.append("reference on CPU")
     elif lay.reference.enabled:
-        tp = lay.reference.tp
-        parts.append(f"reference {tp}" + (f" = TP{tp}" if tp > 1 else ""))
+        n = lay.reference.gpus
+        parts.append(f"reference {n}" + (f" = FSDP{n}" if n > 1 else ""))
     parts.append(f"trainer {t.gpus} = FSDP{t.gpus}")
     return ", ".join(parts)
 

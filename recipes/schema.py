@@ -251,7 +251,9 @@ class GeneratorLayout(_Strict):
 
 class ReferenceLayout(_Strict):
     enabled: bool = True
-    tp: int = Field(default=1, ge=1)
+    # The frozen model is sharded over its GPUs (FSDP2, bf16), one process per GPU, like the
+    # trainer's; each scores its share of a batch's rows.
+    gpus: int = Field(default=1, ge=1)
     # gpu, or cpu: the reference scores in float32 on node 0's CPU cores, taking no GPU (slow:
     # for small models where a GPU is dearer than the time; the host needs the memory)
     device: Literal["gpu", "cpu"] = "gpu"
@@ -345,10 +347,12 @@ class TrainerSettings(_Strict):
 class ReferenceSettings(_Strict):
     """How the reference scores (forward only)."""
 
+    # reference processes (FSDP ranks): one per reference GPU; on a CPU recipe, gloo ranks
+    ranks: int | Auto = "auto"
     tokens_per_micro_batch: int | Auto = "auto"
     compile: bool | Auto = "auto"
 
-    _positive = field_validator("tokens_per_micro_batch")(_at_least_one)
+    _positive = field_validator("ranks", "tokens_per_micro_batch")(_at_least_one)
 
 
 class WeightSyncSettings(_Strict):
@@ -481,12 +485,22 @@ def _consistency_errors(r: Recipe) -> list[str]:
         )
     lay = r.layout
     tps = [("layout.generator.tp", lay.generator.tp)]
-    if lay.reference.enabled:
-        tps.insert(1, ("layout.reference.tp", lay.reference.tp))
-    if lay.reference.enabled and lay.reference.device == "cpu" and lay.reference.tp != 1:
+    ref = lay.reference
+    if ref.enabled and (r.cpu or ref.device == "cpu") and ref.gpus != 1:
         errors.append(
-            f"layout.reference.tp: a reference on the CPU runs in one process; set it to 1, "
-            f"got {lay.reference.tp}"
+            f"layout.reference.gpus: a reference on the CPU takes no GPU; set it to 1 "
+            f"(reference.ranks sets its processes), got {ref.gpus}"
+        )
+    elif ref.enabled and ref.gpus > r.resources.gpus_per_node:
+        errors.append(
+            f"layout.reference.gpus: {ref.gpus} exceeds resources.gpus_per_node "
+            f"{r.resources.gpus_per_node}; the reference's GPUs must sit on one node"
+        )
+    rranks = r.reference.ranks
+    if ref.on_gpu and not r.cpu and rranks != "auto" and rranks != ref.gpus:
+        errors.append(
+            f"reference.ranks: {rranks} must be auto or layout.reference.gpus ({ref.gpus}): "
+            "one reference process per GPU"
         )
     for path, tp in tps:
         if arch.n_heads % tp or arch.n_kv_heads % tp:

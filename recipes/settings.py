@@ -13,6 +13,7 @@ Planned values:
   a fixed KV cache (the memory model's reserve, recipes/memory.py) and must find 0.05 of the
   GPU free at start (profiling would count the neighbours' memory as its own).
 - trainer.ranks: one process per trainer GPU (1 on CPU).
+- reference.ranks: one process per reference GPU (1 on CPU), the frozen model sharded over them.
 - trainer.tokens_per_micro_batch / activation_checkpointing: a trainer with its GPUs to itself
   takes the largest micro-batch that fits, without checkpointing if it can
   (`trainer_memory_plan`); on a shared GPU 8192 tokens with checkpointing; on a CPU 8192
@@ -69,6 +70,7 @@ class TrainerSettings:
 
 @dataclass(frozen=True)
 class ReferenceSettings:
+    ranks: int
     tokens_per_micro_batch: int
     compile: bool
 
@@ -196,6 +198,7 @@ def plan_settings(
         fit = trainer_memory_plan(recipe.arch, 1, ACCELERATOR_BYTES[accelerator])
         ref_tokens = fit[0] if fit else SHARED_TOKENS
     reference = ReferenceSettings(
+        ranks=pick("reference", "ranks", recipe.layout.reference.gpus if ref_gpu else 1),
         tokens_per_micro_batch=pick("reference", "tokens_per_micro_batch", ref_tokens),
         compile=pick("reference", "compile", ref_gpu),
     )

@@ -75,7 +75,7 @@ def test_headline_minimums(name, need, gated):
 
 def test_headline_layouts():
     lay = load_recipe("qwen3-8b").layout
-    assert (lay.generator.tp, lay.reference.tp, lay.trainer.gpus) == (2, 1, 2)
+    assert (lay.generator.tp, lay.reference.gpus, lay.trainer.gpus) == (2, 1, 2)
     assert load_recipe("llama3.1-8b").model.hf_id == "meta-llama/Meta-Llama-3.1-8B-Instruct"
 
 

@@ -77,7 +77,7 @@ def test_every_gpu_estimate_covers_its_exact_shard(name: str):
             "gen",
         )
         if "reference" in p.memory:
-            weights = 2 * sum(tp_shard(s, p.reference_tp) for s in params)
+            weights = 2 * sum(fsdp_shard(s, p.reference_gpus) for s in params)
             assert p.memory["reference"] * GB + ROUNDING >= weights, (gpus, "reference")
         # and nothing is planned onto a GPU it cannot fit
         limit = {"H100": 80.0, "H200": 141.0}[p.accelerator]

@@ -38,7 +38,7 @@ def test_below_minimum_names_the_breakdown():
         "qwen3-8b needs at least 5 GPUs (generator 2 = TP2×1, reference 1, trainer 2 = FSDP2); got 4"
     )
     assert "got 0" in error_of(recipe("qwen3-8b"), 0)
-    assert "(generator 4 = TP4×1, reference 4 = TP4, trainer 8 = FSDP8); got 12" in error_of(
+    assert "(generator 4 = TP4×1, reference 4 = FSDP4, trainer 8 = FSDP8); got 12" in error_of(
         recipe("qwen3-32b"), 12
     )
 
@@ -254,7 +254,7 @@ layouts = st.fixed_dictionaries(
         "layout.generator.tp": st.sampled_from([1, 2, 4]),
         "layout.generator.replicas": st.integers(1, 3),
         "layout.reference.enabled": st.booleans(),
-        "layout.reference.tp": st.sampled_from([1, 2]),
+        "layout.reference.gpus": st.sampled_from([1, 2, 3]),
         "layout.trainer.gpus": st.integers(1, 6),
     }
 )
@@ -295,7 +295,7 @@ def test_plan_invariants(layout, gpus, gpn):
         if x.service == "generator":
             assert len(x.gpus) == p.generator_tp
         elif x.service == "reference":
-            assert len(x.gpus) == p.reference_tp
+            assert len(x.gpus) == p.reference_gpus
         elif x.service == "reward":
             assert x.gpus == () and x.node == 0
     # The trainer: all its GPUs on node 0, where the controller writes the checkpoints.
@@ -414,9 +414,9 @@ def test_a_reference_on_the_cpu_needs_the_hosts_memory():
     check_plan_fits(p, Cluster(), available_bytes=int(64e9))
     with pytest.raises(UserError, match="needs ~11 GB of host memory and this node has 8 GB free"):
         check_plan_fits(p, Cluster(), available_bytes=int(8e9))
-    tp = "layout.reference.tp: a reference on the CPU runs in one process"
-    with pytest.raises(UserError, match=tp):
-        recipe("qwen3-8b", "layout.reference.device=cpu", "layout.reference.tp=2")
+    gpus = "layout.reference.gpus: a reference on the CPU takes no GPU"
+    with pytest.raises(UserError, match=gpus):
+        recipe("qwen3-8b", "layout.reference.device=cpu", "layout.reference.gpus=2")
 
 
 def test_launches_ask_for_gpu_counts_clouds_sell():

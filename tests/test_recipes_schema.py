@@ -129,12 +129,6 @@ def test_wrong_type_shows_file_path_and_value(tmp_path):
             3,
             "layout.generator.tp: 3 must divide the qwen3 8b head counts (n_heads 32, n_kv_heads 8)",
         ),
-        (
-            "layout.reference",
-            "tp",
-            16,
-            "layout.reference.tp: 16 must divide the qwen3 8b head counts",
-        ),
     ],
 )
 def test_tensor_parallel_must_divide_heads(tmp_path, section, key, value, expected):
@@ -151,10 +145,29 @@ def test_tp_dividing_query_heads_but_not_kv_heads_is_rejected(tmp_path):
     )
 
 
-def test_disabled_reference_tp_is_not_checked(tmp_path):
+def test_disabled_reference_gpus_are_not_checked(tmp_path):
     data = catalog_data()
-    data["layout"]["reference"] = {"enabled": False, "tp": 3}
+    data["layout"]["reference"] = {"enabled": False, "gpus": 16}
     assert not load_recipe(write(tmp_path, data)).layout.reference.enabled
+
+
+def test_the_reference_is_sharded_over_its_gpus_not_tensor_parallel(tmp_path):
+    """The reference's GPUs are FSDP shards: any count that fits a node, no head-count rule;
+    `tp` is no longer a key; its processes follow its GPUs."""
+    data = catalog_data()
+    data["layout"]["reference"] = {"enabled": True, "gpus": 3}  # 3 does not divide 32 heads
+    assert load_recipe(write(tmp_path, data)).layout.reference.gpus == 3
+    data["layout"]["reference"] = {"enabled": True, "gpus": 9}
+    assert "layout.reference.gpus: 9 exceeds resources.gpus_per_node 8" in error_of(
+        load_recipe, write(tmp_path, data)
+    )
+    data["layout"]["reference"] = {"enabled": True, "tp": 2}
+    assert "layout.reference.tp: unknown key" in error_of(load_recipe, write(tmp_path, data))
+    data["layout"]["reference"] = {"enabled": True, "gpus": 2}
+    data["reference"] = {"ranks": 3}
+    assert "reference.ranks: 3 must be auto or layout.reference.gpus (2)" in error_of(
+        load_recipe, write(tmp_path, data)
+    )
 
 
 def test_memory_must_fit_the_accelerator(tmp_path):

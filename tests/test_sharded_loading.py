@@ -123,3 +123,60 @@ def test_weights_that_do_not_fit_are_one_clear_error():
     extra = dict(state, **{"layers.0.bogus.weight": torch.ones(2)})
     with pytest.raises(UserError, match="bogus.weight is not a parameter"):
         load_into(materialize(meta_model(spec), "cpu"), GivenWeights(extra))
+
+
+def _reference_rank(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        FORGESKY_TRAINER_WORLD_SIZE=str(world),
+        FORGESKY_PROC_RANK=str(rank),
+    )
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from runtime.backends.fsdp_trainer import GPUReference
+
+    spec = SPECS["qwen3-tied"]
+    folder = Path(out).parent / "qwen3-tied"
+    ref = GPUReference(
+        spec,
+        temperature=0.7,
+        weights=weight_source(str(folder), spec),
+        device="cpu",
+        dtype=torch.float32,
+        tokens_per_micro_batch=16,  # one row a forward: 5 rows are 3 forwards and 2
+    )
+    sharded = type(next(ref.model.parameters())).__name__
+    scored = {}
+    for rows in (5, 1):  # with 1 row, rank 1 has none and only joins the collectives
+        tokens, mask, _ = token_batch(spec.vocab_size, rows=rows, width=16)
+        share = ref.my_rows(rows)
+        scored[rows] = (share.start, ref.logprobs(tokens, mask))
+    answers = [None] * world
+    dist.all_gather_object(answers, (sharded, scored))
+    if rank == 0:
+        torch.save(answers, out)
+    dist.destroy_process_group()
+
+
+def test_a_reference_sharded_over_two_ranks_scores_its_rows_like_one_process(tmp_path: Path):
+    from runtime.backends.fsdp_trainer import GPUReference
+
+    spec = SPECS["qwen3-tied"]
+    save_hf(spec, tmp_path / "qwen3-tied")
+    answers = run_ranks(_reference_rank, 2, tmp_path)
+    assert [a[0] for a in answers] == ["DTensor", "DTensor"]
+    one = GPUReference(
+        spec,
+        temperature=0.7,
+        weights=weight_source(str(tmp_path / "qwen3-tied"), spec),
+        device="cpu",
+        dtype=torch.float32,
+    )
+    for rows in (5, 1):
+        tokens, mask, _ = token_batch(spec.vocab_size, rows=rows, width=16)
+        shares = sorted((a[1][rows][0], a[1][rows][1]) for a in answers)
+        got = torch.cat([lp for _, lp in shares])
+        assert got.shape == tokens.shape
+        torch.testing.assert_close(got, one.logprobs(tokens, mask), atol=1e-5, rtol=0)

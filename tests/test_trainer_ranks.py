@@ -12,7 +12,7 @@ from runtime_helpers import NOISE, finish, leftover_processes, metrics, start
 from recipes import UserError, apply_overrides, architecture, load_recipe, plan
 from runtime.backends import OptimizerConfig, TitanTrainer, trainer_state
 from runtime.backends.fsdp_trainer import WORLD_ENV
-from runtime.control.startup import trainer_env, trainer_ranks
+from runtime.control.startup import group_env, trainer_ranks
 from runtime.models import ModelSpec
 
 
@@ -31,8 +31,8 @@ def test_one_trainer_proc_per_gpu_and_cpu_ranks_as_planned():
 
 
 def test_several_ranks_meet_on_a_free_local_port():
-    assert trainer_env(1) == {}  # one proc starts exactly as before
-    env = trainer_env(4)
+    assert group_env(1) == {}  # one proc starts exactly as before
+    env = group_env(4)
     assert env[WORLD_ENV] == "4" and env["MASTER_ADDR"] == "127.0.0.1"
     assert 0 < int(env["MASTER_PORT"]) < 65536
 
@@ -78,3 +78,20 @@ def test_tiny_run_on_two_trainer_ranks_checkpoints_and_resumes(tmp_path: Path):
     assert rows[-1]["policy_version"] == 6
     time.sleep(0.5)
     assert leftover_processes(again.pid) == []
+
+
+@pytest.mark.slow
+def test_a_reference_sharded_over_two_ranks_scores_like_the_policy(tmp_path: Path):
+    """reference.ranks=2: two procs, the frozen model sharded over them (FSDP2, gloo), each
+    scoring its share of every batch's rows; put back in order, the first step's KL between
+    the policy and its own initial weights is 0."""
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny", "--run-dir", str(run_dir), "--steps", "2"]
+    proc = start([*args, "--set", "reference.ranks=2", "--set", "grpo.kl_beta=0.1"])
+    code, out = finish(proc, timeout=300)
+    assert code == 0, out
+    assert "reference   ranks 2," in out
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert abs(rows[0]["kl"]) < 1e-5, rows[0]["kl"]
+    assert rows[1]["kl"] > 0  # after a step the policy has moved away from the reference

@@ -23,9 +23,15 @@ class ReferenceActor(Actor):
 
     @endpoint
     async def logprobs(self, tokens: torch.Tensor, response_mask: torch.Tensor) -> dict[str, Any]:
-        """The reference's log-prob of every response token, one list per row (in order)."""
+        """The reference's log-prob of every response token, one list per row (in order).
+
+        With several ranks (one proc per reference GPU, the model sharded over them) every
+        rank is called, scores its share of the rows (`first`: where it starts) and answers
+        for those; `runtime.control.services` puts the shares back together."""
         start = time.perf_counter()
+        rows_of = getattr(self.backend, "my_rows", None)
+        share = rows_of(tokens.shape[0]) if rows_of else slice(0, tokens.shape[0])
         lp = self.backend.logprobs(tokens, response_mask).float().cpu()
-        mask = response_mask.bool()
+        mask = response_mask[share].bool()
         rows = [row[keep].tolist() for row, keep in zip(lp, mask, strict=True)]
-        return {"logprobs": rows, "seconds": time.perf_counter() - start}
+        return {"logprobs": rows, "first": share.start, "seconds": time.perf_counter() - start}

@@ -224,9 +224,10 @@ class ReferenceConfig:
     settings: Any
 
     def build(self) -> Any:
-        """`GPUReference` (bf16, micro-batched) on a GPU, else `TitanReference`."""
+        """`GPUReference` (bf16, micro-batched; sharded when it has several ranks) on a GPU or
+        across several CPU ranks (gloo), else the one-process `TitanReference`."""
         args = _model_args(self.recipe)
-        if device().type == "cuda":
+        if device().type == "cuda" or self.settings.ranks > 1:
             from runtime.backends.fsdp_trainer import GPUReference
 
             return GPUReference(

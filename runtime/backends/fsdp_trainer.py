@@ -5,7 +5,8 @@ Precision. The trainer keeps fp32 master weights and AdamW state and computes in
   cast per matmul (a few ms per step for 1.7B), gradients land in fp32;
 - several ranks: FSDP2 `fully_shard` per transformer block and at the root, with
   `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`.
-The reference holds bf16 weights and scores under `inference_mode`.
+The reference holds bf16 weights (sharded over its GPUs when it has several) and scores
+under `no_grad`.
 
 Memory. Only response positions need log-probs, so the decoder runs without its output
 projection (`_skip_lm_head`), the hidden states of the positions that predict response tokens
@@ -416,10 +417,19 @@ class GPUReference:
         self.device = torch.device(device)
         self.dtype = dtype
         self.tokens_per_micro_batch = tokens_per_micro_batch
-        # The matmul weights get `dtype` storage while still on meta; the source's fp32 numbers
-        # are rounded once as they are copied in (the rounding autocast would apply per matmul).
+        self.world = init_distributed()
+        self.rank = dist.get_rank() if self.world > 1 else 0
         self.model = meta_model(spec)
-        if dtype != torch.float32:
+        if self.world > 1:
+            # Sharded over the reference's GPUs (FSDP2): every weight stored in `dtype`, as a
+            # sharded trainer computes (FSDP2's param_dtype regime), each rank 1/world of it.
+            if dtype != torch.float32:
+                for param in self.model.parameters():
+                    param.data = param.data.to(dtype)
+            self._shard()
+        elif dtype != torch.float32:
+            # The matmul weights get `dtype` storage while still on meta; the source's fp32
+            # numbers are rounded once as they are copied in (what autocast does per matmul).
             _round_matmul_weights(self.model, dtype)
         materialize(self.model, self.device)
         load_into(self.model, as_source(weights, spec, seed), "the reference")
@@ -427,27 +437,56 @@ class GPUReference:
         self.model.eval().requires_grad_(False)
         wrap_blocks(self.model, checkpointing=False, compile=compile)
 
+    def _shard(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        for block in self.model.layers.values():
+            fully_shard(block, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.dtype == torch.float32:
+        if self.dtype == torch.float32 or self.world > 1:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
-    @torch.inference_mode()
+    def my_rows(self, batch: int) -> slice:
+        """This rank's contiguous share of a batch's rows (ranks differ by at most one row)."""
+        base, extra = divmod(batch, self.world)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + base + (1 if self.rank < extra else 0))
+
     def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
-        """Teacher-forced log-probs `[B, T]` of the reference (0 off the response)."""
-        parts = micro_batches(tokens, self.tokens_per_micro_batch)
-        with self._autocast():
-            return torch.cat(
-                [
+        """Teacher-forced log-probs `[B, T]` of the reference (0 off the response); with
+        several ranks, of this rank's rows (`my_rows`): every rank must call it."""
+        if self.world > 1:
+            rows = self.my_rows(tokens.shape[0])
+            tokens, response_mask = tokens[rows], response_mask[rows]
+        parts = micro_batches(tokens, self.tokens_per_micro_batch) if len(tokens) else []
+        extra = 0
+        if self.world > 1:
+            # Each forward gathers every block from all ranks: all run as many forwards.
+            count = torch.tensor([len(parts)], device=self.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            extra = int(count.item()) - len(parts)
+        out = []
+        with torch.no_grad(), self._autocast():
+            for p in parts:
+                out.append(
                     response_logprobs(
                         self.model,
                         tokens[p].to(self.device),
                         response_mask[p].to(self.device),
                         self.temperature,
                     )
-                    for p in parts
-                ]
-            )
+                )
+            for _ in range(extra):  # a one-token forward, only for its collectives
+                one = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+                response_logprobs(self.model, one, torch.ones_like(one, dtype=torch.bool))
+        if not out:
+            return torch.zeros(tokens.shape, dtype=torch.float32, device=self.device)
+        return torch.cat(out)
 
 
 def _round_matmul_weights(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -72,8 +72,10 @@ class Services:
 
     async def reference_logprobs(self, tokens: Tensor, mask: Tensor) -> list[list[float]]:
         assert self.reference is not None
-        answer = await self.call("reference", self.reference.logprobs.call_one(tokens, mask))
-        return answer["logprobs"]
+        # every reference rank scores its share of the rows (one rank: all of them)
+        answers = await self.call("reference", self.reference.logprobs.call(tokens, mask))
+        shares = sorted((a["first"], a["logprobs"]) for _, a in answers.items())
+        return [row for _, rows in shares for row in rows]
 
     async def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
         return await self.train_call("train_step", batch)

@@ -28,9 +28,10 @@ def trainer_ranks(trainer_gpus: tuple[int, ...], ranks: int) -> list[tuple[int, 
     return [(g,) for g in trainer_gpus]
 
 
-def trainer_env(ranks: int) -> dict[str, str]:
-    """Rendezvous of the trainer ranks (torch.distributed env://). The plan keeps the trainer
-    on one node, so its ranks meet on the loopback at a port free here."""
+def group_env(ranks: int) -> dict[str, str]:
+    """Rendezvous of one service's ranks (the trainer's, the reference's; torch.distributed
+    env://). The plan keeps each on one node, so its ranks meet on the loopback at a port
+    free here."""
     from runtime.backends.fsdp_trainer import WORLD_ENV
 
     if ranks == 1:
@@ -59,6 +60,8 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     trainers = _placements(plan, "trainer")
     settings = plan.settings
     ranks = trainer_ranks(tuple(g for p in trainers for g in p.gpus), settings.trainer.ranks)
+    # the reference likewise: one proc per GPU, sharded over them (gloo ranks on CPU)
+    ref_ranks = trainer_ranks(refs[0].gpus, settings.reference.ranks) if refs else []
     # Services that share a GPU take turns: the caching allocator grows and shrinks segments
     # so one's freed memory serves the next (fixed segments fragment across the turns).
     shared = shared_services(plan.placements)
@@ -70,7 +73,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
         return extra
 
     # CPU threads: every service proc computes at once (rollouts overlap training)
-    busy = len(ranks) + len(gens) + len(refs) + plan.reward_procs
+    busy = len(ranks) + len(gens) + len(ref_ranks) + plan.reward_procs
     threads = max(1, available_cores() // busy)
 
     reward_host = hosts.host_of("reward", _placements(plan, "reward"))
@@ -81,7 +84,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
             "trainer",
             len(ranks),
             gpus=ranks,
-            env=gpu_env("trainer", trainer_env(len(ranks))),
+            env=gpu_env("trainer", group_env(len(ranks))),
             threads=threads,
             host=hosts.host_of("trainer", trainers),
         ),
@@ -102,9 +105,9 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
             spawn_service(
                 life,
                 "reference",
-                1,
-                gpus=[refs[0].gpus],
-                env=gpu_env("reference"),
+                len(ref_ranks),
+                gpus=ref_ranks,
+                env=gpu_env("reference", group_env(len(ref_ranks))),
                 threads=threads,
                 host=hosts.host(refs[0].node),
             )
@@ -128,7 +131,8 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
         life.call("reward", reward.setup.call(rewards)),
     ]
     if reference is not None:
-        setups.append(life.call("reference", reference.setup.call_one(recipe, settings)))
+        # every reference rank joins its group
+        setups.append(life.call("reference", reference.setup.call(recipe, settings)))
     answers = await asyncio.gather(*setups)
     info = next(value for _, value in answers[0].items())
     # the generators' tokenizer pads batches (the controller loads none of its own)
