@@ -296,17 +296,34 @@ def _reach(
     return step
 
 
-def _catch_partial(run: RuntimeRun, run_dir: Path) -> None:
-    """Return with the run frozen while a `.partial` checkpoint directory exists.
+def _partial_ids(run_dir: Path) -> set[tuple[str, int, int]]:
+    """(name, inode, change time) of each `.partial` directory: a directory of the same name
+    made again (a step written anew after a resume) counts as another."""
+    root = run_dir / "checkpoints"
+    out = set()
+    for name in partial_dirs(run_dir):
+        try:
+            st = os.stat(root / name)
+        except FileNotFoundError:
+            continue
+        out.add((name, st.st_ino, st.st_ctime_ns))
+    return out
 
-    Polls the checkpoint directory; on seeing a partial one, freezes the run and looks again
-    (the write may have finished in between): still there, the point is reached; gone, the run
-    goes on and the next checkpoint gets its chance.
+
+def _catch_partial(run: RuntimeRun, run_dir: Path) -> None:
+    """Return with the run frozen while a checkpoint of this start is being written.
+
+    Polls the checkpoint directory; on seeing a `.partial` directory this start made (one left
+    by an earlier kill does not count: checkpoints are written in the background, so a kill
+    elsewhere often leaves one), freezes the run and looks again (the write may have been
+    committed in between): still there, the point is reached; gone, the run goes on and the
+    next checkpoint gets its chance.
     """
+    stale = _partial_ids(run_dir)
     while run.proc.poll() is None:
-        if partial_dirs(run_dir):
+        if _partial_ids(run_dir) - stale:
             pids = run.freeze()
-            if partial_dirs(run_dir):
+            if _partial_ids(run_dir) - stale:
                 return
             run.thaw(pids)
         time.sleep(0.0005)
