@@ -168,6 +168,20 @@ def token_batch(
     return tokens, mask, torch.linspace(-1, 1, rows)
 
 
+def join_group(rank: int, world: int, port: int) -> None:
+    """In a spawned rank: the environment a service's rank gets (runtime.control.startup's
+    group_env and runtime.procs.mesh's rank), so the backend joins its process group."""
+    import torch
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        FORGESKY_TRAINER_WORLD_SIZE=str(world),
+        FORGESKY_PROC_RANK=str(rank),
+    )
+    torch.set_num_threads(1)
+
+
 def run_ranks(fn: Any, ranks: int, tmp_path: Path) -> Any:
     """Spawn `fn(rank, ranks, port, out)` on `ranks` procs meeting on a free loopback port;
     return what rank 0 saved to `out` with torch.save."""

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
-from runtime_helpers import run_ranks, token_batch
+from runtime_helpers import join_group, run_ranks, token_batch
 
 from recipes import architecture
 from runtime.backends import OptimizerConfig, TitanTrainer
@@ -23,13 +22,7 @@ def _batch():
 
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        FORGESKY_TRAINER_WORLD_SIZE=str(world),
-        FORGESKY_PROC_RANK=str(rank),
-    )
-    torch.set_num_threads(1)
+    join_group(rank, world, port)
     import torch.distributed as dist
 
     from runtime.backends.fsdp_trainer import FSDPTrainer

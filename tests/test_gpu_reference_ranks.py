@@ -5,13 +5,12 @@ ranks, resumes on one GPU with the same next step."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 from gpu_models import SMALL, peaked_weights
-from runtime_helpers import run_ranks, token_batch
+from runtime_helpers import join_group, run_ranks, token_batch
 
 from runtime.backends import OptimizerConfig
 from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference
@@ -28,12 +27,7 @@ def _batch(rows: int, seed: int):
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:
     torch.cuda.set_device(rank)
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        FORGESKY_TRAINER_WORLD_SIZE=str(world),
-        FORGESKY_PROC_RANK=str(rank),
-    )
+    join_group(rank, world, port)
     import torch.distributed as dist
 
     weights = peaked_weights(SMALL, seed=4, device=f"cuda:{rank}")

@@ -3,13 +3,12 @@ speed knobs: the same step with activation checkpointing off and with compiled b
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 from gpu_models import SMALL, peaked_weights
-from runtime_helpers import run_ranks, token_batch
+from runtime_helpers import join_group, run_ranks, token_batch
 
 from runtime.backends import OptimizerConfig
 from runtime.backends.fsdp_trainer import FSDPTrainer
@@ -32,12 +31,7 @@ def _batch(width: int, seed: int):
 def _rank(rank: int, world: int, port: int, out: str) -> None:
     # What runtime.control.run gives each trainer proc (runtime.procs.mesh pins it to its GPU instead).
     torch.cuda.set_device(rank)
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        FORGESKY_TRAINER_WORLD_SIZE=str(world),
-        FORGESKY_PROC_RANK=str(rank),
-    )
+    join_group(rank, world, port)
     import torch.distributed as dist
 
     weights = peaked_weights(SMALL, seed=4, device=f"cuda:{rank}")

@@ -4,12 +4,11 @@ from a Hugging Face folder read one block at a time (two gloo ranks on CPU, FSDP
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
 import torch
-from runtime_helpers import run_ranks, token_batch
+from runtime_helpers import join_group, run_ranks, token_batch
 from test_models import LLAMA, QWEN
 
 from recipes import UserError
@@ -33,13 +32,7 @@ def save_hf(spec, folder: Path) -> Path:
 
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        FORGESKY_TRAINER_WORLD_SIZE=str(world),
-        FORGESKY_PROC_RANK=str(rank),
-    )
-    torch.set_num_threads(1)
+    join_group(rank, world, port)
     import torch.distributed as dist
 
     from runtime.backends.fsdp_trainer import FSDPTrainer
@@ -126,13 +119,7 @@ def test_weights_that_do_not_fit_are_one_clear_error():
 
 
 def _reference_rank(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        FORGESKY_TRAINER_WORLD_SIZE=str(world),
-        FORGESKY_PROC_RANK=str(rank),
-    )
-    torch.set_num_threads(1)
+    join_group(rank, world, port)
     import torch.distributed as dist
 
     from runtime.backends.fsdp_trainer import GPUReference

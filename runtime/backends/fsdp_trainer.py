@@ -107,11 +107,18 @@ def _scatter(values: Tensor, predicts: Tensor, shape: torch.Size) -> Tensor:
     return out
 
 
+def rank_rows(batch: int, rank: int, world: int) -> slice:
+    """Rank `rank`'s contiguous share of `batch` rows (ranks differ by at most one row)."""
+    base, extra = divmod(batch, world)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))
+
+
 def _full(tensor: Tensor) -> Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-class FSDPTrainer:
+class FSDPTrainer(trainer_state.Checkpointing):
     """The policy on GPU(s); the same interface as `TitanTrainer` (see `TrainerBackend`).
 
     `publish_dtype` is the dtype of `hf_state_dict()` (what generators load; bf16 halves the
@@ -163,7 +170,6 @@ class FSDPTrainer:
         self.model.train()
         self.optimizer, self.scheduler = optim.build(self.model, fused=self.device.type == "cuda")
         self.step = 0
-        self._saver: trainer_state.Saver | None = None
 
     def _shard(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
@@ -198,10 +204,7 @@ class FSDPTrainer:
             return torch.cat([self._forward(tokens[p], response_mask[p]) for p in parts])
 
     def _my_rows(self, batch: int) -> slice:
-        """This rank's contiguous share of the batch rows (ranks differ by at most one row)."""
-        base, extra = divmod(batch, self.world)
-        start = self.rank * base + min(self.rank, extra)
-        return slice(start, start + base + (1 if self.rank < extra else 0))
+        return rank_rows(batch, self.rank, self.world)
 
     def train_step(
         self,
@@ -318,27 +321,6 @@ class FSDPTrainer:
             "step": self.step,
         }
 
-    def save_checkpoint(self, directory: str) -> None:
-        """Start writing the trainer's part of a checkpoint into `directory` (DCP: every rank
-        its own shards; runtime.backends.trainer_state): returns once the state is staged in
-        host memory, the files follow in the background (`checkpoint_written`). Every rank
-        must call it."""
-        if self._saver is None:
-            self._saver = trainer_state.Saver(self.device)
-        self._saver.start(directory, self.model, self.optimizer, self.scheduler, self.step)
-
-    def checkpoint_written(self, wait: bool = False) -> bool:
-        """Whether the last checkpoint write is on disk on every rank (with `wait`, once it
-        is). Every rank must call it."""
-        return self._saver is None or self._saver.written(wait)
-
-    def load_checkpoint(self, directory: str) -> None:
-        """Restore from `directory`, whatever rank count wrote it. Every rank must call it."""
-        if trainer_state.is_legacy(directory):
-            self.load_state_dict(trainer_state.read_all(directory))
-        else:
-            self.step = trainer_state.load(directory, self.model, self.optimizer, self.scheduler)
-
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what `state_dict` returned (each rank keeps its shard)."""
         current = self.model.state_dict()
@@ -452,10 +434,7 @@ class GPUReference:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     def my_rows(self, batch: int) -> slice:
-        """This rank's contiguous share of a batch's rows (ranks differ by at most one row)."""
-        base, extra = divmod(batch, self.world)
-        start = self.rank * base + min(self.rank, extra)
-        return slice(start, start + base + (1 if self.rank < extra else 0))
+        return rank_rows(batch, self.rank, self.world)
 
     def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
         """Teacher-forced log-probs `[B, T]` of the reference (0 off the response); with

@@ -98,7 +98,7 @@ def _load_or_init(
     return model
 
 
-class TitanTrainer:
+class TitanTrainer(trainer_state.Checkpointing):
     """The policy: a TorchTitan model with causal SDPA attention, trained by `train_step`.
 
     `weights` (TorchTitan names, e.g. from `load_pretrained`) replace the seeded random init.
@@ -130,7 +130,6 @@ class TitanTrainer:
         self.model.train()
         self.optimizer, self.scheduler = optim.build(self.model)
         self.step = 0
-        self._saver: trainer_state.Saver | None = None
 
     def _forward_logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
         return self._forward(tokens, response_mask)[0]
@@ -217,27 +216,6 @@ class TitanTrainer:
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
         }
-
-    def save_checkpoint(self, directory: str) -> None:
-        """Start writing the trainer's part of a checkpoint into `directory` (DCP: every rank
-        its own shards; runtime.backends.trainer_state): returns once the state is staged in
-        host memory, the files follow in the background (`checkpoint_written`). Every rank
-        must call it."""
-        if self._saver is None:
-            self._saver = trainer_state.Saver(self.device)
-        self._saver.start(directory, self.model, self.optimizer, self.scheduler, self.step)
-
-    def checkpoint_written(self, wait: bool = False) -> bool:
-        """Whether the last checkpoint write is on disk on every rank (with `wait`, once it
-        is). Every rank must call it."""
-        return self._saver is None or self._saver.written(wait)
-
-    def load_checkpoint(self, directory: str) -> None:
-        """Restore from `directory`, whatever rank count wrote it. Every rank must call it."""
-        if trainer_state.is_legacy(directory):
-            self.load_state_dict(trainer_state.read_all(directory))
-        else:
-            self.step = trainer_state.load(directory, self.model, self.optimizer, self.scheduler)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"], strict=True)

@@ -165,3 +165,31 @@ def read_all(directory: str | Path) -> dict[str, Any]:
         with _quiet():
             dcp_to_torch_save(str(directory / TRAINER_DIR), str(out))
         return torch.load(out, weights_only=False)
+
+
+class Checkpointing:
+    """The checkpoint methods of a trainer backend (`model`, `optimizer`, `scheduler`, `step`,
+    `device` and `load_state_dict` are the backend's)."""
+
+    _saver: Saver | None = None
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Start writing the trainer's part of a checkpoint into `directory` (DCP: every rank
+        its own shards; runtime.backends.trainer_state): returns once the state is staged in
+        host memory, the files follow in the background (`checkpoint_written`). Every rank
+        must call it."""
+        if self._saver is None:
+            self._saver = Saver(self.device)
+        self._saver.start(directory, self.model, self.optimizer, self.scheduler, self.step)
+
+    def checkpoint_written(self, wait: bool = False) -> bool:
+        """Whether the last checkpoint write is on disk on every rank (with `wait`, once it
+        is). Every rank must call it."""
+        return self._saver is None or self._saver.written(wait)
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore from `directory`, whatever rank count wrote it. Every rank must call it."""
+        if is_legacy(directory):
+            self.load_state_dict(read_all(directory))
+        else:
+            self.step = load(directory, self.model, self.optimizer, self.scheduler)
