@@ -95,6 +95,8 @@ class Plan:
     settings: Settings | None = field(default=None, hash=False, compare=True)
     colocated: bool = False  # layout.colocate: the GPU services share GPUs and take turns
     reference_host_gb: float | None = None  # a reference on the CPU: host memory it takes
+    # a checkpoint write stages the trainer's shards (12 bytes a parameter) in node 0's memory
+    checkpoint_host_gb: float | None = None
     reference_step_tflop: float | None = None  # and the forward work it does a step
     disk: dict[str, float] = field(default_factory=dict, hash=False)  # GB a node, by use
 
@@ -154,6 +156,11 @@ class Plan:
                 f"reference on node 0's CPU (layout.reference.device: cpu): ~"
                 f"{self.reference_host_gb:.0f} GB of host memory, float32, and a forward of "
                 f"~{self.reference_step_tflop:.3g} TFLOP a step on its cores"
+            )
+        if self.checkpoint_host_gb is not None:
+            lines.append(
+                f"checkpoints: each write first copies the trainer's state to node 0's memory "
+                f"(~{self.checkpoint_host_gb:.0f} GB) and goes to disk while training goes on"
             )
         if self.disk:
             parts = ", ".join(f"{k} {v:.0f}" for k, v in self.disk.items() if k != "total")
@@ -404,6 +411,7 @@ def _gpu_plan(
         settings=settings,
         colocated=colocated,
         reference_host_gb=_reference_host_gb(recipe),
+        checkpoint_host_gb=round(12 * recipe.arch.params / GB, 1),
         reference_step_tflop=_reference_step_tflop(recipe),
         disk=_disk(recipe),
     )

@@ -419,6 +419,26 @@ def test_a_reference_on_the_cpu_needs_the_hosts_memory():
         recipe("qwen3-8b", "layout.reference.device=cpu", "layout.reference.gpus=2")
 
 
+def test_checkpoint_writes_need_the_hosts_memory_for_their_staged_copy():
+    from runtime.procs.cluster import Cluster, check_plan_fits
+
+    p = plan(recipe("qwen3-8b"), 5)
+    assert p.checkpoint_host_gb == pytest.approx(12 * p_params("qwen3-8b") / 1e9, abs=0.1)
+    assert "checkpoints: each write first copies the trainer's state" in p.describe()
+    check_plan_fits(p, Cluster(), available_bytes=int(200e9))
+    with pytest.raises(UserError, match=r"stages the trainer's state \(~98 GB\) in host memory"):
+        check_plan_fits(p, Cluster(), available_bytes=int(64e9))
+    # with a CPU reference both count
+    both = plan(recipe("qwen3-1.7b", "layout.reference.device=cpu"), 2)
+    need = (both.reference_host_gb + both.checkpoint_host_gb) * 1e9
+    with pytest.raises(UserError, match="beside the CPU reference's"):
+        check_plan_fits(both, Cluster(), available_bytes=int(need - 1e9))
+
+
+def p_params(name: str) -> int:
+    return load_recipe(name).arch.params
+
+
 def test_launches_ask_for_gpu_counts_clouds_sell():
     from recipes import launch_gpus
     from recipes.planner import unsold_note

@@ -110,21 +110,33 @@ def cluster_from_env(environ: Mapping[str, str] | None = None, port: int | None 
 
 
 def check_plan_fits(plan: Any, cluster: Cluster, available_bytes: int | None = None) -> None:
-    """Raise UserError unless the plan uses exactly the cluster's nodes and, with a reference
-    on the CPU, node 0 has the memory it needs (`available_bytes`: this host's, by default)."""
-    if plan.reference_host_gb is not None and cluster.rank == 0:
+    """Raise UserError unless the plan uses exactly the cluster's nodes and node 0 has the host
+    memory the plan needs (a reference on the CPU, checkpoint writes staged in memory;
+    `available_bytes`: this host's, by default)."""
+    if plan.num_nodes != cluster.nodes:
+        _wrong_nodes(plan, cluster)
+    reference = getattr(plan, "reference_host_gb", None) or 0.0
+    staged = getattr(plan, "checkpoint_host_gb", None) or 0.0
+    if (reference or staged) and cluster.rank == 0:
         if available_bytes is None:
             import psutil
 
             available_bytes = psutil.virtual_memory().available
-        if plan.reference_host_gb * 1e9 > available_bytes:
+        free = f"this node has {available_bytes / 1e9:.0f} GB free"
+        if reference * 1e9 > available_bytes:
             raise UserError(
-                f"layout.reference.device cpu: the reference needs ~{plan.reference_host_gb:.0f}"
-                f" GB of host memory and this node has {available_bytes / 1e9:.0f} GB free; put "
-                "it on a GPU (layout.reference.device=gpu) or disable it"
+                f"layout.reference.device cpu: the reference needs ~{reference:.0f} GB of host "
+                f"memory and {free}; put it on a GPU (layout.reference.device=gpu) or disable it"
             )
-    if plan.num_nodes == cluster.nodes:
-        return
+        if (reference + staged) * 1e9 > available_bytes:
+            also = f" beside the CPU reference's ~{reference:.0f} GB" if reference else ""
+            raise UserError(
+                f"checkpoints: each write stages the trainer's state (~{staged:.0f} GB) in host "
+                f"memory{also} and {free}; use a node with more memory"
+            )
+
+
+def _wrong_nodes(plan: Any, cluster: Cluster) -> None:
     where = (
         f"this cluster has {cluster.nodes} ({IPS_ENV})"
         if cluster.multi_node
