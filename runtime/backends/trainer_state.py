@@ -12,10 +12,8 @@ parameter-name keyed form. A checkpoint folder from before DCP (one `trainer.pt`
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +30,9 @@ def _single() -> bool:
     return not dist.is_initialized()
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    # DCP warns that a single process is assumed, which is what no_dist says.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
+# DCP warns that a single process is assumed, which is what no_dist says; the write's
+# background thread warns too, so the filter is the process's, for that message alone.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
 
 
 def _state(model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int) -> dict[str, Any]:
@@ -85,13 +80,12 @@ class Saver:
             # The write's own collectives run in the background thread: a gloo group of their
             # own keeps them apart from the training collectives on the default group.
             self.group = dist.new_group(backend="gloo")
-        with _quiet():
-            response = dcp.async_save(
-                _state(model, optimizer, scheduler, step),
-                checkpoint_id=str(Path(directory) / TRAINER_DIR),
-                process_group=self.group,
-                no_dist=_single(),
-            )
+        response = dcp.async_save(
+            _state(model, optimizer, scheduler, step),
+            checkpoint_id=str(Path(directory) / TRAINER_DIR),
+            process_group=self.group,
+            no_dist=_single(),
+        )
         self.future = getattr(response, "upload_completion", response)
 
     def written(self, wait: bool = False) -> bool:
@@ -114,7 +108,7 @@ def load(directory: str | Path, model: torch.nn.Module, optimizer: Any, schedule
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     state = _state(model, optimizer, scheduler, 0)
-    with torch.no_grad(), _quiet():
+    with torch.no_grad():
         dcp.load(state, checkpoint_id=str(Path(directory) / TRAINER_DIR), no_dist=_single())
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
@@ -148,7 +142,7 @@ def model_weights(directory: str | Path, spec: Any) -> dict[str, torch.Tensor]:
 
     model = materialize(meta_model(spec), "cpu")
     params = dict(model.named_parameters())
-    with torch.no_grad(), _quiet():
+    with torch.no_grad():
         dcp.load({"model": params}, checkpoint_id=str(directory / TRAINER_DIR), no_dist=True)
     return {k: v.detach() for k, v in model.state_dict().items()}
 
@@ -162,8 +156,7 @@ def read_all(directory: str | Path) -> dict[str, Any]:
         return torch.load(directory / LEGACY_FILE, map_location="cpu", weights_only=False)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "state.pt"
-        with _quiet():
-            dcp_to_torch_save(str(directory / TRAINER_DIR), str(out))
+        dcp_to_torch_save(str(directory / TRAINER_DIR), str(out))
         return torch.load(out, weights_only=False)
 
 
