@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import re
@@ -106,14 +107,15 @@ def _group_key(name: str) -> int:
     return int(match.group(1)) if match else -1
 
 
-class WeightSource:
+class WeightSource(abc.ABC):
     """A model's first weights, handed out a group at a time under TorchTitan names: first the
     tensors outside the blocks, then one transformer block per group. A loader never holds more
     than one group (`load_into`); `state_dict()` is everything at once, for the single-process
     CPU backends."""
 
+    @abc.abstractmethod
     def groups(self) -> Iterator[dict[str, torch.Tensor]]:
-        raise NotImplementedError
+        """The groups, in order (TorchTitan names, CPU tensors)."""
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
