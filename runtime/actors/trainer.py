@@ -8,6 +8,7 @@ its answers (`runtime.control.services.Services.train_call`).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -67,10 +68,17 @@ class TrainerActor(Actor):
             loss_mask=batch.get("loss_mask"),
         )
         stats["time/train_s"] = time.perf_counter() - start
-        return stats
+        memory = getattr(self.backend, "memory", None)
+        return stats | (memory.metrics() if memory is not None else {})
 
     def _rank(self) -> int:
         return getattr(self.backend, "rank", 0)
+
+    def _phase(self, name: str) -> contextlib.AbstractContextManager:
+        """Measure the GPU peak of `name` (runtime.backends.gpu_memory; the step metrics carry
+        it as memory/<name>_gb), where the backend keeps such records."""
+        memory = getattr(self.backend, "memory", None)
+        return memory.phase(name) if memory is not None else contextlib.nullcontext()
 
     @endpoint
     async def weight_endpoint(self) -> Any:
@@ -100,16 +108,17 @@ class TrainerActor(Actor):
         # A group at a time (outside the blocks, then each block); with several ranks each
         # group is a collective every rank takes part in, and only rank 0 keeps it.
         groups = getattr(self.backend, "hf_groups", None)
-        parts = groups() if groups is not None else iter([self.backend.hf_state_dict()])
-        if self._rank() != 0:
-            for _ in parts:
-                pass
-            return {"bytes": 0, "seconds": 0.0}
-        if self.publisher is None:
-            from runtime.weights.transport import Publisher
+        with self._phase("publish"):
+            parts = groups() if groups is not None else iter([self.backend.hf_state_dict()])
+            if self._rank() != 0:
+                for _ in parts:
+                    pass
+                return {"bytes": 0, "seconds": 0.0}
+            if self.publisher is None:
+                from runtime.weights.transport import Publisher
 
-            self.publisher = Publisher(self.store, ["store"], build.device())
-        return await self.publisher.publish_groups(version, parts)
+                self.publisher = Publisher(self.store, ["store"], build.device())
+            return await self.publisher.publish_groups(version, parts)
 
     @endpoint
     async def drop(self, version: int) -> None:
@@ -128,7 +137,8 @@ class TrainerActor(Actor):
         """Start writing model, optimizer, scheduler and step into a checkpoint directory:
         every rank its own shards (runtime.backends.trainer_state). Returns once the state is
         staged in host memory; `saved` says when the files are on disk."""
-        self.backend.save_checkpoint(directory)
+        with self._phase("checkpoint"):
+            self.backend.save_checkpoint(directory)
 
     @endpoint
     async def saved(self, wait: bool) -> bool:
@@ -139,8 +149,12 @@ class TrainerActor(Actor):
     @endpoint
     async def export(self, directory: str, provenance: dict[str, Any]) -> None:
         """Write the policy as a Hugging Face model folder (rank 0; the gather is on every
-        rank): runtime.models.export."""
-        state = self.backend.hf_state_dict()
+        rank, a group at a time, each group moved to host memory): runtime.models.export."""
+        groups = getattr(self.backend, "hf_groups", None)
+        state: dict[str, Any] = {}
+        with self._phase("export"):
+            for group in groups() if groups is not None else [self.backend.hf_state_dict()]:
+                state.update({k: v.to("cpu") for k, v in group.items()})
         if self._rank() != 0:
             return
         from runtime.models.export import write_hf_model

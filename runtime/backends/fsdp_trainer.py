@@ -46,6 +46,7 @@ from torch import Tensor
 from runtime.backends import trainer_state
 from runtime.backends.base import LossFn, loss_inputs
 from runtime.backends.blocks import head_logprobs, head_outputs, micro_batches, wrap_blocks
+from runtime.backends.gpu_memory import PeakMemory
 from runtime.backends.titan_trainer import OptimizerConfig
 from runtime.models import ModelSpec, to_hf
 from runtime.models.loading import WeightSource, as_source, load_into
@@ -170,6 +171,9 @@ class FSDPTrainer(trainer_state.Checkpointing):
         self.model.train()
         self.optimizer, self.scheduler = optim.build(self.model, fused=self.device.type == "cuda")
         self.step = 0
+        # GPU peaks by phase (start-up until here, then steps, publishes, checkpoint writes)
+        self.memory = PeakMemory(self.device)
+        self.memory.record("startup")
 
     def _shard(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
@@ -217,6 +221,27 @@ class FSDPTrainer(trainer_state.Checkpointing):
         **loss_kwargs: Any,
     ) -> dict[str, float]:
         """One AdamW step on the whole batch (micro-batches accumulate; ranks split the rows)."""
+        with self.memory.phase("train"):
+            return self._train_step(
+                tokens,
+                response_mask,
+                advantages,
+                old_logprobs,
+                ref_logprobs,
+                loss_fn,
+                **loss_kwargs,
+            )
+
+    def _train_step(
+        self,
+        tokens: Tensor,
+        response_mask: Tensor,
+        advantages: Tensor,
+        old_logprobs: Tensor | None,
+        ref_logprobs: Tensor | None,
+        loss_fn: LossFn,
+        **loss_kwargs: Any,
+    ) -> dict[str, float]:
         batch = tokens.shape[0]
         rows = self._my_rows(batch)
         loss_kwargs, loss_mask, entropy = loss_inputs(loss_kwargs, response_mask)

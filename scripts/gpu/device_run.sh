@@ -10,6 +10,9 @@
 #                                      alone (TorchTitan and its imports) is enough, no staging
 #   scripts/gpu/device_run.sh push     stage, install if needed, weight-path GPU tests + bench
 #   scripts/gpu/device_run.sh trl      stage, install if needed (stack, then TRL), bench/trl_grpo.py
+#   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
+#                                      recipe at full size: load, train, checkpoint, kill, resume,
+#                                      export, serve); its JSON and the runs' logs go to $OUT
 # Extra arguments go to pytest, bench/gpu_grpo.py or bench/trl_grpo.py. Logs and results land in
 # $OUT (the folder whose files come back), else /tmp/out. Runs side by side on one host: give
 # each its GPUs (CUDA_VISIBLE_DEVICES, which the runtime's plans index into) and a TAG that keeps
@@ -152,6 +155,15 @@ case "$mode" in
     cp "$json" "$out/" 2>/dev/null || true
     exit "$status"
     ;;
+  product)
+    install && check
+    df -h /tmp | tail -1
+    free -g | head -2
+    status=0
+    python3 bench/product_path.py --out "$out/product_path$tag.json" "$@" 2>&1 |
+      tee "$out/bench_product$tag.log" || status=$?
+    exit "$status"
+    ;;
   trl)
     install && check
     install_trl
@@ -163,7 +175,7 @@ case "$mode" in
     exit "$status"
     ;;
   *)
-    echo "unknown mode $mode (stage, check, tests, trainer-tests, push, grpo, vllm, train, trl)" >&2
+    echo "unknown mode $mode (stage, check, tests, trainer-tests, push, grpo, vllm, train, trl, product)" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,439 @@
+"""The product path at full size on a GPU machine: real-size weights in, a trained model out.
+
+For a catalog recipe (default qwen3-8b), on the GPUs of this machine:
+
+1. write a Hugging Face folder with random weights of the recipe's real architecture (bf16
+   safetensors in 5 GB shards, config, and the shipped character tokenizer sized to the
+   vocabulary: no Hub here), as a download would leave it;
+2. run A: `python -m runtime --recipe NAME --gpus N` with `layout.colocate=true` (the plan
+   `forgesky plan NAME --gpus N --set layout.colocate=true` prints) and `model.hf_id` the folder:
+   the trainer (FSDP over every GPU), reference and vLLM load it through the product's loading
+   path; a few GRPO steps; a DCP checkpoint; kill -9 of every process of the run once that
+   checkpoint is committed (the next step under way);
+3. run B: the same command resumes from the checkpoint, trains to the end, writes its checkpoint
+   and the model folder (RUN_DIR/model);
+4. vLLM loads that folder and its prompt log-probs are compared with transformers' on the same
+   folder; one tensor is compared with the initial weights (the trained model is not the input).
+
+GPU memory is sampled with nvidia-smi (every GPU, every 0.2 s, by phase) and set against the
+plan's estimate per GPU; the trainer's own peaks by phase (start-up, step, publish, checkpoint,
+export: CUDA allocator, rank 0) come from the run's metrics. Settings that differ from the
+recipe (the prompts, lengths, steps, compile and CUDA graphs off for a short start-up) are
+listed in the JSON. Output: a JSON under --out, the runs' logs beside it.
+
+    python bench/product_path.py [--recipe qwen3-8b] [--gpus 2] [--work /tmp/pp]
+        [--out bench/results/product_path.json] [--set KEY=VALUE ...] [--make-room]
+
+`--make-room` deletes run A's checkpoint once run B has resumed from it and trained a step
+(for a disk that holds one checkpoint of the model: 12 bytes a parameter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fault_runs import RuntimeRun, committed_steps, session_pids  # noqa: E402
+
+from runtime.control.metrics import read_metrics  # noqa: E402
+
+SHORT = (
+    "dataset.path=builtin:arith",  # GSM8K-shaped problems made locally (no Hub on the machine)
+    "eval.enabled=false",
+    "grpo.max_response_tokens=128",
+    "generator.enforce_eager=true",  # no CUDA graphs: start-up in seconds, not minutes
+    "trainer.compile=false",
+    "reference.compile=false",
+)
+
+
+class GpuSampler:
+    """The largest memory.used (GB) of every GPU, by phase, sampled with nvidia-smi."""
+
+    def __init__(self, every_s: float = 0.2) -> None:
+        self.every_s = every_s
+        self.phase = "idle"
+        self.peaks: dict[str, dict[int, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def used(self) -> dict[int, float]:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        rows = (line.split(",") for line in out.strip().splitlines())
+        return {int(i): float(mib) * 2**20 / 1e9 for i, mib in rows}
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                now = self.used()
+            except (OSError, subprocess.CalledProcessError, ValueError):
+                time.sleep(self.every_s)
+                continue
+            peaks = self.peaks.setdefault(self.phase, {})
+            for gpu, gb in now.items():
+                peaks[gpu] = max(peaks.get(gpu, 0.0), round(gb, 2))
+            time.sleep(self.every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def versions() -> dict[str, str]:
+    names = ("torch", "vllm", "torchmonarch", "torchstore", "torchtitan", "transformers")
+    out = {"python": platform.python_version()}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def write_random_model(recipe: Any, folder: Path, device: str = "cuda") -> dict[str, Any]:
+    """An HF folder of the recipe's architecture with random bf16 weights (std 0.02, norms 1)
+    and the arith character tokenizer sized to its vocabulary."""
+    import torch
+
+    from runtime.backends.build import model_spec
+    from runtime.models.export import write_hf_model
+    from runtime.models.hf import build_hf_model
+    from runtime.tasks.arith.tokenization import build_tokenizer
+
+    start = time.perf_counter()
+    spec = model_spec(recipe)
+    with torch.device("meta"):
+        shapes = build_hf_model(spec, dtype=torch.bfloat16, device="meta").state_dict()
+    gen = torch.Generator(device=device).manual_seed(0)
+    weights = {}
+    for name, t in shapes.items():
+        if t.dim() == 1:
+            weights[name] = torch.ones(t.shape, dtype=torch.bfloat16)
+        else:
+            r = torch.randn(t.shape, generator=gen, device=device, dtype=torch.bfloat16)
+            weights[name] = (r * 0.02).cpu()
+    write_hf_model(weights, spec, folder, tokenizer=build_tokenizer(spec.vocab_size))
+    if spec.tie_embeddings:
+        weights.pop("lm_head.weight", None)  # one tensor in the files
+    params = sum(t.numel() for t in weights.values())
+    return {
+        "params_in_files": params,
+        "bytes": sum(p.stat().st_size for p in folder.glob("*.safetensors")),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def runtime_args(name: str, gpus: int, folder: Path, run_dir: Path, sets: list[str]) -> list[str]:
+    args = ["--recipe", name, "--gpus", str(gpus), "--run-dir", str(run_dir)]
+    for s in ("layout.colocate=true", f"model.hf_id={folder}", *SHORT, *sets):
+        args += ["--set", s]
+    return args
+
+
+def step_rows(run_dir: Path) -> list[dict[str, Any]]:
+    return read_metrics(run_dir / "metrics.jsonl")
+
+
+def memory_row(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The largest trainer memory figure of each kind over the rows."""
+    out: dict[str, float] = {}
+    for row in rows:
+        for k, v in row.items():
+            if k.startswith("memory/"):
+                out[k] = max(out.get(k, 0.0), v)
+    return out
+
+
+def gpus_free(sampler: GpuSampler, limit_gb: float = 1.5, timeout: float = 60.0) -> float:
+    """Seconds until every GPU's used memory is below `limit_gb` (nothing left of the run)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if all(gb < limit_gb for gb in sampler.used().values()):
+            return round(time.monotonic() - start, 2)
+        time.sleep(0.2)
+    raise AssertionError(f"GPU memory still held {timeout:g} s after the run: {sampler.used()}")
+
+
+def run_a(args: list[str], run_dir: Path, log: Path, every: int) -> dict[str, Any]:
+    """Until checkpoint `every` is committed, then kill -9 every process of the run."""
+    run = RuntimeRun(args)
+    try:
+        run.wait_line(r"services ready", timeout=900)
+        ready_s = time.monotonic() - run.started
+        deadline = time.monotonic() + 900
+        while every not in committed_steps(run_dir):
+            if run.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no committed checkpoint {every}:\n{run.output}")
+            time.sleep(0.1)
+        committed_s = time.monotonic() - run.started
+        steps_logged = [r["step"] for r in step_rows(run_dir)]
+        killed = time.monotonic()
+        run.kill()
+        kill_s = time.monotonic() - killed
+    finally:
+        log.write_text(run.output)
+        if run.proc.poll() is None:
+            run.kill()
+    left = session_pids(run.proc.pid)
+    assert not left, f"processes of run A left after kill -9: {left}"
+    return {
+        "services_ready_s": round(ready_s, 1),
+        "checkpoint_committed_s": round(committed_s, 1),
+        "steps_logged_at_kill": steps_logged,
+        "kill_s": round(kill_s, 2),
+    }
+
+
+def run_b(args: list[str], run_dir: Path, log: Path, every: int, make_room: bool) -> dict[str, Any]:
+    """The same command: resumes from checkpoint `every`, runs to the end, exports."""
+    run = RuntimeRun(args)
+    removed = None
+    try:
+        resumed = run.wait_line(r"^resumed from step", timeout=900)
+        if make_room:
+            run.wait_line(rf"^step {every + 1}/", timeout=900)
+            old = run_dir / "checkpoints" / f"step_{every:06d}"
+            shutil.rmtree(old)
+            removed = old.name
+        code = run.finish(timeout=1200)
+    finally:
+        log.write_text(run.output)
+        if run.proc.poll() is None:
+            run.kill()
+    assert code == 0, f"run B exited {code}:\n{run.output[-4000:]}"
+    assert "model -> " in run.output, run.output[-4000:]
+    left = session_pids(run.proc.pid)
+    assert not left, f"processes of run B left: {left}"
+    return {
+        "resumed": resumed.strip(),
+        "seconds": round(time.monotonic() - run.started, 1),
+        "exit_code": code,
+        "checkpoint_removed_to_make_room": removed,
+    }
+
+
+def serve_export(model: Path, initial: Path) -> dict[str, Any]:
+    """vLLM on GPU 0 and transformers on GPU 1 (or 0) score the same token rows from the
+    exported folder; one weight compared with the initial folder."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+    from vllm import LLM, SamplingParams
+
+    start = time.perf_counter()
+    llm = LLM(
+        model=str(model),
+        gpu_memory_utilization=0.4,
+        enforce_eager=True,
+        max_model_len=512,
+        dtype="bfloat16",
+        seed=0,
+    )
+    loaded_s = time.perf_counter() - start
+    config = json.loads((model / "config.json").read_text())
+    gen = torch.Generator().manual_seed(1)
+    rows = [
+        torch.randint(3, min(config["vocab_size"], 100), (64,), generator=gen).tolist()
+        for _ in range(8)
+    ]
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+    outs = llm.generate([{"prompt_token_ids": r} for r in rows], params)
+    vllm_lp = [
+        [d[t].logprob for d, t in zip(o.prompt_logprobs[1:], r[1:], strict=True)]
+        for o, r in zip(outs, rows, strict=True)
+    ]
+    del llm
+    hf_device = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).to(hf_device).eval()
+    diffs = []
+    with torch.no_grad():
+        for row, lps in zip(rows, vllm_lp, strict=True):
+            ids = torch.tensor([row], device=hf_device)
+            logits = hf(ids).logits.float()
+            lp = torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
+            diffs += (lp.cpu() - torch.tensor(lps)).abs().tolist()
+    name = "model.layers.0.mlp.down_proj.weight"
+
+    def tensor(folder: Path) -> Any:
+        for file in sorted(folder.glob("*.safetensors")):
+            with safe_open(file, "pt") as f:
+                if name in f.keys():  # noqa: SIM118 - safe_open has no __contains__
+                    return f.get_tensor(name).float()
+        raise KeyError(name)
+
+    changed = (tensor(model) - tensor(initial)).abs().max().item()
+    diffs.sort()
+    return {
+        "vllm_load_s": round(loaded_s, 1),
+        "rows": len(rows),
+        "mean_abs_logprob_diff_vllm_vs_transformers": round(sum(diffs) / len(diffs), 4),
+        "p99_abs_logprob_diff": round(diffs[int(0.99 * (len(diffs) - 1))], 4),
+        "max_abs_change_vs_initial_" + name: changed,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipe", default="qwen3-8b")
+    p.add_argument("--gpus", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--every", type=int, default=2, help="the checkpoint run A is killed after")
+    p.add_argument("--work", default="/tmp/product_path")
+    p.add_argument("--out", default="bench/results/product_path.json")
+    p.add_argument("--set", dest="sets", action="append", default=[])
+    p.add_argument("--make-room", action="store_true")
+    p.add_argument(
+        "--part",
+        choices=["all", "a", "b"],
+        default="all",
+        help="a: the model and run A; b: run B and serving, from part a's state in --work "
+        "(two calls of a machine with a per-command time limit)",
+    )
+    p.add_argument("--write-model", default=None, help=argparse.SUPPRESS)  # the child's job
+    a = p.parse_args(argv)
+
+    from recipes import apply_overrides, load_recipe, plan
+    from runtime.backends.build import model_spec
+
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    logs = out.parent
+    folder, run_dir = work / f"{a.recipe}-hf", work / f"{a.recipe}-run"
+    sets = [*a.sets, f"grpo.steps={a.steps}", f"grpo.checkpoint_interval={a.every}"]
+    result: dict[str, Any] = {
+        "recipe": a.recipe,
+        "gpus": a.gpus,
+        "device": subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[:1],
+        "versions": versions(),
+        "date": time.strftime("%Y-%m-%d"),
+        "settings_changed": [
+            "layout.colocate=true",
+            "model.hf_id=<random HF folder>",
+            *SHORT,
+            *sets,
+        ],
+    }
+    accelerator = "H200" if "H200" in str(result["device"]) else "H100"
+    recipe = apply_overrides(
+        load_recipe(a.recipe), ["layout.colocate=true", f"model.hf_id={folder}", *SHORT, *sets]
+    )
+    if a.write_model:  # in a child process: its CUDA context ends with it
+        info = write_random_model(recipe, Path(a.write_model))
+        print(json.dumps(info), flush=True)
+        return 0
+    the_plan = plan(recipe, a.gpus, accelerator=accelerator)
+    per_gpu: dict[int, float] = {}
+    for placement in the_plan.placements:
+        for gpu in placement.gpus:
+            per_gpu[gpu] = per_gpu.get(gpu, 0.0) + the_plan.memory.get(placement.service, 0.0)
+    result["plan"] = {
+        "describe": the_plan.describe(),
+        "gb_per_gpu_by_service": the_plan.memory,
+        "estimated_gb_per_gpu": {str(k): round(v, 1) for k, v in per_gpu.items()},
+        "params": model_spec(recipe).num_params(),
+    }
+    print(the_plan.describe(), flush=True)
+    state = work / f"{a.recipe}-state.json"
+    if a.part == "b":
+        result = json.loads(state.read_text())
+    args = runtime_args(a.recipe, a.gpus, folder, run_dir, sets)
+    sampler = GpuSampler()
+    try:
+        if a.part in ("all", "a"):
+            part_a(a, result, sampler, folder, run_dir, args, logs)
+        if a.part in ("all", "b"):
+            part_b(a, result, sampler, folder, run_dir, args, logs)
+    finally:
+        sampler.stop()
+        peaks = result.setdefault("gpu_used_peak_gb", {})
+        for phase, gpus in sampler.peaks.items():
+            peaks[phase] = {str(g): v for g, v in sorted(gpus.items())}
+        state.write_text(json.dumps(result, indent=2) + "\n")
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result["gpu_used_peak_gb"]), flush=True)
+    return 0
+
+
+def part_a(
+    a: Any,
+    result: dict[str, Any],
+    sampler: GpuSampler,
+    folder: Path,
+    run_dir: Path,
+    args: list[str],
+    logs: Path,
+) -> None:
+    """The initial model (unless written before) and run A, killed after its checkpoint."""
+    sampler.phase = "write model"
+    if not (folder / "config.json").exists():
+        child = [sys.executable, __file__, "--recipe", a.recipe, "--work", a.work]
+        child += [x for s in a.sets for x in ("--set", s)] + ["--write-model", str(folder)]
+        done = subprocess.run(child, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise AssertionError(f"writing the model failed:\n{done.stdout}{done.stderr}")
+        result["initial_model"] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"initial model: {result['initial_model']}", flush=True)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    sampler.phase = "run A"
+    result["run_a"] = run_a(args, run_dir, logs / f"product_path_{a.recipe}_run_a.log", a.every)
+    result["run_a"]["gpus_free_after_kill_s"] = gpus_free(sampler)
+    result["run_a"]["trainer_memory"] = memory_row(step_rows(run_dir))
+    print(f"run A: {result['run_a']}", flush=True)
+
+
+def part_b(
+    a: Any,
+    result: dict[str, Any],
+    sampler: GpuSampler,
+    folder: Path,
+    run_dir: Path,
+    args: list[str],
+    logs: Path,
+) -> None:
+    """Run B (resume, train to the end, export), then vLLM serves the export."""
+    sampler.phase = "run B"
+    result["run_b"] = run_b(
+        args, run_dir, logs / f"product_path_{a.recipe}_run_b.log", a.every, a.make_room
+    )
+    result["run_b"]["gpus_free_after_s"] = gpus_free(sampler)
+    rows = step_rows(run_dir)
+    result["steps"] = [
+        {k: r.get(k) for k in ("step", "time/step_s", "time/train_s", "loss", "kl")} for r in rows
+    ]
+    result["run_b"]["trainer_memory"] = memory_row([r for r in rows if r["step"] > a.every])
+    result["model_files"] = sorted(p.name for p in (run_dir / "model").iterdir())
+    print(f"run B: {result['run_b']}", flush=True)
+    sampler.phase = "serve export"
+    result["serve"] = serve_export(run_dir / "model", folder)
+    print(f"serve: {result['serve']}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

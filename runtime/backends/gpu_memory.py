@@ -1,0 +1,51 @@
+"""Peak GPU memory of a backend's phases (start-up, a training step, a publish, a checkpoint
+write, an export), as the CUDA caching allocator saw them: what the memory plan
+(recipes/memory.py) estimates, measured where the run really is. Nothing is recorded on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+GB = 1e9
+
+
+class PeakMemory:
+    """The largest allocated and reserved bytes of each phase on this process's GPU.
+
+    `record("startup")` closes the phase that ran since the process began (or the last reset);
+    `phase(name)` measures a block. `metrics()` gives every phase seen so far as
+    `memory/<name>_gb` (allocated) and `memory/<name>_reserved_gb`, each the largest yet."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.on = torch.device(device).type == "cuda" and torch.cuda.is_available()
+        self.peaks: dict[str, tuple[float, float]] = {}
+
+    def record(self, name: str) -> None:
+        if not self.on:
+            return
+        allocated = torch.cuda.max_memory_allocated() / GB
+        reserved = torch.cuda.max_memory_reserved() / GB
+        old = self.peaks.get(name, (0.0, 0.0))
+        self.peaks[name] = (max(old[0], allocated), max(old[1], reserved))
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if not self.on:
+            yield
+            return
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            yield
+        finally:
+            self.record(name)
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, (allocated, reserved) in self.peaks.items():
+            out[f"memory/{name}_gb"] = round(allocated, 3)
+            out[f"memory/{name}_reserved_gb"] = round(reserved, 3)
+        return out
