@@ -297,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--every", type=int, default=2, help="the checkpoint run A is killed after")
     p.add_argument("--work", default="/tmp/product_path")
+    p.add_argument(
+        "--model-dir",
+        default=None,
+        help="where the initial HF folder goes (default: in --work; e.g. /dev/shm to keep the "
+        "disk for checkpoints)",
+    )
     p.add_argument("--out", default="bench/results/product_path.json")
     p.add_argument("--set", dest="sets", action="append", default=[])
     p.add_argument("--make-room", action="store_true")
@@ -318,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     logs = out.parent
-    folder, run_dir = work / f"{a.recipe}-hf", work / f"{a.recipe}-run"
+    folder = Path(a.model_dir) if a.model_dir else work / f"{a.recipe}-hf"
+    run_dir = work / f"{a.recipe}-run"
     sets = [*a.sets, f"grpo.steps={a.steps}", f"grpo.checkpoint_interval={a.every}"]
     result: dict[str, Any] = {
         "recipe": a.recipe,
