@@ -69,7 +69,11 @@ def estimate_memory(
 
     memory = {"generator": generator, "trainer": trainer}
     if layout.reference.on_gpu:
-        memory["reference"] = 2 * arch.params / layout.reference.gpus + activations
+        reference = 2 * arch.params / layout.reference.gpus + activations
+        if layout.reference.gpus == 1:
+            # one GPU: the trainer's one-rank precision, which keeps the embedding in fp32
+            reference += 2 * arch.vocab_size * arch.dim
+        memory["reference"] = reference
     return {k: round(v / GB + RUNTIME_OVERHEAD_GB, 1) for k, v in sorted(memory.items())}
 
 
@@ -155,6 +159,18 @@ def trainer_fixed_bytes(arch: Any, ranks: int) -> float:
     params = arch.params
     gathered = 2 * 6 * params / arch.n_layers
     return 16 * params / ranks + (10 * params if ranks == 1 else gathered) + 3e9
+
+
+def trainer_publish_gb(arch: Any, ranks: int) -> float:
+    """GB on trainer rank 0 while a version goes out by a flat buffer that lives only until the
+    generators have loaded it (the ipc path): weights and AdamW moments (12 bytes a parameter,
+    sharded; gradients are freed after the update), the version's bf16 buffer (2 bytes a
+    parameter), the largest gathered group (the embedding and output projection in bf16, one
+    of them in fp32 on its way), plus the runtime's overhead."""
+    outside = arch.vocab_size * arch.dim
+    group = 2 * outside * (1 if arch.tie_embeddings else 2) + 4 * outside
+    total = 12 * arch.params / ranks + 2 * arch.params + group
+    return round(total / GB + RUNTIME_OVERHEAD_GB, 1)
 
 
 def trainer_token_bytes(arch: Any, checkpointing: bool) -> float:

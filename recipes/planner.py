@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from recipes.errors import UserError
-from recipes.memory import ACCELERATOR_GB, GB, estimate_memory
+from recipes.memory import ACCELERATOR_GB, GB, estimate_memory, trainer_publish_gb
 from recipes.schema import Recipe
 from recipes.settings import Settings, plan_settings
 
@@ -384,13 +384,19 @@ def _gpu_plan(
         expected_paths=_expected_paths(recipe, placements),
     )
     memory = estimate_memory(recipe, generator_replicas=replicas, trainer_gpus=trainer_gpus)
+    rank0_only = 0.0  # GB trainer rank 0 holds beyond the other ranks at its peak
     if "push" in settings.weight_sync.expected:
         # the push path's flat bf16 buffer of a version, kept on trainer rank 0 beside its
-        # shards (recipes.settings); colocated plans use ipc, whose buffers the check below
-        # does not count yet
+        # shards (recipes.settings)
         memory["trainer"] = round(memory["trainer"] + 2 * recipe.arch.params / GB, 1)
+    if "ipc" in settings.weight_sync.expected:
+        # the ipc path's buffer of a version, on trainer rank 0's GPU from a publish until the
+        # generators have loaded it: a peak of its own, beside a step's
+        step = memory["trainer"]
+        memory["trainer"] = max(step, trainer_publish_gb(recipe.arch, trainer_gpus))
+        rank0_only = memory["trainer"] - step
     if colocated:
-        _check_colocated_memory(recipe, accelerator, memory, settings)
+        _check_colocated_memory(recipe, accelerator, memory, settings, placements, rank0_only)
     return Plan(
         recipe_name=recipe.name,
         total_gpus=gpus,
@@ -459,7 +465,8 @@ def _colocated_plan(
         for r in range(replicas)
     ]
     if lay.reference.enabled:
-        on = tuple(range(lay.reference.gpus)) if lay.reference.on_gpu else ()
+        # the last GPUs: GPU 0 holds trainer rank 0, which alone stages each published version
+        on = tuple(range(gpus - lay.reference.gpus, gpus)) if lay.reference.on_gpu else ()
         placements.append(Placement("reference", 0, 0, on))
     placements.append(Placement("trainer", 0, 0, tuple(range(gpus))))
     placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
@@ -481,27 +488,41 @@ def _colocated_plan(
 
 
 def _check_colocated_memory(
-    recipe: Recipe, accelerator: str, memory: dict[str, float], settings: Settings
+    recipe: Recipe,
+    accelerator: str,
+    memory: dict[str, float],
+    settings: Settings,
+    placements: tuple[Placement, ...],
+    rank0_only: float,
 ) -> None:
-    """Services that share a GPU must fit it together: the trainer's estimate, the generator's
-    bf16 weights with its fixed KV cache, and the reference's."""
+    """Services that share a GPU must fit it together, GPU by GPU: the trainer's estimate
+    (trainer rank 0, on the trainer's first GPU, less `rank0_only` on the others), the
+    generator's bf16 weights with its fixed KV cache, and the reference's."""
     from recipes.memory import RUNTIME_OVERHEAD_GB
 
     arch = recipe.arch
-    parts = {"trainer": memory["trainer"]}
     kv = settings.generator.kv_cache_gb or 0.0
-    parts["generator"] = round(
+    generator = round(
         2 * arch.params / recipe.layout.generator.tp / 1e9 + kv + RUNTIME_OVERHEAD_GB, 1
     )
-    if "reference" in memory:
-        parts["reference"] = memory["reference"]
-    total, capacity = sum(parts.values()), ACCELERATOR_GB[accelerator]
+    trainer = next(p for p in placements if p.service == "trainer")
+    per_gpu: dict[int, dict[str, float]] = {}
+    for p in placements:
+        for gpu in p.gpus:
+            if p.service == "trainer":
+                gb = memory["trainer"] - (rank0_only if gpu != trainer.gpus[0] else 0.0)
+            else:
+                gb = generator if p.service == "generator" else memory.get(p.service, 0.0)
+            per_gpu.setdefault(gpu, {})[p.service] = gb
+    capacity = ACCELERATOR_GB[accelerator]
+    gpu, parts = max(per_gpu.items(), key=lambda item: sum(item[1].values()))
+    total = sum(parts.values())
     if total > capacity:
         shown = " + ".join(f"{k} {v:.0f}" for k, v in parts.items())
         raise UserError(
-            f"{recipe.name}: layout.colocate puts {shown} = {total:.0f} GB on one {accelerator} "
-            f"of {capacity:.0f} GB; use more GPUs (the trainer shards over all of them) or give "
-            "the services GPUs of their own (layout.colocate=false)"
+            f"{recipe.name}: layout.colocate puts {shown} = {total:.0f} GB on GPU {gpu}, an "
+            f"{accelerator} of {capacity:.0f} GB; use more GPUs (the trainer shards over all "
+            "of them) or give the services GPUs of their own (layout.colocate=false)"
         )
 
 

@@ -125,6 +125,9 @@ class FakeServices:
         self.loaded[replica] = max(self.loaded[replica], version)
         return {"version": self.loaded[replica], "bytes": 0, "seconds": self.load_s}
 
+    async def version_loaded(self, version: int) -> None:
+        return None
+
     async def drop(self, version: int) -> None:
         return None
 

@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recipes import UserError, apply_overrides, list_recipes, load_recipe, minimum_gpus, plan
+from recipes import (
+    UserError,
+    apply_overrides,
+    estimate_memory,
+    list_recipes,
+    load_recipe,
+    minimum_gpus,
+    plan,
+)
 
 
 @functools.cache
@@ -377,8 +385,10 @@ def test_colocated_services_share_every_gpu_of_one_node():
 
 def test_colocated_services_must_fit_a_gpu_together():
     message = error_of(recipe("qwen3-8b", "layout.colocate=true"), 2)
-    assert message.startswith("qwen3-8b: layout.colocate puts trainer 70 + generator 26 + ")
-    assert "on one H100 of 80 GB; use more GPUs" in message
+    # GPU 1: the reference (kept off GPU 0, where trainer rank 0 stages each version) and a
+    # trainer rank without the version buffer
+    assert message.startswith("qwen3-8b: layout.colocate puts generator 26 + reference 22 + ")
+    assert "trainer 70 = 119 GB on GPU 1, an H100 of 80 GB; use more GPUs" in message
     assert plan(recipe("qwen3-8b", "layout.colocate=true"), 4).trainer_gpus == 4
     message = error_of(recipe("qwen3-1.7b", "layout.colocate=true"), 16)
     assert "layout.colocate runs on one node; use at most 8 GPUs" in message
@@ -453,3 +463,20 @@ def test_launches_ask_for_gpu_counts_clouds_sell():
     assert plan(recipe("qwen3-1.7b"), 4).generator_replicas == 2
     assert unsold_note(5, 8).startswith("note: 5 GPUs a node: VM clouds sell 1, 2, 4 or 8")
     assert unsold_note(8, 8) is None and unsold_note(16, 8) is None
+
+
+def test_a_colocated_trainer_counts_the_ipc_buffer_it_holds_from_publish_to_load():
+    from recipes.memory import trainer_publish_gb
+
+    r = recipe("qwen3-8b", "layout.colocate=true", "resources.accelerator=H200")
+    p = plan(r, 2)
+    assert p.settings.weight_sync.expected == ("ipc",)
+    # 12 bytes a parameter over 2 ranks, the 2-byte buffer, the embedding group in flight
+    publish = trainer_publish_gb(r.arch, 2)
+    assert publish == pytest.approx(12 * 8.19 / 2 + 2 * 8.19 + 5.0 + 3, abs=0.5)
+    assert p.memory["trainer"] >= publish
+    # a reference on one GPU keeps its embedding in fp32 (2 more bytes a vocabulary row entry)
+    one = estimate_memory(r)["reference"]
+    two = estimate_memory(apply_overrides(r, ["layout.reference.gpus=2"]))["reference"]
+    half_the_weights = r.arch.params / 1e9
+    assert one - two == pytest.approx(half_the_weights + 2 * 151936 * 4096 / 1e9, abs=0.15)

@@ -180,3 +180,56 @@ def test_weight_push_bench_between_two_procs_over_gloo():
     result = weight_push.run_path("tiny", "push", versions=3, device="cpu")
     assert result["versions"] == 3 and result["tensors"] > 10
     assert result["transfer_s"] > 0 and result["end_to_end_s"] >= result["transfer_s"] * 0.5
+
+
+class _Manifests:
+    """The one store call a publish over direct paths alone makes: the version's manifest."""
+
+    def __init__(self) -> None:
+        self.manifests: dict[int, dict] = {}
+
+    async def put_manifest(self, version: int, manifest: dict, *, check: bool = False) -> None:
+        assert not (check and version in self.manifests), version
+        self.manifests[version] = manifest
+
+
+def _groups(sd: dict[str, torch.Tensor]):
+    """`sd` a tensor at a time, each group a fresh copy (as a trainer gathers them)."""
+    for name, tensor in sd.items():
+        yield {name: tensor.clone()}
+
+
+def test_direct_paths_take_a_version_a_group_at_a_time_and_free_it_once_loaded():
+    import asyncio
+
+    store = _Manifests()
+    publisher = Publisher(store, ["ipc", "push"], torch.device("cpu"))
+    address, port = publisher.open()["push"]
+    receiver = PushReceiver(address, port, 1, 2, torch.device("cpu"))
+    ipc = next(s for s in publisher.senders if s.name == "ipc")
+    try:
+        for version in range(3):
+            sd = state(version)
+            stats = asyncio.run(publisher.publish_groups(version, _groups(sd)))
+            entries, _ = flat_layout(sd)
+            assert stats["bytes"] == sum(e.nbytes for e in entries.values())
+            # version 0 fixed the layout from the joined state; later ones were streamed
+            assert ("stage_direct_s" in stats) == (version > 0), stats
+            manifest = store.manifests[version]
+            assert set(manifest["direct"]) == {"tensors", "ipc", "push"}
+            got = views(ipc._buffers[version], entries)
+            assert all(torch.equal(got[n], t) for n, t in sd.items()), version
+            assert receiver.wait_for(version, timeout=60) == version
+            with receiver.lock:
+                pushed = views(receiver.buffer, entries)
+                assert all(torch.equal(pushed[n], t) for n, t in sd.items()), version
+            publisher.loaded(version)  # every generator has it: the ipc buffer goes
+            assert version not in ipc._buffers
+        fewer = dict(list(state(3).items())[:1])
+        more = state(3) | {"extra": torch.zeros(1)}
+        for wrong in (fewer, more):
+            with pytest.raises(ValueError, match="changed its tensors"):
+                asyncio.run(publisher.publish_groups(3, _groups(wrong)))
+    finally:
+        publisher.close()
+        receiver.close()

@@ -121,6 +121,12 @@ class TrainerActor(Actor):
             return await self.publisher.publish_groups(version, parts)
 
     @endpoint
+    async def version_loaded(self, version: int) -> None:
+        """Every generator has loaded `version` (runtime.weights.transport.Publisher.loaded)."""
+        if self._rank() == 0 and self.publisher is not None:
+            self.publisher.loaded(version)
+
+    @endpoint
     async def drop(self, version: int) -> None:
         if self._rank() == 0 and self.publisher is not None:
             await self.publisher.drop(version)

@@ -279,6 +279,10 @@ class FSDPTrainer(trainer_state.Checkpointing):
         )
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
+        # Gradients are not needed past the update: freeing them now keeps 4 bytes a parameter
+        # (of this rank's shards) out of the publish, the checkpoint copy and, with the services
+        # colocated, the generator's and reference's turns.
+        self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
         totals = self._reduce(summed, weighted, token_total)

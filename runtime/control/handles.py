@@ -45,6 +45,9 @@ class ServiceHandles(Protocol):
     async def load_version(self, replica: int, version: int) -> dict[str, float]:
         """Load `version` (or a newer one at hand) on a generator: version, bytes, seconds."""
 
+    async def version_loaded(self, version: int) -> None:
+        """Every generator has loaded `version`: the trainer frees its direct-path buffers."""
+
     async def drop(self, version: int) -> None: ...
 
     async def weight_endpoints(self) -> tuple[Any, list[Any]]:

@@ -2,8 +2,8 @@
 generate calls, by the path chosen for it when the run starts (runtime/weights/transport.py).
 
 After each step the trainer publishes version v; every generator loads v once the call in
-flight returns (its endpoints run one at a time), so no sequence mixes versions; then v-1 is
-dropped. The loads run in the background: the trainer goes on with its next step meanwhile.
+flight returns (its endpoints run one at a time), so no sequence mixes versions; then the
+trainer frees v's direct-path buffers (the generators hold their copies) and v-1 is dropped. The loads run in the background: the trainer goes on with its next step meanwhile.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class PolicySync:
         loads = await asyncio.gather(*(s.load_version(r, version) for r in range(s.generators)))
         self.last_load_s = max(r["seconds"] for r in loads)
         self.progress.loaded = [int(r["version"]) for r in loads]
+        await s.version_loaded(version)
 
     def switch(self, version: int) -> None:
         """Every generator loads `version` after its generation in flight; then v-1 is dropped."""
@@ -69,6 +70,7 @@ class PolicySync:
         async def switch() -> None:
             loads = await asyncio.gather(*(load(r) for r in range(s.generators)))
             self.last_load_s = max(loads)
+            await s.version_loaded(version)
             if version - 1 >= 0:
                 await s.drop(version - 1)
 

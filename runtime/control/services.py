@@ -87,6 +87,9 @@ class Services:
         gen = self.generator_actors[replica]
         return await self.call("generator", gen.update_weights.call_one(version))
 
+    async def version_loaded(self, version: int) -> None:
+        await self.train_call("version_loaded", version)
+
     async def drop(self, version: int) -> None:
         await self.train_call("drop", version)
 

@@ -1,10 +1,11 @@
 """The `ipc` path: a generator whose (first) GPU is the trainer's reads each version from the
 trainer's memory.
 
-The trainer copies each version into a fresh flat buffer and puts the buffer's CUDA IPC handle
-into the version's manifest; the generator opens it and loads from views of the trainer's
-memory (a TP>1 generator's workers open the same handle). The buffer lives until the
-controller drops the version, after every generator has moved past it.
+The trainer copies each version into a fresh flat buffer (a group of tensors at a time as the
+trainer gathers them) and puts the buffer's CUDA IPC handle into the version's manifest; the
+generator opens it and copies the weights out of views of the trainer's memory (a TP>1
+generator's workers open the same handle). The trainer lets go of the buffer once every
+generator has loaded the version (`release`), so between publishes it holds none.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class IpcSender:
     def __init__(self, device: torch.device) -> None:
         self.device = indexed(torch.device(device))
         self._buffers: dict[int, torch.Tensor] = {}
+        self._filling: torch.Tensor | None = None
+        self._entries: dict[str, TensorEntry] = {}
 
     def open(self) -> None:
         return None
@@ -39,11 +42,23 @@ class IpcSender:
     async def stage(
         self, version: int, state: Mapping[str, torch.Tensor], entries: dict[str, TensorEntry]
     ) -> dict[str, Any]:
+        self.begin(version, entries)
+        self.fill(state)
+        return self.finish(version)
+
+    def begin(self, version: int, entries: dict[str, TensorEntry]) -> None:
+        """A fresh flat buffer for `version`, filled by `fill` a group at a time."""
+        total = max(e.offset + e.nbytes for e in entries.values())
+        self._entries = entries
+        self._filling = torch.empty(total, dtype=torch.uint8, device=self.device)
+
+    def fill(self, group: Mapping[str, torch.Tensor]) -> None:
+        fill(self._filling, {n: self._entries[n] for n in group}, group)
+
+    def finish(self, version: int) -> dict[str, Any]:
         from torch.multiprocessing.reductions import reduce_tensor
 
-        total = max(e.offset + e.nbytes for e in entries.values())
-        flat = torch.empty(total, dtype=torch.uint8, device=self.device)
-        fill(flat, entries, state)
+        flat, self._filling = self._filling, None
         if flat.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         self._buffers[version] = flat

@@ -104,6 +104,7 @@ class PushSender:
         self.timeout = _timedelta(timeout_s)
         self.total = 0
         self._buffer: torch.Tensor | None = None
+        self._entries: dict[str, TensorEntry] = {}
         self._store: dist.TCPStore | None = None
         self._queue: queue.Queue[tuple[int, Any] | None] = queue.Queue()
         self._idle = threading.Event()
@@ -130,10 +131,15 @@ class PushSender:
     async def stage(
         self, version: int, state: Mapping[str, torch.Tensor], entries: dict[str, TensorEntry]
     ) -> dict[str, Any]:
+        self.begin(version, entries)
+        self.fill(state)
+        return self.finish(version)
+
+    def begin(self, version: int, entries: dict[str, TensorEntry]) -> None:
+        """Wait for the previous push (the buffer is reused), then take `fill`s."""
         total = max(e.offset + e.nbytes for e in entries.values())
         self._raise_if_failed()
         t = time.perf_counter()
-        # The staging buffer is reused: the previous push must be through first.
         if not self._idle.wait(self.timeout.total_seconds()):
             raise TimeoutError(f"pushing the previous policy version took over {self.timeout}")
         self._raise_if_failed()
@@ -141,7 +147,14 @@ class PushSender:
         if self._buffer is None or self.total != total:
             self._buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
             self.total = total
-        fill(self._buffer, entries, state)
+        self._entries = entries
+
+    def fill(self, group: Mapping[str, torch.Tensor]) -> None:
+        assert self._buffer is not None
+        fill(self._buffer, {n: self._entries[n] for n in group}, group)
+
+    def finish(self, version: int) -> dict[str, Any]:
+        """Hand the filled buffer to the sending thread."""
         ready = None
         if self.device.type == "cuda":
             ready = torch.cuda.Event()

@@ -253,6 +253,10 @@ class Publisher:
         is gathered, so the trainer never holds the whole version; the direct paths send one
         flat buffer and take the groups joined."""
         if [s.name for s in self.senders] != ["store"]:
+            if self.entries is not None and all(hasattr(s, "fill") for s in self.senders):
+                return await self._stream_direct(version, groups)
+            # The first version fixes the flat layout (at the start, before any optimizer
+            # state exists); the store beside a direct path takes the whole version too.
             state: dict[str, torch.Tensor] = {}
             for group in groups:
                 state.update(group)
@@ -269,6 +273,46 @@ class Publisher:
         await self.store.put_manifest(version, manifest)
         nbytes = sum(TensorEntry(*e).nbytes for e in manifest["tensors"].values())
         return {"bytes": nbytes, "seconds": time.perf_counter() - start, "stage_store_s": staged}
+
+    async def _stream_direct(
+        self, version: int, groups: Iterable[Mapping[str, torch.Tensor]]
+    ) -> dict[str, float]:
+        """Direct paths only, layout known: each group goes into every sender's flat buffer as
+        it is gathered and is dropped before the next, so the trainer holds the buffer and one
+        group, never a second whole copy of the version."""
+        assert self.entries is not None
+        start = time.perf_counter()
+        for sender in self.senders:
+            sender.begin(version, self.entries)
+        names: set[str] = set()
+        changed = ValueError("the published state dict changed its tensors between versions")
+        for group in groups:
+            if not group.keys() <= self.entries.keys():
+                raise changed
+            names.update(group)
+            for sender in self.senders:
+                sender.fill(group)
+        if names != set(self.entries):
+            raise changed
+        manifest: dict[str, Any] = {
+            "buckets": [],
+            "tensors": {},
+            "direct": {"tensors": {n: tuple(e) for n, e in self.entries.items()}},
+        }
+        stats: dict[str, float] = {"stage_direct_s": time.perf_counter() - start}
+        for sender in self.senders:
+            manifest["direct"].update(sender.finish(version)["direct"])
+            stats.update(sender.stats())
+        await self.store.put_manifest(version, manifest, check=True)
+        nbytes = sum(e.nbytes for e in self.entries.values())
+        return {"bytes": nbytes, "seconds": time.perf_counter() - start, **stats}
+
+    def loaded(self, version: int) -> None:
+        """Every generator has loaded `version`: the direct paths let go of its buffers (the
+        generators hold their own copy; the store keeps the version until `drop`)."""
+        for sender in self.senders:
+            if sender.name != "store":
+                sender.release(version)
 
     async def drop(self, version: int) -> None:
         """Forget `version`: its buffers on every path, its keys in the store."""
