@@ -34,6 +34,7 @@ import argparse
 import json
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -174,7 +175,7 @@ def gpus_free(sampler: GpuSampler, limit_gb: float = 1.5, timeout: float = 60.0)
 
 def run_a(args: list[str], run_dir: Path, log: Path, every: int) -> dict[str, Any]:
     """Until checkpoint `every` is committed, then kill -9 every process of the run."""
-    run = RuntimeRun(args)
+    run = RuntimeRun(args, log=log)
     try:
         run.wait_line(r"services ready", timeout=900)
         ready_s = time.monotonic() - run.started
@@ -189,7 +190,6 @@ def run_a(args: list[str], run_dir: Path, log: Path, every: int) -> dict[str, An
         run.kill()
         kill_s = time.monotonic() - killed
     finally:
-        log.write_text(run.output)
         if run.proc.poll() is None:
             run.kill()
     left = session_pids(run.proc.pid)
@@ -204,7 +204,7 @@ def run_a(args: list[str], run_dir: Path, log: Path, every: int) -> dict[str, An
 
 def run_b(args: list[str], run_dir: Path, log: Path, every: int, make_room: bool) -> dict[str, Any]:
     """The same command: resumes from checkpoint `every`, runs to the end, exports."""
-    run = RuntimeRun(args)
+    run = RuntimeRun(args, log=log)
     removed = None
     try:
         resumed = run.wait_line(r"^resumed from step", timeout=900)
@@ -215,7 +215,6 @@ def run_b(args: list[str], run_dir: Path, log: Path, every: int, make_room: bool
             removed = old.name
         code = run.finish(timeout=1200)
     finally:
-        log.write_text(run.output)
         if run.proc.poll() is None:
             run.kill()
     assert code == 0, f"run B exited {code}:\n{run.output[-4000:]}"
@@ -315,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--write-model", default=None, help=argparse.SUPPRESS)  # the child's job
     a = p.parse_args(argv)
+    # A time limit from outside (`timeout`) ends the bench through its `finally`s: the run's
+    # processes are killed and the JSON so far is written.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from recipes import apply_overrides, load_recipe, plan
     from runtime.backends.build import model_spec

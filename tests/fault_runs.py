@@ -70,11 +70,17 @@ class RuntimeRun:
     """`python -m runtime ARGS` in its own session, its output read line by line by a thread."""
 
     def __init__(
-        self, args: list[str], env: dict[str, str] | None = None, source: Path = ROOT
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        source: Path = ROOT,
+        log: Path | None = None,
     ) -> None:
         """`source`: the tree whose runtime and recipes run (a snapshot keeps a long sweep on
-        one version of them while the repository changes)."""
+        one version of them while the repository changes). `log`: a file that gets each line
+        as it comes, after the seconds since the start (what a run killed from outside leaves)."""
         self.started = time.monotonic()
+        self._log = log.open("w", buffering=1) if log is not None else None
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(source), str(source / "tests"), full_env.get("PYTHONPATH", "")) if p
@@ -96,9 +102,13 @@ class RuntimeRun:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            if self._log is not None:
+                self._log.write(f"[{time.monotonic() - self.started:7.1f}] {line}")
             with self._cond:
                 self.lines.append(line)
                 self._cond.notify_all()
+        if self._log is not None:
+            self._log.close()
         with self._cond:
             self._eof = True
             self._cond.notify_all()

@@ -157,10 +157,16 @@ case "$mode" in
     ;;
   product)
     install && check
-    df -h /tmp | tail -1
+    df -h / /tmp /dev/shm
     free -g | head -2
+    # What a checkpoint write can expect of this disk: 4 GiB written and flushed.
+    dd if=/dev/zero of=/tmp/disk_probe bs=64M count=64 conv=fsync 2>&1 | tail -1
+    rm -f /tmp/disk_probe
+    # PRODUCT_LIMIT_S (default 560 s, under a call's 600 s): the bench is stopped with SIGTERM
+    # and still kills its run and writes its JSON; the runs' logs grow line by line in $out.
     status=0
-    python3 bench/product_path.py --out "$out/product_path$tag.json" "$@" 2>&1 |
+    timeout -s TERM "${PRODUCT_LIMIT_S:-560}" \
+      python3 bench/product_path.py --out "$out/product_path$tag.json" "$@" 2>&1 |
       tee "$out/bench_product$tag.log" || status=$?
     exit "$status"
     ;;
