@@ -173,8 +173,11 @@ def gpus_free(sampler: GpuSampler, limit_gb: float = 1.5, timeout: float = 60.0)
     raise AssertionError(f"GPU memory still held {timeout:g} s after the run: {sampler.used()}")
 
 
-def run_a(args: list[str], run_dir: Path, log: Path, every: int) -> dict[str, Any]:
-    """Until checkpoint `every` is committed, then kill -9 every process of the run."""
+def run_a(
+    args: list[str], run_dir: Path, log: Path, every: int, silence_s: float = 240.0
+) -> dict[str, Any]:
+    """Until checkpoint `every` is committed, then kill -9 every process of the run. A run
+    that prints nothing for `silence_s` once ready is stuck: its stacks go to its log."""
     run = RuntimeRun(args, log=log)
     try:
         run.wait_line(r"services ready", timeout=900)
@@ -183,12 +186,18 @@ def run_a(args: list[str], run_dir: Path, log: Path, every: int) -> dict[str, An
         while every not in committed_steps(run_dir):
             if run.proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"no committed checkpoint {every}:\n{run.output}")
+            if time.monotonic() - run.last_line_at > silence_s:
+                raise AssertionError(f"run A printed nothing for {silence_s:g} s")
             time.sleep(0.1)
         committed_s = time.monotonic() - run.started
         steps_logged = [r["step"] for r in step_rows(run_dir)]
         killed = time.monotonic()
         run.kill()
         kill_s = time.monotonic() - killed
+    except BaseException:
+        if run.proc.poll() is None:
+            print(f"run A stuck: stacks of {run.dump_stacks()} in its log", flush=True)
+        raise
     finally:
         if run.proc.poll() is None:
             run.kill()
@@ -214,6 +223,10 @@ def run_b(args: list[str], run_dir: Path, log: Path, every: int, make_room: bool
             shutil.rmtree(old)
             removed = old.name
         code = run.finish(timeout=1200)
+    except BaseException:
+        if run.proc.poll() is None:
+            print(f"run B stuck: stacks of {run.dump_stacks()} in its log", flush=True)
+        raise
     finally:
         if run.proc.poll() is None:
             run.kill()

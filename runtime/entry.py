@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m runtime") -> int:
     except UserError as e:
         print(f"{prog.split()[0]}: error: {e}", file=sys.stderr)
         return 2
+    from runtime.procs.host import stacks_on_signal
+
+    stacks_on_signal()  # kill -USR1 PID: this process's stacks into the run's output
     cluster = config.cluster
     if cluster.multi_node and cluster.rank > 0:
         from runtime.procs.worker import run_worker

@@ -95,6 +95,7 @@ class RuntimeRun:
             start_new_session=True,
         )
         self.lines: list[str] = []
+        self.last_line_at = self.started
         self._cond = threading.Condition()
         self._eof = False
         threading.Thread(target=self._read, daemon=True).start()
@@ -106,6 +107,7 @@ class RuntimeRun:
                 self._log.write(f"[{time.monotonic() - self.started:7.1f}] {line}")
             with self._cond:
                 self.lines.append(line)
+                self.last_line_at = time.monotonic()
                 self._cond.notify_all()
         if self._log is not None:
             self._log.close()
@@ -151,6 +153,25 @@ class RuntimeRun:
                 return sorted(frozen)
             _signal_all(new, signal.SIGSTOP)
             frozen.update(new)
+
+    def dump_stacks(self, settle_s: float = 3.0) -> list[int]:
+        """Every process of the run that catches SIGUSR1 (the runtime's own: runtime.procs.host
+        .stacks_on_signal) prints its threads' stacks into the run's output; the others are left
+        alone (SIGUSR1 would end them). Returns the pids signalled."""
+        caught = []
+        for pid in session_pids(self.proc.pid):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            mask = next(
+                (ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt")), "0"
+            )
+            if int(mask, 16) >> (signal.SIGUSR1 - 1) & 1:
+                caught.append(pid)
+        _signal_all(caught, signal.SIGUSR1)
+        time.sleep(settle_s)
+        return caught
 
     def thaw(self, pids: list[int]) -> None:
         _signal_all(pids, signal.SIGCONT)

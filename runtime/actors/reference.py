@@ -9,10 +9,12 @@ import torch
 from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
+from runtime.procs.host import stacks_on_signal
 
 
 class ReferenceActor(Actor):
     def __init__(self) -> None:
+        stacks_on_signal()  # kill -USR1: this proc's stacks into the run's output
         self.backend: Any = None
 
     @endpoint

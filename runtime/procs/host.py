@@ -30,6 +30,17 @@ _PR_SET_CHILD_SUBREAPER = 36
 _monarch_started = False
 
 
+STACKS_SIGNAL = signal.SIGUSR1
+
+
+def stacks_on_signal() -> None:
+    """`kill -USR1 PID` prints every thread's Python stack of this process to its stderr (the
+    run's output): what a run that seems stuck is doing, without stopping it."""
+    import faulthandler
+
+    faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
+
+
 def become_subreaper() -> None:
     """Adopt the orphans of dead procs (their resource trackers, workers) instead of init, so
     `kill_descendants` still finds them (Linux; elsewhere a no-op)."""
