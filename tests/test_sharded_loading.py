@@ -140,8 +140,10 @@ def _reference_rank(rank: int, world: int, port: int, out: str) -> None:
         tokens, mask, _ = token_batch(spec.vocab_size, rows=rows, width=16)
         share = ref.my_rows(rows)
         scored[rows] = (share.start, ref.logprobs(tokens, mask))
+    # after scoring too: FSDP2 would keep the root's weights gathered for a backward
+    after = sorted({type(p).__name__ for p in ref.model.parameters()})
     answers = [None] * world
-    dist.all_gather_object(answers, (sharded, scored))
+    dist.all_gather_object(answers, (sharded, scored, after))
     if rank == 0:
         torch.save(answers, out)
     dist.destroy_process_group()
@@ -154,6 +156,7 @@ def test_a_reference_sharded_over_two_ranks_scores_its_rows_like_one_process(tmp
     save_hf(spec, tmp_path / "qwen3-tied")
     answers = run_ranks(_reference_rank, 2, tmp_path)
     assert [a[0] for a in answers] == ["DTensor", "DTensor"]
+    assert [a[2] for a in answers] == [["DTensor"], ["DTensor"]]  # every weight still a shard
     one = GPUReference(
         spec,
         temperature=0.7,

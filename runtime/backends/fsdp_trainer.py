@@ -492,6 +492,11 @@ class GPUReference:
             for _ in range(extra):  # a one-token forward, only for its collectives
                 one = torch.zeros(1, 2, dtype=torch.long, device=self.device)
                 response_logprobs(self.model, one, torch.ones_like(one, dtype=torch.bool))
+        if self.world > 1:
+            # FSDP2 keeps the root's weights (embeddings, output projection) gathered after a
+            # forward, for a backward that never comes here: shard them again now, or every
+            # rank holds all of them from the first scoring on.
+            self.model.reshard()
         if not out:
             return torch.zeros(tokens.shape, dtype=torch.float32, device=self.device)
         return torch.cat(out)
