@@ -1,0 +1,187 @@
+"""Training steps while a checkpoint is written: what the write costs the steps it overlaps.
+
+A catalog recipe's trainer (FSDP2 over --ranks GPUs of this machine, the recipe's architecture
+with seeded random weights, its optimizer) trains --before steps, starts a checkpoint the way
+the runtime does (runtime.backends.trainer_state: each rank stages its shards in host memory,
+then DCP writes them from a background thread), and keeps training until the files are on disk.
+Per rank it records:
+
+- step seconds before the write and while it is written;
+- staging seconds (the save call, which the step after it waits for);
+- write seconds (save call to files on disk) and the bytes written, so GB/s of the disk;
+- the largest lateness of a 10 ms timer in another Python thread of the rank (how long that
+  thread waited for the interpreter lock: what the training thread's Python waits too).
+
+    python bench/checkpoint_overlap.py [--recipe qwen3-8b] [--ranks 2] [--dir /tmp/ckpt_overlap]
+        [--rows 16] [--width 640] [--before 2] [--most 40] [--out bench/results/x.json]
+
+On CPU (`--device cpu`, gloo) it runs the same code on small recipes, for trying it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+class Lateness:
+    """A thread that sleeps 10 ms at a time and keeps the largest overshoot per phase."""
+
+    def __init__(self) -> None:
+        self.phase = "before"
+        self.worst: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            start = time.perf_counter()
+            time.sleep(0.01)
+            late = time.perf_counter() - start - 0.01
+            self.worst[self.phase] = max(self.worst.get(self.phase, 0.0), late)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _rank(rank: int, world: int, port: int, out: str, args: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+    from runtime_helpers import join_group, token_batch
+
+    from recipes import load_recipe
+    from runtime.backends import OptimizerConfig
+    from runtime.backends.build import model_spec
+    from runtime.backends.fsdp_trainer import FSDPTrainer
+    from runtime.grpo import policy_loss
+
+    cuda = args["device"] == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    join_group(rank, world, port)
+    device = f"cuda:{rank}" if cuda else "cpu"
+    spec = model_spec(load_recipe(args["recipe"]))
+    start = time.perf_counter()
+    trainer = FSDPTrainer(spec, OptimizerConfig(lr=1e-6), device=device)
+    built_s = time.perf_counter() - start
+    tokens, mask, adv = token_batch(spec.vocab_size, args["rows"], args["width"], args["prompt"])
+    old = trainer.logprobs(tokens, mask)
+    loss = dict(variant="grpo", clip_low=0.2, clip_high=0.28, kl_beta=0.0)
+
+    def step() -> float:
+        t = time.perf_counter()
+        trainer.train_step(tokens, mask, adv, old, old, policy_loss, **loss)
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    probe = Lateness()
+    before = [step() for _ in range(args["before"])]
+    directory = Path(args["dir"]) / "step"
+    probe.phase = "staging"
+    t0 = time.perf_counter()
+    trainer.save_checkpoint(str(directory))
+    staged_s = time.perf_counter() - t0
+    probe.phase = "during"
+    during: list[float] = []
+    written_s = None
+    say = print if rank == 0 else (lambda *_, **__: None)
+    say(f"built in {built_s:.1f} s; steps {before}; staged in {staged_s:.1f} s", flush=True)
+    while len(during) < args["most"]:
+        during.append(step())
+        say(
+            f"step while writing: {during[-1]:.2f} s ({time.perf_counter() - t0:.0f} s)", flush=True
+        )
+        if trainer.checkpoint_written():  # a collective: every rank asks at the same points
+            written_s = time.perf_counter() - t0
+            break
+    if written_s is None:
+        trainer.checkpoint_written(wait=True)
+        written_s = time.perf_counter() - t0
+    probe.phase = "after"
+    after = [step() for _ in range(2)]
+    probe.stop()
+    mine = sum(f.stat().st_size for f in directory.rglob(f"__{rank}_*") if f.is_file())
+    result = {
+        "rank": rank,
+        "built_s": round(built_s, 1),
+        "step_s_before": [round(x, 3) for x in before],
+        "staging_s": round(staged_s, 2),
+        "step_s_during_write": [round(x, 3) for x in during],
+        "steps_done_during_write": len(during),
+        "write_s": round(written_s, 1),
+        "bytes_written_by_rank": mine,
+        "step_s_after": [round(x, 3) for x in after],
+        "timer_lateness_max_s": {k: round(v, 3) for k, v in probe.worst.items()},
+    }
+    answers: list[Any] = [None] * world
+    dist.all_gather_object(answers, result)
+    if rank == 0:
+        Path(out).write_text(json.dumps(answers))
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipe", default="qwen3-8b")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--dir", default="/tmp/ckpt_overlap")
+    p.add_argument("--rows", type=int, default=16)
+    p.add_argument("--width", type=int, default=640)
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--before", type=int, default=2)
+    p.add_argument("--most", type=int, default=40, help="steps at most while the write runs")
+    p.add_argument("--out", default="bench/results/checkpoint_overlap.json")
+    a = p.parse_args(argv)
+
+    import torch
+    import torch.multiprocessing as mp
+    from runtime_helpers import free_port
+
+    shutil.rmtree(a.dir, ignore_errors=True)
+    Path(a.dir).mkdir(parents=True)
+    scratch = Path(a.dir) / "rank0.json"
+    args = vars(a)
+    mp.start_processes(
+        _rank, args=(a.ranks, free_port(), str(scratch), args), nprocs=a.ranks, start_method="spawn"
+    )
+    ranks = json.loads(scratch.read_text())
+    total = sum(r["bytes_written_by_rank"] for r in ranks)
+    write_s = max(r["write_s"] for r in ranks)
+    device = torch.cuda.get_device_name(0) if a.device == "cuda" else platform.processor()
+    result = {
+        "what": "trainer steps while its DCP checkpoint is written (runtime.backends.trainer_state)",
+        "recipe": a.recipe,
+        "ranks": a.ranks,
+        "device": device,
+        "versions": {"python": platform.python_version(), "torch": torch.__version__},
+        "batch": {"rows": a.rows, "width": a.width, "prompt": a.prompt},
+        "checkpoint_bytes": total,
+        "write_s": write_s,
+        "disk_GB_per_s": round(total / write_s / 1e9, 2),
+        "ranks_detail": ranks,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2), flush=True)
+    shutil.rmtree(a.dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
