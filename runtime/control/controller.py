@@ -149,7 +149,7 @@ class Controller:
                 **{k: v for k, v in stats.items() if k not in ("loss", "kl", "time/train_s")},
             }
             record.update(self.notes.take())
-            record.update(rollouts.take_stats(step_s))
+            record.update(rollouts.take_stats())
             record.update(self.turns.take_stats())
             record.update(evaluations)
             self.metrics.log(self.step, record)

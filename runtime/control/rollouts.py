@@ -73,9 +73,12 @@ class Rollouts:
         # step record.
         self._dropped_since_take = 0
         self._dropped = 0
-        # Since the last step record: generating seconds and calls ended (all replicas), calls
-        # started while the same replica's last groups were still being scored.
+        # Since the last step record (at `_mark`): generating seconds of the calls that ended,
+        # the start of each replica's call in flight, calls ended (all replicas), calls started
+        # while the same replica's last groups were still being scored.
+        self._mark = time.perf_counter()
         self._generating_s = 0.0
+        self._call_started: dict[int, float] = {}
         self._calls_ended = 0
         self._overlapped_calls = 0
 
@@ -88,6 +91,7 @@ class Rollouts:
     # --- the loops ------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._mark = time.perf_counter()
         for replica in range(self.services.generators):
             task = asyncio.create_task(self._loop(replica))
             task.add_done_callback(self._done)
@@ -118,13 +122,16 @@ class Rollouts:
                 self._calls_in_flight += 1
                 try:
                     async with self.turns.turn(f"generator{replica}"):
-                        start = time.perf_counter()
-                        out = await self.services.generate(
-                            replica, [p.messages() for p in prompts], seed
-                        )
-                        elapsed = time.perf_counter() - start
-                    self.notes.add("time/generate_s", elapsed)
-                    self._generating_s += elapsed
+                        start = self._call_started[replica] = time.perf_counter()
+                        try:
+                            out = await self.services.generate(
+                                replica, [p.messages() for p in prompts], seed
+                            )
+                        finally:
+                            del self._call_started[replica]
+                        end = time.perf_counter()
+                    self.notes.add("time/generate_s", end - start)
+                    self._generating_s += end - max(start, self._mark)
                     self._calls_ended += 1
                     held = groups_of(prompts, out, g.group_size)
                     for i, gr in enumerate(held):
@@ -265,12 +272,18 @@ class Rollouts:
     def _first_pending(self) -> int | None:
         return min(self._pending) if self._pending else None
 
-    def take_stats(self, step_s: float) -> dict[str, float]:
-        """The generators' share of `step_s` spent generating (1 - their idle share), calls
-        ended and calls overlapped since the last record."""
+    def take_stats(self) -> dict[str, float]:
+        """Since the last record: the generators' share of the wall time spent generating
+        (1 - their idle share; a call counts in every record whose span it overlaps, so a long
+        call shows in each step it runs through), calls ended and calls overlapped."""
+        now = time.perf_counter()
+        in_flight = sum(now - max(s, self._mark) for s in self._call_started.values())
+        busy = self._generating_s + in_flight
+        window = now - self._mark
+        self._mark = now
         stats: dict[str, float] = {}
-        if step_s > 0:
-            stats["generator/busy_share"] = self._generating_s / (step_s * self.services.generators)
+        if window > 0:
+            stats["generator/busy_share"] = busy / (window * self.services.generators)
         stats["generator/calls"] = self._calls_ended
         stats["generator/overlapped_calls"] = self._overlapped_calls
         if self.grpo.uses_dynamic_sampling:
