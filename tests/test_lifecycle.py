@@ -33,9 +33,23 @@ class App:
 
     def __init__(self, *args: str) -> None:
         self.run_id = f"test-{uuid.uuid4().hex[:10]}"
-        env = {**os.environ, "FORGESKY_RUN_ID": self.run_id, "PYTHONUNBUFFERED": "1"}
+        # Imported, not run as __main__: its actor classes then travel to the procs by name
+        # (cloudpickle >= 3.1.3 sends __main__'s code with its file name blanked out, and the
+        # root-cause line names the file).
+        path = os.pathsep.join(filter(None, [str(APP.parent), os.environ.get("PYTHONPATH")]))
+        env = {
+            **os.environ,
+            "FORGESKY_RUN_ID": self.run_id,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": path,
+        }
         self.proc = subprocess.Popen(
-            [sys.executable, str(APP), *args],
+            [
+                sys.executable,
+                "-c",
+                "import sys, lifecycle_app; sys.exit(lifecycle_app.main())",
+                *args,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
