@@ -10,9 +10,10 @@ seconds and GB/s, trainer tokens/s and MFU (model FLOPs per trainer GPU-second o
 `training_flops`, attention included, the output projection on response positions only, as the
 trainer computes it), and the generator's idle share (1 - generating seconds / wall seconds over
 the measured steps).
-With fewer GPUs than the recipe's layout, every service shares the GPUs round-robin (on one GPU:
-all on GPU 0); vLLM then gets a fixed KV cache instead of a share of memory, and the trainer
-and reference smaller micro-batches.
+The layout is the one `forgesky plan NAME --gpus N` prints for the GPU found (layout.share auto:
+the fastest the cost model predicts; `--set layout.share=...` for another), its settings
+planned as for any run; the JSON lists what `--set` changed by hand, the planner's predicted
+step at the run's measured lengths and the measured step over it.
 
 `vllm` runs the same prompts and sampling through a `VLLMGenerator` alone on the GPU: the
 throughput the loop's generation is compared with, a 512-sequence point, and the in-engine
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import platform
 import statistics
 import subprocess
@@ -94,44 +94,6 @@ def load(
     return apply_overrides(load_recipe(recipe_name), [*overrides, *(extra or [])])
 
 
-def shared_plan(recipe: Any, gpus: int, gpu_map: list[int] | None = None) -> tuple[Any, bool]:
-    """The recipe's plan on `gpus` GPUs; below its minimum, the minimum's plan with every
-    placement folded onto the GPUs there are (services share them): GPU g of the plan goes to
-    `gpu_map[g]`, by default g modulo `gpus`."""
-    from recipes import minimum_gpus, plan
-
-    need = minimum_gpus(recipe)
-    if gpus >= need and gpu_map is None:
-        return plan(recipe, gpus), False
-    if gpu_map is not None and (len(gpu_map) != need or not set(gpu_map) <= set(range(gpus))):
-        raise SystemExit(
-            f"--gpu-map {','.join(map(str, gpu_map))}: expected {need} GPU numbers "
-            f"(one per GPU of {recipe.name}'s plan), each below {gpus}"
-        )
-    from recipes.planner import shared_services
-    from recipes.settings import plan_settings
-
-    base = plan(recipe, need)
-    where = gpu_map or [g % gpus for g in range(need)]
-    folded = tuple(
-        dataclasses.replace(p, gpus=tuple(sorted({where[g] for g in p.gpus})))
-        for p in base.placements
-    )
-    used = len({where[g] for p in base.placements for g in p.gpus})
-    # The folded services share GPUs: their settings are planned for that.
-    settings = plan_settings(
-        recipe,
-        accelerator=base.accelerator,
-        shared=shared_services(folded),
-        trainer_gpus=base.trainer_gpus,
-        generator_replicas=base.generator_replicas,
-    )
-    folded_plan = dataclasses.replace(
-        base, placements=folded, total_gpus=used, idle_gpus=(), settings=settings
-    )
-    return folded_plan, True
-
-
 def prompt_tokens(recipe: Any, count: int = 512) -> list[list[int]]:
     """The first `count` prompts of the run, encoded as the generator actor encodes them."""
     from runtime.backends import build as services
@@ -159,47 +121,61 @@ def per(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
+    """The recipe through the runtime on the plan `forgesky plan NAME --gpus N` gives (the
+    same `plan()` `python -m runtime` calls), with only the bench's overrides (random weights,
+    built-in prompts, the response length, the steps) and the caller's `--set`."""
     import torch
 
+    from recipes import plan
     from runtime.control.config import RunConfig
     from runtime.control.run import run
 
     gpus = args.gpus or torch.cuda.device_count()
-    gpu_map = [int(g) for g in args.gpu_map.split(",")] if args.gpu_map else None
-    from recipes import minimum_gpus
-
-    extra = list(args.set or [])
-    need = minimum_gpus(load(args.recipe, args.steps, args.response_tokens, extra))
-    if gpus < need or gpu_map is not None:
-        # Services share GPUs: a fixed KV cache and micro-batch unless --set says otherwise.
-        # On one 80 GB H100 (1.7B): trainer ~27.5 GB of fp32 state plus its micro-batch's
-        # logits, reference 3.4 GB plus logits, vLLM 3.4 GB plus KV cache and CUDA graphs.
-        given = {item.partition("=")[0] for item in extra}
-        defaults = {
-            "generator.kv_cache_gb": args.kv_cache_gb,
-            "trainer.tokens_per_micro_batch": args.tokens_per_micro_batch,
-            "reference.tokens_per_micro_batch": args.tokens_per_micro_batch,
-        }
-        extra = [f"{k}={v}" for k, v in defaults.items() if k not in given] + extra
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    recipe = load(args.recipe, args.steps, args.response_tokens, extra)
-    run_plan, shared = shared_plan(recipe, gpus, gpu_map)
+    recipe = load(args.recipe, args.steps, args.response_tokens, list(args.set or []))
+    accelerator = "H200" if "H200" in gpu_info()["name"] else "H100"
+    run_plan = plan(recipe, gpus, accelerator=accelerator)
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="forgesky-gpu-bench-"))
     start = time.perf_counter()
     code = run(RunConfig(recipe=recipe, plan=run_plan, run_dir=run_dir))
     wall = time.perf_counter() - start
     metrics = run_dir / "metrics.jsonl"
     records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    prompts = prompt_tokens(recipe)
     summary = summarize(
-        recipe, run_plan, records, args.warmup, prompt_tokens(recipe), gpu_info()["peak_bf16_flops"]
+        recipe, run_plan, records, args.warmup, prompts, gpu_info()["peak_bf16_flops"]
     )
     return {
         "exit_code": code,
-        "services_share_gpus": shared,
+        "share": run_plan.share,
         "wall_s": wall,
-        "overrides_extra": extra,
+        "set_by_hand": list(args.set or []),
         "settings": run_plan.settings.to_dict(),
+        **prediction(recipe, run_plan, summary),
         **summary,
+    }
+
+
+def prediction(recipe: Any, run_plan: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    """The planner's predicted step at the run's measured lengths, and the measured one over it
+    (the check of recipes/costs.py), with the layouts the planner weighed."""
+    from recipes.costs import predict_step
+
+    if not summary.get("step_s"):
+        return {}
+    estimate = predict_step(
+        recipe,
+        run_plan.accelerator,
+        run_plan.placements,
+        trainer_checkpointing=run_plan.settings.trainer.activation_checkpointing,
+        transports=run_plan.settings.weight_sync.expected,
+        prompt_tokens=summary["prompt_tokens_mean"],
+        response_tokens=summary["response_tokens_mean"],
+    )
+    return {
+        "predicted_step_s": round(estimate.seconds, 3),
+        "measured_over_predicted": round(summary["step_s"] / estimate.seconds, 3),
+        "predicted_bound_by": estimate.bound_by,
+        "candidates": [dataclasses.asdict(c) for c in run_plan.candidates],
     }
 
 
@@ -603,7 +579,7 @@ def resummarize(result: dict[str, Any]) -> None:
             section["recipe"],
             len(section["records"]),
             int(response.split("=", 1)[1]),
-            section.get("overrides_extra") or [],
+            section.get("set_by_hand") or section.get("overrides_extra") or [],
         )
         plan = SimpleNamespace(placements=section["placements"], total_gpus=section["gpus_used"])
         warmup = section["steps"] - section["measured_steps"]
@@ -690,15 +666,6 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the averages")
     p.add_argument("--response-tokens", type=int, default=512, help="0: the recipe's")
     p.add_argument("--gpus", type=int, default=None, help="default: all visible")
-    p.add_argument(
-        "--gpu-map",
-        default=None,
-        help="grpo: plan GPU -> GPU here, e.g. 0,1,1 (3-GPU plan: trainer beside the reference)",
-    )
-    p.add_argument("--kv-cache-gb", type=float, default=10.0, help="vLLM KV cache, shared GPUs")
-    p.add_argument(
-        "--tokens-per-micro-batch", type=int, default=4096, help="trainer/reference, shared GPUs"
-    )
     p.add_argument("--calls", type=int, default=3, help="vllm: timed generation calls")
     p.add_argument("--sequences", type=int, default=64, help="train: sequences per step")
     p.add_argument("--seq-len", type=int, default=2048, help="train: tokens per sequence")

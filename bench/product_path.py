@@ -5,8 +5,8 @@ For a catalog recipe (default qwen3-8b), on the GPUs of this machine:
 1. write a Hugging Face folder with random weights of the recipe's real architecture (bf16
    safetensors in 5 GB shards, config, and the shipped character tokenizer sized to the
    vocabulary: no Hub here), as a download would leave it;
-2. run A: `python -m runtime --recipe NAME --gpus N` with `layout.colocate=true` (the plan
-   `forgesky plan NAME --gpus N --set layout.colocate=true` prints) and `model.hf_id` the folder:
+2. run A: `python -m runtime --recipe NAME --gpus N` with `layout.share=all` (the plan
+   `forgesky plan NAME --gpus N --set layout.share=all` prints) and `model.hf_id` the folder:
    the trainer (FSDP over every GPU), reference and vLLM load it through the product's loading
    path; a few GRPO steps; a DCP checkpoint; kill -9 of every process of the run once that
    checkpoint is committed (the next step under way);
@@ -144,7 +144,7 @@ def write_random_model(recipe: Any, folder: Path, device: str = "cuda") -> dict[
 
 def runtime_args(name: str, gpus: int, folder: Path, run_dir: Path, sets: list[str]) -> list[str]:
     args = ["--recipe", name, "--gpus", str(gpus), "--run-dir", str(run_dir)]
-    for s in ("layout.colocate=true", f"model.hf_id={folder}", *SHORT, *sets):
+    for s in ("layout.share=all", f"model.hf_id={folder}", *SHORT, *sets):
         args += ["--set", s]
     return args
 
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(),
         "date": time.strftime("%Y-%m-%d"),
         "settings_changed": [
-            "layout.colocate=true",
+            "layout.share=all",
             "model.hf_id=<random HF folder>",
             *SHORT,
             *sets,
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     accelerator = "H200" if "H200" in str(result["device"]) else "H100"
     recipe = apply_overrides(
-        load_recipe(a.recipe), ["layout.colocate=true", f"model.hf_id={folder}", *SHORT, *sets]
+        load_recipe(a.recipe), ["layout.share=all", f"model.hf_id={folder}", *SHORT, *sets]
     )
     if a.write_model:  # in a child process: its CUDA context ends with it
         info = write_random_model(recipe, Path(a.write_model))

@@ -20,6 +20,7 @@ INDEX = Path(__file__).resolve().parent.parent / "recipes" / "catalog" / "index.
 def compute_rows() -> list[dict[str, Any]]:
     """One dict per catalog recipe, from the validated recipes: what the index holds."""
     from recipes import list_recipes, load_recipe, minimum_gpus
+    from recipes.planner import dedicated_gpus
 
     rows = []
     for name in list_recipes():
@@ -31,7 +32,8 @@ def compute_rows() -> list[dict[str, Any]]:
                 "family": recipe.model.family,
                 "size": recipe.model.size,
                 "params": recipe.arch.params,
-                "min_gpus": minimum_gpus(recipe),
+                "min_gpus": dedicated_gpus(recipe),
+                "min_gpus_shared": minimum_gpus(recipe),
                 "accelerator": recipe.resources.accelerator,
                 "gated": recipe.model.gated,
                 "description": recipe.description,
@@ -57,13 +59,14 @@ def recipe_rows() -> list[dict[str, Any]]:
 
 def recipes_table(rows: list[dict[str, Any]]) -> str:
     """The catalog as a table for people."""
-    header = ("NAME", "MODEL", "PARAMS", "MIN GPUS", "ON", "GATED")
+    header = ("NAME", "MODEL", "PARAMS", "MIN GPUS", "SHARING", "ON", "GATED")
     body = [
         (
             r["name"],
             r["model"],
             _params(r["params"]),
             str(r["min_gpus"]),
+            str(r["min_gpus_shared"]) if r["min_gpus_shared"] < r["min_gpus"] else "-",
             r["accelerator"],
             "yes" if r["gated"] else "no",
         )
@@ -75,6 +78,10 @@ def recipes_table(rows: list[dict[str, Any]]) -> str:
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
     ]
     lines.append("")
+    lines.append(
+        "MIN GPUS: every service on GPUs of its own; SHARING: the least GPUs where services "
+        "share them and take turns"
+    )
     lines.append("forgesky show NAME · forgesky plan NAME --gpus N · forgesky cp NAME my.yaml")
     return "\n".join(lines)
 
@@ -108,17 +115,24 @@ def show(source: str) -> str:
 def derived_summary(recipe: Any) -> str:
     """Comment lines: the minimum GPUs and where to go next."""
     from recipes import minimum_gpus
+    from recipes.planner import dedicated_gpus
 
-    need = minimum_gpus(recipe)
     if recipe.cpu:
         return f"# derived: runs on CPU (0 GPUs); forgesky local {recipe.name}"
+    need, least = dedicated_gpus(recipe), minimum_gpus(recipe)
     lay = recipe.layout
     reference = f" + reference {lay.reference.gpus}" if lay.reference.on_gpu else ""
-    return (
+    line = (
         f"# derived: minimum {need} x {recipe.resources.accelerator} = generator "
         f"{lay.generator.tp * lay.generator.replicas}{reference} + trainer {lay.trainer.gpus}; "
         f"see forgesky plan {recipe.name} --gpus {need}"
     )
+    if least < need:
+        line += (
+            f"\n# derived: {least} x {recipe.resources.accelerator} with services sharing GPUs; "
+            f"forgesky plan {recipe.name} --gpus {least} --explain"
+        )
+    return line
 
 
 def copy_recipe(source: str, dest: str, force: bool = False) -> Path:

@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", metavar="NAME")
     _add_plan_options(p)
     p.add_argument("--json", action="store_true", help="the plan as JSON")
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="also the layouts the planner weighed, with their predicted step times",
+    )
 
     p = _add(sub, "render", "print the SkyPilot task YAML for a run", _cmd_render)
     p.add_argument("recipe", metavar="NAME")
@@ -229,16 +234,21 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from recipes import apply_overrides, load_recipe, minimum_gpus, plan
+    from recipes import apply_overrides, launch_gpus, load_recipe, plan
 
     recipe = apply_overrides(load_recipe(args.recipe), list(_plan_overrides(args)))
     if recipe.grpo.loss.count(":") or any(":" in r.name for r in recipe.dataset.rewards):
         from launcher.options import check_references
 
         check_references(recipe, args.recipe)
-    gpus = minimum_gpus(recipe) if args.gpus is None else args.gpus
+    gpus = launch_gpus(recipe) if args.gpus is None else args.gpus
     run_plan = plan(recipe, gpus)
-    print(_json(run_plan.to_dict()) if args.json else run_plan.describe())
+    if args.json:
+        print(_json(run_plan.to_dict()))
+    else:
+        print(run_plan.describe())
+        if args.explain:
+            print(run_plan.explain())
     return 0
 
 

@@ -94,7 +94,13 @@ def header(job: Job, command: str, path: str | None, project: ProjectSource) -> 
     secret_flags = "".join(f" --secret {key}" for key in job.required_secrets)
     lines = [
         f"forgesky recipe {recipe.name}: {recipe.description}",
-        f"{recipe.model.hf_id} on {hardware}; the recipe needs at least {job.min_gpus} GPUs.",
+        f"{recipe.model.hf_id} on {hardware}; the recipe needs at least {job.min_gpus} "
+        f"GPU{'s' if job.min_gpus != 1 else ''}"
+        + (
+            f" ({plan.dedicated_gpus} with every service on GPUs of its own)."
+            if job.min_gpus < plan.dedicated_gpus
+            else "."
+        ),
         f"Written by `{command}`: edit the recipe, not this file.",
         "",
         "Run from the repository root (workdir: . is synced to every node):"

@@ -22,6 +22,7 @@ _WHERE = {
     "estimate_memory": "recipes.memory",
     "Placement": "recipes.planner",
     "Plan": "recipes.planner",
+    "dedicated_gpus": "recipes.planner",
     "minimum_gpus": "recipes.planner",
     "launch_gpus": "recipes.planner",
     "plan": "recipes.planner",

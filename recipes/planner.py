@@ -42,6 +42,7 @@ controller, the weight store and the reward procs, gets one of them last.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -73,6 +74,19 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """One layout the planner weighed: its predicted step, or why it does not fit."""
+
+    share: str
+    layout: str  # "generator 0, trainer 1-2, reference 2", say
+    step_s: float | None = None
+    samples_per_s_per_gpu: float | None = None
+    bound_by: str = ""
+    refused: str | None = None
+    chosen: bool = False
+
+
+@dataclass(frozen=True)
 class Plan:
     """Where every service runs. `gpus_per_node` is the GPU count of each node in this plan."""
 
@@ -93,12 +107,24 @@ class Plan:
     accelerator: str = "H100"
     minimum_gpus: int = 0
     settings: Settings | None = field(default=None, hash=False, compare=True)
-    colocated: bool = False  # layout.colocate: the GPU services share GPUs and take turns
+    # which services share GPUs and take turns on them: none, trainer_reference or all
+    share: str = "none"
     reference_host_gb: float | None = None  # a reference on the CPU: host memory it takes
     # a checkpoint write stages the trainer's shards (12 bytes a parameter) in node 0's memory
     checkpoint_host_gb: float | None = None
     reference_step_tflop: float | None = None  # and the forward work it does a step
     disk: dict[str, float] = field(default_factory=dict, hash=False)  # GB a node, by use
+    dedicated_gpus: int = 0  # the least GPUs with every service on GPUs of its own
+    # the cost model's step time (recipes/costs.py) at the recipe's maximum lengths
+    predicted_step_s: float | None = None
+    prediction: str = ""  # what bounds the step, and which measurements the speeds come from
+    # every layout the planner weighed (layout.share auto), the chosen one included
+    candidates: tuple[Candidate, ...] = field(default=(), hash=False, compare=False)
+
+    @property
+    def colocated(self) -> bool:
+        """Every GPU service on every GPU (layout.share all)."""
+        return self.share == "all"
 
     def placements_of(self, service: Service) -> tuple[Placement, ...]:
         """The placements of one service, in replica order."""
@@ -119,9 +145,12 @@ class Plan:
             head = f"{self.recipe_name} on CPU{nodes} (one process per row)"
         else:
             nodes = f"{self.num_nodes} node{'s' if self.num_nodes > 1 else ''}"
+            least = f"minimum {self.minimum_gpus}"
+            if self.minimum_gpus < self.dedicated_gpus:
+                least += f" sharing GPUs, {self.dedicated_gpus} with GPUs of their own"
             head = (
                 f"{self.recipe_name} on {self.total_gpus} x {self.accelerator} "
-                f"({nodes} x {self.gpus_per_node} GPUs; minimum {self.minimum_gpus})"
+                f"({nodes} x {self.gpus_per_node} GPUs; {least})"
             )
         rows = [("service", "replica", "node", "GPUs", "parallel", "GB/GPU")]
         for p in self.placements:
@@ -169,10 +198,14 @@ class Plan:
                 if parts
                 else f"disk: {self.disk['total']:.0f} GB a node (resources.disk_gb)"
             )
-        if self.colocated:
+        if self.share != "none" and not self.cpu:
             lines.append(
-                "layout.colocate: the services share their GPUs and take turns (sample, score, "
-                "train); GB/GPU adds up per GPU"
+                f"layout.share {self.share}: {SHARE_WORDS[self.share]}; GB/GPU adds up per GPU"
+            )
+        if self.predicted_step_s is not None:
+            lines.append(
+                f"predicted: {self.predicted_step_s:.1f} s a step at the recipe's maximum lengths "
+                f"(bound by {self.prediction}); forgesky plan --explain weighs the layouts"
             )
         if not self.cpu:
             lines.append(
@@ -183,6 +216,41 @@ class Plan:
             where = "CPU" if self.cpu else self.accelerator
             lines.append(f"settings (* planned for {where}; set any with --set SECTION.KEY=VALUE):")
             lines += self.settings.describe(cpu=self.cpu, reference=self.reference_enabled)
+        return "\n".join(lines)
+
+    def explain(self) -> str:
+        """The layouts the planner weighed (layout.share auto): each one's predicted step and
+        samples/s per GPU, or why it does not fit; the chosen one marked *."""
+        if self.cpu:
+            return "a CPU plan runs every service as its own process: there is no layout to weigh"
+        if not self.candidates:
+            return (
+                f"layout.share {self.share} is set by the recipe: only that layout was planned "
+                f"(predicted {self.predicted_step_s:.1f} s a step); layout.share auto weighs "
+                "them all"
+            )
+        rows = [("", "share", "GPUs", "s/step", "samples/s/GPU", "bound by, or why not")]
+        for c in self.candidates:
+            rows.append(
+                (
+                    "*" if c.chosen else "",
+                    c.share,
+                    c.layout,
+                    f"{c.step_s:.2f}" if c.step_s is not None else "-",
+                    f"{c.samples_per_s_per_gpu:.2f}" if c.samples_per_s_per_gpu else "-",
+                    (c.bound_by.split(";")[0] if c.refused is None else c.refused),
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        lines = [
+            f"layouts weighed on {self.total_gpus} x {self.accelerator} (predicted at the "
+            "recipe's maximum lengths; recipes/costs.py):"
+        ]
+        for r in rows:
+            cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
+            lines.append("  ".join([*cells, r[-1]]).rstrip())
+        basis = self.prediction.split("; speeds from ", 1)[-1]
+        lines.append(f"speeds from {basis}")
         return "\n".join(lines)
 
     def _idle_on(self, node: int) -> int:
@@ -200,17 +268,45 @@ class Plan:
         return "-"
 
 
-def minimum_gpus(recipe: Recipe) -> int:
-    """GPUs the recipe's own layout uses: the least `plan()` accepts (0 on CPU); with
-    layout.colocate, its widest service's."""
+SHARE_WORDS = {
+    "trainer_reference": "the generators have GPUs of their own, the trainer and the reference "
+    "share the rest and take turns (score, train)",
+    "all": "every service shares every GPU and they take turns (sample, score, train)",
+}
+# Ties go to the layout with fewer services sharing (fewer turns, fewer fixed caches).
+SHARE_ORDER = ("none", "trainer_reference", "all")
+
+
+def dedicated_gpus(recipe: Recipe) -> int:
+    """GPUs the recipe's layout uses with every service on GPUs of its own (0 on CPU)."""
     if recipe.cpu:
         return 0
     lay = recipe.layout
     reference = lay.reference.gpus if lay.reference.on_gpu else 0
-    generator = lay.generator.tp * lay.generator.replicas
-    if lay.colocate:
-        return max(generator, reference, lay.trainer.gpus)
-    return generator + reference + lay.trainer.gpus
+    return lay.generator.tp * lay.generator.replicas + reference + lay.trainer.gpus
+
+
+def minimum_gpus(recipe: Recipe, accelerator: str | None = None) -> int:
+    """The least GPUs `plan()` accepts (0 on CPU): with layout.share none the services' sum;
+    otherwise the smallest count on one node where some layout the share allows fits memory
+    (the sum where none does)."""
+    dedicated = dedicated_gpus(recipe)
+    if recipe.cpu or recipe.layout.share == "none":
+        return dedicated
+    accelerator = accelerator or recipe.resources.accelerator
+    top = recipe.resources.gpus_per_node
+    if recipe.layout.share != "all":
+        top = min(top, dedicated)
+    for n in range(_widest(recipe), top + 1):
+        if any(c.refused is None for _, c in _candidates(recipe, n, n, accelerator)):
+            return n
+    return dedicated if recipe.layout.share == "auto" else _widest(recipe)
+
+
+def _widest(recipe: Recipe) -> int:
+    lay = recipe.layout
+    reference = lay.reference.gpus if lay.reference.on_gpu else 0
+    return max(lay.generator.tp, reference, 1)
 
 
 # GPUs a node of the VM clouds comes with (1, 2, 4 or 8 of a kind); a Kubernetes cluster may
@@ -219,12 +315,13 @@ SOLD_GPUS_PER_NODE = (1, 2, 4, 8)
 
 
 def launch_gpus(recipe: Recipe) -> int:
-    """The GPUs a launch asks for by default: the minimum rounded up to a count VM clouds sell
-    (the planner gives the extra GPUs work), whole nodes past one node; 0 on CPU."""
-    need = minimum_gpus(recipe)
-    gpn = recipe.resources.gpus_per_node
+    """The GPUs a launch asks for by default: the services' sum (layout.share all: the least
+    that fits) rounded up to a count VM clouds sell (the planner gives the extra GPUs work),
+    whole nodes past one node; 0 on CPU."""
     if recipe.cpu:
         return 0
+    need = minimum_gpus(recipe) if recipe.layout.share == "all" else dedicated_gpus(recipe)
+    gpn = recipe.resources.gpus_per_node
     if need > gpn:
         return -(-need // gpn) * gpn
     return next((n for n in SOLD_GPUS_PER_NODE if need <= n <= gpn), need)
@@ -258,6 +355,9 @@ def plan(
     `nodes`, if given, must be that count. `accelerator` is the GPU type the settings are
     planned for: the recipe's resources.accelerator unless given (the runtime passes the one
     it found), one of it and its alternatives.
+
+    layout.share picks which services may share GPUs; with auto every layout that fits is
+    predicted (recipes/costs.py) and the fastest is taken, the others kept as `candidates`.
     """
     gpn = recipe.resources.gpus_per_node if gpus_per_node is None else gpus_per_node
     if nodes is not None and nodes < 1:
@@ -284,15 +384,13 @@ def plan(
         )
     if gpn < 1:
         raise UserError(f"gpus_per_node must be at least 1, got {gpn}")
-    need = minimum_gpus(recipe)
-    if gpus < need:
-        together = ", sharing GPUs (layout.colocate)" if recipe.layout.colocate else ""
-        raise UserError(
-            f"{recipe.name} needs at least {need} GPUs ({_breakdown(recipe)}{together}); got {gpus}"
-        )
+    share = recipe.layout.share
+    dedicated = dedicated_gpus(recipe)
+    if gpus < 1 or (share == "none" and gpus < dedicated):
+        raise UserError(_too_few(recipe, gpus, accelerator))
     num_nodes = -(-gpus // gpn)
     if num_nodes > 1 and gpus % gpn:
-        options = [n for n in ((num_nodes - 1) * gpn, num_nodes * gpn) if n >= need]
+        options = [n for n in ((num_nodes - 1) * gpn, num_nodes * gpn) if n >= dedicated]
         raise UserError(
             f"{gpus} GPUs span {num_nodes} nodes, and a multi-node run uses whole nodes of "
             f"{gpn} GPUs: use {' or '.join(map(str, options))} GPUs"
@@ -303,8 +401,130 @@ def plan(
             f"of {min(gpus, gpn)} GPUs, not {nodes}: ask for {nodes * gpn} GPUs for {nodes} nodes"
         )
     per_node = gpus // num_nodes
-    if recipe.layout.colocate:
-        return _colocated_plan(recipe, gpus, per_node, num_nodes, accelerator, need)
+    weighed = _candidates(recipe, gpus, per_node, accelerator)
+    fits = [(p, c) for p, c in weighed if p is not None]
+    if not fits:
+        refusals = [c.refused for _, c in weighed if c.refused]
+        if num_nodes == 1 and gpus < minimum_gpus(recipe, accelerator):
+            raise UserError(_too_few(recipe, gpus, accelerator))
+        raise UserError(refusals[0] if refusals else _too_few(recipe, gpus, accelerator))
+    best, _ = min(
+        fits, key=lambda pc: (round(pc[1].step_s or 0.0, 3), SHARE_ORDER.index(pc[1].share))
+    )
+    candidates = tuple(dataclasses.replace(c, chosen=p is best) for p, c in weighed)
+    return dataclasses.replace(
+        best,
+        minimum_gpus=minimum_gpus(recipe, accelerator),
+        candidates=candidates if share == "auto" else (),
+    )
+
+
+def _too_few(recipe: Recipe, gpus: int, accelerator: str) -> str:
+    """The one line for a count below what fits: both minimums where sharing is allowed."""
+    dedicated = dedicated_gpus(recipe)
+    own = f"{dedicated} GPUs ({_breakdown(recipe)})"
+    share = recipe.layout.share
+    if share == "none":
+        auto = recipe.model_copy(update={"layout": _with_share(recipe, "auto")})
+        shared = minimum_gpus(auto, accelerator)
+        more = (
+            f"; {shared} with services sharing GPUs (layout.share auto)"
+            if shared < dedicated
+            else ""
+        )
+        return f"{recipe.name} needs at least {own}{more}; got {gpus}"
+    least = minimum_gpus(recipe, accelerator)
+    if least >= dedicated:
+        return f"{recipe.name} needs at least {own}, also with services sharing GPUs on an {accelerator}; got {gpus}"
+    return (
+        f"{recipe.name} needs at least {least} GPUs on an {accelerator} with services sharing "
+        f"them (layout.share {share}), {own} with a GPU for each service; got {gpus}"
+    )
+
+
+def _with_share(recipe: Recipe, share: str) -> Any:
+    return recipe.layout.model_copy(update={"share": share})
+
+
+def _candidates(
+    recipe: Recipe, gpus: int, per_node: int, accelerator: str
+) -> list[tuple[Plan | None, Candidate]]:
+    """Every layout layout.share allows on `gpus` GPUs: its plan with a predicted step, or None
+    and why it does not fit."""
+    share = recipe.layout.share
+    kinds = SHARE_ORDER if share == "auto" else (share,)
+    num_nodes = -(-gpus // per_node)
+    out: list[tuple[Plan | None, Candidate]] = []
+    for kind in kinds:
+        if kind == "none" and gpus < dedicated_gpus(recipe):
+            out.append((None, Candidate(kind, "-", refused=_too_few_own(recipe, gpus))))
+            continue
+        if kind == "trainer_reference" and not recipe.layout.reference.on_gpu:
+            continue  # no reference on a GPU: the same as none
+        if kind != "none" and num_nodes > 1:
+            out.append(
+                (
+                    None,
+                    Candidate(
+                        kind,
+                        "-",
+                        refused=f"{recipe.name}: layout.share {kind} runs on one node; use at most {per_node} GPUs",
+                    ),
+                )
+            )
+            continue
+        builders = {
+            "none": lambda: [_dedicated_plan(recipe, gpus, per_node, num_nodes, accelerator)],
+            "trainer_reference": lambda: _trainer_reference_plans(recipe, gpus, accelerator),
+            "all": lambda: [_colocated_plan(recipe, gpus, accelerator)],
+        }
+        try:
+            plans = builders[kind]()
+        except UserError as e:
+            out.append((None, Candidate(kind, "-", refused=str(e))))
+            continue
+        for p in plans:
+            out.append((p, _candidate(recipe, p)))
+    return out
+
+
+def _too_few_own(recipe: Recipe, gpus: int) -> str:
+    return (
+        f"{recipe.name} needs at least {dedicated_gpus(recipe)} GPUs with GPUs of their own "
+        f"({_breakdown(recipe)}); got {gpus}"
+    )
+
+
+def _candidate(recipe: Recipe, p: Plan) -> Candidate:
+    g = recipe.grpo
+    g_per_step = 0.0
+    if p.predicted_step_s:
+        g_per_step = g.prompts_per_step * g.group_size / (p.predicted_step_s * p.total_gpus)
+    return Candidate(
+        share=p.share,
+        layout=_layout_words(p),
+        step_s=p.predicted_step_s,
+        samples_per_s_per_gpu=round(g_per_step, 2) if g_per_step else None,
+        bound_by=p.prediction,
+    )
+
+
+def _layout_words(p: Plan) -> str:
+    """ "generator 0, reference 2, trainer 1-2" (GPUs on node 0; node:GPUs past one node)."""
+    parts = []
+    for x in p.placements:
+        if not x.gpus:
+            continue
+        name = x.service if x.service != "generator" else f"generator{x.replica}"
+        where = _gpu_list(x.gpus) if p.num_nodes == 1 else f"{x.node}:{_gpu_list(x.gpus)}"
+        parts.append(f"{name} {where}")
+    return ", ".join(parts)
+
+
+def _dedicated_plan(
+    recipe: Recipe, gpus: int, per_node: int, num_nodes: int, accelerator: str
+) -> Plan:
+    """layout.share none: every service on GPUs of its own; extra GPUs by the module's rule."""
     lay = recipe.layout
     gen_tp = lay.generator.tp
     ref_gpus = lay.reference.gpus if lay.reference.on_gpu else 0
@@ -354,8 +574,54 @@ def plan(
         replicas=replicas,
         trainer_gpus=trainer_gpus,
         idle=idle,
-        need=need,
+        share="none",
     )
+
+
+def _trainer_reference_plans(recipe: Recipe, gpus: int, accelerator: str) -> list[Plan]:
+    """layout.share trainer_reference on one node: r generator replicas on the first GPUs,
+    the trainer sharded over the rest, the reference on the last of those; one plan for every
+    r that fits (the cost model picks)."""
+    lay = recipe.layout
+    tp, ref = lay.generator.tp, lay.reference.gpus
+    plans, refusals = [], []
+    for replicas in range(1, gpus // tp + 1):
+        first = replicas * tp
+        rest = tuple(range(first, gpus))
+        if len(rest) < max(ref, 1):
+            break
+        placements = [
+            Placement("generator", r, 0, tuple(range(r * tp, (r + 1) * tp)))
+            for r in range(replicas)
+        ]
+        placements.append(Placement("reference", 0, 0, rest[-ref:]))
+        placements.append(Placement("trainer", 0, 0, rest))
+        placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
+        try:
+            plans.append(
+                _gpu_plan(
+                    recipe,
+                    accelerator,
+                    tuple(placements),
+                    gpus=gpus,
+                    per_node=gpus,
+                    num_nodes=1,
+                    replicas=replicas,
+                    trainer_gpus=len(rest),
+                    idle=(),
+                    share="trainer_reference",
+                )
+            )
+        except UserError as e:
+            refusals.append(str(e))
+    if not plans:
+        raise UserError(
+            refusals[0]
+            if refusals
+            else f"{recipe.name}: layout.share trainer_reference needs a GPU for a generator "
+            f"replica (TP{tp}) and {max(ref, 1)} for the trainer and the reference; got {gpus}"
+        )
+    return plans
 
 
 def _gpu_plan(
@@ -369,16 +635,19 @@ def _gpu_plan(
     replicas: int,
     trainer_gpus: int,
     idle: tuple[tuple[int, int], ...],
-    need: int,
-    colocated: bool = False,
+    share: str,
 ) -> Plan:
-    """The Plan of GPU placements: the services' settings and memory planned for them (with
-    `colocated`, checked to fit each GPU together)."""
+    """The Plan of GPU placements: the services' settings and memory planned for them, checked
+    to fit each GPU together where services share one, and the step the cost model predicts."""
+    from recipes.costs import predict_step
+
     lay = recipe.layout
+    shared = shared_services(placements)
     settings = plan_settings(
         recipe,
         accelerator=accelerator,
-        shared=shared_services(placements),
+        shared=shared,
+        beside_trainer=_beside(placements, "trainer"),
         trainer_gpus=trainer_gpus,
         generator_replicas=replicas,
         expected_paths=_expected_paths(recipe, placements),
@@ -395,8 +664,15 @@ def _gpu_plan(
         step = memory["trainer"]
         memory["trainer"] = max(step, trainer_publish_gb(recipe.arch, trainer_gpus))
         rank0_only = memory["trainer"] - step
-    if colocated:
-        _check_colocated_memory(recipe, accelerator, memory, settings, placements, rank0_only)
+    if shared:
+        _check_shared_memory(recipe, accelerator, memory, settings, placements, rank0_only, share)
+    estimate = predict_step(
+        recipe,
+        accelerator,
+        placements,
+        trainer_checkpointing=settings.trainer.activation_checkpointing,
+        transports=settings.weight_sync.expected,
+    )
     return Plan(
         recipe_name=recipe.name,
         total_gpus=gpus,
@@ -413,13 +689,25 @@ def _gpu_plan(
         memory=memory,
         idle_gpus=idle,
         accelerator=accelerator,
-        minimum_gpus=need,
         settings=settings,
-        colocated=colocated,
+        share=share,
         reference_host_gb=_reference_host_gb(recipe),
         checkpoint_host_gb=round(12 * recipe.arch.params / GB, 1),
         reference_step_tflop=_reference_step_tflop(recipe),
         disk=_disk(recipe),
+        dedicated_gpus=dedicated_gpus(recipe),
+        predicted_step_s=round(estimate.seconds, 2),
+        prediction=f"{estimate.bound_by}; speeds from {estimate.basis}",
+    )
+
+
+def _beside(placements: tuple[Placement, ...], service: str) -> frozenset[str]:
+    """The other GPU services on one GPU or more of `service`'s."""
+    mine = {(p.node, g) for p in placements if p.service == service for g in p.gpus}
+    return frozenset(
+        p.service
+        for p in placements
+        if p.service != service and any((p.node, g) in mine for g in p.gpus)
     )
 
 
@@ -447,19 +735,18 @@ def _reference_host_gb(recipe: Recipe) -> float | None:
     return reference_host_gb(recipe) if _cpu_reference(recipe) else None
 
 
-def _colocated_plan(
-    recipe: Recipe, gpus: int, per_node: int, num_nodes: int, accelerator: str, need: int
-) -> Plan:
-    """layout.colocate: on one node, the trainer shards over every GPU (FSDP), the generator
-    has a replica on every generator.tp of them, the reference sits on the first
+def _colocated_plan(recipe: Recipe, gpus: int, accelerator: str) -> Plan:
+    """layout.share all: on one node, the trainer shards over every GPU (FSDP), the generator
+    has a replica on every generator.tp of them, the reference sits on the last
     reference.gpus; every GPU's services take turns, and must fit it together."""
-    if num_nodes > 1:
-        raise UserError(
-            f"{recipe.name}: layout.colocate runs on one node; use at most {per_node} GPUs"
-        )
     lay = recipe.layout
     gen_tp = lay.generator.tp
     replicas = gpus // gen_tp
+    if replicas < 1 or (lay.reference.on_gpu and lay.reference.gpus > gpus):
+        raise UserError(
+            f"{recipe.name}: layout.share all needs at least {_widest(recipe)} GPUs (its "
+            f"widest service's); got {gpus}"
+        )
     placements = [
         Placement("generator", r, 0, tuple(range(r * gen_tp, (r + 1) * gen_tp)))
         for r in range(replicas)
@@ -477,52 +764,55 @@ def _colocated_plan(
         accelerator,
         placements_t,
         gpus=gpus,
-        per_node=per_node,
+        per_node=gpus,
         num_nodes=1,
         replicas=replicas,
         trainer_gpus=gpus,
         idle=tuple((0, g) for g in range(gpus) if g not in used),
-        need=need,
-        colocated=True,
+        share="all",
     )
 
 
-def _check_colocated_memory(
+def _check_shared_memory(
     recipe: Recipe,
     accelerator: str,
     memory: dict[str, float],
     settings: Settings,
     placements: tuple[Placement, ...],
     rank0_only: float,
+    share: str,
 ) -> None:
     """Services that share a GPU must fit it together, GPU by GPU: the trainer's estimate
     (trainer rank 0, on the trainer's first GPU, less `rank0_only` on the others), the
-    generator's bf16 weights with its fixed KV cache, and the reference's."""
+    generator's bf16 weights with its fixed KV cache (its whole estimate where it has the GPU
+    to itself), and the reference's."""
     from recipes.memory import RUNTIME_OVERHEAD_GB
 
     arch = recipe.arch
-    kv = settings.generator.kv_cache_gb or 0.0
-    generator = round(
-        2 * arch.params / recipe.layout.generator.tp / 1e9 + kv + RUNTIME_OVERHEAD_GB, 1
-    )
+    kv = settings.generator.kv_cache_gb
+    generator = memory["generator"]
+    if kv is not None:
+        generator = round(
+            2 * arch.params / recipe.layout.generator.tp / 1e9 + kv + RUNTIME_OVERHEAD_GB, 1
+        )
     trainer = next(p for p in placements if p.service == "trainer")
-    per_gpu: dict[int, dict[str, float]] = {}
+    per_gpu: dict[tuple[int, int], dict[str, float]] = {}
     for p in placements:
         for gpu in p.gpus:
             if p.service == "trainer":
                 gb = memory["trainer"] - (rank0_only if gpu != trainer.gpus[0] else 0.0)
             else:
                 gb = generator if p.service == "generator" else memory.get(p.service, 0.0)
-            per_gpu.setdefault(gpu, {})[p.service] = gb
+            per_gpu.setdefault((p.node, gpu), {})[p.service] = gb
     capacity = ACCELERATOR_GB[accelerator]
-    gpu, parts = max(per_gpu.items(), key=lambda item: sum(item[1].values()))
+    (_, gpu), parts = max(per_gpu.items(), key=lambda item: sum(item[1].values()))
     total = sum(parts.values())
     if total > capacity:
         shown = " + ".join(f"{k} {v:.0f}" for k, v in parts.items())
         raise UserError(
-            f"{recipe.name}: layout.colocate puts {shown} = {total:.0f} GB on GPU {gpu}, an "
-            f"{accelerator} of {capacity:.0f} GB; use more GPUs (the trainer shards over all "
-            "of them) or give the services GPUs of their own (layout.colocate=false)"
+            f"{recipe.name}: layout.share {share} puts {shown} = {total:.0f} GB on GPU {gpu}, "
+            f"an {accelerator} of {capacity:.0f} GB; use more GPUs or give the services GPUs "
+            "of their own (layout.share none)"
         )
 
 

@@ -272,14 +272,19 @@ class RewardLayout(_Strict):
     procs: int = Field(default=1, ge=1)
 
 
+# Which GPU services share GPUs (and take turns on them): none (every service on GPUs of its
+# own), trainer_reference (the generators on GPUs of their own, the trainer and the reference
+# sharing the rest), all (every service on every GPU of one node), or auto: the planner
+# predicts each that fits and takes the fastest (recipes/costs.py; `forgesky plan --explain`).
+Share = Literal["auto", "none", "trainer_reference", "all"]
+
+
 class Layout(_Strict):
     generator: GeneratorLayout = GeneratorLayout()
     reference: ReferenceLayout = ReferenceLayout()
     trainer: TrainerLayout = TrainerLayout()
     reward: RewardLayout = RewardLayout()
-    # every GPU service on the same GPUs of one node, taking turns (sample, score, train): the
-    # least GPUs a recipe can run on (its widest service's), for models small enough to share
-    colocate: bool = False
+    share: Share = "auto"
 
 
 class Resources(_Strict):

@@ -14,10 +14,11 @@ Planned values:
   GPU free at start (profiling would count the neighbours' memory as its own).
 - trainer.ranks: one process per trainer GPU (1 on CPU).
 - reference.ranks: one process per reference GPU (1 on CPU), the frozen model sharded over them.
-- trainer.tokens_per_micro_batch / activation_checkpointing: a trainer with its GPUs to itself
-  takes the largest micro-batch that fits, without checkpointing if it can
-  (`trainer_memory_plan`); on a shared GPU 8192 tokens with checkpointing; on a CPU 8192
-  without.
+- trainer.tokens_per_micro_batch / activation_checkpointing: the largest micro-batch that
+  fits, without checkpointing if it can (`trainer_memory_plan`), in the GPU less what stays on
+  it beside the trainer (the direct paths' buffer; on a shared GPU the generator's weights and
+  fixed KV cache and the reference); a shared trainer that fits none of those takes 8192
+  tokens with checkpointing; on a CPU 8192 without.
 - trainer.compile, reference.compile: on GPUs.
 - reference.tokens_per_micro_batch: the trainer memory plan of a one-rank trainer on the
   reference's GPU (the reference holds less, so this is conservative); 8192 when shared.
@@ -137,12 +138,13 @@ def plan_settings(
     trainer_gpus: int,
     generator_replicas: int,
     expected_paths: tuple[str, ...] = (),
+    beside_trainer: frozenset[str] = frozenset(),
 ) -> Settings:
     """The recipe's settings with every "auto" planned.
 
     `shared`: the services ("generator", "trainer", "reference") whose GPUs another service
-    also uses; `trainer_gpus` and `generator_replicas` as planned; `accelerator` the GPU type
-    ("cpu" for a CPU plan).
+    also uses; `beside_trainer`: those on the trainer's GPUs; `trainer_gpus` and
+    `generator_replicas` as planned; `accelerator` the GPU type ("cpu" for a CPU plan).
     """
     cpu = accelerator == "cpu"
     planned: list[str] = []
@@ -183,6 +185,9 @@ def plan_settings(
             expected_paths = tuple("store" for _ in expected_paths)
         else:
             reserve = flat
+    if not cpu and "trainer" in shared:
+        # what stays on the trainer's GPUs through its turn: the others' weights and caches
+        reserve += _resident_bytes(recipe, beside_trainer, kv)
     tokens, ckpt, peak = _trainer_plan(recipe, accelerator, ranks, "trainer" in shared, reserve)
     trainer = TrainerSettings(
         ranks=ranks,
@@ -206,23 +211,39 @@ def plan_settings(
     return Settings(generator, trainer, reference, weight_sync, tuple(planned))
 
 
+def _resident_bytes(recipe: Any, services: frozenset[str], kv_gb: float | None) -> float:
+    """Bytes the generator (bf16 weights, its fixed KV cache) and the reference (its estimate)
+    keep on a GPU they share with the trainer."""
+    from recipes.memory import estimate_memory
+
+    total = 0.0
+    if "generator" in services:
+        weights = 2 * recipe.arch.params / recipe.layout.generator.tp
+        total += weights + (kv_gb or 0.0) * GB + RUNTIME_OVERHEAD_GB * GB
+    if "reference" in services:
+        total += estimate_memory(recipe)["reference"] * GB
+    return total
+
+
 def _trainer_plan(
-    recipe: Any, accelerator: str, ranks: int, fallback: bool, reserve: float = 0
+    recipe: Any, accelerator: str, ranks: int, shared: bool, reserve: float = 0
 ) -> tuple[int, bool, float | None]:
     """(tokens per micro-batch, activation checkpointing, estimated peak bytes) for the
     trainer, honouring whichever of the two the recipe sets; `reserve` bytes of the GPU are
-    kept for something else (the direct weight paths' buffer)."""
+    kept for something else (the direct weight paths' buffer, services sharing the GPU). A
+    `shared` trainer that fits nothing in what is left takes the smallest step: SHARED_TOKENS
+    with checkpointing."""
     t = recipe.trainer
     given_tokens = None if t.tokens_per_micro_batch == "auto" else t.tokens_per_micro_batch
     given_ckpt = None if t.activation_checkpointing == "auto" else t.activation_checkpointing
     if accelerator == "cpu":  # small models: memory is no concern, recomputing would be
         return given_tokens or SHARED_TOKENS, bool(given_ckpt), None
-    if fallback:
-        return given_tokens or SHARED_TOKENS, True if given_ckpt is None else given_ckpt, None
     arch, gpu = recipe.arch, ACCELERATOR_BYTES[accelerator] - reserve
     fit = trainer_memory_plan(arch, ranks, gpu, tokens=given_tokens, checkpointing=given_ckpt)
     if fit is not None:
         return fit
+    if shared:
+        return given_tokens or SHARED_TOKENS, True if given_ckpt is None else given_ckpt, None
     tokens = given_tokens or PLAN_TOKENS[-1]
     ckpt = True if given_ckpt is None else given_ckpt
     fixed = trainer_fixed_bytes(arch, ranks)

@@ -180,13 +180,16 @@ def evaluate(
     recipe: Any, prompts: list[Any], weights: dict[str, Any], *, log=print
 ) -> dict[str, float]:
     """Greedy and sampled completions of `prompts`, scored by the recipe's rewards."""
-    from recipes import minimum_gpus, plan
+    from recipes import apply_overrides, plan
+    from recipes.planner import dedicated_gpus
     from runtime.backends import build
     from runtime.control.evaluation import judge, needs_samples, score_items, summarize
     from runtime.tasks.rewards import build_reward_fn
 
     e, g = recipe.eval, recipe.grpo
-    settings = plan(recipe, 0 if recipe.cpu else minimum_gpus(recipe)).settings
+    # the generator's settings with a GPU of its own: it runs alone here
+    alone = apply_overrides(recipe, ["layout.share=none"])
+    settings = plan(alone, dedicated_gpus(alone)).settings
     tokenizer = build.load_tokenizer(recipe)
     start = time.perf_counter()
     generator = build.GeneratorConfig(recipe, settings.generator).build(tokenizer)

@@ -204,17 +204,3 @@ def test_kernel_kinds_of_known_cuda_kernel_names():
     assert gpu_grpo.kernel_kind("void at::native::CatArrayBatchedCopy<float, 4>") == "copy"
     assert gpu_grpo.kernel_kind("Memcpy DtoD (Device -> Device)") == "copy"
     assert gpu_grpo.kernel_kind("void at::native::elementwise_kernel<128, 4>") == "other"
-
-
-def test_a_gpu_map_folds_the_plan_as_asked_and_refuses_a_bad_map():
-    recipe = gpu_grpo.load("qwen3-1.7b", 3, 512)
-    on = {p.service: p.gpus for p in gpu_grpo.shared_plan(recipe, 2, [0, 1, 1])[0].placements}
-    assert on["generator"] == (0,) and on["reference"] == on["trainer"] == (1,)
-    plan, shared = gpu_grpo.shared_plan(recipe, 2, [0, 1, 1])
-    assert shared and plan.total_gpus == 2
-    # without a map: round-robin (the trainer lands beside the generator)
-    on = {p.service: p.gpus for p in gpu_grpo.shared_plan(recipe, 2)[0].placements}
-    assert on["trainer"] == on["generator"] == (0,)
-    for bad in ([0, 1], [0, 1, 2]):
-        with pytest.raises(SystemExit, match="--gpu-map"):
-            gpu_grpo.shared_plan(recipe, 2, bad)

@@ -14,7 +14,7 @@ import yaml
 
 import sky
 from launcher.cli import main
-from recipes import list_recipes, load_recipe, minimum_gpus
+from recipes import launch_gpus, list_recipes, load_recipe, minimum_gpus
 
 REPO = Path(__file__).resolve().parent.parent
 FORGESKY = Path(sys.executable).parent / "forgesky"
@@ -65,7 +65,8 @@ def test_recipes_json_lists_every_catalog_recipe(capsys):
     assert [r["name"] for r in rows] == list_recipes()
     by_name = {r["name"]: r for r in rows}
     assert by_name["qwen3-8b"]["model"] == "Qwen/Qwen3-8B"
-    assert by_name["qwen3-8b"]["min_gpus"] == minimum_gpus(load_recipe("qwen3-8b"))
+    assert by_name["qwen3-8b"]["min_gpus"] == 5  # a GPU for each service
+    assert by_name["qwen3-8b"]["min_gpus_shared"] == minimum_gpus(load_recipe("qwen3-8b")) == 4
     assert by_name["llama3.1-8b"]["gated"] is True
     assert by_name["qwen3-8b"]["gated"] is False
     assert by_name["tiny"]["min_gpus"] == 0
@@ -117,10 +118,32 @@ def test_plan_gpus_per_node_splits_nodes(capsys):
     assert (json.loads(out)["num_nodes"], json.loads(out)["gpus_per_node"]) == (2, 4)
 
 
-def test_plan_defaults_to_the_minimum(capsys):
+def test_plan_defaults_to_what_launch_asks_for(capsys):
     code, out, _ = run_main(capsys, "plan", "qwen3-1.7b", "--json")
     assert code == 0
-    assert json.loads(out)["total_gpus"] == 3
+    assert json.loads(out)["total_gpus"] == launch_gpus(load_recipe("qwen3-1.7b")) == 4
+
+
+def test_plan_explain_weighs_every_layout(capsys):
+    code, out, _ = run_main(capsys, "plan", "qwen3-8b", "--gpus", "4", "--explain")
+    assert code == 0
+    assert "qwen3-8b on 4 x H100 (1 node x 4 GPUs; minimum 4 sharing GPUs, 5 with GPUs of" in out
+    assert "layout.share all: every service shares every GPU" in out
+    weighed = out[out.index("layouts weighed on 4 x H100") :].splitlines()
+    rows = {
+        line.split()[1] if line.startswith("*") else line.split()[0]: line for line in weighed[2:-1]
+    }
+    assert rows["all"].startswith("*") and "generator0 0-1, generator1 2-3" in rows["all"]
+    assert "needs at least 5 GPUs with GPUs of their own" in rows["none"]
+    assert "puts reference 22 + trainer" in rows["trainer_reference"]
+    assert weighed[-1] == (
+        "speeds from H200 qwen3-8b (measured), scaled to H100 by memory bandwidth and bf16 peak"
+    )
+
+
+def test_a_layout_share_that_does_not_exist_is_one_line(capsys):
+    code, _, err = run_main(capsys, "plan", "qwen3-1.7b", "--set", "layout.share=some")
+    assert_user_error(code, err, "layout.share")
 
 
 def test_validate_a_good_file(capsys, tmp_path):
@@ -227,12 +250,14 @@ def test_wrong_type_and_unknown_key_name_their_path(capsys, tmp_path):
 def test_gpus_zero_or_below_minimum(capsys, no_cloud):
     for argv in (
         ["plan", "qwen3-8b", "--gpus", "0"],
-        ["render", "qwen3-8b", "--gpus", "4"],
+        ["render", "qwen3-8b", "--gpus", "3"],
         ["launch", "qwen3-8b", "--gpus", "2", "--yes"],
         ["validate", "recipes/catalog/qwen3-8b.yaml", "--gpus", "-1"],
     ):
         code, _, err = run_main(capsys, *argv)
-        assert_user_error(code, err, "at least 5 GPUs")
+        # both minimums: services sharing GPUs, and a GPU for each
+        assert_user_error(code, err, "at least 4 GPUs on an H100 with services sharing them")
+        assert "5 GPUs (generator 2 = TP2×1, reference 1, trainer 2 = FSDP2)" in err
     assert no_cloud == []
 
 

@@ -42,11 +42,11 @@ def test_tiny_gpu_learns_through_vllm_and_the_weight_push(tmp_path: Path, nothin
 
 @pytest.mark.parametrize("loss", ["grpo", "dapo"])
 def test_tiny_gpu_learns_on_one_gpu_colocated(tmp_path: Path, nothing_left, loss):
-    """The plan `forgesky plan tiny-gpu --gpus 1 --set layout.colocate=true` gives: vLLM and
+    """The plan `forgesky plan tiny-gpu --gpus 1 --set layout.share=all` gives: vLLM and
     the trainer take turns on one GPU, each version reaches vLLM by CUDA IPC."""
     run_dir = tmp_path / "run"
     args = ["--recipe", "tiny-gpu", "--gpus", "1", "--run-dir", str(run_dir)]
-    proc = start([*args, "--set", "layout.colocate=true", "--set", f"grpo.loss={loss}"])
+    proc = start([*args, "--set", "layout.share=all", "--set", f"grpo.loss={loss}"])
     code, out = finish(proc, timeout=900)
     print(out)
     assert code == 0, out

@@ -20,6 +20,10 @@ from recipes import (
 
 @functools.cache
 def recipe(name: str, *overrides: str):
+    """A catalog recipe with every service on GPUs of its own (layout.share none: the rule
+    most tests here are about) unless the overrides name another layout.share."""
+    if not any(o.startswith("layout.share=") for o in overrides):
+        overrides = ("layout.share=none", *overrides)
     return apply_overrides(load_recipe(name), list(overrides))
 
 
@@ -43,7 +47,8 @@ def test_minimum_is_the_sum_of_services():
 
 def test_below_minimum_names_the_breakdown():
     assert error_of(recipe("qwen3-8b"), 4) == (
-        "qwen3-8b needs at least 5 GPUs (generator 2 = TP2×1, reference 1, trainer 2 = FSDP2); got 4"
+        "qwen3-8b needs at least 5 GPUs (generator 2 = TP2×1, reference 1, trainer 2 = FSDP2); "
+        "4 with services sharing GPUs (layout.share auto); got 4"
     )
     assert "got 0" in error_of(recipe("qwen3-8b"), 0)
     assert "(generator 4 = TP4×1, reference 4 = FSDP4, trainer 8 = FSDP8); got 12" in error_of(
@@ -358,12 +363,12 @@ def test_more_gpus_never_mean_fewer_generator_replicas(layout, gpus, more, gpn):
         assert big.generator_replicas >= small.generator_replicas
 
 
-# --- layout.colocate: the services share GPUs ---------------------------------------------------
+# --- layout.share all: the services share every GPU -------------------------------------------------
 
 
 def test_colocated_services_share_every_gpu_of_one_node():
-    one = plan(recipe("qwen3-1.7b", "layout.colocate=true"), 1)
-    assert minimum_gpus(recipe("qwen3-1.7b", "layout.colocate=true")) == 1
+    one = plan(recipe("qwen3-1.7b", "layout.share=all"), 1)
+    assert minimum_gpus(recipe("qwen3-1.7b", "layout.share=all")) == 1
     assert {(p.service, p.gpus) for p in one.placements if p.gpus} == {
         ("generator", (0,)),
         ("reference", (0,)),
@@ -373,25 +378,34 @@ def test_colocated_services_share_every_gpu_of_one_node():
     assert s.generator.kv_cache_gb is not None and s.generator.gpu_memory_utilization == 0.05
     assert s.trainer.activation_checkpointing and s.weight_sync.expected == ("ipc",)
     assert "take turns" in one.describe()
-    four = plan(recipe("qwen3-1.7b", "layout.colocate=true"), 4)
+    four = plan(recipe("qwen3-1.7b", "layout.share=all"), 4)
     assert (four.generator_replicas, four.trainer_gpus, four.idle_gpus) == (4, 4, ())
     assert [p.gpus for p in four.placements_of("generator")] == [(0,), (1,), (2,), (3,)]
     assert four.settings.weight_sync.expected == ("ipc",) * 4
-    # the 8B's widest service is its TP2 generator (and FSDP2 trainer)
-    eight = recipe("qwen3-8b", "layout.colocate=true")
-    assert minimum_gpus(eight) == 2
-    assert "FSDP2, sharing GPUs (layout.colocate)); got 1" in error_of(eight, 1)
+    # the 8B's widest service is its TP2 generator (and FSDP2 trainer), but all of it fits
+    # only on 4 H100s (2 H200s)
+    eight = recipe("qwen3-8b", "layout.share=all")
+    assert minimum_gpus(eight) == 4 and minimum_gpus(eight, "H200") == 2
+    assert error_of(eight, 1) == (
+        "qwen3-8b needs at least 4 GPUs on an H100 with services sharing them (layout.share "
+        "all), 5 GPUs (generator 2 = TP2×1, reference 1, trainer 2 = FSDP2) with a GPU for each "
+        "service; got 1"
+    )
 
 
 def test_colocated_services_must_fit_a_gpu_together():
-    message = error_of(recipe("qwen3-8b", "layout.colocate=true"), 2)
-    # GPU 1: the reference (kept off GPU 0, where trainer rank 0 stages each version) and a
-    # trainer rank without the version buffer
-    assert message.startswith("qwen3-8b: layout.colocate puts generator 26 + reference 22 + ")
-    assert "trainer 70 = 119 GB on GPU 1, an H100 of 80 GB; use more GPUs" in message
-    assert plan(recipe("qwen3-8b", "layout.colocate=true"), 4).trainer_gpus == 4
-    message = error_of(recipe("qwen3-1.7b", "layout.colocate=true"), 16)
-    assert "layout.colocate runs on one node; use at most 8 GPUs" in message
+    # The layouts that do not fit say why, GPU by GPU: sharing its GPU with the reference, a
+    # trainer rank of 4 GPUs less its generator's two (its version buffer on rank 0 only)
+    four = plan(recipe("qwen3-8b", "layout.share=auto"), 4)
+    refused = {c.share: c.refused for c in four.candidates if c.refused}
+    assert refused["trainer_reference"].startswith(
+        "qwen3-8b: layout.share trainer_reference puts reference 22 + trainer "
+    )
+    assert "on GPU 3, an H100 of 80 GB; use more GPUs" in refused["trainer_reference"]
+    assert four.share == "all" and "needs at least 5 GPUs" in refused["none"]
+    assert plan(recipe("qwen3-8b", "layout.share=all"), 4).trainer_gpus == 4
+    message = error_of(recipe("qwen3-1.7b", "layout.share=all"), 16)
+    assert "layout.share all runs on one node; use at most 8 GPUs" in message
 
 
 # --- layout.reference.device: cpu ----------------------------------------------------------------
@@ -408,7 +422,7 @@ def test_a_reference_on_the_cpu_takes_no_gpu():
     assert "reference on node 0's CPU" in p.describe()
     # with extra GPUs the generator grows into what the reference would have held
     assert plan(on_cpu, 3).generator_replicas == 2
-    together = plan(recipe("qwen3-1.7b", "layout.reference.device=cpu", "layout.colocate=true"), 1)
+    together = plan(recipe("qwen3-1.7b", "layout.reference.device=cpu", "layout.share=all"), 1)
     assert {(x.service, x.gpus) for x in together.placements if x.service != "reward"} == {
         ("generator", (0,)),
         ("trainer", (0,)),
@@ -468,7 +482,7 @@ def test_launches_ask_for_gpu_counts_clouds_sell():
 def test_a_colocated_trainer_counts_the_ipc_buffer_it_holds_from_publish_to_load():
     from recipes.memory import trainer_publish_gb
 
-    r = recipe("qwen3-8b", "layout.colocate=true", "resources.accelerator=H200")
+    r = recipe("qwen3-8b", "layout.share=all", "resources.accelerator=H200")
     p = plan(r, 2)
     assert p.settings.weight_sync.expected == ("ipc",)
     # 12 bytes a parameter over 2 ranks, the 2-byte buffer, the embedding group in flight

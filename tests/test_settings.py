@@ -19,8 +19,11 @@ H100, H200 = ACCELERATOR_BYTES["H100"], ACCELERATOR_BYTES["H200"]
 
 
 def recipe(name: str, *overrides: str):
-    r = load_recipe(name)
-    return apply_overrides(r, list(overrides)) if overrides else r
+    """A catalog recipe with every service on GPUs of its own (the settings of a layout are
+    what this file is about) unless the overrides name another layout.share."""
+    if not load_recipe(name).cpu and not any(o.startswith("layout.share=") for o in overrides):
+        overrides = ("layout.share=none", *overrides)
+    return apply_overrides(load_recipe(name), list(overrides))
 
 
 # --- the trainer's memory plan -----------------------------------------------------------------
@@ -165,7 +168,7 @@ def test_bad_settings_are_one_line_errors(override, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_services_sharing_a_gpu_get_a_fixed_kv_cache_and_a_checkpointed_trainer():
+def test_services_sharing_a_gpu_get_a_fixed_kv_cache_and_the_trainer_what_they_leave():
     placements = (
         Placement("generator", 0, 0, (0,)),
         Placement("reference", 0, 0, (1,)),
@@ -174,16 +177,28 @@ def test_services_sharing_a_gpu_get_a_fixed_kv_cache_and_a_checkpointed_trainer(
     )
     assert shared_services(placements) == {"reference", "trainer"}
     r = recipe("qwen3-1.7b")
-    s = plan_settings(
-        r,
-        accelerator="H200",
-        shared=frozenset({"generator", "trainer", "reference"}),
-        trainer_gpus=1,
-        generator_replicas=1,
-    )
+
+    def settings(accelerator: str, beside: frozenset[str]):
+        return plan_settings(
+            r,
+            accelerator=accelerator,
+            shared=frozenset({"generator", "trainer", "reference"}),
+            beside_trainer=beside,
+            trainer_gpus=1,
+            generator_replicas=1,
+        )
+
+    s = settings("H200", frozenset({"generator", "reference"}))
     # 16 prompts x 8 samples of 2048 tokens, 112 KiB of bf16 keys and values a token: 30 GB
     assert s.generator.kv_cache_gb == 30.5 and s.generator.gpu_memory_utilization == 0.05
-    assert (s.trainer.tokens_per_micro_batch, s.trainer.activation_checkpointing) == (8192, True)
+    # an H200 less vLLM (3.4 GB of weights, the 30.5 GB cache, 3 GB) and the reference's 8.5 GB
+    # fits 8192 tokens without recomputing; beside the reference alone, 16384
+    assert (s.trainer.tokens_per_micro_batch, s.trainer.activation_checkpointing) == (8192, False)
+    alone = settings("H200", frozenset({"reference"})).trainer
+    assert (alone.tokens_per_micro_batch, alone.activation_checkpointing) == (16384, False)
+    # an H100 fits none of them beside vLLM and the reference: 8192 tokens, recomputed
+    small = settings("H100", frozenset({"generator", "reference"})).trainer
+    assert (small.tokens_per_micro_batch, small.activation_checkpointing) == (8192, True)
     assert s.reference.tokens_per_micro_batch == 8192
 
 

@@ -22,7 +22,7 @@ def test_one_trainer_proc_per_gpu_and_cpu_ranks_as_planned():
     assert trainer_ranks((4, 5, 6, 7), 4) == [(4,), (5,), (6,), (7,)]
     cpu = load_recipe("tiny")
     assert plan(apply_overrides(cpu, ["trainer.ranks=2"]), 0).settings.trainer.ranks == 2
-    gpu = load_recipe("qwen3-8b")
+    gpu = apply_overrides(load_recipe("qwen3-8b"), ["layout.share=none"])
     assert plan(gpu, 5).settings.trainer.ranks == 2  # one per trainer GPU
     with pytest.raises(
         UserError, match=r"trainer.ranks: 3 must be auto or layout.trainer.gpus \(2\)"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import subprocess
 import sys
@@ -13,37 +12,29 @@ from pathlib import Path
 import pytest
 from runtime_helpers import NOISE, ROOT
 
-from recipes import UserError, apply_overrides, estimate_memory, load_recipe, minimum_gpus, plan
+from recipes import UserError, apply_overrides, estimate_memory, load_recipe, plan
 from runtime.control.turns import GpuTurns, shared_groups
-
-
-def folded(recipe_name: str, gpus: int):
-    """The recipe's minimum plan with every service's GPUs folded onto `gpus` GPUs."""
-    recipe = load_recipe(recipe_name)
-    base = plan(recipe, minimum_gpus(recipe))
-    return tuple(
-        dataclasses.replace(p, gpus=tuple(sorted({g % gpus for g in p.gpus})))
-        for p in base.placements
-    )
 
 
 def test_services_on_their_own_gpus_never_take_turns():
     recipe = load_recipe("qwen3-1.7b")
+    assert plan(recipe, 3).share == "none" and plan(recipe, 8).share == "none"
     assert shared_groups(plan(recipe, 3).placements) == []
     assert shared_groups(plan(recipe, 8).placements) == []
     assert not GpuTurns(plan(recipe, 3).placements)
 
 
 def test_one_gpu_puts_every_gpu_service_in_one_group():
-    assert shared_groups(folded("qwen3-1.7b", 1)) == [{"generator0", "reference", "trainer"}]
+    one = plan(load_recipe("qwen3-1.7b"), 1)
+    assert shared_groups(one.placements) == [{"generator0", "reference", "trainer"}]
 
 
 def test_two_gpus_pair_the_services_that_land_on_the_same_one():
-    # 3-GPU layout generator 0, reference 1, trainer 2 -> 2 % 2 = 0: trainer joins the generator
-    placements = folded("qwen3-1.7b", 2)
-    where = {p.service: p.gpus for p in placements if p.service != "reward"}
-    assert where == {"generator": (0,), "reference": (1,), "trainer": (0,)}
-    assert shared_groups(placements) == [{"generator0", "trainer"}]
+    # the plan for 2 GPUs: the generator alone, the trainer beside the reference
+    two = plan(load_recipe("qwen3-1.7b"), 2)
+    where = {p.service: p.gpus for p in two.placements if p.service != "reward"}
+    assert where == {"generator": (0,), "reference": (1,), "trainer": (1,)}
+    assert shared_groups(two.placements) == [{"reference", "trainer"}]
 
 
 def test_sharing_is_transitive_and_per_node():

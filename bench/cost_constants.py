@@ -1,0 +1,275 @@
+"""The planner's cost-model constants, derived from committed GPU runs.
+
+    python bench/cost_constants.py            # rewrite recipes/measured.py from bench/results
+    python bench/cost_constants.py --check    # exit 1 if recipes/measured.py is out of date
+    python bench/cost_constants.py --compare [--out bench/results/cost_model_check.json]
+                                              # each listed run's step time: measured, predicted
+
+Every constant comes from the metrics records of a run listed in SOURCES (the measured steps
+only: a run's first `steps - measured_steps` records are its warm-up):
+
+- generation tokens/s of one TP1 replica: completion tokens of a step over its generate seconds,
+  at the run's sequences per generate call;
+- trainer and reference tokens/s per GPU: a step's sequence tokens (prompt + completion) over
+  the service's seconds and its GPUs;
+- the batch exponent: how generation tokens/s grow with the sequences of a call, from two runs of
+  one model on one host and day that differ only in sequences per call;
+- the size exponent: how generation tokens/s fall with parameters, from two Qwen3 sizes on one
+  GPU type (their tokens/s first brought to one batch with the batch exponent);
+- weight-sync seconds per GB, per path: the loop's publish + load seconds over the bf16 bytes.
+
+`--compare` predicts each listed run's step time with recipes/costs.py on the run's own layout,
+lengths and settings, next to what it measured: the check of the model against the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results"
+TARGET = ROOT / "recipes" / "measured.py"
+
+# (file, section): the runs each service's figures come from. Only layouts where the service had
+# GPUs of its own, so a figure is the service's speed, not its share of a turn.
+SOURCES: dict[str, dict[str, tuple[str, str]]] = {
+    "H200": {
+        "qwen3-1.7b": ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu"),
+        "qwen3-8b": ("gpu_grpo_h200x4.json", "grpo_qwen3_8b_4gpu"),
+        "llama3.1-8b": ("gpu_grpo_h200x4.json", "grpo_llama3_1_8b_4gpu"),
+    },
+}
+# One model, one host, one day; 1 and 2 steps a generate call (128 and 256 sequences).
+BATCH_PAIR = (
+    ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu"),
+    ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu_2steps_per_call"),
+)
+# Two Qwen3 sizes on one GPU type.
+SIZE_PAIR = (("H200", "qwen3-1.7b"), ("H200", "qwen3-8b"))
+# The loop's weight sync by path: the run whose generators all took it.
+SYNC_SOURCES = {
+    "push": ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu"),
+    "ipc": ("gpu_grpo_1gpu_h200_2026-11-23.json", "grpo_1gpu_turns"),
+    "store": ("gpu_grpo_h100.json", "grpo"),
+}
+# What a figure's reader should know about its run.
+SYNC_NOTES = {
+    "store": "measured 2026-11-21, when the store took one key a parameter; not measured since "
+    "it streams a block at a time",
+}
+# The runs `--compare` predicts: qwen3-1.7b on the layouts plan() gives at 1, 2 and 3 GPUs
+# (layout.share all, trainer_reference and none), and two that change steps_per_call and
+# max_policy_age, each measured on an H200 with the code of its day.
+COMPARE = (
+    ("gpu_grpo_1gpu_h200_2026-11-23.json", "grpo_1gpu_turns"),
+    ("gpu_grpo_h200x2_2026-11-22.json", "grpo_2gpu_trainer_beside_reference"),
+    ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu"),
+    ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu_2steps_per_call"),
+    ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu_2steps_per_call_age2"),
+)
+
+
+def section(file: str, name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / file).read_text())[name]
+
+
+def measured_records(run: dict[str, Any]) -> list[dict[str, Any]]:
+    records = run["records"]
+    warmup = run["steps"] - run["measured_steps"]
+    return records[warmup:]
+
+
+def mean_of(records: list[dict[str, Any]], key: str) -> float:
+    """The mean of `key` over the records that have it (a record has a call's figures only
+    when a call ended in its step)."""
+    return statistics.fmean(r[key] for r in records if key in r)
+
+
+def sequences_per_call(run: dict[str, Any]) -> int:
+    return run["sequences_per_generate_call"]
+
+
+def checkpointing(run: dict[str, Any]) -> bool | None:
+    """Whether the run's trainer recomputed activations, where the run says."""
+    settings = run.get("settings")
+    if settings:
+        return settings["trainer"]["activation_checkpointing"]
+    knobs = run.get("knobs") or {}
+    if "FORGESKY_ACTIVATION_CHECKPOINTING" in knobs:
+        return knobs["FORGESKY_ACTIVATION_CHECKPOINTING"] == "1"
+    return None
+
+
+def gpus_of(run: dict[str, Any], service: str) -> int:
+    return len({g for p in run["placements"] if p["service"] == service for g in p["gpus"]})
+
+
+def service_rates(file: str, name: str) -> dict[str, Any]:
+    run = section(file, name)
+    rows = measured_records(run)
+    if gpus_of(run, "generator") != run["generator_tp"] or run["generator_tp"] != 1:
+        raise SystemExit(f"{file}#{name}: a source run has one TP1 generator replica")
+    completions = run["completions_per_step"]
+    prompt = run["prompt_tokens_mean"]
+    per_call = sequences_per_call(run)
+    # a step's and a call's tokens (a call samples steps_per_call steps' prompts)
+    response_step = mean_of(rows, "response_tokens")
+    response_call = response_step * per_call / completions
+    step_tokens = response_step + completions * prompt
+    call_tokens = response_call + per_call * prompt
+    return {
+        "params": run["params"],
+        "generate_tok_s": round(response_call / mean_of(rows, "time/generate_s"), 1),
+        "sequences_per_call": per_call,
+        "train_tok_s": round(
+            step_tokens / mean_of(rows, "time/train_s") / gpus_of(run, "trainer"), 1
+        ),
+        # None: the run does not say; the model then takes it as recomputing nothing
+        "train_checkpointing": checkpointing(run),
+        "reference_tok_s": round(
+            call_tokens / mean_of(rows, "time/reference_s") / gpus_of(run, "reference"), 1
+        ),
+        "source": f"bench/results/{file}#{name}",
+    }
+
+
+def batch_exponent() -> float:
+    (f1, s1), (f2, s2) = BATCH_PAIR
+    a, b = service_rates(f1, s1), service_rates(f2, s2)
+    ratio = b["generate_tok_s"] / a["generate_tok_s"]
+    return round(math.log(ratio) / math.log(b["sequences_per_call"] / a["sequences_per_call"]), 3)
+
+
+def size_exponent(rates: dict[str, dict[str, dict[str, Any]]], beta: float) -> float:
+    (g1, m1), (g2, m2) = SIZE_PAIR
+    small, large = rates[g1][m1], rates[g2][m2]
+    at = small["sequences_per_call"]
+    large_tok_s = large["generate_tok_s"] * (at / large["sequences_per_call"]) ** beta
+    ratio = small["generate_tok_s"] / large_tok_s
+    return round(math.log(ratio) / math.log(large["params"] / small["params"]), 3)
+
+
+def sync_rates() -> dict[str, dict[str, Any]]:
+    out = {}
+    for path, (file, name) in SYNC_SOURCES.items():
+        run = section(file, name)
+        rows = measured_records(run)
+        gb = run["weight_bytes"] / 1e9
+        out[path] = {
+            "s_per_gb": round(mean_of(rows, "time/weight_sync_s") / gb, 5),
+            "source": f"bench/results/{file}#{name} ({run['weight_bytes'] / 1e9:.2f} GB)",
+            "note": SYNC_NOTES.get(path, ""),
+        }
+    return out
+
+
+def derive() -> dict[str, Any]:
+    rates = {
+        gpu: {model: service_rates(*where) for model, where in models.items()}
+        for gpu, models in SOURCES.items()
+    }
+    beta = batch_exponent()
+    return {
+        "rates": rates,
+        "batch_exponent": beta,
+        "batch_source": " vs ".join(f"bench/results/{f}#{s}" for f, s in BATCH_PAIR),
+        "size_exponent": size_exponent(rates, beta),
+        "size_source": " vs ".join(f"{g} {m}" for g, m in SIZE_PAIR),
+        "sync": sync_rates(),
+    }
+
+
+def module_text(constants: dict[str, Any]) -> str:
+    body = json.dumps(constants, indent=4, sort_keys=True).replace("null", "None")
+    body = body.replace("true", "True").replace("false", "False")
+    return (
+        '"""Measured speeds the planner\'s cost model starts from (recipes/costs.py).\n\n'
+        "Written by `python bench/cost_constants.py` from the committed runs under bench/results;\n"
+        "do not edit: add a run to its SOURCES and write this file again (a test checks that it\n"
+        'is up to date)."""\n\n'
+        f"MEASURED = {body}\n"
+    )
+
+
+def compare() -> list[dict[str, Any]]:
+    """Each COMPARE run's measured step time next to the cost model's prediction for it."""
+    from recipes import apply_overrides, load_recipe
+    from recipes.costs import predict_step
+    from recipes.planner import Placement
+
+    rows = []
+    for file, name in COMPARE:
+        run = section(file, name)
+        overrides = list(run["overrides"]) + list(run.get("overrides_extra") or [])
+        recipe = apply_overrides(load_recipe(run["recipe"]), overrides)
+        placements = tuple(
+            Placement(p["service"], p["replica"], p["node"], tuple(p["gpus"]))
+            for p in run["placements"]
+        )
+        estimate = predict_step(
+            recipe,
+            section_device(file),
+            placements,
+            trainer_checkpointing=bool(checkpointing(run)),
+            prompt_tokens=run["prompt_tokens_mean"],
+            response_tokens=run["response_tokens_mean"],
+            transports=_paths(placements),
+        )
+        rows.append(
+            {
+                "run": f"bench/results/{file}#{name}",
+                "measured_step_s": round(run["step_s"], 3),
+                "predicted_step_s": round(estimate.seconds, 3),
+                "error": round(estimate.seconds / run["step_s"] - 1, 3),
+                "bound_by": estimate.bound_by,
+            }
+        )
+    return rows
+
+
+def _paths(placements: Any) -> tuple[str, ...]:
+    """The path each generator took: CUDA IPC beside the trainer, else NCCL push."""
+    trainer = next(p for p in placements if p.service == "trainer")
+    return tuple(
+        "ipc" if set(p.gpus) & set(trainer.gpus) else "push"
+        for p in placements
+        if p.service == "generator"
+    )
+
+
+def section_device(file: str) -> str:
+    name = json.loads((RESULTS / file).read_text())["device"]["name"]
+    return "H200" if "H200" in name else "H100"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the module is stale")
+    parser.add_argument("--compare", action="store_true", help="predicted vs measured step time")
+    parser.add_argument("--out", type=Path, help="--compare: also write the rows here (JSON)")
+    args = parser.parse_args()
+    if args.compare:
+        text = json.dumps({"constants": "recipes/measured.py", "runs": compare()}, indent=1)
+        print(text)
+        if args.out:
+            args.out.write_text(text + "\n")
+        return 0
+    text = module_text(derive())
+    if args.check:
+        same = TARGET.exists() and TARGET.read_text() == text
+        print("recipes/measured.py is up to date" if same else "recipes/measured.py is stale")
+        return 0 if same else 1
+    TARGET.write_text(text)
+    print(f"wrote {TARGET.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

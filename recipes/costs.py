@@ -1,0 +1,198 @@
+"""How long a GRPO step takes on a layout: the planner's cost model.
+
+The planner compares the layouts that fit a GPU count (services on GPUs of their own, or sharing
+them and taking turns) by the step time this module predicts, and `forgesky plan --explain`
+shows every candidate with its prediction.
+
+A step's work, per service, from the recipe's lengths (the maxima unless the caller knows the
+real ones) and measured speeds (recipes/measured.py, written from committed GPU runs):
+
+- generate: a replica's completion tokens a step over its tokens/s. Tokens/s are measured for a
+  TP1 replica at a number of sequences per call; they grow with the call's sequences as
+  sequences^batch_exponent (more sequences share each weight read) and, across model sizes,
+  fall as params^-size_exponent; a TP group of t GPUs is counted as t^0.5 replicas (assumed:
+  decoding is bound by reading weights, which TP splits, and by communication, which it adds).
+- reference: a step's sequence tokens (prompt + completion) over its tokens/s per GPU and GPUs.
+- train: the same tokens over the trainer's tokens/s per GPU and GPUs; x 4/3 with activation
+  checkpointing where the measurement had none (one more forward), x 3/4 the other way.
+  Across sizes, both scale as 1/params (the same share of the GPU's peak).
+- weight sync: the bf16 weights' GB times the seconds a GB of the path the generators take; on
+  the trainer's side (publish) and on each generator's (load).
+
+Across GPU types: an unmeasured type takes a measured one's speeds with generation scaled by
+the ratio of memory bandwidths (decoding reads every weight for every token) and training and
+scoring by the ratio of dense bf16 peaks (the H100 and H200 have the same).
+
+Services that share a GPU take turns on it (runtime/control/turns.py): their work adds up.
+Services on GPUs of their own overlap when a generate call may start before the steps of the
+last one are trained (slack = grpo.max_policy_age + 1 - grpo.steps_per_call > 0): the step
+takes as long as the busiest group of GPUs, and with calls of k > 1 steps at least a call's
+generate and reference plus the (k - slack) steps the next call waits for, over k. With no
+slack (lock-step, or a call of max_policy_age + 1 steps) nothing overlaps: the step is
+generate + reference + train + sync.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from recipes.measured import MEASURED
+
+# Spec sheets: HBM bandwidth (TB/s) and dense bf16 peak (TFLOP/s) of the SXM parts.
+BANDWIDTH_TBS = {"H100": 3.35, "H200": 4.8}
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}
+TP_EXPONENT = 0.5
+CHECKPOINTING_COST = 4 / 3
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """One model's speeds on one GPU type, and where they come from."""
+
+    generate_tok_s: float  # one TP1 replica, at `sequences_per_call`
+    sequences_per_call: int
+    train_tok_s: float  # per GPU
+    train_checkpointing: bool
+    reference_tok_s: float  # per GPU
+    basis: str
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    seconds: float
+    busy: dict[str, float]  # seconds a step, per GPU group ("generator0 + trainer", ...)
+    work: dict[str, float]  # seconds a step, per service (generate, reference, train, sync)
+    bound_by: str  # the busiest group
+    basis: str
+
+
+def speeds(accelerator: str, arch: Any) -> Speeds:
+    """The measured speeds nearest to `arch` on `accelerator` (the same model where measured,
+    else the same family's nearest size, else any family's), scaled as the module says."""
+    table = MEASURED["rates"]
+    gpu = accelerator if accelerator in table else next(iter(sorted(table)))
+    rates = table[gpu]
+    name = f"{arch.family}-{arch.size}"
+    if name in rates:
+        key = name
+    else:
+        same = [k for k in rates if k.startswith(f"{arch.family}-")] or list(rates)
+        key = min(same, key=lambda k: abs(_log_ratio(rates[k]["params"], arch.params)))
+    r = rates[key]
+    size = r["params"] / arch.params
+    gen = r["generate_tok_s"] * size ** MEASURED["size_exponent"]
+    train, ref = r["train_tok_s"] * size, r["reference_tok_s"] * size
+    basis = f"{gpu} {key} (measured)"
+    if key != name:
+        basis = f"{gpu} {key}, scaled to {arch.params / 1e9:.1f}B parameters"
+    if gpu != accelerator:
+        gen *= BANDWIDTH_TBS[accelerator] / BANDWIDTH_TBS[gpu]
+        compute = PEAK_BF16_TFLOPS[accelerator] / PEAK_BF16_TFLOPS[gpu]
+        train, ref = train * compute, ref * compute
+        basis += f", scaled to {accelerator} by memory bandwidth and bf16 peak"
+    return Speeds(
+        generate_tok_s=gen,
+        sequences_per_call=r["sequences_per_call"],
+        train_tok_s=train,
+        train_checkpointing=bool(r["train_checkpointing"]),
+        reference_tok_s=ref,
+        basis=basis,
+    )
+
+
+def _log_ratio(a: float, b: float) -> float:
+    return math.log(a / b)
+
+
+def sync_seconds(arch: Any, transports: tuple[str, ...]) -> float:
+    """Seconds a version takes to reach the generators: the slowest path they take."""
+    sync = MEASURED["sync"]
+    gb = 2 * arch.params / 1e9
+    return max((gb * sync[path]["s_per_gb"] for path in transports), default=0.0)
+
+
+def predict_step(
+    recipe: Any,
+    accelerator: str,
+    placements: tuple[Any, ...],
+    *,
+    trainer_checkpointing: bool,
+    transports: tuple[str, ...],
+    prompt_tokens: float | None = None,
+    response_tokens: float | None = None,
+) -> StepEstimate:
+    """A step's seconds on `placements` (see the module docstring). `transports`: the weight
+    path of each generator replica; `prompt_tokens` and `response_tokens`: a sequence's mean
+    lengths (default: the recipe's maxima)."""
+    arch, g = recipe.arch, recipe.grpo
+    s = speeds(accelerator, arch)
+    prompt = g.max_prompt_tokens if prompt_tokens is None else prompt_tokens
+    response = g.max_response_tokens if response_tokens is None else response_tokens
+    sequences = g.prompts_per_step * g.group_size
+    gens = [p for p in placements if p.service == "generator"]
+    ref = [p for p in placements if p.service == "reference" and p.gpus]
+    trainer = next(p for p in placements if p.service == "trainer")
+    sync = sync_seconds(arch, transports)
+
+    per_replica = sequences / len(gens)
+    per_call = per_replica * g.steps_per_call
+    tp = len(gens[0].gpus) or 1
+    tok_s = s.generate_tok_s * (per_call / s.sequences_per_call) ** MEASURED["batch_exponent"]
+    generate = per_replica * response / (tok_s * tp**TP_EXPONENT)
+    tokens = sequences * (prompt + response)
+    train = tokens / (s.train_tok_s * len(trainer.gpus))
+    if trainer_checkpointing != s.train_checkpointing:
+        train *= CHECKPOINTING_COST if trainer_checkpointing else 1 / CHECKPOINTING_COST
+    reference = tokens / (s.reference_tok_s * len(ref[0].gpus)) if ref else 0.0
+    work = {"generate": generate, "reference": reference, "train": train, "sync": sync}
+
+    units = {f"generator{p.replica}": generate + sync for p in gens}
+    units["trainer"] = train + sync
+    if ref:
+        units["reference"] = reference
+    groups = _groups(placements, set(units))
+    busy = {" + ".join(sorted(group)): sum(units[u] for u in group) for group in groups}
+    k = g.steps_per_call
+    slack = g.max_policy_age + 1 - k
+    bound, seconds = max(busy.items(), key=lambda item: item[1])
+    if slack <= 0:
+        seconds = generate + reference + train + sync
+        bound = "no overlap (grpo.max_policy_age + 1 = steps_per_call): all four in turn"
+    elif k > 1:
+        # a call's groups are scored, then the call after it waits until all but `slack` of
+        # its k steps are trained
+        chain = generate + reference + (k - slack) / k * (train + sync)
+        if chain > seconds:
+            seconds, bound = chain, f"a call of {k} steps waits for {k - slack} of them to train"
+
+    basis = s.basis
+    notes = {MEASURED["sync"][path]["note"] for path in transports} - {""}
+    if notes:
+        paths = "/".join(sorted(set(transports)))
+        basis += f"; weight sync by {paths}: {'; '.join(sorted(notes))}"
+    return StepEstimate(seconds, busy, work, bound, basis)
+
+
+def _groups(placements: tuple[Any, ...], units: set[str]) -> list[set[str]]:
+    """The units that take turns together (their GPUs overlap, directly or through another);
+    a unit with GPUs of its own is a group of one."""
+
+    def unit(p: Any) -> str:
+        return f"generator{p.replica}" if p.service == "generator" else p.service
+
+    groups: list[set[str]] = []
+    gpus: list[set[tuple[int, int]]] = []
+    for p in placements:
+        if unit(p) not in units or not p.gpus:
+            continue
+        mine = {(p.node, x) for x in p.gpus}
+        joined = {unit(p)}
+        for i in reversed(range(len(groups))):
+            if gpus[i] & mine:
+                joined |= groups.pop(i)
+                mine |= gpus.pop(i)
+        groups.append(joined)
+        gpus.append(mine)
+    return groups
