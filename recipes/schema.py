@@ -370,6 +370,18 @@ class WeightSyncSettings(_Strict):
     timeout_s: float = Field(default=300.0, gt=0)
 
 
+class WatchdogSettings(_Strict):
+    """How long the controller waits for a service's answer before it calls the service stuck
+    (a wedged collective, a hung kernel) and ends the run (runtime/control/watchdog.py)."""
+
+    # the first call of each kind (start-up, compiling, the first checkpoint or export)
+    first_call_s: float = Field(default=1800.0, gt=0)
+    # a later call: this many times the slowest answer of its kind so far, ...
+    factor: float = Field(default=10.0, ge=1)
+    # ... and never less than this
+    min_s: float = Field(default=300.0, gt=0)
+
+
 class Recipe(_Strict):
     """A complete, validated GRPO run description."""
 
@@ -385,6 +397,7 @@ class Recipe(_Strict):
     trainer: TrainerSettings = TrainerSettings()
     reference: ReferenceSettings = ReferenceSettings()
     weight_sync: WeightSyncSettings = WeightSyncSettings()
+    watchdog: WatchdogSettings = WatchdogSettings()
 
     @property
     def arch(self) -> Arch:

@@ -143,6 +143,32 @@ def test_reward_failure_ends_the_run_with_its_root_cause(tmp_path: Path, nothing
     nothing_left(out, proc.pid)
 
 
+def test_a_service_that_stops_answering_ends_the_run_within_its_bound(tmp_path: Path, nothing_left):
+    # The reward proc stays alive but its endpoint never returns after two steps' scoring:
+    # the watchdog's bound for a score call (at least watchdog.min_s) ends the run, naming the
+    # service, the call, the bound and when each service last answered.
+    recipe = yaml.safe_load((ROOT / "recipes/catalog/tiny.yaml").read_text())
+    recipe["name"] = "tiny-stuck"
+    recipe["dataset"]["rewards"] = [{"name": "faulty_rewards:hang"}]
+    recipe["eval"]["enabled"] = False
+    path = tmp_path / "stuck.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    args = ["--recipe", str(path), "--run-dir", str(tmp_path / "run")]
+    args += ["--set", "watchdog.min_s=15", "--set", "watchdog.factor=5"]
+    proc = start(args, env={"FAULTY_REWARD_AFTER": "600"})
+    wait_for_line(proc, "services ready", timeout=600)
+    began = time.monotonic()
+    code, out = finish(proc, timeout=120)
+    assert code == 1, out
+    assert time.monotonic() - began < 60, out
+    line = next(x for x in out.splitlines() if "actor failed" in x)
+    assert line.startswith("forgesky: reward actor failed: stopped answering: score gave no ")
+    assert "answer within 15 s (5 x the slowest of " in line
+    assert "earlier score calls" in line and "at least watchdog.min_s 15 s)" in line
+    assert "last answers: " in line and ", trainer " in line and "reward score " in line
+    nothing_left(out, proc.pid)
+
+
 def test_bad_recipe_is_one_line_and_exit_2(tmp_path: Path):
     proc = start(["--recipe", "tiny", "--set", "grpo.group_sise=4", "--run-dir", str(tmp_path)])
     code, out = finish(proc, timeout=120)

@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import Tensor
 
+from runtime.control.watchdog import Watchdog
 from runtime.procs.failures import ActorFailure, root_cause
 from runtime.procs.lifecycle import RunLifecycle
 
@@ -25,6 +26,7 @@ class Services:
     reward: Any
     reward_procs: int
     pad_id: int
+    watchdog: Watchdog | None = None  # deadlines for every call (None: wait as long as it takes)
 
     @property
     def generators(self) -> int:
@@ -34,15 +36,20 @@ class Services:
     def has_reference(self) -> bool:
         return self.reference is not None
 
-    async def call(self, service: str, awaitable: Any) -> Any:
-        return await self.life.call(service, awaitable)
+    async def call(self, service: str, awaitable: Any, kind: str) -> Any:
+        """A supervised call of `service`; `kind` names it for the watchdog's deadlines."""
+        if self.watchdog is None:
+            return await self.life.call(service, awaitable)
+        return await self.watchdog.call(self.life, service, kind, awaitable)
 
-    async def train_call(self, endpoint: str, *args: Any) -> Any:
+    async def train_call(self, endpoint: str, *args: Any, kind: str | None = None) -> Any:
         """Call a trainer endpoint on every rank (they run collectives together); rank 0's answer.
 
         The ranks' answers agree or only rank 0's matters (it alone publishes and saves).
         """
-        answers = await self.call("trainer", getattr(self.trainer, endpoint).call(*args))
+        answers = await self.call(
+            "trainer", getattr(self.trainer, endpoint).call(*args), kind=kind or endpoint
+        )
         return next(value for _, value in answers.items())
 
     async def generate(
@@ -54,7 +61,8 @@ class Services:
         temperature: float | None = None,
     ) -> list[dict[str, Any]]:
         gen = self.generator_actors[replica]
-        return await self.call("generator", gen.generate.call_one(prompts, seed, n, temperature))
+        call = gen.generate.call_one(prompts, seed, n, temperature)
+        return await self.call(f"generator{replica}", call, kind="generate")
 
     async def score(
         self, items: list[tuple[str, str, str]]
@@ -64,7 +72,7 @@ class Services:
         size = -(-len(items) // n)
         parts = [items[i * size : (i + 1) * size] for i in range(n)]
         calls = [
-            self.call("reward", self.reward.slice(procs=i).score.call_one(part))
+            self.call("reward", self.reward.slice(procs=i).score.call_one(part), kind="score")
             for i, part in enumerate(parts)
             if part
         ]
@@ -73,7 +81,9 @@ class Services:
     async def reference_logprobs(self, tokens: Tensor, mask: Tensor) -> list[list[float]]:
         assert self.reference is not None
         # every reference rank scores its share of the rows (one rank: all of them)
-        answers = await self.call("reference", self.reference.logprobs.call(tokens, mask))
+        answers = await self.call(
+            "reference", self.reference.logprobs.call(tokens, mask), kind="logprobs"
+        )
         shares = sorted((a["first"], a["logprobs"]) for _, a in answers.items())
         return [row for _, rows in shares for row in rows]
 
@@ -85,7 +95,8 @@ class Services:
 
     async def load_version(self, replica: int, version: int) -> dict[str, float]:
         gen = self.generator_actors[replica]
-        return await self.call("generator", gen.update_weights.call_one(version))
+        call = gen.update_weights.call_one(version)
+        return await self.call(f"generator{replica}", call, kind="load")
 
     async def version_loaded(self, version: int) -> None:
         await self.train_call("version_loaded", version)
@@ -96,7 +107,10 @@ class Services:
     async def weight_endpoints(self) -> tuple[Any, list[Any]]:
         trainer = await self.train_call("weight_endpoint")
         gens = await asyncio.gather(
-            *(self.call("generator", g.weight_endpoint.call_one()) for g in self.generator_actors)
+            *(
+                self.call(f"generator{r}", g.weight_endpoint.call_one(), kind="weight_endpoint")
+                for r, g in enumerate(self.generator_actors)
+            )
         )
         return trainer, list(gens)
 
@@ -105,7 +119,8 @@ class Services:
 
     async def connect_generator(self, replica: int, path: str, link: Any) -> None:
         gen = self.generator_actors[replica]
-        await self.call("generator", gen.connect_weights.call_one(path, link))
+        call = gen.connect_weights.call_one(path, link)
+        await self.call(f"generator{replica}", call, kind="connect")
 
     async def close_weights(self) -> None:
         await self.train_call("close_weights")
@@ -114,7 +129,8 @@ class Services:
         await self.train_call("save", directory)
 
     async def saved(self, wait: bool) -> bool:
-        return bool(await self.train_call("saved", wait))
+        # waiting for a background write is a kind of its own: it may take a whole write
+        return bool(await self.train_call("saved", wait, kind="saved, waiting" if wait else None))
 
     async def restore(self, directory: str) -> int:
         return await self.train_call("load", directory)

@@ -11,6 +11,7 @@ from typing import Any
 from recipes.planner import shared_services
 from runtime.control.config import RunConfig
 from runtime.control.services import Services
+from runtime.control.watchdog import Watchdog
 from runtime.procs.lifecycle import RunLifecycle
 from runtime.procs.mesh import available_cores
 from runtime.procs.spawn import spawn_service
@@ -148,4 +149,29 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
             f"activation checkpointing {ac}",
             flush=True,
         )
-    return Services(life, trainer, generators, reference, reward, plan.reward_procs, pad_id)
+    return Services(
+        life,
+        trainer,
+        generators,
+        reference,
+        reward,
+        plan.reward_procs,
+        pad_id,
+        watchdog=Watchdog(recipe.watchdog, places=_places(plan)),
+    )
+
+
+def _places(plan: Any) -> dict[str, str]:
+    """Where each GPU service runs, in words (node and GPUs), for the watchdog's message."""
+    places = {}
+    for p in plan.placements:
+        if p.service == "reward":
+            continue
+        name = f"generator{p.replica}" if p.service == "generator" else p.service
+        gpus = ",".join(map(str, p.gpus))
+        places[name] = (
+            f"node {p.node} GPU{'s' if len(p.gpus) > 1 else ''} {gpus}"
+            if gpus
+            else f"node {p.node} CPU"
+        )
+    return places

@@ -191,11 +191,13 @@ class RunLifecycle:
         *,
         timeout: float | None = None,
         interruptible: bool = False,
+        silence: Callable[[], str] | None = None,
     ) -> T:
         """Await an endpoint call of `service`; any failure of the run ends it as ActorFailure.
 
         Raises the run's first ActorFailure if this call fails or anything else fails first,
-        RunStopping if `interruptible` and a stop is requested first.
+        RunStopping if `interruptible` and a stop is requested first. A call unanswered after
+        `timeout` s fails the run too, with `silence()` as its cause where given.
         """
         if self.failure is not None:
             raise self.failure
@@ -222,7 +224,8 @@ class RunLifecycle:
             raise self.failure
         if interruptible and self.stopping.is_set():
             raise RunStopping()
-        self.fail(ActorFailure(service, f"no answer within {timeout:g} s"))
+        cause = silence() if silence is not None else f"no answer within {timeout:g} s"
+        self.fail(ActorFailure(service, cause))
         raise self.failure  # type: ignore[misc]
 
     # --- running and shutting down --------------------------------------------------------------
