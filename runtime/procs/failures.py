@@ -68,6 +68,22 @@ def failure_of(error: BaseException, service: str | None = None) -> ActorFailure
     return ActorFailure(service, root_cause(error), error)
 
 
+# What a collective says when the process on its other end went away (gloo, NCCL, a push
+# whose peer never came): a consequence, whose cause is that peer's own death.
+_PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
+    r"ncclRemoteError|NCCL communicator was aborted|collective operation timeout|"
+    r"was not pushed within",
+    re.IGNORECASE,
+)
+
+
+def lost_a_peer(failure: ActorFailure) -> bool:
+    """Whether `failure` is a collective that lost its peer: the peer's own failure (a proc
+    killed, out of memory) is then the run's root cause if it is reported soon."""
+    return bool(_PEER_LOST.search(failure.cause))
+
+
 def is_monarch_error(error: BaseException) -> bool:
     """Whether `error` is how Monarch reports a failed call (ActorError, SupervisionError)."""
     return isinstance(error, ActorError) or type(error).__name__ == "SupervisionError"

@@ -13,6 +13,8 @@
   stop in reverse order. A second SIGINT kills every child process and exits 130 at once.
 - Any failure (an endpoint raises, a proc dies, Monarch reports a mesh failure) ends the run with
   exit code 1 and one line: `forgesky: reward actor failed: ZeroDivisionError: ... (in f.py:12 g)`.
+  A collective that lost its peer waits `peer_grace` s for the peer's own failure, the root cause.
+- A call unanswered within its `timeout` ends the run too (the controller's watchdog).
 - On every exit path no child process survives and no shared-memory segment of the run remains.
 """
 
@@ -29,7 +31,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from runtime.procs.failures import ActorFailure, failure_of, is_monarch_error, root_cause
+from runtime.procs.failures import (
+    ActorFailure,
+    failure_of,
+    is_monarch_error,
+    lost_a_peer,
+    root_cause,
+)
 from runtime.procs.host import (
     become_subreaper,
     kill_descendants,
@@ -67,12 +75,14 @@ class RunLifecycle:
         stop_grace: float | None = 300.0,
         failure_grace: float = 1.0,
         failure_shutdown: float = 10.0,
+        peer_grace: float = 5.0,
     ) -> None:
         self.name = name
         self.drain_timeout = drain_timeout
         self.stop_grace = stop_grace
         self.failure_grace = failure_grace
         self.failure_shutdown = failure_shutdown
+        self.peer_grace = peer_grace
         self.failure: ActorFailure | None = None
         self._resources: list[_Resource] = []
         self._meshes: list[ServiceMesh] = []
@@ -212,11 +222,17 @@ class RunLifecycle:
             try:
                 return task.result()
             except ActorFailure as e:
-                self.fail(e)
+                failure = e
             except Exception as e:  # noqa: BLE001 - Monarch's ActorError/SupervisionError
                 if not is_monarch_error(e):
                     raise
-                self.fail(failure_of(e, service))
+                failure = failure_of(e, service)
+            if lost_a_peer(failure) and self.failure is None:
+                # A collective whose peer died fails before Monarch reports the death (a
+                # generator killed mid-push): the death, reported within the grace, is the
+                # root cause the run names.
+                await asyncio.wait({self._failed}, timeout=self.peer_grace)
+            self.fail(failure)
             assert self.failure is not None
             raise self.failure
         _abandon(task)

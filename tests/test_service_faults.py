@@ -1,0 +1,96 @@
+"""A service proc killed mid-run, on CPU: the run ends in seconds naming the service and its
+proc, leaves nothing behind, and the rerun resumes from the last committed checkpoint.
+
+The CPU side of the GPU fault list: a trainer rank of two (gloo ranks, in their collectives), a
+reference rank of two, and a generator while versions reach it by push (the sender in a gloo
+collective with it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from runtime_helpers import finish, start, wait_for_line
+
+pytestmark = pytest.mark.slow
+
+# A bound that catches a hang; it does not measure speed.
+EXIT_BOUND_S = 60.0
+
+
+def service_proc(run_pid: int, service: str, rank: int) -> psutil.Process:
+    """The proc of `service` with `rank` in the run's session (its identity is in its env)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter():
+            try:
+                if os.getsid(p.pid) != run_pid:
+                    continue
+                env = p.environ()
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                continue
+            if env.get("FORGESKY_SERVICE") == service and env.get("FORGESKY_PROC_RANK") == str(
+                rank
+            ):
+                return p
+        time.sleep(0.2)
+    raise AssertionError(f"no {service} proc of rank {rank} in the run")
+
+
+@pytest.mark.parametrize(
+    ("service", "rank", "sets", "line"),
+    [
+        (
+            "trainer",
+            1,
+            ["trainer.ranks=2"],
+            "forgesky: trainer actor failed: process killed by SIGKILL (proc 1/2)",
+        ),
+        (
+            "reference",
+            1,
+            ["reference.ranks=2", "grpo.kl_beta=0.1"],
+            "forgesky: reference actor failed: process killed by SIGKILL (proc 1/2)",
+        ),
+        (
+            "generator0",
+            0,
+            ["weight_sync.transport=push"],
+            "forgesky: generator0 actor failed: process killed by SIGKILL",
+        ),
+    ],
+    ids=["trainer-rank", "reference-rank", "generator-receiving-pushes"],
+)
+def test_a_killed_service_proc_ends_the_run_and_the_rerun_resumes(
+    tmp_path: Path, nothing_left, service, rank, sets, line
+):
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny", "--run-dir", str(run_dir), "--checkpoint-every", "2"]
+    for item in ["eval.enabled=false", *sets]:
+        args += ["--set", item]
+    proc = start([*args, "--steps", "200"])
+    wait_for_line(proc, "step 3/200", timeout=600)
+    service_proc(proc.pid, service, rank).kill()
+    killed = time.monotonic()
+    code, out = finish(proc, timeout=EXIT_BOUND_S + 30)
+    assert code == 1, out
+    assert time.monotonic() - killed < EXIT_BOUND_S, out
+    reports = [x for x in out.splitlines() if x.startswith("forgesky:") and "failed" in x]
+    assert reports and reports[0].startswith(line), out
+    nothing_left(out, proc.pid)
+
+    committed = [
+        int(p.parent.name.removeprefix("step_"))
+        for p in (run_dir / "checkpoints").glob("step_*/COMMITTED")
+    ]
+    assert committed, out
+    newest = max(committed)
+    again = start([*args, "--steps", str(newest + 1)])
+    code, out = finish(again, timeout=300)
+    assert code == 0, out
+    assert f"resumed from step {newest}" in out
+    nothing_left(out, again.pid)
