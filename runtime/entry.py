@@ -177,6 +177,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m runtime") -> int:
     try:
         config = parse_config(argv, prog)
         check_plan_fits(config.plan, config.cluster)
+        if not config.plan.cpu:
+            from runtime.procs.gpu_check import check_gpus_free, read_gpus
+
+            check_gpus_free(config.plan, config.cluster.rank, read_gpus())
     except UserError as e:
         print(f"{prog.split()[0]}: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,71 @@
+"""A GPU another process holds is refused before the run starts, in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes import UserError, apply_overrides, load_recipe, plan
+from runtime.procs.gpu_check import GpuState, check_gpus_free, parse_nvidia_smi
+
+GPUS_CSV = """0, GPU-aaaa, 1, 81559
+1, GPU-bbbb, 80000, 81559
+2, GPU-cccc, 0, 81559
+"""
+APPS_CSV = """GPU-bbbb, 4242, python3, 79990
+"""
+
+
+def test_nvidia_smi_rows_become_gpus_with_their_processes():
+    gpus = parse_nvidia_smi(GPUS_CSV, APPS_CSV)
+    assert [g.index for g in gpus] == ["0", "1", "2"]
+    busy = gpus[1]
+    assert busy.uuid == "GPU-bbbb" and busy.used_gb == pytest.approx(83.9, abs=0.1)
+    assert busy.processes == ((4242, "python3", pytest.approx(83.9, abs=0.1)),)
+    assert gpus[0].processes == () and gpus[0].free_gb == pytest.approx(85.5, abs=0.1)
+    # what a driver prints for a GPU it cannot read, or no GPU at all: nothing
+    assert parse_nvidia_smi("0, GPU-x, [N/A], [N/A]\n", "") == []
+
+
+def three_gpu_plan():
+    return plan(apply_overrides(load_recipe("qwen3-1.7b"), ["layout.share=none"]), 3)
+
+
+def test_a_gpu_taken_by_another_process_is_one_line_naming_it():
+    p = three_gpu_plan()  # generator 0, reference 1, trainer 2
+    with pytest.raises(UserError) as info:
+        check_gpus_free(p, 0, parse_nvidia_smi(GPUS_CSV, APPS_CSV))
+    line = str(info.value)
+    assert "\n" not in line
+    assert line.startswith("GPU 1 (1) is in use: 1.6 of 86 GB free (83.9 GB taken by pid 4242 ")
+    assert "python3 83.9 GB), and the plan puts reference ~8 GB there" in line
+    assert line.endswith("stop that process or give this run other GPUs (CUDA_VISIBLE_DEVICES)")
+
+
+def test_free_gpus_pass_and_the_run_may_be_given_other_ones():
+    p = three_gpu_plan()
+    free = [GpuState(str(i), f"GPU-{i}", 0.0, 85.5) for i in range(4)]
+    check_gpus_free(p, 0, free)
+    # CUDA_VISIBLE_DEVICES=0,2,3: the plan's GPU 1 is the host's GPU 2, which is free
+    check_gpus_free(p, 0, parse_nvidia_smi(GPUS_CSV + "3, GPU-dddd, 0, 81559\n", APPS_CSV), "0,2,3")
+    # no nvidia-smi on this host: nothing to check
+    check_gpus_free(p, 0, None)
+
+
+def test_a_generator_that_profiles_its_gpu_needs_its_share_of_it_free():
+    # vLLM starts only with gpu_memory_utilization (0.85) of the GPU free: 20 GB taken is too much
+    p = three_gpu_plan()
+    gpus = [GpuState("0", "GPU-0", 20.0, 85.5, ((7, "other", 20.0),))] + [
+        GpuState(str(i), f"GPU-{i}", 0.0, 85.5) for i in (1, 2)
+    ]
+    with pytest.raises(
+        UserError, match=r"GPU 0 \(0\) is in use: 65.5 of 86 GB free .* generator ~73 GB"
+    ):
+        check_gpus_free(p, 0, gpus)
+
+
+def test_a_gpu_the_host_does_not_have_is_named():
+    with pytest.raises(
+        UserError,
+        match=r"the plan uses GPU 1 \(1\) on this node, which nvidia-smi does not list; it lists 0",
+    ):
+        check_gpus_free(three_gpu_plan(), 0, [GpuState("0", "GPU-0", 0.0, 85.5)])
