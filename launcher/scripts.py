@@ -24,24 +24,32 @@ VENV = "$HOME/forgesky-venv"
 # Exit code of a node run stopped by a signal before it ended (sysexits' EX_TEMPFAIL): a managed
 # job recovers on it (job_recovery.recover_on_exit_codes) however many restarts errors allow.
 STOPPED_EXIT_CODE = 75
-PYTHON_VERSION = "3.11"
+# The nodes' Python and platform: those of the GPU machine the stack was tested on (its image's
+# NumPy 2.5 has no Python 3.11 wheels), and the oldest glibc vLLM 0.24's dependencies have
+# wheels for. launcher/node-stack.txt is locked for them (scripts/node/lock.py).
+PYTHON_VERSION = "3.12"
+NODE_PLATFORM = "x86_64-manylinux_2_31"
 
 
 CHECKOUT_REQUIREMENT = "-e '.[runtime]'"
 
 
+# Where the node-stack lock (launcher/node-stack.txt) is mounted on the nodes.
+LOCK_MOUNT = "/forgesky/node-stack.txt"
+
+
 def setup_script(project: str = CHECKOUT_REQUIREMENT) -> str:
-    """Install uv, a Python 3.11 venv and the pinned stack, from wheels only.
+    """Install uv, a Python venv and exactly the locked stack, from wheels only.
 
     project: how `uv pip install` names forgesky itself (launcher.source.ProjectSource
     .requirement): the synced checkout editable, a mounted wheel, or a release.
     """
-    stack = " ".join(RUNTIME_STACK)
     how = (
         "the synced workdir, installed editable"
         if project == CHECKOUT_REQUIREMENT
         else "from the requirement below"
     )
+    uv = f'python3 -m uv pip install --python "{VENV}/bin/python" --no-deps'
     return (
         "\n".join(
             [
@@ -50,12 +58,14 @@ def setup_script(project: str = CHECKOUT_REQUIREMENT) -> str:
                 "python3 -m pip install --quiet --upgrade uv",
                 "# uv's standalone Python: node images often ship an older one.",
                 f'[ -x "{VENV}/bin/python" ] || python3 -m uv venv --python {PYTHON_VERSION} "{VENV}"',
-                "# Wheels only (--only-binary :all:): no git clones, no source builds. The project",
-                f"# itself ({how}) comes with its [runtime] extra.",
-                f'python3 -m uv pip install --python "{VENV}/bin/python" --only-binary :all: \\',
-                f"  {stack} {project}",
-                f'python3 -m uv pip install --python "{VENV}/bin/python" --only-binary :all: '
-                f"--no-deps {TORCHSTORE}",
+                "# Exactly the tested stack: every package pinned (launcher/node-stack.txt, mounted",
+                "# here), wheels only (--only-binary :all:: no git clones, no source builds).",
+                f'python3 -m uv pip sync --python "{VENV}/bin/python" --only-binary :all: '
+                f"{LOCK_MOUNT}",
+                f"# The project itself ({how}) and torchstore, whose",
+                "# dependencies the lock already holds (a checkout is built: not a wheel).",
+                f"{uv} {project}",
+                f"{uv} --only-binary :all: {TORCHSTORE}",
                 f'"{VENV}/bin/python" -c "import torch, monarch, torchtitan, torchstore; '
                 "print('forgesky: torch', torch.__version__, 'cuda', torch.version.cuda)\"",
             ]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from launcher.scripts import CHECKOUT_REQUIREMENT
+from launcher.scripts import CHECKOUT_REQUIREMENT, LOCK_MOUNT
 from recipes import UserError
 
 DISTRIBUTION = "forgesky"
@@ -39,10 +39,14 @@ class ProjectSource:
     requirement: str
     # Local folder synced as SkyPilot's workdir (checkouts only).
     workdir: str | None = None
-    # remote path -> local path, for the wheel
+    # remote path -> local path: the node-stack lock, and the wheel
     mounts: dict[str, str] = field(default_factory=dict)
     # One line for people: what reaches the nodes.
     summary: str = ""
+
+
+# The lock of the nodes' packages, in this install of forgesky (checkout, wheel or index).
+LOCK_FILE = Path(__file__).resolve().parent / "node-stack.txt"
 
 
 def checkout(folder: str) -> ProjectSource:
@@ -51,17 +55,18 @@ def checkout(folder: str) -> ProjectSource:
         kind="checkout",
         requirement=CHECKOUT_REQUIREMENT,
         workdir=folder,
+        mounts={LOCK_MOUNT: f"{folder}/launcher/node-stack.txt"},
         summary=f"the checkout {folder}, synced to every node and installed there editable",
     )
 
 
 def wheel(path: Path) -> ProjectSource:
-    """A wheel file: mounted on every node, installed there with the runtime extra."""
+    """A wheel file: mounted on every node, installed there."""
     remote = f"{WHEEL_MOUNT_DIR}/{path.name}"
     return ProjectSource(
         kind="wheel",
         requirement=f"'{DISTRIBUTION}[runtime] @ file://{remote}'",
-        mounts={remote: str(path)},
+        mounts={LOCK_MOUNT: str(LOCK_FILE), remote: str(path)},
         summary=f"the wheel {path}, mounted on every node and installed there",
     )
 
@@ -71,6 +76,7 @@ def release(version: str) -> ProjectSource:
     return ProjectSource(
         kind="release",
         requirement=f"'{DISTRIBUTION}[runtime]=={version}'",
+        mounts={LOCK_MOUNT: str(LOCK_FILE)},
         summary=f"{DISTRIBUTION} {version} from the package index, installed on every node",
     )
 

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from launcher.options import PROJECT_DIR
+from launcher.scripts import LOCK_MOUNT
 from launcher.source import (
     WHEEL_MOUNT_DIR,
     installed_source,
@@ -142,7 +143,10 @@ def test_an_installed_wheel_reaches_the_nodes_as_that_wheel(built_wheel, tmp_pat
     task = out["task"]
     remote = f"{WHEEL_MOUNT_DIR}/{WHEEL_NAME}"
     assert "workdir" not in task, "site-packages must never be synced"
-    assert task["file_mounts"] == {remote: str(built_wheel)}
+    # the wheel, and the node-stack lock from the installed package (the nodes sync to it)
+    lock = Path(out["launcher"]).parent / "node-stack.txt"
+    assert task["file_mounts"] == {LOCK_MOUNT: str(lock), remote: str(built_wheel)}
+    assert lock.read_text() == (PROJECT_DIR / "launcher" / "node-stack.txt").read_text()
     assert f"'forgesky[runtime] @ file://{remote}'" in task["setup"]
     assert "-e '.[runtime]'" not in task["setup"]
     assert task["resources"]["ordered"][0]["accelerators"] == {"H100": 4}
@@ -157,7 +161,8 @@ def test_an_installed_wheel_reaches_the_nodes_as_that_wheel(built_wheel, tmp_pat
     text = rendered.read_text()
     assert "Run from any folder; forgesky reaches the nodes as the wheel" in text
     config = yaml.safe_load(text)
-    assert "workdir" not in config and config["file_mounts"] == {remote: str(built_wheel)}
+    assert "workdir" not in config
+    assert config["file_mounts"] == {LOCK_MOUNT: str(lock), remote: str(built_wheel)}
     parsed = run(
         [
             str(laptop),
@@ -168,7 +173,7 @@ def test_an_installed_wheel_reaches_the_nodes_as_that_wheel(built_wheel, tmp_pat
         ],
         cwd=work,
     )
-    assert parsed.stdout.split() == ["None", f"['{remote}']"]
+    assert parsed.stdout.split() == ["None", f"['{remote}',", f"'{LOCK_MOUNT}']"]
 
     # The node: the mounted file at its remote name, installed by the set-up's requirement
     # (with the mount's path under this test's folder), then the tiny recipe from there.
@@ -201,7 +206,8 @@ def write_dist_info(site: Path, direct_url: dict | None) -> metadata.Distributio
 
 def test_an_install_from_an_index_installs_the_same_release(tmp_path):
     source = installed_source(write_dist_info(tmp_path, None))
-    assert source.kind == "release" and source.workdir is None and not source.mounts
+    assert source.kind == "release" and source.workdir is None
+    assert list(source.mounts) == [LOCK_MOUNT]  # the lock alone
     assert source.requirement == f"'forgesky[runtime]=={VERSION}'"
 
 
@@ -218,9 +224,8 @@ def test_a_wheel_that_is_gone_is_one_clear_error(tmp_path):
     gone.parent.mkdir()
     gone.write_bytes(b"")
     source = installed_source(write_dist_info(tmp_path / "site2", url))
-    assert source.kind == "wheel" and source.mounts == {
-        f"{WHEEL_MOUNT_DIR}/{WHEEL_NAME}": str(gone)
-    }
+    assert source.kind == "wheel"
+    assert source.mounts[f"{WHEEL_MOUNT_DIR}/{WHEEL_NAME}"] == str(gone)
 
 
 def test_a_folder_install_syncs_that_checkout_if_it_still_is_one(tmp_path):

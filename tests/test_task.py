@@ -19,7 +19,7 @@ import yaml
 import sky
 from launcher.cli import main
 from launcher.options import PROJECT_DIR, LaunchOptions, resolve_job, secret_values
-from launcher.scripts import RUNTIME_STACK, TORCHSTORE, run_script, setup_script
+from launcher.scripts import LOCK_MOUNT, RUNTIME_STACK, TORCHSTORE, run_script, setup_script
 from launcher.source import checkout
 from launcher.task import build_task
 
@@ -302,16 +302,23 @@ def test_render_parses_back_into_the_same_task(capsys):
 # --- the node scripts --------------------------------------------------------------------------
 
 
-def test_setup_installs_pinned_wheels_with_uv_only():
+def test_setup_installs_exactly_the_locked_stack_with_uv():
     script = setup_script()
-    for pin in (*RUNTIME_STACK, TORCHSTORE):
-        assert pin in script
+    lock = (PROJECT_DIR / "launcher" / "node-stack.txt").read_text()
+    for pin in RUNTIME_STACK:  # the GPU stack's pins are in the lock the nodes sync to
+        assert f"\n{pin}\n" in lock
     assert "torch==2.11.0" in RUNTIME_STACK and "vllm==0.24.0" in RUNTIME_STACK
-    install_lines = [line for line in script.splitlines() if "pip install" in line]
-    uv_installs = [line for line in install_lines if "uv pip install" in line]
-    assert len(uv_installs) == 2 and all("--only-binary :all:" in line for line in uv_installs)
-    assert "--no-deps torchstore==0.1.2" in script
-    assert "-e '.[runtime]'" in script
+    syncs = [line for line in script.splitlines() if "uv pip sync" in line]
+    assert syncs == [
+        'python3 -m uv pip sync --python "$HOME/forgesky-venv/bin/python" --only-binary :all: '
+        f"{LOCK_MOUNT}"
+    ]
+    # then forgesky and torchstore, neither pulling anything in
+    installs = [line for line in script.splitlines() if "uv pip install" in line]
+    assert len(installs) == 2 and all("--no-deps" in line for line in installs)
+    assert installs[0].endswith("-e '.[runtime]'")
+    assert installs[1].endswith(f"--only-binary :all: {TORCHSTORE}")
+    assert "uv venv --python 3.12" in script
     commands = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
     assert "git clone" not in commands and "git+" not in commands
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
