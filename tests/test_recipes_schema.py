@@ -361,7 +361,7 @@ def test_override_mistakes():
     )
     assert (
         "valid keys under the top level: dataset, description, eval, generator, grpo, layout, model, "
-        "name, reference, resources, trainer, weight_sync"
+        "name, reference, resources, trainer, watchdog, weight_sync"
     ) in error_of(apply_overrides, base, ["gpro.steps=3"])
     assert "dataset.rewards is a list of 2; use an index 0..1" in error_of(
         apply_overrides, base, ["dataset.rewards.5.weight=1"]
