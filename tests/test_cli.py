@@ -186,7 +186,10 @@ def test_copied_recipe_runs_through_every_command(capsys, tmp_path):
     assert code == 0
     config = yaml.safe_load(out)
     # The edited file reaches the node through a file mount, and the node is told to use it.
-    assert config["file_mounts"] == {"/forgesky/recipes/mine.yaml": str(dest.resolve())}
+    assert config["file_mounts"] == {
+        "/forgesky/node-stack.txt": "./launcher/node-stack.txt",  # the lock the nodes sync to
+        "/forgesky/recipes/mine.yaml": str(dest.resolve()),
+    }
     assert "--recipe /forgesky/recipes/mine.yaml" in config["run"]
 
 

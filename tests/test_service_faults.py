@@ -73,7 +73,10 @@ def test_a_killed_service_proc_ends_the_run_and_the_rerun_resumes(
     for item in ["eval.enabled=false", *sets]:
         args += ["--set", item]
     proc = start([*args, "--steps", "200"])
-    wait_for_line(proc, "step 3/200", timeout=600)
+    # once a checkpoint is committed (written in the background, committed a step or more
+    # later), so that the rerun has one to resume from
+    wait_for_line(proc, "checkpoint step ", timeout=600)
+    wait_for_line(proc, "step ", timeout=120)
     service_proc(proc.pid, service, rank).kill()
     killed = time.monotonic()
     code, out = finish(proc, timeout=EXIT_BOUND_S + 30)
