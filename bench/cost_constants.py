@@ -101,6 +101,7 @@ def checkpointing(run: dict[str, Any]) -> bool | None:
     settings = run.get("settings")
     if settings:
         return settings["trainer"]["activation_checkpointing"]
+    # older runs set it through the environment; their JSON lists what they set as `knobs`
     knobs = run.get("knobs") or {}
     if "FORGESKY_ACTIVATION_CHECKPOINTING" in knobs:
         return knobs["FORGESKY_ACTIVATION_CHECKPOINTING"] == "1"
