@@ -79,7 +79,7 @@ def speeds(accelerator: str, arch: Any) -> Speeds:
         key = name
     else:
         same = [k for k in rates if k.startswith(f"{arch.family}-")] or list(rates)
-        key = min(same, key=lambda k: abs(_log_ratio(rates[k]["params"], arch.params)))
+        key = min(same, key=lambda k: abs(math.log(rates[k]["params"] / arch.params)))
     r = rates[key]
     size = r["params"] / arch.params
     gen = r["generate_tok_s"] * size ** MEASURED["size_exponent"]
@@ -100,10 +100,6 @@ def speeds(accelerator: str, arch: Any) -> Speeds:
         reference_tok_s=ref,
         basis=basis,
     )
-
-
-def _log_ratio(a: float, b: float) -> float:
-    return math.log(a / b)
 
 
 def sync_seconds(arch: Any, transports: tuple[str, ...]) -> float:
@@ -152,7 +148,9 @@ def predict_step(
     units["trainer"] = train + sync
     if ref:
         units["reference"] = reference
-    groups = _groups(placements, set(units))
+    from recipes.planner import gpu_groups
+
+    groups = gpu_groups(p for p in placements if p.gpus and p.service != "reward")
     busy = {" + ".join(sorted(group)): sum(units[u] for u in group) for group in groups}
     k = g.steps_per_call
     slack = g.max_policy_age + 1 - k
@@ -173,26 +171,3 @@ def predict_step(
         paths = "/".join(sorted(set(transports)))
         basis += f"; weight sync by {paths}: {'; '.join(sorted(notes))}"
     return StepEstimate(seconds, busy, work, bound, basis)
-
-
-def _groups(placements: tuple[Any, ...], units: set[str]) -> list[set[str]]:
-    """The units that take turns together (their GPUs overlap, directly or through another);
-    a unit with GPUs of its own is a group of one."""
-
-    def unit(p: Any) -> str:
-        return f"generator{p.replica}" if p.service == "generator" else p.service
-
-    groups: list[set[str]] = []
-    gpus: list[set[tuple[int, int]]] = []
-    for p in placements:
-        if unit(p) not in units or not p.gpus:
-            continue
-        mine = {(p.node, x) for x in p.gpus}
-        joined = {unit(p)}
-        for i in reversed(range(len(groups))):
-            if gpus[i] & mine:
-                joined |= groups.pop(i)
-                mine |= gpus.pop(i)
-        groups.append(joined)
-        gpus.append(mine)
-    return groups

@@ -43,6 +43,7 @@ controller, the weight store and the reward procs, gets one of them last.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -120,11 +121,6 @@ class Plan:
     prediction: str = ""  # what bounds the step, and which measurements the speeds come from
     # every layout the planner weighed (layout.share auto), the chosen one included
     candidates: tuple[Candidate, ...] = field(default=(), hash=False, compare=False)
-
-    @property
-    def colocated(self) -> bool:
-        """Every GPU service on every GPU (layout.share all)."""
-        return self.share == "all"
 
     def placements_of(self, service: Service) -> tuple[Placement, ...]:
         """The placements of one service, in replica order."""
@@ -814,6 +810,49 @@ def _check_shared_memory(
             f"an {accelerator} of {capacity:.0f} GB; use more GPUs or give the services GPUs "
             "of their own (layout.share none)"
         )
+
+
+GPU_SERVICES = ("generator", "reference", "trainer")
+
+
+def unit_name(placement: Placement) -> str:
+    """What takes turns on a GPU: a generator replica ("generator0"), the reference, the
+    trainer (all its ranks)."""
+    return (
+        f"generator{placement.replica}" if placement.service == "generator" else placement.service
+    )
+
+
+def gpu_groups(placements: Iterable[Placement]) -> list[set[str]]:
+    """The GPU units grouped by shared GPUs (directly or through a third unit), per node; a
+    unit with GPUs of its own is a group of one."""
+    parent: dict[str, str] = {}
+
+    def root(u: str) -> str:
+        while parent[u] != u:
+            parent[u] = parent[parent[u]]
+            u = parent[u]
+        return u
+
+    owner: dict[tuple[int, int], str] = {}
+    for p in placements:
+        if p.service not in GPU_SERVICES or not p.gpus:
+            continue
+        unit = unit_name(p)
+        parent.setdefault(unit, unit)
+        for gpu in p.gpus:
+            other = owner.setdefault((p.node, gpu), unit)
+            if other != unit:
+                parent[root(unit)] = root(other)
+    groups: dict[str, set[str]] = {}
+    for unit in parent:
+        groups.setdefault(root(unit), set()).add(unit)
+    return sorted(groups.values(), key=sorted)
+
+
+def shared_groups(placements: Iterable[Placement]) -> list[set[str]]:
+    """The units that must take turns (runtime/control/turns.py): groups of two or more."""
+    return [g for g in gpu_groups(placements) if len(g) > 1]
 
 
 def shared_services(placements: tuple[Placement, ...]) -> frozenset[str]:

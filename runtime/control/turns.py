@@ -21,39 +21,9 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-GPU_SERVICES = ("generator", "reference", "trainer")
+from recipes.planner import GPU_SERVICES, shared_groups, unit_name
 
-
-def unit_name(placement: Any) -> str:
-    return (
-        f"generator{placement.replica}" if placement.service == "generator" else placement.service
-    )
-
-
-def shared_groups(placements: Iterable[Any]) -> list[set[str]]:
-    """Sets of units that must take turns: every set has two units or more."""
-    parent: dict[str, str] = {}
-
-    def root(u: str) -> str:
-        while parent[u] != u:
-            parent[u] = parent[parent[u]]
-            u = parent[u]
-        return u
-
-    owner: dict[tuple[int, int], str] = {}
-    for p in placements:
-        if p.service not in GPU_SERVICES:
-            continue
-        unit = unit_name(p)
-        parent.setdefault(unit, unit)
-        for gpu in p.gpus:
-            other = owner.setdefault((p.node, gpu), unit)
-            if other != unit:
-                parent[root(unit)] = root(other)
-    groups: dict[str, set[str]] = {}
-    for unit in parent:
-        groups.setdefault(root(unit), set()).add(unit)
-    return sorted((g for g in groups.values() if len(g) > 1), key=sorted)
+__all__ = ["GPU_SERVICES", "GpuTurns", "shared_groups", "unit_name"]
 
 
 class GpuTurns:
