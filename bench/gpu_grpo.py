@@ -250,6 +250,18 @@ def summarize(
         "measured_steps": len(measured),
         "step_s": step_s,
         "samples_per_s_per_gpu": per(completions, step_s * used_gpus),
+        # prompt + completion tokens of the step's samples per GPU-second (NeMo-RL's unit)
+        "tokens_per_s_per_gpu": per(train_tokens, step_s * used_gpus),
+        # versions between the policy that sampled a trained sequence and the one it trains
+        "policy_staleness_mean": mean(
+            [r["policy/staleness_mean"] for r in measured if "policy/staleness_mean" in r]
+        ),
+        "max_policy_age": g.max_policy_age,
+        "steps_per_call": g.steps_per_call,
+        # the trainer blocked publishing a version (its stall), and that plus the slowest
+        # generator's load of it (the path's latency, not counting a generation in flight)
+        "trainer_stall_s": mean([r["time/publish_s"] for r in measured if "time/publish_s" in r]),
+        "publish_plus_load_s": mean([r["time/weight_sync_s"] for r in measured]),
         "prompt_tokens_mean": prompt_len,
         "response_tokens_mean": response_len,
         "generate_s": generate_s,

@@ -188,10 +188,13 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         generation = {"min_new_tokens": args.response_tokens}
     else:
         generation = {"ignore_eos": True, "detokenize": False}
+    if args.optimizer_steps_per_generation < 1:
+        fail("--optimizer-steps-per-generation must be at least 1")
+    accumulation = completions // (args.micro_batch * world)
     return dict(
         num_generations=args.group_size,
         per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=completions // (args.micro_batch * world),
+        gradient_accumulation_steps=accumulation,
         max_completion_length=args.response_tokens,
         max_steps=args.steps,
         learning_rate=LEARNING_RATE,
@@ -202,7 +205,10 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         temperature=1.0,
         top_p=1.0,
         bf16=True,
-        gradient_checkpointing=True,
+        gradient_checkpointing=args.gradient_checkpointing == "on",
+        vllm_importance_sampling_correction=args.is_correction == "on",
+        # TRL counts micro-batches here: one generation batch serves this many optimizer steps
+        steps_per_generation=accumulation * args.optimizer_steps_per_generation,
         use_vllm=not args.dry_cpu,
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=args.vllm_memory,
@@ -286,6 +292,16 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "step_times_s": step_times,
         "step_s": step_s,
         "samples_per_s_per_gpu": per(completions, step_s * world if step_s else None),
+        # prompt + completion tokens of the step's completions, per GPU-second (NeMo-RL's unit)
+        "tokens_per_s_per_gpu": per(
+            completions
+            * (mean(sorted(prompt_lengths)) + (mean(lengths[args.warmup :] or lengths) or 0)),
+            step_s * world if step_s else None,
+        ),
+        # a generation batch serves s optimizer steps: its j-th step (0-based) trains on samples
+        # j versions old, (s - 1) / 2 on average; 0 on-policy
+        "policy_staleness_mean": (args.optimizer_steps_per_generation - 1) / 2,
+        "optimizer_steps_per_generation": args.optimizer_steps_per_generation,
         "generate_s": mean(generate_s[args.warmup :] or generate_s),
         "generate_times_s": generate_s,
         "weight_sync_s": mean(sync_s[args.warmup :] or sync_s),
@@ -294,14 +310,16 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     }
 
 
-def merge(out: Path, section: dict[str, Any]) -> None:
-    """Put the "trl" section into `out`, keeping the other sections (gpu_grpo.py's convention)."""
+def merge(out: Path, section: dict[str, Any], name: str = "trl") -> None:
+    """Put the section into `out` under `name`, keeping the other sections (gpu_grpo.py's
+    convention)."""
     result = json.loads(out.read_text()) if out.exists() else {}
     if "device" not in result:
         result.update(device=section["device"], date=section["date"])
-    result["trl"] = section
-    ours = (result.get("grpo") or {}).get("samples_per_s_per_gpu")
-    result["forgesky_to_trl_samples_per_s"] = per(ours, section.get("samples_per_s_per_gpu"))
+    result[name] = section
+    if name == "trl":
+        ours = (result.get("grpo") or {}).get("samples_per_s_per_gpu")
+        result["forgesky_to_trl_samples_per_s"] = per(ours, section.get("samples_per_s_per_gpu"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
 
@@ -318,6 +336,29 @@ def main() -> int:
     p.add_argument("--response-tokens", type=int, default=None, help="default 512; dry 16")
     p.add_argument("--vllm-memory", type=float, default=0.3, help="vLLM's share of the GPU")
     p.add_argument("--out", default=None, help="default bench/results/gpu_grpo.json; dry: /tmp")
+    p.add_argument("--section", default="trl", help="the JSON section this run's result goes in")
+    # Speed tuning as TRL's docs advise (defaults are TRL's own defaults).
+    p.add_argument(
+        "--gradient-checkpointing",
+        choices=["on", "off"],
+        default="on",
+        help="recompute activations in the backward (TRL's GRPO default: on)",
+    )
+    p.add_argument(
+        "--is-correction",
+        choices=["on", "off"],
+        default="on",
+        help="vllm_importance_sampling_correction: a policy forward pass per generation batch "
+        "to reweight by vLLM's log-probs (TRL default on; forgesky takes vLLM's as the old ones)",
+    )
+    p.add_argument(
+        "--optimizer-steps-per-generation",
+        type=int,
+        default=1,
+        help="optimizer steps each generation batch serves (TRL's steps_per_generation = this x "
+        "gradient_accumulation_steps; default 1, TRL's); 2: every second step trains on "
+        "samples one step old",
+    )
     p.add_argument(
         "--dry-cpu",
         action="store_true",
@@ -349,10 +390,10 @@ def main() -> int:
         section = run(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    merge(out, section)
+    merge(out, section, args.section)
     summary = {k: v for k, v in section.items() if k not in ("logs", "settings")}
     print(json.dumps(summary, indent=2))
-    print(f"wrote the 'trl' section of {out}")
+    print(f"wrote the {args.section!r} section of {out}")
     return 0
 
 

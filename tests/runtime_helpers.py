@@ -213,3 +213,22 @@ def tiny_run_dir(root: Path, steps: tuple[int, ...] = (7,)) -> Path:
         trainer.checkpoint_written(wait=True)
         checkpoint.commit(root / "checkpoints", partial, step)
     return root
+
+
+def service_proc(run_pid: int, service: str, rank: int) -> psutil.Process:
+    """The proc of `service` with `rank` in the run's session (its identity is in its env)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter():
+            try:
+                if os.getsid(p.pid) != run_pid:
+                    continue
+                env = p.environ()
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                continue
+            if env.get("FORGESKY_SERVICE") == service and env.get("FORGESKY_PROC_RANK") == str(
+                rank
+            ):
+                return p
+        time.sleep(0.2)
+    raise AssertionError(f"no {service} proc of rank {rank} in the run")

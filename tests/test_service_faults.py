@@ -8,37 +8,16 @@ collective with it).
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-from runtime_helpers import finish, start, wait_for_line
+from runtime_helpers import finish, service_proc, start, wait_for_line
 
 pytestmark = pytest.mark.slow
 
 # A bound that catches a hang; it does not measure speed.
 EXIT_BOUND_S = 60.0
-
-
-def service_proc(run_pid: int, service: str, rank: int) -> psutil.Process:
-    """The proc of `service` with `rank` in the run's session (its identity is in its env)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for p in psutil.process_iter():
-            try:
-                if os.getsid(p.pid) != run_pid:
-                    continue
-                env = p.environ()
-            except (ProcessLookupError, PermissionError, psutil.Error):
-                continue
-            if env.get("FORGESKY_SERVICE") == service and env.get("FORGESKY_PROC_RANK") == str(
-                rank
-            ):
-                return p
-        time.sleep(0.2)
-    raise AssertionError(f"no {service} proc of rank {rank} in the run")
 
 
 @pytest.mark.parametrize(

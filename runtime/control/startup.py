@@ -51,6 +51,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     from runtime.weights import store as weights
 
     plan, recipe = config.plan, config.recipe
+    life.places.update(_places(plan))  # a failure's line says where the service runs
     # First, so that at shutdown the other nodes are let go last.
     hosts = await attach_nodes(life, config.cluster, join_timeout=config.join_timeout)
     store = await life.call("weights", weights.start_store())
@@ -162,7 +163,8 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
 
 
 def _places(plan: Any) -> dict[str, str]:
-    """Where each GPU service runs, in words (node and GPUs), for the watchdog's message."""
+    """Where each GPU service runs, in words (node and GPUs), for the failure and watchdog
+    lines."""
     places = {}
     for p in plan.placements:
         if p.service == "reward":

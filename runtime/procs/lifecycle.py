@@ -84,6 +84,8 @@ class RunLifecycle:
         self.failure_shutdown = failure_shutdown
         self.peer_grace = peer_grace
         self.failure: ActorFailure | None = None
+        # service -> where it runs ("node 0 GPU 1"), added to the line a failure ends the run with
+        self.places: dict[str, str] = {}
         self._resources: list[_Resource] = []
         self._meshes: list[ServiceMesh] = []
         self._inflight: set[asyncio.Future[Any]] = set()
@@ -154,6 +156,14 @@ class RunLifecycle:
         if self.failure is None:
             self.failure = failure
             self._failed.set_result(None)
+
+    def failure_line(self, failure: ActorFailure) -> str:
+        """The failure's line, with where its service runs (its node and GPUs) when known."""
+        line = str(failure)
+        place = self.places.get(failure.service)
+        if place is None and failure.service == "generator":  # a call to every replica
+            place = "; ".join(v for k, v in self.places.items() if k.startswith("generator"))
+        return f"{line} (on {place})" if place and place not in line else line
 
     def _fault_hook(self, failure: Any) -> None:
         # Monarch calls this on its own thread for failures no actor handled; returning (not
@@ -267,13 +277,13 @@ class RunLifecycle:
                 self.fail(failure_of(e))
         reported = self.failure
         if reported is not None:
-            _say(self.name, str(reported))
+            _say(self.name, self.failure_line(reported))
         try:
             await self.shutdown()
         finally:
             self._uninstall_signals()
         if self.failure is not None and self.failure is not reported:
-            _say(self.name, str(self.failure))
+            _say(self.name, self.failure_line(self.failure))
         return 1 if self.failure is not None else code
 
     async def _supervise(self, main: Callable[[RunLifecycle], Awaitable[None]]) -> None:

@@ -3,6 +3,7 @@
 #   scripts/gpu/device_run.sh stage    copy the wheel chunk(s) carried in this call to /tmp/asm
 #   scripts/gpu/device_run.sh check    stage, install if needed, print versions and the GPU
 #   scripts/gpu/device_run.sh tests    stage, install if needed, `pytest -m gpu`
+#   scripts/gpu/device_run.sh faults   stage, install if needed, tests/test_gpu_faults.py (GPU faults)
 #   scripts/gpu/device_run.sh trainer-tests  the trainer's GPU tests (.whl/tt is enough)
 #   scripts/gpu/device_run.sh grpo     stage, install if needed, bench/gpu_grpo.py grpo
 #   scripts/gpu/device_run.sh vllm     stage, install if needed, bench/gpu_grpo.py vllm
@@ -121,6 +122,13 @@ case "$mode" in
         | tee "$out/gpu_tests$tag.log"
     fi
     ;;
+  faults)
+    # The GPU faults caused for real (tests/test_gpu_faults.py): each test prints
+    # `fault-exit NAME S s`; the log comes back as gpu_faults$TAG.log.
+    install && check
+    python3 -m pytest -q -m gpu -s -p no:cacheprovider --timeout 400 tests/test_gpu_faults.py \
+      "$@" 2>&1 | tee "$out/gpu_faults$tag.log"
+    ;;
   trainer-tests)
     # The trainer's GPU tests alone: TorchTitan only (.whl/tt), no staging.
     install_trainer && check
@@ -181,7 +189,7 @@ case "$mode" in
     exit "$status"
     ;;
   *)
-    echo "unknown mode $mode (stage, check, tests, trainer-tests, push, grpo, vllm, train, trl, product)" >&2
+    echo "unknown mode $mode (stage, check, tests, faults, trainer-tests, push, grpo, vllm, train, trl, product)" >&2
     exit 2
     ;;
 esac
