@@ -66,13 +66,15 @@ SYNC_NOTES = {
 }
 # The runs `--compare` predicts: qwen3-1.7b on the layouts plan() gives at 1, 2 and 3 GPUs
 # (layout.share all, trainer_reference and none), and two that change steps_per_call and
-# max_policy_age, each measured on an H200 with the code of its day.
+# max_policy_age, each measured on an H200 with the code of its day; and the plan for one H100
+# run through `python -m runtime` as planned (the H200 speeds scaled to an H100).
 COMPARE = (
     ("gpu_grpo_1gpu_h200_2026-11-23.json", "grpo_1gpu_turns"),
     ("gpu_grpo_h200x2_2026-11-22.json", "grpo_2gpu_trainer_beside_reference"),
     ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu"),
     ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu_2steps_per_call"),
     ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu_2steps_per_call_age2"),
+    ("gpu_h100_2026-11-25/gpu_grpo_1gpu.json", "grpo_1gpu_on_policy"),
 )
 
 

@@ -204,3 +204,32 @@ def test_kernel_kinds_of_known_cuda_kernel_names():
     assert gpu_grpo.kernel_kind("void at::native::CatArrayBatchedCopy<float, 4>") == "copy"
     assert gpu_grpo.kernel_kind("Memcpy DtoD (Device -> Device)") == "copy"
     assert gpu_grpo.kernel_kind("void at::native::elementwise_kernel<128, 4>") == "other"
+
+
+def test_the_fault_table_reads_each_tests_exit_line_and_outcome(tmp_path: Path):
+    import fault_table
+
+    log = tmp_path / "gpu_faults.log"
+    log.write_text(
+        "python: error: GPU 0 (0) is in use: 0.8 of 86 GB free\n"
+        "\n"
+        "fault-exit occupied-gpu 0.8 s\n"
+        ".tiny-gpu on 1 x H100\n"
+        "forgesky: trainer actor failed: process killed by SIGKILL (proc 0/1) (on node 0 GPU 0)\n"
+        "fault-exit trainer-killed 8.5 s\n"
+        "Ftiny-gpu on 1 x H100\n"
+        "forgesky: generator0 actor failed: stopped answering (node 0 GPU 0): ...\n"
+        "fault-exit generator-silent 36.1 s\n"
+    )
+    rows = fault_table.read(log)
+    assert [(r["fault"], r["seconds_to_exit"]) for r in rows] == [
+        ("occupied-gpu", 0.8),
+        ("trainer-killed", 8.5),
+        ("generator-silent", 36.1),
+    ]
+    assert rows[0]["line"].startswith("python: error: GPU 0 (0) is in use")
+    assert rows[1]["line"].startswith("forgesky: trainer actor failed: process killed")
+    assert [r["test"].split()[0] for r in rows] == ["passed", "failed", "no"]
+    empty = tmp_path / "empty.log"
+    empty.write_text("2 passed\n")
+    assert fault_table.main([str(empty)]) == 2  # no fault-exit line: one line, exit 2

@@ -69,11 +69,12 @@ def failure_of(error: BaseException, service: str | None = None) -> ActorFailure
 
 
 # What a collective says when the process on its other end went away (gloo, NCCL, a push
-# whose peer never came): a consequence, whose cause is that peer's own death.
+# whose peer never came, a CUDA IPC handle whose owner is gone): a consequence, whose cause is
+# that peer's own death.
 _PEER_LOST = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
     r"ncclRemoteError|NCCL communicator was aborted|collective operation timeout|"
-    r"was not pushed within",
+    r"was not pushed within|pidfd_(?:getfd|open): No such process",
     re.IGNORECASE,
 )
 
