@@ -402,7 +402,17 @@ def plan(
     if not fits:
         refusals = [c.refused for _, c in weighed if c.refused]
         if num_nodes == 1 and gpus < minimum_gpus(recipe, accelerator):
-            raise UserError(_too_few(recipe, gpus, accelerator))
+            # the memory arithmetic of a sharing layout refused at this count, if any
+            why = next(
+                (
+                    c.refused
+                    for _, c in weighed
+                    if c.refused and c.share != "none" and " GB" in c.refused
+                ),
+                None,
+            )
+            why = why.removeprefix(f"{recipe.name}: ") if why else None
+            raise UserError(_too_few(recipe, gpus, accelerator) + (f" ({why})" if why else ""))
         raise UserError(refusals[0] if refusals else _too_few(recipe, gpus, accelerator))
     best, _ = min(
         fits, key=lambda pc: (round(pc[1].step_s or 0.0, 3), SHARE_ORDER.index(pc[1].share))

@@ -232,7 +232,8 @@ def _trainer_plan(
     trainer, honouring whichever of the two the recipe sets; `reserve` bytes of the GPU are
     kept for something else (the direct weight paths' buffer, services sharing the GPU). A
     `shared` trainer that fits nothing in what is left takes the smallest step: SHARED_TOKENS
-    with checkpointing."""
+    with checkpointing; a knob the recipe sets that needs more than that step is refused with
+    the arithmetic, as on a GPU of its own."""
     t = recipe.trainer
     given_tokens = None if t.tokens_per_micro_batch == "auto" else t.tokens_per_micro_batch
     given_ckpt = None if t.activation_checkpointing == "auto" else t.activation_checkpointing
@@ -242,9 +243,9 @@ def _trainer_plan(
     fit = trainer_memory_plan(arch, ranks, gpu, tokens=given_tokens, checkpointing=given_ckpt)
     if fit is not None:
         return fit
-    if shared:
-        return given_tokens or SHARED_TOKENS, True if given_ckpt is None else given_ckpt, None
-    tokens = given_tokens or PLAN_TOKENS[-1]
+    if shared and given_tokens is None and given_ckpt is None:
+        return SHARED_TOKENS, True, None
+    tokens = given_tokens or (SHARED_TOKENS if shared else PLAN_TOKENS[-1])
     ckpt = True if given_ckpt is None else given_ckpt
     fixed = trainer_fixed_bytes(arch, ranks)
     per_token = trainer_token_bytes(arch, ckpt)
@@ -253,8 +254,16 @@ def _trainer_plan(
         # Nothing fits the finer model though the coarse estimate let the recipe through:
         # the smallest micro-batch, recomputed, is the best chance.
         return tokens, ckpt, need
+    if shared and need <= fixed + SHARED_TOKENS * trainer_token_bytes(arch, True):
+        # no more than the smallest step the plan itself falls back to
+        return tokens, ckpt, None
     where = f"an {accelerator}"
-    if reserve:
+    if reserve and shared:
+        where = (
+            f"what an {accelerator} leaves beside the {reserve / GB:.1f} GB that the services "
+            "sharing it keep there"
+        )
+    elif reserve:
         where = f"what an {accelerator} leaves beside the {reserve / GB:.1f} GB weight-push buffer"
     raise UserError(
         f"trainer: {tokens} tokens per micro-batch "

@@ -408,6 +408,29 @@ def test_colocated_services_must_fit_a_gpu_together():
     assert "layout.share all runs on one node; use at most 8 GPUs" in message
 
 
+def test_an_override_that_cannot_fit_a_shared_gpu_is_refused_with_its_arithmetic():
+    # One H100 for qwen3-1.7b is a sharing plan (layout.share all) until an override leaves
+    # no room: the line names both minimums and the override's memory arithmetic.
+    message = error_of(recipe("qwen3-1.7b", "layout.share=auto", "generator.kv_cache_gb=200"), 1)
+    assert message.startswith("qwen3-1.7b needs at least 3 GPUs"), message
+    assert "generator.kv_cache_gb: 200 GB of KV cache + 3 GB of bf16 weights" in message
+    big = recipe(
+        "qwen3-1.7b",
+        "layout.share=auto",
+        "trainer.tokens_per_micro_batch=65536",
+        "trainer.activation_checkpointing=false",
+    )
+    message = error_of(big, 1)
+    assert "trainer: 65536 tokens per micro-batch without activation checkpointing need" in message
+    assert "beside the 45.4 GB that the services sharing it keep there" in message
+    # no more than the step the plan falls back to on a shared GPU: taken as given
+    small = plan(
+        recipe("qwen3-1.7b", "layout.share=auto", "trainer.tokens_per_micro_batch=4096"), 1
+    )
+    assert small.share == "all" and small.settings.trainer.tokens_per_micro_batch == 4096
+    assert small.settings.trainer.activation_checkpointing is True
+
+
 # --- layout.reference.device: cpu ----------------------------------------------------------------
 
 
