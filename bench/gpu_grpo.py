@@ -601,46 +601,55 @@ def resummarize(result: dict[str, Any]) -> None:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The file's GRPO sections and TRL baseline as a Markdown table."""
+    """The file's GRPO sections and TRL baselines as a Markdown table: every row with its
+    samples and tokens (prompt + completion) per GPU-second and its policy staleness."""
 
     def num(value: Any, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
-    head = ("| run | recipe | GPUs | step s | samples/s/GPU | vs TRL | gen tok/s | vs vLLM alone "
-            "| weight sync s (GB/s) | trainer MFU | generator idle |")  # fmt: skip
-    rows = [head, "|" + "---|" * 11]
+    head = ("| run | recipe | GPUs | step s | samples/s/GPU | tokens/s/GPU | staleness | vs TRL "
+            "| gen tok/s | vs vLLM alone | trainer stall s | publish + load s (GB/s) "
+            "| trainer MFU | generator idle |")  # fmt: skip
+    rows = [head, "|" + "---|" * 14]
     for name, s in result.items():
         if not isinstance(s, dict) or "records" not in s or not s.get("steps"):
             continue
         sync = f"{num(s.get('weight_sync_s'), '.3f')} ({num(s.get('weight_sync_gb_per_s'), '.0f')})"
         rows.append(
             f"| {name} | {s['recipe']} | {s['gpus_used']} | {num(s['step_s'], '.2f')} "
-            f"| {num(s['samples_per_s_per_gpu'], '.1f')} | {num(s.get('samples_per_s_to_trl'), '.2f')} "
+            f"| {num(s['samples_per_s_per_gpu'], '.1f')} "
+            f"| {num(s.get('tokens_per_s_per_gpu'), '.0f')} "
+            f"| {num(s.get('policy_staleness_mean'), '.2f')} "
+            f"| {num(s.get('samples_per_s_to_trl'), '.2f')} "
             f"| {num(s['generation_tokens_per_s'], '.0f')} "
-            f"| {num(s.get('generation_to_standalone'), '.2f')} | {sync} | {num(s['mfu'], '.2f')} "
+            f"| {num(s.get('generation_to_standalone'), '.2f')} "
+            f"| {num(s.get('trainer_stall_s'), '.3f')} | {sync} | {num(s['mfu'], '.2f')} "
             f"| {num(s['generator_idle_share'], '.0%')} |"
         )
-    trl = result.get("trl")
-    if trl:
+    for name, trl in result.items():
+        if not (name.startswith("trl") and isinstance(trl, dict) and trl.get("step_s")):
+            continue
         rows.append(
-            f"| trl | qwen3-1.7b, TRL {trl.get('versions', {}).get('trl', '')} GRPOTrainer "
+            f"| {name} | qwen3-1.7b, TRL {trl.get('versions', {}).get('trl', '')} GRPOTrainer "
             f"(vLLM colocate) | "
             f"{trl.get('processes', 1)} | {num(trl.get('step_s'), '.2f')} "
-            f"| {num(trl.get('samples_per_s_per_gpu'), '.1f')} | 1 | - | - "
+            f"| {num(trl.get('samples_per_s_per_gpu'), '.1f')} "
+            f"| {num(trl.get('tokens_per_s_per_gpu'), '.0f')} "
+            f"| {num(trl.get('policy_staleness_mean'), '.2f')} | 1 | - | - | - "
             f"| {num(trl.get('weight_sync_s'), '.3f')} | - | - |"
         )
     for cfg in (result.get("trainer_mfu") or {}).get("configs", []):
         t = result["trainer_mfu"]
         rows.append(
             f"| trainer alone, {t['sequences']} x {t['seq_len']} tokens, {cfg['config']} "
-            f"| {t['recipe']} | 1 | {num(cfg['step_s'], '.2f')} | - | - | - | - | - "
+            f"| {t['recipe']} | 1 | {num(cfg['step_s'], '.2f')} | - | - | - | - | - | - | - | - "
             f"| {num(cfg['mfu'], '.2f')} | - |"
         )
     alone = result.get("standalone_vllm")
     if alone:
         rows.append(
-            f"| standalone_vllm | {alone['recipe']} | 1 | - | - | - "
-            f"| {num(alone['generation_tokens_per_s'], '.0f')} | 1 | - | - | - |"
+            f"| standalone_vllm | {alone['recipe']} | 1 | - | - | - | - | - "
+            f"| {num(alone['generation_tokens_per_s'], '.0f')} | 1 | - | - | - | - |"
         )
     return "\n".join(rows)
 
