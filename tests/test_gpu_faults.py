@@ -47,27 +47,38 @@ def failure_lines(out: str) -> list[str]:
     return [x for x in out.splitlines() if x.startswith("forgesky:") and "failed" in x]
 
 
+def ended(code: int, out: str, name: str, seconds: float, note: str = "") -> str:
+    """The run's whole output, printed with its `fault-exit` line; it must have failed within
+    the bound with a failure line, which is returned."""
+    print(out)
+    print(f"fault-exit {name} {seconds:.1f} s{f' ({note})' if note else ''}")
+    assert code == 1, out
+    assert seconds < EXIT_BOUND_S, out
+    lines = failure_lines(out)
+    assert lines, out
+    return lines[0]
+
+
+def smi(*query: str) -> list[str]:
+    """nvidia-smi's CSV values (no header, no units) for `query`."""
+    text = subprocess.run(
+        ["nvidia-smi", *query, "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return text.split()
+
+
 def gpu_pids() -> set[int]:
     """Processes holding memory on any GPU, where nvidia-smi can see them (in a container it
     may list none)."""
-    text = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return {int(x) for x in text.split() if x.strip().isdigit()}
+    return {int(x) for x in smi("--query-compute-apps=pid") if x.isdigit()}
 
 
 def gpu_used_gb() -> float:
-    """Memory in use on all GPUs together (nvidia-smi), GB."""
-    text = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return sum(float(x) for x in text.split()) * 2**20 / 1e9
+    """Memory in use on all GPUs together (nvidia-smi, MiB), GB."""
+    return sum(float(x) for x in smi("--query-gpu=memory.used")) * 2**20 / 1e9
 
 
 class Baseline:
@@ -189,14 +200,8 @@ def test_gpu_memory_taken_during_start_up_ends_the_run(tmp_path: Path, nothing_l
             hog.stop()
         kill_tree(proc)
     out = "".join(head) + out
-    print(out)
-    print(f"fault-exit memory-taken-during-start-up {seconds:.1f} s ({hog.line})")
-    assert code == 1, out
-    lines = failure_lines(out)
-    assert lines, out
-    assert "out of memory" in lines[0].lower(), lines
-    assert "(on node 0 GPU 0)" in lines[0], lines
-    assert seconds < EXIT_BOUND_S, out
+    first = ended(code, out, "memory-taken-during-start-up", seconds, hog.line)
+    assert "out of memory" in first.lower() and "(on node 0 GPU 0)" in first, first
     assert_clean(out, proc.pid, nothing_left, before)
 
 
@@ -214,15 +219,12 @@ KILLS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "service", "rank", "sets", "line"), KILLS, ids=[k[0] for k in KILLS]
-)
-def test_a_killed_gpu_service_ends_the_run_and_the_rerun_resumes(
-    tmp_path: Path, nothing_left, name, service, rank, sets, line
-):
+def kill_mid_run(
+    args: list[str], name: str, service: str, rank: int, line: str, place: str | None, nothing_left
+) -> None:
+    """Run `args` until a checkpoint is committed and a step more is logged, kill -9 the proc
+    of `service` (rank `rank`), and check the exit, its line, the clean node and the resume."""
     before = Baseline()
-    run_dir = tmp_path / "run"
-    args = one_gpu_args(run_dir, *sets, "grpo.checkpoint_interval=2")
     proc = start([*args, "--steps", "2000"])
     try:
         head = wait_for_line(proc, "checkpoint step ", timeout=600)
@@ -234,15 +236,23 @@ def test_a_killed_gpu_service_ends_the_run_and_the_rerun_resumes(
     finally:
         kill_tree(proc)
     out = "".join(head) + out
-    print(out)
-    print(f"fault-exit {name} {seconds:.1f} s")
-    assert code == 1, out
-    lines = failure_lines(out)
-    assert lines and line in lines[0], out
-    assert "(on node 0 GPU 0)" in lines[0], lines
-    assert seconds < EXIT_BOUND_S, out
+    first = ended(code, out, name, seconds)
+    assert line in first, first
+    if place:
+        assert f"(on {place})" in first, first
     assert_clean(out, proc.pid, nothing_left, before)
+    run_dir = Path(args[args.index("--run-dir") + 1])
     resumes(args, run_dir, nothing_left, before)
+
+
+@pytest.mark.parametrize(
+    ("name", "service", "rank", "sets", "line"), KILLS, ids=[k[0] for k in KILLS]
+)
+def test_a_killed_gpu_service_ends_the_run_and_the_rerun_resumes(
+    tmp_path: Path, nothing_left, name, service, rank, sets, line
+):
+    args = one_gpu_args(tmp_path / "run", *sets, "grpo.checkpoint_interval=2")
+    kill_mid_run(args, name, service, rank, line, "node 0 GPU 0", nothing_left)
 
 
 def test_a_silent_generator_is_ended_by_the_watchdog(tmp_path: Path, nothing_left):
@@ -268,13 +278,9 @@ def test_a_silent_generator_is_ended_by_the_watchdog(tmp_path: Path, nothing_lef
                 os.kill(frozen.pid, signal.SIGKILL)
         kill_tree(proc)
     out = "".join(head) + out
-    print(out)
-    print(f"fault-exit generator-silent {seconds:.1f} s")
-    assert code == 1, out
-    lines = failure_lines(out)
-    assert lines and lines[0].startswith("forgesky: generator0 actor failed"), out
-    assert "node 0 GPU 0" in lines[0], lines
-    assert seconds < EXIT_BOUND_S, out
+    first = ended(code, out, "generator-silent", seconds)
+    assert first.startswith("forgesky: generator0 actor failed: stopped answering"), first
+    assert "node 0 GPU 0" in first, first
     assert_clean(out, proc.pid, nothing_left, before)
     resumes(args, run_dir, nothing_left, before)
 
@@ -294,30 +300,10 @@ TWO_GPU_KILLS = [
 def test_a_side_of_the_nccl_push_killed_ends_the_run(
     tmp_path: Path, nothing_left, name, service, rank, line
 ):
-    """tiny-gpu on two GPUs (a GPU each, versions by NCCL push): the kill lands once a push
-    has started (the step's publish line), so one side is in, or about to enter, the
-    collective; the other must not wait forever."""
-    before = Baseline()
-    run_dir = tmp_path / "run"
-    args = ["--recipe", "tiny-gpu", "--gpus", "2", "--run-dir", str(run_dir)]
+    """tiny-gpu on two GPUs (a GPU each, a version pushed by NCCL every step): the kill lands
+    between steps of a run that pushes every step, so the other side is in, or soon enters, a
+    push collective; it must not wait forever."""
+    args = ["--recipe", "tiny-gpu", "--gpus", "2", "--run-dir", str(tmp_path / "run")]
     for item in ("eval.enabled=false", "grpo.checkpoint_interval=2"):
         args += ["--set", item]
-    proc = start([*args, "--steps", "2000"])
-    try:
-        head = wait_for_line(proc, "checkpoint step ", timeout=600)
-        head += wait_for_line(proc, "step ", timeout=120)
-        service_proc(proc.pid, service, rank).kill()
-        killed = time.monotonic()
-        code, out = finish(proc, timeout=EXIT_BOUND_S + 60)
-        seconds = time.monotonic() - killed
-    finally:
-        kill_tree(proc)
-    out = "".join(head) + out
-    print(out)
-    print(f"fault-exit {name} {seconds:.1f} s")
-    assert code == 1, out
-    lines = failure_lines(out)
-    assert lines and line in lines[0], out
-    assert seconds < EXIT_BOUND_S, out
-    assert_clean(out, proc.pid, nothing_left, before)
-    resumes(args, run_dir, nothing_left, before)
+    kill_mid_run(args, name, service, rank, line, None, nothing_left)
