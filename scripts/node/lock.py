@@ -30,6 +30,13 @@ LOCK = ROOT / "launcher" / "node-stack.txt"
 IMAGE = ROOT / "scripts" / "node" / "gpu-image-packages.txt"
 # The day the stack was staged on the GPU machine (scripts/gpu/prepare_wheels.sh).
 STAGED_ON = "2026-11-21"
+# An override replaces every requirement of its name whole, extras included: torch 2.11 asks
+# for `cuda-toolkit[...]==13.0.2`, whose extras are the CUDA libraries it loads (libcufile and
+# the rest); overriding plain `cuda-toolkit==13.0.2` would drop them from the lock and leave a
+# torch that cannot import. The overrides keep these extras.
+OVERRIDE_EXTRAS = {
+    "cuda-toolkit": "cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx",
+}
 
 
 def requirements() -> list[str]:
@@ -47,18 +54,30 @@ def _name(requirement: str) -> str:
     return requirement.strip().lower()
 
 
+def overrides() -> list[str]:
+    """The image's versions, with the extras its requirers ask for (OVERRIDE_EXTRAS)."""
+    out = []
+    for line in IMAGE.read_text().split():
+        name, _, version = line.partition("==")
+        extras = OVERRIDE_EXTRAS.get(name.lower())
+        out.append(f"{name}[{extras}]=={version}" if extras else line)
+    return out
+
+
 def resolve() -> str:
     """The lock's text, from `uv pip compile` (needs PyPI)."""
     with tempfile.TemporaryDirectory() as tmp:
         wanted = Path(tmp) / "requirements.in"
         wanted.write_text("\n".join(requirements()) + "\n")
+        image = Path(tmp) / "overrides.txt"
+        image.write_text("\n".join(overrides()) + "\n")
         out = subprocess.run(
             [
                 sys.executable, "-m", "uv", "pip", "compile", str(wanted),
                 "--python-version", PYTHON_VERSION,
                 "--python-platform", NODE_PLATFORM,
                 "--only-binary", ":all:",
-                "--override", str(IMAGE),
+                "--override", str(image),
                 "--exclude-newer", STAGED_ON,
                 "--no-header", "--no-annotate", "--quiet",
             ],
