@@ -27,3 +27,16 @@ def test_the_lock_pins_every_package_once_and_the_tested_versions():
     assert versions["vllm"] == "0.24.0" and versions["torchmonarch"] == "0.7.0"
     # forgesky itself and torchstore (installed without dependencies) are not in it
     assert "forgesky" not in versions and "torchstore" not in versions
+
+
+def test_the_lock_holds_the_cuda_libraries_torch_loads():
+    # torch 2.11 reaches them through `cuda-toolkit[...]` extras, which an override of the
+    # image's cuda-toolkit would drop (the set-up then fails: libcufile.so.0 missing)
+    pins = lock.LOCK.read_text()
+    for name in ("cufile", "cufft", "curand", "cusolver", "cusparse", "nvjitlink", "nvtx"):
+        assert f"\nnvidia-{name}==" in pins, name
+    for name in ("cuda-runtime", "cuda-nvrtc", "cuda-cupti", "cublas"):
+        assert f"\nnvidia-{name}==" in pins, name
+    overrides = lock.overrides()
+    toolkit = next(o for o in overrides if o.startswith("cuda-toolkit"))
+    assert toolkit.startswith("cuda-toolkit[") and "cufile" in toolkit, toolkit
