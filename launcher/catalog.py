@@ -163,7 +163,8 @@ def validate(source: str, gpus: int | None, overrides: tuple[str, ...]) -> str:
     run_plan = plan(recipe, count)
     where = "CPU" if run_plan.cpu else f"{count} x {run_plan.accelerator}"
     return (
-        f"{source}: ok (recipe {recipe.name}, {recipe.model.hf_id}, minimum {need} GPUs; "
+        f"{source}: ok (recipe {recipe.name}, {recipe.model.hf_id}, minimum {need} "
+        f"GPU{'' if need == 1 else 's'}; "
         f"plans on {where})"
     )
 

@@ -18,6 +18,26 @@ from recipes.errors import UserError
 
 PROG = "forgesky"
 Handler = Callable[[argparse.Namespace], int]
+# The package a command imports -> the extra of pyproject.toml that installs it: `pip install
+# forgesky` alone plans and checks recipes; rendering and launching need SkyPilot, running
+# the runtime (`local`, `eval`, `export`) its stack.
+EXTRA_OF = {
+    "sky": "launch",
+    "torch": "runtime",
+    "monarch": "runtime",
+    "torchtitan": "runtime",
+    "transformers": "runtime",
+    "huggingface_hub": "runtime",
+    "safetensors": "runtime",
+    "datasets": "runtime",
+    "psutil": "runtime",
+    "wandb": "runtime",
+    "matplotlib": "runtime",
+    "tqdm": "runtime",
+    "pygtrie": "runtime",
+    "triton": "runtime",
+    "vllm": "gpu",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,6 +53,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except UserError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        extra = EXTRA_OF.get((e.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"{PROG}: error: `{PROG} {args.command}` needs the {e.name} package, which this install "
+            f"lacks: "
+            f"pip install 'forgesky[{extra}]'",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

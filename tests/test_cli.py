@@ -386,3 +386,26 @@ def test_local_forwards_to_the_runtime_entry(capsys):
 def test_local_refuses_a_second_recipe(capsys):
     code, _, err = run_main(capsys, "local", "tiny", "--recipe", "qwen3-8b")
     assert_user_error(code, err, "NAME")
+
+
+@pytest.mark.parametrize(
+    ("absent", "command", "extra"),
+    [
+        ("sky", ["render", "qwen3-1.7b", "--gpus", "4"], "launch"),
+        ("psutil", ["local", "tiny"], "runtime"),
+    ],
+)
+def test_a_command_whose_extra_is_not_installed_says_which_in_one_line(absent, command, extra):
+    # `pip install forgesky` without an extra: the package cannot be imported (None in
+    # sys.modules makes every import of it fail as if it were not installed)
+    code = (
+        f"import sys; sys.modules[{absent!r}] = None\n"
+        "from launcher.cli import main\n"
+        f"sys.exit(main({command!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"forgesky: error: `forgesky {command[0]}` needs the {absent} package, which this "
+        f"install lacks: pip install 'forgesky[{extra}]'"
+    ], done.stderr
