@@ -9,7 +9,9 @@ when complete, so a folder that exists is whole.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,16 @@ def write_hf_model(
     weights = {k: _own(v.detach().to("cpu", target)) for k, v in hf_state.items()}
     if spec.tie_embeddings:
         weights.pop("lm_head.weight", None)  # tied: the embedding is the output projection
-    save_torch_state_dict(weights, partial, max_shard_size=max_shard_size)
+    # its INFO line ("Model weights successfully saved to ...partial!") names a folder that is
+    # renamed a moment later; the run prints where the model is. (Its logger is named by the
+    # module's file path.)
+    hub_log = logging.getLogger(sys.modules[save_torch_state_dict.__module__].__file__)
+    level = hub_log.level
+    hub_log.setLevel(max(level, logging.WARNING))
+    try:
+        save_torch_state_dict(weights, partial, max_shard_size=max_shard_size)
+    finally:
+        hub_log.setLevel(level)
     ids = _token_ids(tokenizer)
     config = hf_config(spec, **ids)
     config.dtype = target
