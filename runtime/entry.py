@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m runtime") -> int:
 
             check_gpus_free(config.plan, config.cluster.rank, read_gpus())
     except UserError as e:
-        print(f"{prog.split()[0]}: error: {e}", file=sys.stderr)
+        print(f"forgesky: error: {e}", file=sys.stderr)  # as the run's other lines say
         return 2
     from runtime.procs.host import stacks_on_signal
 

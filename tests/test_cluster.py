@@ -72,7 +72,7 @@ def test_a_plan_that_does_not_fit_the_cluster_exits_2_in_one_line(monkeypatch, c
     assert main(["--recipe", "tiny", "--nodes", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        "python: error: the plan for tiny on CPU uses 2 nodes but this cluster has 3 "
+        "forgesky: error: the plan for tiny on CPU uses 2 nodes but this cluster has 3 "
         "(SKYPILOT_NODE_IPS); run it on 2 nodes (forgesky launch sets num_nodes)"
     )
     monkeypatch.delenv("SKYPILOT_NODE_IPS")
