@@ -245,7 +245,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         callbacks=[callback],
     )
     init_s = time.perf_counter() - start  # model, reference and (on GPU) the vLLM engine
-    prompt_lengths = {len(ids) for ids in trainer.processing_class(text=texts)["input_ids"]}
+    prompt_lengths = [len(ids) for ids in trainer.processing_class(text=texts)["input_ids"]]
     generate_s: list[float] = []
     sync_s: list[float] = []
     timed(trainer, "_generate", generate_s)
@@ -276,7 +276,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             **{k: v for k, v in config_args.items() if k not in ("use_cpu", "disable_tqdm")},
             **{k: getattr(config, k) for k in shown},
             "prompts_per_step": args.prompts_per_step,
-            "prompt_tokens": sorted(prompt_lengths),
+            "prompt_tokens": sorted(set(prompt_lengths)),
             "policy_dtype": str(trainer.model.dtype).removeprefix("torch."),
             "reference_model": trainer.ref_model is not None,
             "reward": distinct_share.__name__,
@@ -294,8 +294,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "samples_per_s_per_gpu": per(completions, step_s * world if step_s else None),
         # prompt + completion tokens of the step's completions, per GPU-second (NeMo-RL's unit)
         "tokens_per_s_per_gpu": per(
-            completions
-            * (mean(sorted(prompt_lengths)) + (mean(lengths[args.warmup :] or lengths) or 0)),
+            completions * (mean(prompt_lengths) + (mean(lengths[args.warmup :] or lengths) or 0)),
             step_s * world if step_s else None,
         ),
         # a generation batch serves s optimizer steps: its j-th step (0-based) trains on samples

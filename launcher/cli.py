@@ -59,9 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if extra is None:
             raise
         print(
-            f"{PROG}: error: `{PROG} {args.command}` needs the {e.name} package, which this install "
-            f"lacks: "
-            f"pip install 'forgesky[{extra}]'",
+            f"{PROG}: error: `{PROG} {args.command}` needs the {e.name} package, which this "
+            f"install lacks: pip install 'forgesky[{extra}]'",
             file=sys.stderr,
         )
         return 2
