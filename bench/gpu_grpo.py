@@ -38,6 +38,7 @@ import dataclasses
 import json
 import platform
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -136,10 +137,18 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     run_plan = plan(recipe, gpus, accelerator=accelerator)
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="forgesky-gpu-bench-"))
     start = time.perf_counter()
-    code = run(RunConfig(recipe=recipe, plan=run_plan, run_dir=run_dir))
-    wall = time.perf_counter() - start
-    metrics = run_dir / "metrics.jsonl"
-    records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    try:
+        code = run(RunConfig(recipe=recipe, plan=run_plan, run_dir=run_dir))
+        wall = time.perf_counter() - start
+        metrics = run_dir / "metrics.jsonl"
+        records = (
+            [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+        )
+    finally:
+        if not args.run_dir:
+            # Its checkpoint and exported model (12 + 2 bytes a parameter) would fill the disk
+            # of a machine that runs a few of these; what the bench reads is in `records`.
+            shutil.rmtree(run_dir, ignore_errors=True)
     prompts = prompt_tokens(recipe)
     summary = summarize(
         recipe, run_plan, records, args.warmup, prompts, gpu_info()["peak_bf16_flops"]

@@ -1,0 +1,14 @@
+"""Rewards the benchmarks give runs on random weights, where a task's own reward is 0 for every
+completion (nothing is ever correct), so every advantage is 0 and no weight would move.
+
+A recipe names one as `bench.rewards:NAME` (with the checkout's root on the Python path).
+"""
+
+from __future__ import annotations
+
+
+def distinct_share(prompt: str, completion: str, answer: str) -> float:
+    """The share of distinct characters in the completion (one token a character with the
+    shipped arith tokenizer): differs between completions of random weights, so GRPO's
+    advantages are not all 0 and training changes the weights."""
+    return len(set(completion)) / max(len(completion), 1)
