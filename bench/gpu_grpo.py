@@ -37,8 +37,8 @@ import argparse
 import dataclasses
 import json
 import platform
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile

@@ -233,3 +233,46 @@ def test_the_fault_table_reads_each_tests_exit_line_and_outcome(tmp_path: Path):
     empty = tmp_path / "empty.log"
     empty.write_text("2 passed\n")
     assert fault_table.main([str(empty)]) == 2  # no fault-exit line: one line, exit 2
+
+
+def test_side_by_side_reads_a_log_and_a_json_section(tmp_path):
+    import side_by_side
+
+    log = tmp_path / "ours.log"
+    lines = ["services ready in 100 s", "INFO noise | 3 s/step"]
+    lines += [
+        f"step {i}/5 | reward 0.3 | loss 0.01 | kl 0 | {t} s/step"
+        for i, t in enumerate((40.0, 9.0, 8.0, 6.0, 7.0), 1)
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    trl = tmp_path / "trl.json"
+    section = {"step_s": 10.5, "samples_per_s_per_gpu": 128 / 10.5, "tokens_per_s_per_gpu": 9000.4}
+    trl.write_text(json.dumps({"trl_on": {**section, "step_times_s": [11, 10.5]}}))
+    out = tmp_path / "side.json"
+    side_by_side.main(
+        ["--host", "h", "--date", "d", "--pair", "on", f"log:{log}", f"json:{trl}#trl_on"]
+        + ["--staleness", "on=0,0", "--out", str(out)]
+    )
+    pair = json.loads(out.read_text())["h"]["pairs"]["on"]
+    ours = pair["forgesky"]
+    # the two warm-up steps left out, the INFO line's "s/step" not a step
+    assert ours["step_times_s"] == [40.0, 9.0, 8.0, 6.0, 7.0]
+    assert ours["step_s"] == 7.0
+    assert ours["samples_per_s_per_gpu"] == pytest.approx(128 / 7.0, abs=0.01)
+    assert pair["trl"]["tokens_per_s_per_gpu"] == 9000
+    assert pair["forgesky_over_trl_samples_per_s_per_gpu"] == pytest.approx(1.5, abs=0.01)
+    assert ours["policy_staleness_mean"] == 0.0
+
+
+def test_side_by_side_refuses_a_log_without_measured_steps(tmp_path):
+    import side_by_side
+
+    log = tmp_path / "cut.log"
+    log.write_text("step 1/6 | loss 0 | 43.4 s/step\nstep 2/6 | loss 0 | 8 s/step\n")
+    trl = tmp_path / "trl.json"
+    trl.write_text(json.dumps({"t": {"step_s": 1.0, "samples_per_s_per_gpu": 1.0}}))
+    with pytest.raises(SystemExit, match="2 step lines"):
+        side_by_side.main(
+            ["--host", "h", "--date", "d", "--pair", "x", f"log:{log}", f"json:{trl}#t"]
+            + ["--out", str(tmp_path / "o.json")]
+        )
