@@ -11,6 +11,13 @@
 #                                      alone (TorchTitan and its imports) is enough, no staging
 #   scripts/gpu/device_run.sh push     stage, install if needed, weight-path GPU tests + bench
 #   scripts/gpu/device_run.sh trl      stage, install if needed (stack, then TRL), bench/trl_grpo.py
+#   scripts/gpu/device_run.sh side-by-side on|off [GPUS]  stage, install if needed (stack, then
+#                                      TRL), then forgesky's plan for GPUS (default 1) through
+#                                      bench/gpu_grpo.py grpo and TRL tuned through
+#                                      bench/trl_grpo.py, one after the other, on-policy (on) or
+#                                      one step off-policy (off), each in a time limit of its own
+#                                      (SBS_OURS_S, default 330; SBS_TRL_S, 200), both with TRL's
+#                                      reward; one JSON, a log per run
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
@@ -163,6 +170,42 @@ case "$mode" in
     cp "$json" "$out/" 2>/dev/null || true
     exit "$status"
     ;;
+  side-by-side)
+    # Extra arguments after the policy mode and the GPU count go to bench/trl_grpo.py (e.g.
+    # --gradient-checkpointing off where memory allows it: an H200).
+    policy=${1:?on or off}
+    gpus=${2:-1}
+    shift 2 || shift $#
+    install && check
+    install_trl
+    mkdir -p /tmp/bench
+    json=/tmp/bench/side_by_side$tag.json
+    # TRL's reward (bench/rewards.py) for ours too; the task's math reward weighted 0 stays,
+    # as the eval's reward must be one of the run's.
+    reward="dataset.rewards=[{name: math, weight: 0.0}, {name: 'bench.rewards:distinct_share', weight: 1.0}]"
+    ours=(--gpus "$gpus" --steps 6 --warmup 2 --set "$reward")
+    trl=(--prompt-tokens 207 --steps 6 --warmup 2 --is-correction off --micro-batch 16
+      --vllm-memory 0.3 --gradient-checkpointing on)
+    case "$policy" in
+      on) ours+=(--set grpo.max_policy_age=0) ;;
+      off) trl+=(--optimizer-steps-per-generation 2) ;;
+      *) echo "side-by-side: on or off, not $policy" >&2; exit 2 ;;
+    esac
+    status=0
+    timeout -s TERM "${SBS_OURS_S:-330}" python3 bench/gpu_grpo.py grpo --out "$json" \
+      "${ours[@]}" --section "grpo_${gpus}gpu_${policy}_policy" \
+      >"$out/side_by_side_grpo_${gpus}gpu_${policy}$tag.log" 2>&1 || status=$?
+    echo "forgesky ${policy}-policy: exit $status"
+    cp "$json" "$out/" 2>/dev/null || true
+    rc=0
+    MASTER_PORT=${MASTER_PORT:-29611} timeout -s TERM "${SBS_TRL_S:-200}" \
+      python3 bench/trl_grpo.py --out "$json" "${trl[@]}" "$@" \
+      --section "trl_tuned_${policy}_policy" >"$out/side_by_side_trl_${policy}$tag.log" 2>&1 || rc=$?
+    echo "TRL ${policy}-policy: exit $rc"
+    cp "$json" "$out/" 2>/dev/null || true
+    grep -h "^step \|error" "$out/side_by_side_grpo_${gpus}gpu_${policy}$tag.log" | tail -8 || true
+    exit $((status || rc))
+    ;;
   product)
     install && check
     df -h / /tmp /dev/shm
@@ -189,7 +232,7 @@ case "$mode" in
     exit "$status"
     ;;
   *)
-    echo "unknown mode $mode (stage, check, tests, faults, trainer-tests, push, grpo, vllm, train, trl, product)" >&2
+    echo "unknown mode $mode (stage, check, tests, faults, trainer-tests, push, grpo, vllm, train, trl, side-by-side, product)" >&2
     exit 2
     ;;
 esac
