@@ -212,7 +212,26 @@ class Plan:
             where = "CPU" if self.cpu else self.accelerator
             lines.append(f"settings (* planned for {where}; set any with --set SECTION.KEY=VALUE):")
             lines += self.settings.describe(cpu=self.cpu, reference=self.reference_enabled)
+            lines += self._tight_trainer()
         return "\n".join(lines)
+
+    def _tight_trainer(self) -> list[str]:
+        """A line when the trainer's memory plan found no micro-batch within its headroom and
+        took the smallest: the run may still fit the device, but with less margin than planned."""
+        from recipes.memory import ACCELERATOR_BYTES, PLAN_HEADROOM
+
+        peak = self.settings.trainer.peak_gb if self.settings else None
+        if self.cpu or peak is None:
+            return []
+        budget = PLAN_HEADROOM * ACCELERATOR_BYTES[self.accelerator] / GB
+        if peak <= budget:
+            return []
+        return [
+            f"note: the trainer's ~{peak:.0f} GB a rank is above the {budget:.0f} GB "
+            f"({PLAN_HEADROOM:.0%} of an {self.accelerator}) its memory plan keeps to, at the "
+            "smallest micro-batch; each rank holds less with more trainer GPUs on its node "
+            "(layout.trainer.gpus) or on a larger GPU (resources.accelerator)"
+        ]
 
     def explain(self) -> str:
         """The layouts the planner weighed (layout.share auto): each one's predicted step and

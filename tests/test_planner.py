@@ -517,3 +517,13 @@ def test_a_colocated_trainer_counts_the_ipc_buffer_it_holds_from_publish_to_load
     two = estimate_memory(apply_overrides(r, ["layout.reference.gpus=2"]))["reference"]
     half_the_weights = r.arch.params / 1e9
     assert one - two == pytest.approx(half_the_weights + 2 * 151936 * 4096 / 1e9, abs=0.15)
+
+
+def test_a_trainer_above_its_memory_headroom_is_named():
+    # qwen3-32b's 8 trainer ranks on H100s: 16 bytes a parameter sharded over 8 leave no
+    # micro-batch within 90 % of the GPU; the plan says so instead of showing only the figure
+    tight = plan(recipe("qwen3-32b"), 16).describe()
+    assert "note: the trainer's ~84 GB a rank is above the 77 GB (90% of an H100)" in tight
+    assert "layout.trainer.gpus" in tight
+    assert "note: the trainer" not in plan(recipe("qwen3-14b"), 8).describe()
+    assert "note: the trainer" not in plan(recipe("qwen3-1.7b"), 3).describe()
