@@ -389,6 +389,8 @@ def main() -> int:
         section = run(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # under torchrun, rank 0 alone writes the section (the same figures)
     merge(out, section, args.section)
     summary = {k: v for k, v in section.items() if k not in ("logs", "settings")}
     print(json.dumps(summary, indent=2))

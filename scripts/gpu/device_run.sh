@@ -16,6 +16,7 @@
 #                                      bench/gpu_grpo.py grpo and TRL tuned through
 #                                      bench/trl_grpo.py, one after the other, on-policy (on) or
 #                                      one step off-policy (off), each in a time limit of its own
+#                                      (TRL on GPUS > 1: torchrun, a process and a vLLM a GPU)
 #                                      (SBS_OURS_S, default 330; SBS_TRL_S, 200), both with TRL's
 #                                      reward; one JSON, a log per run
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
@@ -198,8 +199,14 @@ case "$mode" in
     echo "forgesky ${policy}-policy: exit $status"
     cp "$json" "$out/" 2>/dev/null || true
     rc=0
+    # TRL on several GPUs: a process a GPU (torchrun), each with its vLLM colocated.
+    launch=(python3)
+    if [ "$gpus" -gt 1 ]; then
+      launch=(python3 -m torch.distributed.run --nproc_per_node "$gpus"
+        --master_port "${MASTER_PORT:-29611}")
+    fi
     MASTER_PORT=${MASTER_PORT:-29611} timeout -s TERM "${SBS_TRL_S:-200}" \
-      python3 bench/trl_grpo.py --out "$json" "${trl[@]}" "$@" \
+      "${launch[@]}" bench/trl_grpo.py --out "$json" "${trl[@]}" "$@" \
       --section "trl_tuned_${policy}_policy" >"$out/side_by_side_trl_${policy}$tag.log" 2>&1 || rc=$?
     echo "TRL ${policy}-policy: exit $rc"
     cp "$json" "$out/" 2>/dev/null || true
