@@ -39,7 +39,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -49,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from fault_runs import RuntimeRun, committed_steps, session_pids  # noqa: E402
+from gpu_memory import GpuSampler  # noqa: E402
 
 from runtime.control.metrics import read_metrics  # noqa: E402
 
@@ -64,44 +64,6 @@ SHORT = (
     "trainer.compile=false",
     "reference.compile=false",
 )
-
-
-class GpuSampler:
-    """The largest memory.used (GB) of every GPU, by phase, sampled with nvidia-smi."""
-
-    def __init__(self, every_s: float = 0.2) -> None:
-        self.every_s = every_s
-        self.phase = "idle"
-        self.peaks: dict[str, dict[int, float]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def used(self) -> dict[int, float]:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        rows = (line.split(",") for line in out.strip().splitlines())
-        return {int(i): float(mib) * 2**20 / 1e9 for i, mib in rows}
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                now = self.used()
-            except (OSError, subprocess.CalledProcessError, ValueError):
-                time.sleep(self.every_s)
-                continue
-            peaks = self.peaks.setdefault(self.phase, {})
-            for gpu, gb in now.items():
-                peaks[gpu] = max(peaks.get(gpu, 0.0), round(gb, 2))
-            time.sleep(self.every_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 def versions() -> dict[str, str]:
