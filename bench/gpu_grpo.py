@@ -49,6 +49,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gpu_memory import GpuSampler  # noqa: E402
+
 OFFLINE = ["model.init=random", "model.tokenizer=builtin:arith", "dataset.path=builtin:arith"]
 # throughput runs of random weights: the recipes' held-out evaluation would measure nothing
 NO_EVAL = ["eval.enabled=false"]
@@ -136,15 +140,19 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     accelerator = "H200" if "H200" in gpu_info()["name"] else "H100"
     run_plan = plan(recipe, gpus, accelerator=accelerator)
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="forgesky-gpu-bench-"))
+    sampler = GpuSampler()
+    sampler.phase = "run"
     start = time.perf_counter()
     try:
         code = run(RunConfig(recipe=recipe, plan=run_plan, run_dir=run_dir))
         wall = time.perf_counter() - start
+        sampler.stop()
         metrics = run_dir / "metrics.jsonl"
         records = (
             [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
         )
     finally:
+        sampler.stop()
         if not args.run_dir:
             # Its checkpoint and exported model (12 + 2 bytes a parameter) would fill the disk
             # of a machine that runs a few of these; what the bench reads is in `records`.
@@ -161,6 +169,31 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
         "settings": run_plan.settings.to_dict(),
         **prediction(recipe, run_plan, summary),
         **summary,
+        "memory": memory_against_plan(run_plan, records, sampler.peaks.get("run", {})),
+    }
+
+
+def memory_against_plan(
+    run_plan: Any, records: list[dict[str, Any]], used: dict[int, float]
+) -> dict[str, Any]:
+    """The plan's estimate per GPU (its services' GB/GPU added up where they share one) beside
+    what the run used: nvidia-smi's peak per GPU (every process, caches included) and the
+    trainer's own allocator peaks by phase (rank 0; `memory/*` in its records)."""
+    estimate: dict[int, float] = {}
+    for p in run_plan.placements:
+        for gpu in p.gpus:
+            estimate[gpu] = estimate.get(gpu, 0.0) + run_plan.memory.get(p.service, 0.0)
+    trainer: dict[str, float] = {}
+    for r in records:
+        for k, v in r.items():
+            if k.startswith("memory/"):
+                trainer[k] = max(trainer.get(k, 0.0), v)
+    return {
+        "plan_gb_by_service": dict(run_plan.memory),
+        "plan_trainer_peak_gb": run_plan.settings.trainer.peak_gb,
+        "plan_gb_per_gpu": {str(g): round(v, 1) for g, v in sorted(estimate.items())},
+        "nvidia_smi_peak_gb_per_gpu": {str(g): v for g, v in sorted(used.items())},
+        "trainer_allocator_peak_gb": trainer,
     }
 
 

@@ -276,3 +276,24 @@ def test_side_by_side_refuses_a_log_without_measured_steps(tmp_path):
             ["--host", "h", "--date", "d", "--pair", "x", f"log:{log}", f"json:{trl}#t"]
             + ["--out", str(tmp_path / "o.json")]
         )
+
+
+def test_memory_against_plan_adds_up_a_shared_gpu_and_keeps_each_peak():
+    from recipes import apply_overrides, load_recipe, plan
+
+    recipe = apply_overrides(load_recipe("qwen3-1.7b"), ["grpo.max_response_tokens=512"])
+    one_gpu = plan(recipe, 1, accelerator="H100")
+    records = [
+        {"step": 1, "memory/startup_gb": 9.3, "memory/train_gb": 35.0},
+        {"step": 2, "memory/train_gb": 36.5, "memory/publish_gb": 26.6},
+    ]
+    out = gpu_grpo.memory_against_plan(one_gpu, records, {0: 81.2})
+    by_service = one_gpu.memory
+    assert set(by_service) == {"generator", "reference", "trainer"}
+    assert out["plan_gb_per_gpu"] == {"0": round(sum(by_service.values()), 1)}
+    assert out["nvidia_smi_peak_gb_per_gpu"] == {"0": 81.2}
+    assert out["trainer_allocator_peak_gb"] == {
+        "memory/startup_gb": 9.3,
+        "memory/train_gb": 36.5,
+        "memory/publish_gb": 26.6,
+    }
