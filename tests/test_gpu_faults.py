@@ -205,6 +205,32 @@ def test_gpu_memory_taken_during_start_up_ends_the_run(tmp_path: Path, nothing_l
     assert_clean(out, proc.pid, nothing_left, before)
 
 
+def test_gpu_memory_taken_before_the_first_backward_ends_the_run(tmp_path: Path, nothing_left):
+    """Another process takes the GPU's memory once the services are up but before the
+    trainer's first step: vLLM's cache and the weights are in place, the gradients and
+    AdamW's moments are not, so the trainer runs out of memory in its first backward (or
+    optimizer step) and the run ends naming it. No checkpoint yet: nothing to resume."""
+    before = Baseline()
+    run_dir = tmp_path / "run"
+    proc = start(one_gpu_args(run_dir, "grpo.steps=2000"))
+    hog = None
+    try:
+        head = wait_for_line(proc, "services ready", timeout=600)
+        hog = GpuHog(leave_gb=0.2)
+        taken = time.monotonic()
+        code, out = finish(proc, timeout=EXIT_BOUND_S + 60)
+        seconds = time.monotonic() - taken
+    finally:
+        if hog is not None:
+            hog.stop()
+        kill_tree(proc)
+    out = "".join(head) + out
+    first = ended(code, out, "memory-taken-before-first-backward", seconds, hog.line)
+    assert "trainer actor failed" in first and "out of memory" in first.lower(), first
+    assert "(on node 0 GPU 0)" in first, first
+    assert_clean(out, proc.pid, nothing_left, before)
+
+
 KILLS = [
     # vLLM's engine runs in the generator's proc: killing it kills the engine mid-sampling
     ("generator-engine-killed", "generator0", 0, (), "generator0 actor failed: process killed"),
