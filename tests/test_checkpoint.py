@@ -51,3 +51,13 @@ def test_truncated_file_in_committed_checkpoint_is_a_clear_user_error(tmp_path):
 def test_empty_or_missing_dir_has_no_checkpoint(tmp_path):
     assert checkpoint.latest(tmp_path / "nope") is None
     assert checkpoint.latest(tmp_path) is None
+
+
+def test_approx_size_reads_as_a_progress_line_would():
+    from runtime.control.checkpoint import approx_size
+
+    assert approx_size(12 * 1_720_574_976) == "~21 GB"  # qwen3-1.7b's checkpoint
+    assert approx_size(2 * 1_720_574_976) == "~3.4 GB"  # its bf16 export
+    assert approx_size(4.5e8) == "~450 MB"
+    assert approx_size(899_328) == "~0.9 MB"
+    assert approx_size(0) == "~0.1 MB"

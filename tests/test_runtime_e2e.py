@@ -69,6 +69,11 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left, loss):
     # the model the run left, in Hugging Face format, evaluates the same
     model = run_dir / "model"
     assert f"model -> {model}" in out
+    # what the end of the run waits for is said before it waits (a 21 GB checkpoint of a 1.7B
+    # model takes half a minute)
+    final = out.index("writing the checkpoint of step 60 (")
+    assert final < out.index("checkpoint step 60 ->") < out.index("writing the model (~0.3 MB")
+    assert out.index("writing the model (") < out.index(f"model -> {model}")
     assert json.loads((model / "forgesky.json").read_text())["step"] == 60
     assert cli_main(["eval", str(model), "--recipe", "tiny", "--out", str(out_file)]) == 0
     exported = json.loads(out_file.read_text())

@@ -154,3 +154,13 @@ def prune(root: Path, keep: int) -> None:
         m = re.match(r"^step_(\d+)\.partial$", d.name)
         if m and int(m.group(1)) <= newest:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def approx_size(nbytes: float) -> str:
+    """`~21 GB`, `~3.4 GB`, `~12 MB`: a size for a progress line."""
+    if nbytes >= 10e9:
+        return f"~{nbytes / 1e9:.0f} GB"
+    if nbytes >= 1e9:
+        return f"~{nbytes / 1e9:.1f} GB"
+    mb = max(nbytes / 1e6, 0.1)
+    return f"~{mb:.0f} MB" if mb >= 10 else f"~{mb:.1f} MB"

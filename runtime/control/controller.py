@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from recipes.memory import CHECKPOINT_BYTES_PER_PARAM
 from runtime.control import checkpoint
 from runtime.control.batching import train_batch
+from runtime.control.checkpoint import approx_size
 from runtime.control.config import RunConfig
 from runtime.control.evaluation import Evaluator
 from runtime.control.handles import ServiceHandles
@@ -186,6 +188,10 @@ class Controller:
             )
             return saved[-1].path
         partial = checkpoint.begin(root, self.step)
+        if wait:
+            # the run waits for this one (its end, a stop): say what it waits for
+            size = approx_size(CHECKPOINT_BYTES_PER_PARAM * self.recipe.arch.params)
+            print(f"writing the checkpoint of step {self.step} ({size}) ...", flush=True)
         save = asyncio.ensure_future(self.services.save(str(partial)))
         try:
             try:

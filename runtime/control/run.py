@@ -7,6 +7,7 @@ import json
 import os
 import time
 
+from runtime.control.checkpoint import approx_size
 from runtime.control.config import RunConfig
 from runtime.control.startup import start_services
 from runtime.procs.lifecycle import RunLifecycle
@@ -58,6 +59,9 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
             "step": controller.step,
             "run_dir": str(config.run_dir),
         }
+        width = 2 if recipe.model.dtype == "bfloat16" else 4
+        size = approx_size(width * recipe.arch.params)
+        print(f"writing the model ({size} of {recipe.model.dtype} safetensors) ...", flush=True)
         await controller.services.export(str(model), provenance)
         print(f"model -> {model} (Hugging Face format: transformers, vLLM)", flush=True)
     status = "finished" if finished else "stopped"
