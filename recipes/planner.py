@@ -43,6 +43,7 @@ controller, the weight store and the reward procs, gets one of them last.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -837,8 +838,40 @@ def _check_shared_memory(
         raise UserError(
             f"{recipe.name}: layout.share {share} puts {shown} = {total:.0f} GB on GPU {gpu}, "
             f"an {accelerator} of {capacity:.0f} GB; use more GPUs or give the services GPUs "
-            "of their own (layout.share none)"
+            "of their own (layout.share none)" + _smaller_kv(recipe, settings, per_gpu, capacity)
         )
+
+
+def _smaller_kv(
+    recipe: Recipe,
+    settings: Settings,
+    per_gpu: dict[tuple[int, int], dict[str, float]],
+    capacity: float,
+) -> str:
+    """Where the generator's KV cache (planned to hold a generate call's sequences at once) is
+    what does not fit, the largest cache with which every GPU would: vLLM then samples in
+    waves. Nothing where a GPU without the generator is over as well."""
+    kv = settings.generator.kv_cache_gb
+    if kv is None:
+        return ""
+    over = {gpu: sum(parts.values()) - capacity for gpu, parts in per_gpu.items()}
+    if any(excess > 0 and "generator" not in per_gpu[gpu] for gpu, excess in over.items()):
+        return ""
+    g = recipe.grpo
+    one_group = g.group_size * (g.max_prompt_tokens + g.max_response_tokens)
+    least = one_group * recipe.arch.kv_bytes_per_token / recipe.layout.generator.tp / GB
+    fits = math.floor((kv - max(over.values())) * 2) / 2
+    if fits < max(least, 0.5):
+        return ""
+    why = (
+        f"planned {kv:g} GB to hold a generate call's sequences at once"
+        if "generator.kv_cache_gb" in settings.planned
+        else f"set to {kv:g} GB"
+    )
+    return (
+        f", or a KV cache of at most {fits:g} GB (--set generator.kv_cache_gb={fits:g}; "
+        f"{why}; a smaller cache makes vLLM sample a call's sequences in waves)"
+    )
 
 
 GPU_SERVICES = ("generator", "reference", "trainer")

@@ -527,3 +527,20 @@ def test_a_trainer_above_its_memory_headroom_is_named():
     assert "layout.trainer.gpus" in tight
     assert "note: the trainer" not in plan(recipe("qwen3-14b"), 8).describe()
     assert "note: the trainer" not in plan(recipe("qwen3-1.7b"), 3).describe()
+
+
+def test_a_shared_gpu_that_the_kv_cache_overfills_names_the_cache_that_fits():
+    # two steps a generate call on one H100: the cache planned for 256 sequences at once is
+    # what does not fit; the line names the largest that does, and that one is accepted
+    two_calls = ["grpo.max_response_tokens=512", "grpo.steps_per_call=2"]
+    line = error_of(recipe("qwen3-1.7b", "layout.share=auto", *two_calls), 1)
+    assert (
+        "or a KV cache of at most 33.5 GB (--set generator.kv_cache_gb=33.5; planned 45.5 GB"
+        in line
+    )
+    fits = plan(
+        recipe("qwen3-1.7b", "layout.share=auto", *two_calls, "generator.kv_cache_gb=33.5"), 1
+    )
+    assert fits.settings.generator.kv_cache_gb == 33.5
+    # where the cache is not the problem (nothing smaller would do), no such advice
+    assert "KV cache of at most" not in error_of(recipe("qwen3-8b", "layout.share=auto"), 3)
