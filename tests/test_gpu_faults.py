@@ -180,18 +180,16 @@ def test_an_occupied_gpu_is_refused_before_anything_starts(tmp_path: Path, nothi
     assert_clean(out, proc.pid, nothing_left, before)
 
 
-def test_gpu_memory_taken_during_start_up_ends_the_run(tmp_path: Path, nothing_left):
-    """Another process takes the GPU's memory between the start-up check and the services'
-    allocations (the trainer's weights, vLLM's KV cache): the first service to allocate runs
-    out of memory and the run ends naming it. (Memory taken once the services are up did not
-    end the run on an H100: each service's allocator already held what its steps use.)"""
+def memory_taken_at(tmp_path: Path, nothing_left, after: str, name: str, leave_gb: float) -> str:
+    """Start a run, let another process take the GPU's memory (all but `leave_gb`) once the
+    run prints `after`, and check that the run ends within the bound and leaves the node
+    clean; its failure line."""
     before = Baseline()
-    run_dir = tmp_path / "run"
-    proc = start(one_gpu_args(run_dir, "grpo.steps=2000"))
+    proc = start(one_gpu_args(tmp_path / "run", "grpo.steps=2000"))
     hog = None
     try:
-        head = wait_for_line(proc, "starting services", timeout=600)
-        hog = GpuHog(leave_gb=0.5)
+        head = wait_for_line(proc, after, timeout=600)
+        hog = GpuHog(leave_gb=leave_gb)
         taken = time.monotonic()
         code, out = finish(proc, timeout=EXIT_BOUND_S + 60)
         seconds = time.monotonic() - taken
@@ -200,9 +198,20 @@ def test_gpu_memory_taken_during_start_up_ends_the_run(tmp_path: Path, nothing_l
             hog.stop()
         kill_tree(proc)
     out = "".join(head) + out
-    first = ended(code, out, "memory-taken-during-start-up", seconds, hog.line)
+    first = ended(code, out, name, seconds, hog.line)
     assert "out of memory" in first.lower() and "(on node 0 GPU 0)" in first, first
     assert_clean(out, proc.pid, nothing_left, before)
+    return first
+
+
+def test_gpu_memory_taken_during_start_up_ends_the_run(tmp_path: Path, nothing_left):
+    """Another process takes the GPU's memory between the start-up check and the services'
+    allocations (the trainer's weights, vLLM's KV cache): the first service to allocate runs
+    out of memory and the run ends naming it. (Memory taken once the services are up did not
+    end the run on an H100: each service's allocator already held what its steps use.)"""
+    memory_taken_at(
+        tmp_path, nothing_left, "starting services", "memory-taken-during-start-up", 0.5
+    )
 
 
 def test_gpu_memory_taken_before_the_first_backward_ends_the_run(tmp_path: Path, nothing_left):
@@ -210,25 +219,9 @@ def test_gpu_memory_taken_before_the_first_backward_ends_the_run(tmp_path: Path,
     trainer's first step: vLLM's cache and the weights are in place, the gradients and
     AdamW's moments are not, so the trainer runs out of memory in its first backward (or
     optimizer step) and the run ends naming it. No checkpoint yet: nothing to resume."""
-    before = Baseline()
-    run_dir = tmp_path / "run"
-    proc = start(one_gpu_args(run_dir, "grpo.steps=2000"))
-    hog = None
-    try:
-        head = wait_for_line(proc, "services ready", timeout=600)
-        hog = GpuHog(leave_gb=0.2)
-        taken = time.monotonic()
-        code, out = finish(proc, timeout=EXIT_BOUND_S + 60)
-        seconds = time.monotonic() - taken
-    finally:
-        if hog is not None:
-            hog.stop()
-        kill_tree(proc)
-    out = "".join(head) + out
-    first = ended(code, out, "memory-taken-before-first-backward", seconds, hog.line)
-    assert "trainer actor failed" in first and "out of memory" in first.lower(), first
-    assert "(on node 0 GPU 0)" in first, first
-    assert_clean(out, proc.pid, nothing_left, before)
+    name = "memory-taken-before-first-backward"
+    first = memory_taken_at(tmp_path, nothing_left, "services ready", name, 0.2)
+    assert "trainer actor failed" in first, first
 
 
 KILLS = [
