@@ -297,3 +297,21 @@ def test_memory_against_plan_adds_up_a_shared_gpu_and_keeps_each_peak():
         "memory/train_gb": 36.5,
         "memory/publish_gb": 26.6,
     }
+
+
+def test_product_path_overrides_pass_the_runtimes_checks(monkeypatch):
+    # `python -m runtime` checks every module:function a recipe names before it starts (by
+    # file: a package with an __init__.py on the path); the product bench's own reward must pass
+    from recipes import apply_overrides, load_recipe
+    from recipes.references import check, references, search_path
+    from runtime.tasks.rewards import build_reward_fn
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    import product_path
+
+    recipe = apply_overrides(load_recipe("qwen3-1.7b"), ["layout.share=all", *product_path.SHORT])
+    roots = check(references(recipe), search_path())
+    assert roots == {"bench": root / "bench"}
+    mix = build_reward_fn(recipe.dataset.rewards)
+    assert mix("q", "aaaa", "")[0] == 0.25 and mix("q", "abcd", "")[0] == 1.0
