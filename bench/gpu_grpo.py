@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_memory import GpuSampler  # noqa: E402
+from gpu_memory import GpuSampler, plan_gb_per_gpu, trainer_peaks  # noqa: E402
 
 OFFLINE = ["model.init=random", "model.tokenizer=builtin:arith", "dataset.path=builtin:arith"]
 # throughput runs of random weights: the recipes' held-out evaluation would measure nothing
@@ -146,7 +146,6 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     try:
         code = run(RunConfig(recipe=recipe, plan=run_plan, run_dir=run_dir))
         wall = time.perf_counter() - start
-        sampler.stop()
         metrics = run_dir / "metrics.jsonl"
         records = (
             [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
@@ -179,21 +178,12 @@ def memory_against_plan(
     """The plan's estimate per GPU (its services' GB/GPU added up where they share one) beside
     what the run used: nvidia-smi's peak per GPU (every process, caches included) and the
     trainer's own allocator peaks by phase (rank 0; `memory/*` in its records)."""
-    estimate: dict[int, float] = {}
-    for p in run_plan.placements:
-        for gpu in p.gpus:
-            estimate[gpu] = estimate.get(gpu, 0.0) + run_plan.memory.get(p.service, 0.0)
-    trainer: dict[str, float] = {}
-    for r in records:
-        for k, v in r.items():
-            if k.startswith("memory/"):
-                trainer[k] = max(trainer.get(k, 0.0), v)
     return {
         "plan_gb_by_service": dict(run_plan.memory),
         "plan_trainer_peak_gb": run_plan.settings.trainer.peak_gb,
-        "plan_gb_per_gpu": {str(g): round(v, 1) for g, v in sorted(estimate.items())},
+        "plan_gb_per_gpu": plan_gb_per_gpu(run_plan),
         "nvidia_smi_peak_gb_per_gpu": {str(g): v for g, v in sorted(used.items())},
-        "trainer_allocator_peak_gb": trainer,
+        "trainer_allocator_peak_gb": trainer_peaks(records),
     }
 
 

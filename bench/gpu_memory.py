@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+from typing import Any
 
 
 class GpuSampler:
@@ -44,3 +45,23 @@ class GpuSampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+def trainer_peaks(records: list[dict[str, Any]]) -> dict[str, float]:
+    """The largest of each trainer memory figure (`memory/*`, rank 0's allocator by phase) over
+    a run's metric records."""
+    out: dict[str, float] = {}
+    for row in records:
+        for k, v in row.items():
+            if k.startswith("memory/"):
+                out[k] = max(out.get(k, 0.0), v)
+    return out
+
+
+def plan_gb_per_gpu(plan: Any) -> dict[str, float]:
+    """The plan's estimate per GPU: its services' GB/GPU added up where they share one."""
+    per_gpu: dict[int, float] = {}
+    for placement in plan.placements:
+        for gpu in placement.gpus:
+            per_gpu[gpu] = per_gpu.get(gpu, 0.0) + plan.memory.get(placement.service, 0.0)
+    return {str(g): round(v, 1) for g, v in sorted(per_gpu.items())}

@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from fault_runs import RuntimeRun, committed_steps, session_pids  # noqa: E402
-from gpu_memory import GpuSampler  # noqa: E402
+from gpu_memory import GpuSampler, plan_gb_per_gpu, trainer_peaks  # noqa: E402
 
 from runtime.control.metrics import read_metrics  # noqa: E402
 
@@ -119,16 +119,6 @@ def runtime_args(name: str, gpus: int, folder: Path, run_dir: Path, sets: list[s
 
 def step_rows(run_dir: Path) -> list[dict[str, Any]]:
     return read_metrics(run_dir / "metrics.jsonl")
-
-
-def memory_row(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """The largest trainer memory figure of each kind over the rows."""
-    out: dict[str, float] = {}
-    for row in rows:
-        for k, v in row.items():
-            if k.startswith("memory/"):
-                out[k] = max(out.get(k, 0.0), v)
-    return out
 
 
 def gpus_free(sampler: GpuSampler, limit_gb: float = 1.5, timeout: float = 60.0) -> float:
@@ -357,14 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(info), flush=True)
         return 0
     the_plan = plan(recipe, a.gpus, accelerator=accelerator)
-    per_gpu: dict[int, float] = {}
-    for placement in the_plan.placements:
-        for gpu in placement.gpus:
-            per_gpu[gpu] = per_gpu.get(gpu, 0.0) + the_plan.memory.get(placement.service, 0.0)
     result["plan"] = {
         "describe": the_plan.describe(),
         "gb_per_gpu_by_service": the_plan.memory,
-        "estimated_gb_per_gpu": {str(k): round(v, 1) for k, v in per_gpu.items()},
+        "estimated_gb_per_gpu": plan_gb_per_gpu(the_plan),
         "params": model_spec(recipe).num_params(),
     }
     print(the_plan.describe(), flush=True)
@@ -413,7 +399,7 @@ def part_a(
     sampler.phase = "run A"
     result["run_a"] = run_a(args, run_dir, logs / f"product_path_{a.recipe}_run_a.log", a.every)
     result["run_a"]["gpus_free_after_kill_s"] = gpus_free(sampler)
-    result["run_a"]["trainer_memory"] = memory_row(step_rows(run_dir))
+    result["run_a"]["trainer_memory"] = trainer_peaks(step_rows(run_dir))
     print(f"run A: {result['run_a']}", flush=True)
 
 
@@ -436,7 +422,7 @@ def part_b(
     result["steps"] = [
         {k: r.get(k) for k in ("step", "time/step_s", "time/train_s", "loss", "kl")} for r in rows
     ]
-    result["run_b"]["trainer_memory"] = memory_row([r for r in rows if r["step"] > a.every])
+    result["run_b"]["trainer_memory"] = trainer_peaks([r for r in rows if r["step"] > a.every])
     result["model_files"] = sorted(p.name for p in (run_dir / "model").iterdir())
     print(f"run B: {result['run_b']}", flush=True)
     sampler.phase = "serve export"

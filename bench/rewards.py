@@ -6,9 +6,13 @@ A recipe names one as `bench.rewards:NAME` (with the checkout's root on the Pyth
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
 
-def distinct_share(prompt: str, completion: str, answer: str) -> float:
+
+def distinct_share(prompt: str, completion: Sequence[Any], answer: str) -> float:
     """The share of distinct characters in the completion (one token a character with the
-    shipped arith tokenizer): differs between completions of random weights, so GRPO's
-    advantages are not all 0 and training changes the weights."""
+    shipped arith tokenizer; TRL's side of a side-by-side passes token ids): differs between
+    completions of random weights, so GRPO's advantages are not all 0 and training changes the
+    weights."""
     return len(set(completion)) / max(len(completion), 1)

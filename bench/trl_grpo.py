@@ -45,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from gpu_grpo import gpu_info, mean, per  # noqa: E402  (bench/ is this script's folder)
+from rewards import distinct_share as share_of_distinct  # noqa: E402
 
 KL_BETA, CLIP_LOW, CLIP_HIGH, LEARNING_RATE = 0.1, 0.2, 0.28, 1e-5  # recipes/catalog/qwen3-1.7b
 # The CPU check: a model that trains in seconds, lengths that keep HF generate quick.
@@ -127,8 +128,9 @@ def prompts(count: int, prompt_tokens: int) -> list[str]:
 
 
 def distinct_share(completion_ids: list[list[int]], **_: Any) -> list[float]:
-    """Reward: the share of distinct token ids in each completion."""
-    return [len(set(ids)) / max(len(ids), 1) for ids in completion_ids]
+    """Reward: the share of distinct token ids in each completion (bench/rewards.py's, which
+    forgesky's side of a side-by-side is given: one token a character there)."""
+    return [share_of_distinct("", ids, "") for ids in completion_ids]
 
 
 def timing_callback() -> Any:
