@@ -64,8 +64,7 @@ def estimate_memory(
 
     step_sequences = grpo.prompts_per_step * grpo.group_size * grpo.steps_per_call
     kv_sequences = max(math.ceil(step_sequences / replicas), grpo.group_size)
-    kv_cache = kv_sequences * seq * arch.kv_bytes_per_token
-    generator = (2 * arch.params + kv_cache) / layout.generator.tp
+    generator = 2 * arch.params / layout.generator.tp + kv_gb(recipe, kv_sequences) * GB
 
     memory = {"generator": generator, "trainer": trainer}
     if layout.reference.on_gpu:
@@ -75,6 +74,14 @@ def estimate_memory(
             reference += 2 * arch.vocab_size * arch.dim
         memory["reference"] = reference
     return {k: round(v / GB + RUNTIME_OVERHEAD_GB, 1) for k, v in sorted(memory.items())}
+
+
+def kv_gb(recipe: Recipe, sequences: int) -> float:
+    """GB of KV cache per GPU of a generator replica for `sequences` sequences of the recipe's
+    maximum length (prompt + response), split over its TP group."""
+    g = recipe.grpo
+    tokens = sequences * (g.max_prompt_tokens + g.max_response_tokens)
+    return tokens * recipe.arch.kv_bytes_per_token / recipe.layout.generator.tp / GB
 
 
 def reference_host_gb(recipe: Recipe) -> float:

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from recipes.errors import UserError
-from recipes.memory import ACCELERATOR_GB, GB, estimate_memory, trainer_publish_gb
+from recipes.memory import ACCELERATOR_GB, GB, estimate_memory, kv_gb, trainer_publish_gb
 from recipes.schema import Recipe
 from recipes.settings import Settings, plan_settings
 
@@ -857,9 +857,7 @@ def _smaller_kv(
     over = {gpu: sum(parts.values()) - capacity for gpu, parts in per_gpu.items()}
     if any(excess > 0 and "generator" not in per_gpu[gpu] for gpu, excess in over.items()):
         return ""
-    g = recipe.grpo
-    one_group = g.group_size * (g.max_prompt_tokens + g.max_response_tokens)
-    least = one_group * recipe.arch.kv_bytes_per_token / recipe.layout.generator.tp / GB
+    least = kv_gb(recipe, recipe.grpo.group_size)  # a replica holds one group at the least
     fits = math.floor((kv - max(over.values())) * 2) / 2
     if fits < max(least, 0.5):
         return ""

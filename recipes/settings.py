@@ -42,6 +42,7 @@ from recipes.memory import (
     PLAN_HEADROOM,
     PLAN_TOKENS,
     RUNTIME_OVERHEAD_GB,
+    kv_gb,
     trainer_fixed_bytes,
     trainer_memory_plan,
     trainer_token_bytes,
@@ -211,7 +212,7 @@ def plan_settings(
     return Settings(generator, trainer, reference, weight_sync, tuple(planned))
 
 
-def _resident_bytes(recipe: Any, services: frozenset[str], kv_gb: float | None) -> float:
+def _resident_bytes(recipe: Any, services: frozenset[str], kv: float | None) -> float:
     """Bytes the generator (bf16 weights, its fixed KV cache) and the reference (its estimate)
     keep on a GPU they share with the trainer."""
     from recipes.memory import estimate_memory
@@ -219,7 +220,7 @@ def _resident_bytes(recipe: Any, services: frozenset[str], kv_gb: float | None) 
     total = 0.0
     if "generator" in services:
         weights = 2 * recipe.arch.params / recipe.layout.generator.tp
-        total += weights + (kv_gb or 0.0) * GB + RUNTIME_OVERHEAD_GB * GB
+        total += weights + (kv or 0.0) * GB + RUNTIME_OVERHEAD_GB * GB
     if "reference" in services:
         total += estimate_memory(recipe)["reference"] * GB
     return total
@@ -278,13 +279,11 @@ def _trainer_plan(
 
 def _kv_reserve_gb(recipe: Any, replicas: int) -> float:
     """The generator's KV reserve (recipes/memory.py) per GPU, in GB, rounded up to 0.5."""
-    arch, g = recipe.arch, recipe.grpo
-    seq = g.max_prompt_tokens + g.max_response_tokens
+    g = recipe.grpo
     sequences = max(
         math.ceil(g.prompts_per_step * g.group_size * g.steps_per_call / replicas), g.group_size
     )
-    gb = sequences * seq * arch.kv_bytes_per_token / recipe.layout.generator.tp / GB
-    return math.ceil(gb * 2) / 2
+    return math.ceil(kv_gb(recipe, sequences) * 2) / 2
 
 
 def _check_kv(recipe: Any, accelerator: str, kv_gb: float) -> None:
