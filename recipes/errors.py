@@ -13,6 +13,10 @@ class UserError(Exception):
         super().__init__(one_line(str(message)))
 
 
+class DoesNotFit(UserError):
+    """A layout or a setting whose memory does not fit its GPUs; the message is the arithmetic."""
+
+
 def one_line(text: str) -> str:
     """`text` with every character that would not print as itself (a newline in a YAML key, an
     escape sequence, invisible spacing) written as its escape (`\\n`, `\\x1b`, `\\u3000`)."""

@@ -48,7 +48,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from recipes.errors import UserError
+from recipes.errors import DoesNotFit, UserError
 from recipes.memory import ACCELERATOR_GB, GB, estimate_memory, kv_gb, trainer_publish_gb
 from recipes.schema import Recipe
 from recipes.settings import Settings, plan_settings
@@ -85,6 +85,7 @@ class Candidate:
     samples_per_s_per_gpu: float | None = None
     bound_by: str = ""
     refused: str | None = None
+    over_memory: bool = False  # refused for its memory arithmetic (recipes.errors.DoesNotFit)
     chosen: bool = False
 
 
@@ -423,14 +424,7 @@ def plan(
         refusals = [c.refused for _, c in weighed if c.refused]
         if num_nodes == 1 and gpus < minimum_gpus(recipe, accelerator):
             # the memory arithmetic of a sharing layout refused at this count, if any
-            why = next(
-                (
-                    c.refused
-                    for _, c in weighed
-                    if c.refused and c.share != "none" and " GB" in c.refused
-                ),
-                None,
-            )
+            why = next((c.refused for _, c in weighed if c.over_memory), None)
             why = why.removeprefix(f"{recipe.name}: ") if why else None
             raise UserError(_too_few(recipe, gpus, accelerator) + (f" ({why})" if why else ""))
         raise UserError(refusals[0] if refusals else _too_few(recipe, gpus, accelerator))
@@ -507,7 +501,8 @@ def _candidates(
         try:
             plans = builders[kind]()
         except UserError as e:
-            out.append((None, Candidate(kind, "-", refused=str(e))))
+            over = isinstance(e, DoesNotFit)
+            out.append((None, Candidate(kind, "-", refused=str(e), over_memory=over)))
             continue
         for p in plans:
             out.append((p, _candidate(recipe, p)))
@@ -610,7 +605,8 @@ def _trainer_reference_plans(recipe: Recipe, gpus: int, accelerator: str) -> lis
     r that fits (the cost model picks)."""
     lay = recipe.layout
     tp, ref = lay.generator.tp, lay.reference.gpus
-    plans, refusals = [], []
+    plans: list[Plan] = []
+    refusals: list[UserError] = []
     for replicas in range(1, gpus // tp + 1):
         first = replicas * tp
         rest = tuple(range(first, gpus))
@@ -639,12 +635,12 @@ def _trainer_reference_plans(recipe: Recipe, gpus: int, accelerator: str) -> lis
                 )
             )
         except UserError as e:
-            refusals.append(str(e))
+            refusals.append(e)
     if not plans:
+        if refusals:
+            raise refusals[0]  # as raised: a memory refusal stays one (DoesNotFit)
         raise UserError(
-            refusals[0]
-            if refusals
-            else f"{recipe.name}: layout.share trainer_reference needs a GPU for a generator "
+            f"{recipe.name}: layout.share trainer_reference needs a GPU for a generator "
             f"replica (TP{tp}) and {max(ref, 1)} for the trainer and the reference; got {gpus}"
         )
     return plans
@@ -835,7 +831,7 @@ def _check_shared_memory(
     total = sum(parts.values())
     if total > capacity:
         shown = " + ".join(f"{k} {v:.0f}" for k, v in parts.items())
-        raise UserError(
+        raise DoesNotFit(
             f"{recipe.name}: layout.share {share} puts {shown} = {total:.0f} GB on GPU {gpu}, "
             f"an {accelerator} of {capacity:.0f} GB; use more GPUs or give the services GPUs "
             "of their own (layout.share none)" + _smaller_kv(recipe, settings, per_gpu, capacity)

@@ -35,7 +35,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from recipes.errors import UserError
+from recipes.errors import DoesNotFit
 from recipes.memory import (
     ACCELERATOR_BYTES,
     GB,
@@ -266,7 +266,7 @@ def _trainer_plan(
         )
     elif reserve:
         where = f"what an {accelerator} leaves beside the {reserve / GB:.1f} GB weight-push buffer"
-    raise UserError(
+    raise DoesNotFit(
         f"trainer: {tokens} tokens per micro-batch "
         f"{'with' if ckpt else 'without'} activation checkpointing need ~{need / GB:.0f} GB "
         f"per trainer GPU ({fixed / GB:.0f} GB of weights, gradients and optimizer state on "
@@ -292,7 +292,7 @@ def _check_kv(recipe: Any, accelerator: str, kv_gb: float) -> None:
     need = weights + kv_gb + RUNTIME_OVERHEAD_GB
     have = ACCELERATOR_BYTES[accelerator] / GB
     if need > have:
-        raise UserError(
+        raise DoesNotFit(
             f"generator.kv_cache_gb: {kv_gb:g} GB of KV cache + {weights:.0f} GB of bf16 "
             f"weights + {RUNTIME_OVERHEAD_GB:.0f} GB runtime = {need:.0f} GB per GPU, but an "
             f"{accelerator} has {have:.0f} GB; lower generator.kv_cache_gb"
