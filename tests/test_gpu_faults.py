@@ -306,23 +306,35 @@ def test_a_silent_generator_is_ended_by_the_watchdog(tmp_path: Path, nothing_lef
 
 TWO_GPU_KILLS = [
     # the NCCL push: the receiving side gone while the sender is in the collective
-    ("push-receiver-killed", "generator0", 0, "generator0 actor failed: process killed"),
+    ("push-receiver-killed", "generator0", 0, (), "generator0 actor failed: process killed", None),
     # the sending side gone while the receiver waits for the version
-    ("push-sender-killed", "trainer", 0, "trainer actor failed: process killed"),
+    ("push-sender-killed", "trainer", 0, (), "trainer actor failed: process killed", None),
+    # one rank of the two-rank FSDP trainer (every service on both GPUs, taking turns): the
+    # other rank waits in the step's collectives, or soon does
+    (
+        "trainer-rank-killed",
+        "trainer",
+        1,
+        ("layout.share=all",),
+        "trainer actor failed: process killed",
+        "node 0 GPUs 0,1",
+    ),
 ]
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the NCCL push needs two GPUs")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two GPUs: the NCCL push, FSDP2")
 @pytest.mark.parametrize(
-    ("name", "service", "rank", "line"), TWO_GPU_KILLS, ids=[k[0] for k in TWO_GPU_KILLS]
+    ("name", "service", "rank", "sets", "line", "place"),
+    TWO_GPU_KILLS,
+    ids=[k[0] for k in TWO_GPU_KILLS],
 )
-def test_a_side_of_the_nccl_push_killed_ends_the_run(
-    tmp_path: Path, nothing_left, name, service, rank, line
+def test_a_killed_service_on_two_gpus_ends_the_run(
+    tmp_path: Path, nothing_left, name, service, rank, sets, line, place
 ):
-    """tiny-gpu on two GPUs (a GPU each, a version pushed by NCCL every step): the kill lands
-    between steps of a run that pushes every step, so the other side is in, or soon enters, a
-    push collective; it must not wait forever."""
+    """tiny-gpu on two GPUs. Without sets: a GPU each, a version pushed by NCCL every step; the
+    kill lands between steps, so the other side is in, or soon enters, a push collective and
+    must not wait forever. With layout.share=all: the trainer is FSDP over both GPUs."""
     args = ["--recipe", "tiny-gpu", "--gpus", "2", "--run-dir", str(tmp_path / "run")]
-    for item in ("eval.enabled=false", "grpo.checkpoint_interval=2"):
+    for item in ("eval.enabled=false", "grpo.checkpoint_interval=2", *sets):
         args += ["--set", item]
-    kill_mid_run(args, name, service, rank, line, None, nothing_left)
+    kill_mid_run(args, name, service, rank, line, place, nothing_left)

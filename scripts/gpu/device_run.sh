@@ -18,7 +18,8 @@
 #                                      one step off-policy (off), each in a time limit of its own
 #                                      (TRL on GPUS > 1: torchrun, a process and a vLLM a GPU)
 #                                      (SBS_OURS_S, default 330; SBS_TRL_S, 200), both with TRL's
-#                                      reward; one JSON, a log per run
+#                                      reward; one JSON, a log per run; SBS_RUNS=ours or trl
+#                                      runs one of the two
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
@@ -192,13 +193,20 @@ case "$mode" in
       off) trl+=(--optimizer-steps-per-generation 2) ;;
       *) echo "side-by-side: on or off, not $policy" >&2; exit 2 ;;
     esac
+    # SBS_RUNS (default "ours trl"): one of them alone, where a call's time holds only one
+    # (the JSON in /tmp/bench gathers both while the machine stays up).
+    runs=${SBS_RUNS:-ours trl}
     status=0
-    timeout -s TERM "${SBS_OURS_S:-330}" python3 bench/gpu_grpo.py grpo --out "$json" \
-      "${ours[@]}" --section "grpo_${gpus}gpu_${policy}_policy" \
-      >"$out/side_by_side_grpo_${gpus}gpu_${policy}$tag.log" 2>&1 || status=$?
-    echo "forgesky ${policy}-policy: exit $status"
-    cp "$json" "$out/" 2>/dev/null || true
+    if [[ " $runs " == *" ours "* ]]; then
+      timeout -s TERM "${SBS_OURS_S:-330}" python3 bench/gpu_grpo.py grpo --out "$json" \
+        "${ours[@]}" --section "grpo_${gpus}gpu_${policy}_policy" \
+        >"$out/side_by_side_grpo_${gpus}gpu_${policy}$tag.log" 2>&1 || status=$?
+      echo "forgesky ${policy}-policy: exit $status"
+      cp "$json" "$out/" 2>/dev/null || true
+      grep -h "^step \|error" "$out/side_by_side_grpo_${gpus}gpu_${policy}$tag.log" | tail -8 || true
+    fi
     rc=0
+    [[ " $runs " == *" trl "* ]] || exit "$status"
     # TRL on several GPUs: a process a GPU (torchrun), each with its vLLM colocated.
     launch=(python3)
     if [ "$gpus" -gt 1 ]; then
@@ -210,7 +218,7 @@ case "$mode" in
       --section "trl_tuned_${policy}_policy" >"$out/side_by_side_trl_${policy}$tag.log" 2>&1 || rc=$?
     echo "TRL ${policy}-policy: exit $rc"
     cp "$json" "$out/" 2>/dev/null || true
-    grep -h "^step \|error" "$out/side_by_side_grpo_${gpus}gpu_${policy}$tag.log" | tail -8 || true
+    tail -4 "$out/side_by_side_trl_${policy}$tag.log" || true
     exit $((status || rc))
     ;;
   product)
