@@ -23,13 +23,13 @@ Across GPU types: an unmeasured type takes a measured one's speeds with generati
 the ratio of memory bandwidths (decoding reads every weight for every token) and training and
 scoring by the ratio of dense bf16 peaks (the H100 and H200 have the same).
 
-Services that share a GPU take turns on it (runtime/control/turns.py): their work adds up.
-Services on GPUs of their own overlap when a generate call may start before the steps of the
-last one are trained (slack = grpo.max_policy_age + 1 - grpo.steps_per_call > 0): the step
-takes as long as the busiest group of GPUs, and with calls of k > 1 steps at least a call's
-generate and reference plus the (k - slack) steps the next call waits for, over k. With no
-slack (lock-step, or a call of max_policy_age + 1 steps) nothing overlaps: the step is
-generate + reference + train + sync.
+Services that share a GPU take turns on it (runtime/control/turns.py): their work on that GPU
+adds up, and units that share no GPU work at once. Services overlap when a generate call may
+start before the steps of the last one are trained (slack = grpo.max_policy_age + 1 -
+grpo.steps_per_call > 0): the step takes as long as the busiest GPU, and with calls of k > 1
+steps at least a call's generate and reference plus the (k - slack) steps the next call waits
+for, over k. With no slack (lock-step, or a call of max_policy_age + 1 steps) nothing
+overlaps: the step is generate + reference + train + sync (the replicas generate at once).
 """
 
 from __future__ import annotations
@@ -148,10 +148,12 @@ def predict_step(
     units["trainer"] = train + sync
     if ref:
         units["reference"] = reference
-    from recipes.planner import gpu_groups
+    from recipes.planner import gpu_units
 
-    groups = gpu_groups(p for p in placements if p.gpus and p.service != "reward")
-    busy = {" + ".join(sorted(group)): sum(units[u] for u in group) for group in groups}
+    # Turns are per GPU (runtime/control/turns.py): a GPU is busy for the work of every unit on
+    # it, and the busiest GPU bounds the step.
+    on_gpu = gpu_units(p for p in placements if p.gpus and p.service != "reward")
+    busy = {" + ".join(sorted(group)): sum(units[u] for u in group) for group in on_gpu.values()}
     k = g.steps_per_call
     slack = g.max_policy_age + 1 - k
     bound, seconds = max(busy.items(), key=lambda item: item[1])

@@ -879,36 +879,23 @@ def unit_name(placement: Placement) -> str:
     )
 
 
-def gpu_groups(placements: Iterable[Placement]) -> list[set[str]]:
-    """The GPU units grouped by shared GPUs (directly or through a third unit), per node; a
-    unit with GPUs of its own is a group of one."""
-    parent: dict[str, str] = {}
-
-    def root(u: str) -> str:
-        while parent[u] != u:
-            parent[u] = parent[parent[u]]
-            u = parent[u]
-        return u
-
-    owner: dict[tuple[int, int], str] = {}
+def gpu_units(placements: Iterable[Placement]) -> dict[tuple[int, int], set[str]]:
+    """The GPU units on each GPU of the plan, keyed by (node, GPU index)."""
+    units: dict[tuple[int, int], set[str]] = {}
     for p in placements:
         if p.service not in GPU_SERVICES or not p.gpus:
             continue
-        unit = unit_name(p)
-        parent.setdefault(unit, unit)
         for gpu in p.gpus:
-            other = owner.setdefault((p.node, gpu), unit)
-            if other != unit:
-                parent[root(unit)] = root(other)
-    groups: dict[str, set[str]] = {}
-    for unit in parent:
-        groups.setdefault(root(unit), set()).add(unit)
-    return sorted(groups.values(), key=sorted)
+            units.setdefault((p.node, gpu), set()).add(unit_name(p))
+    return dict(sorted(units.items()))
 
 
-def shared_groups(placements: Iterable[Placement]) -> list[set[str]]:
-    """The units that must take turns (runtime/control/turns.py): groups of two or more."""
-    return [g for g in gpu_groups(placements) if len(g) > 1]
+def shared_gpus(placements: Iterable[Placement]) -> dict[tuple[int, int], set[str]]:
+    """The GPUs on which units must take turns (runtime/control/turns.py): two or more units.
+
+    Turns are per GPU: units that share no GPU run at once even where a third unit spans both
+    (two generators, each on a GPU of its own, beside a trainer over both GPUs)."""
+    return {gpu: units for gpu, units in gpu_units(placements).items() if len(units) > 1}
 
 
 def shared_services(placements: tuple[Placement, ...]) -> frozenset[str]:

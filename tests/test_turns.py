@@ -13,20 +13,20 @@ import pytest
 from runtime_helpers import NOISE, ROOT
 
 from recipes import UserError, apply_overrides, estimate_memory, load_recipe, plan
-from runtime.control.turns import GpuTurns, shared_groups
+from runtime.control.turns import GpuTurns, shared_gpus
 
 
 def test_services_on_their_own_gpus_never_take_turns():
     recipe = load_recipe("qwen3-1.7b")
     assert plan(recipe, 3).share == "none" and plan(recipe, 8).share == "none"
-    assert shared_groups(plan(recipe, 3).placements) == []
-    assert shared_groups(plan(recipe, 8).placements) == []
+    assert shared_gpus(plan(recipe, 3).placements) == {}
+    assert shared_gpus(plan(recipe, 8).placements) == {}
     assert not GpuTurns(plan(recipe, 3).placements)
 
 
-def test_one_gpu_puts_every_gpu_service_in_one_group():
+def test_one_gpu_puts_every_gpu_service_on_one_lock():
     one = plan(load_recipe("qwen3-1.7b"), 1)
-    assert shared_groups(one.placements) == [{"generator0", "reference", "trainer"}]
+    assert shared_gpus(one.placements) == {(0, 0): {"generator0", "reference", "trainer"}}
 
 
 def test_two_gpus_pair_the_services_that_land_on_the_same_one():
@@ -34,10 +34,10 @@ def test_two_gpus_pair_the_services_that_land_on_the_same_one():
     two = plan(load_recipe("qwen3-1.7b"), 2)
     where = {p.service: p.gpus for p in two.placements if p.service != "reward"}
     assert where == {"generator": (0,), "reference": (1,), "trainer": (1,)}
-    assert shared_groups(two.placements) == [{"reference", "trainer"}]
+    assert shared_gpus(two.placements) == {(0, 1): {"reference", "trainer"}}
 
 
-def test_sharing_is_transitive_and_per_node():
+def test_sharing_is_per_gpu_and_per_node():
     from recipes.planner import Placement
 
     chain = [
@@ -47,19 +47,14 @@ def test_sharing_is_transitive_and_per_node():
         Placement("generator", 1, 1, (0,)),  # same index, another node
         Placement("reward", 0, 0, ()),
     ]
-    assert shared_groups(chain) == [{"generator0", "reference", "trainer"}]
+    assert shared_gpus(chain) == {
+        (0, 1): {"generator0", "reference"},
+        (0, 2): {"reference", "trainer"},
+    }
 
 
-def test_turns_serialize_a_group_and_leave_other_units_alone():
-    from recipes.planner import Placement
-
-    placements = [
-        Placement("generator", 0, 0, (0,)),
-        Placement("trainer", 0, 0, (0,)),
-        Placement("generator", 1, 0, (1,)),
-        Placement("reference", 0, 0, (2,)),
-    ]
-    turns = GpuTurns(placements)
+def spans_of(turns: GpuTurns, units: list[str]) -> dict[str, list[tuple[float, float]]]:
+    """Each unit's calls (0.05 s of work in its turn), all started at once: their spans."""
     spans: dict[str, list[tuple[float, float]]] = {}
 
     async def call(unit: str) -> None:
@@ -69,20 +64,67 @@ def test_turns_serialize_a_group_and_leave_other_units_alone():
             spans.setdefault(unit, []).append((start, time.perf_counter()))
 
     async def main() -> None:
-        await asyncio.gather(*(call(u) for u in ["generator0", "trainer", "generator1",
-                                                  "reference", "generator0"]))  # fmt: skip
+        await asyncio.gather(*(call(u) for u in units))
 
     asyncio.run(main())
-    shared = sorted(spans["generator0"] + spans["trainer"])
-    assert all(a[1] <= b[0] for a, b in zip(shared, shared[1:], strict=False)), shared
-    # the unshared ones ran alongside the first turn of the shared group
+    return spans
+
+
+def in_turn(spans: list[tuple[float, float]]) -> bool:
+    ordered = sorted(spans)
+    return all(a[1] <= b[0] for a, b in zip(ordered, ordered[1:], strict=False))
+
+
+def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_turns_serialize_a_shared_gpu_and_leave_other_units_alone():
+    from recipes.planner import Placement
+
+    placements = [
+        Placement("generator", 0, 0, (0,)),
+        Placement("trainer", 0, 0, (0,)),
+        Placement("generator", 1, 0, (1,)),
+        Placement("reference", 0, 0, (2,)),
+    ]
+    turns = GpuTurns(placements)
+    spans = spans_of(turns, ["generator0", "trainer", "generator1", "reference", "generator0"])
+    shared = spans["generator0"] + spans["trainer"]
+    assert in_turn(shared), shared
+    # the unshared ones ran alongside the first turn on the shared GPU
     (g1,), (ref,) = spans["generator1"], spans["reference"]
-    assert g1[0] < shared[0][1] and ref[0] < shared[0][1]
+    first = min(shared)
+    assert overlap(g1, first) and overlap(ref, first)
     stats = turns.take_stats()
     assert stats["gpu/turns_generator"] == 2 and stats["gpu/turns_trainer"] == 1
     assert "gpu/turns_reference" not in stats  # it shares with nobody: no turn taken
     assert stats["gpu/turn_wait_s"] >= 0.05 + 0.05 + 0.05 - 0.03  # the 2nd, 3rd waited
     assert turns.take_stats()["gpu/turn_wait_s"] == 0.0
+
+
+def test_generators_on_gpus_of_their_own_sample_at_once_beside_a_trainer_over_both():
+    """The plan for two GPUs with every service on both (`--gpus 2`, lock-step): a generator a
+    GPU, the reference on GPU 1, the trainer FSDP over both. The generators share no GPU, so
+    their calls run together; the trainer waits for both, the reference for generator1."""
+    two = plan(apply_overrides(load_recipe("qwen3-1.7b"), ["grpo.max_policy_age=0"]), 2)
+    assert two.share == "all"
+    turns = GpuTurns(two.placements)
+    assert turns.describe() == (
+        "generator0 + trainer (node 0 GPU 0); generator1 + reference + trainer (node 0 GPU 1)"
+    )
+    spans = spans_of(turns, ["generator0", "generator1", "reference", "trainer"])
+    (g0,), (g1,), (ref,), (tr,) = (
+        spans[u] for u in ("generator0", "generator1", "reference", "trainer")
+    )
+    assert overlap(g0, g1), (g0, g1)
+    assert in_turn([g1, ref, tr]) and in_turn([g0, tr])
+    # the reference waits for GPU 1 alone: it scores while generator0 is still sampling
+    spans = spans_of(
+        GpuTurns(two.placements), ["generator0", "generator1", "reference", "generator0"]
+    )
+    ref = spans["reference"][0]
+    assert any(overlap(ref, g) for g in spans["generator0"]), spans
 
 
 def test_steps_per_call_needs_the_policy_age_to_cover_the_call():

@@ -8,8 +8,12 @@ run, a folded bench plan), the controller runs their GPU calls one at a time: a 
 a reference scoring, a train step and its publish, a weight load. Services on GPUs of their own
 never wait.
 
-Units: ``generator<replica>``, ``reference``, ``trainer``. Units whose GPUs overlap on a node
-(directly or through a third unit) share one lock; a unit that shares with nobody has none.
+Units: ``generator<replica>``, ``reference``, ``trainer``. Each GPU that two or more units use
+has a lock, and a unit's call holds the locks of every shared GPU it uses, taken in one global
+order (node, GPU) so two units never wait on each other. Units that share no GPU run at once,
+also where a third unit spans both of theirs: on two GPUs with every service on both, the two
+generators (a GPU each) sample together and the trainer (FSDP over both) waits for both. A unit
+that shares no GPU takes no lock.
 """
 
 from __future__ import annotations
@@ -21,48 +25,52 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from recipes.planner import GPU_SERVICES, shared_groups, unit_name
+from recipes.planner import GPU_SERVICES, shared_gpus, unit_name
 
-__all__ = ["GPU_SERVICES", "GpuTurns", "shared_groups", "unit_name"]
+__all__ = ["GPU_SERVICES", "GpuTurns", "shared_gpus", "unit_name"]
 
 
 class GpuTurns:
-    """One lock per group of units sharing GPUs, and what the turns cost: ``waited_s`` (seconds
-    calls waited for their GPU) and ``turns`` (calls per unit kind), reset by :meth:`take_stats`.
-    """
+    """A lock per shared GPU, and what the turns cost: ``waited_s`` (seconds calls waited for
+    their GPUs) and ``turns`` (calls per unit kind), reset by :meth:`take_stats`."""
 
     def __init__(self, placements: Iterable[Any]) -> None:
-        self.groups = shared_groups(placements)
-        self._locks: dict[str, asyncio.Lock] = {}
-        for group in self.groups:
-            lock = asyncio.Lock()
-            for unit in group:
-                self._locks[unit] = lock
+        self.shared = shared_gpus(placements)
+        locks = {gpu: asyncio.Lock() for gpu in self.shared}  # sorted by (node, GPU)
+        self._locks: dict[str, list[asyncio.Lock]] = {}
+        for gpu, lock in locks.items():
+            for unit in self.shared[gpu]:
+                self._locks.setdefault(unit, []).append(lock)
         self.waited_s = 0.0
         self.turns: Counter[str] = Counter()
 
     def __bool__(self) -> bool:
-        return bool(self.groups)
+        return bool(self.shared)
 
     def describe(self) -> str:
-        return "; ".join(" + ".join(sorted(g)) for g in self.groups)
+        return "; ".join(
+            f"{' + '.join(sorted(units))} (node {node} GPU {gpu})"
+            for (node, gpu), units in self.shared.items()
+        )
 
     @contextlib.asynccontextmanager
     async def turn(self, unit: str) -> AsyncIterator[None]:
-        """Hold `unit`'s GPU(s) for the block (at once when it shares them with nobody)."""
-        lock = self._locks.get(unit)
-        if lock is None:
+        """Hold the shared GPUs of `unit` for the block (at once when it shares none)."""
+        locks = self._locks.get(unit)
+        if not locks:
             yield
             return
         start = time.perf_counter()
-        async with lock:
+        async with contextlib.AsyncExitStack() as held:
+            for lock in locks:
+                await held.enter_async_context(lock)
             self.waited_s += time.perf_counter() - start
             self.turns[unit.rstrip("0123456789")] += 1
             yield
 
     def take_stats(self) -> dict[str, float]:
         """Metrics since the last call (nothing when no GPU is shared)."""
-        if not self.groups:
+        if not self.shared:
             return {}
         stats: dict[str, float] = {"gpu/turn_wait_s": self.waited_s}
         stats.update({f"gpu/turns_{kind}": float(n) for kind, n in sorted(self.turns.items())})
