@@ -75,6 +75,9 @@ COMPARE = (
     ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu_2steps_per_call"),
     ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu_2steps_per_call_age2"),
     ("gpu_h100_2026-11-25/gpu_grpo_1gpu.json", "grpo_1gpu_on_policy"),
+    # (its grpo_2gpu_on_policy ran while units sharing a GPU through a third took turns as one
+    # group, the two generators one after the other: not the behaviour the model describes)
+    ("gpu_h100x2_2026-11-25/side_by_side_runs.json", "grpo_2gpu_off_policy"),
 )
 
 
