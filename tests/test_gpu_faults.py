@@ -180,12 +180,14 @@ def test_an_occupied_gpu_is_refused_before_anything_starts(tmp_path: Path, nothi
     assert_clean(out, proc.pid, nothing_left, before)
 
 
-def memory_taken_at(tmp_path: Path, nothing_left, after: str, name: str, leave_gb: float) -> str:
-    """Start a run, let another process take the GPU's memory (all but `leave_gb`) once the
-    run prints `after`, and check that the run ends within the bound and leaves the node
-    clean; its failure line."""
+def memory_taken_at(
+    tmp_path: Path, nothing_left, after: str, name: str, leave_gb: float, args=None
+) -> str:
+    """Start a run (default: the one-GPU plan), let another process take GPU 0's memory (all
+    but `leave_gb`) once the run prints `after`, and check that the run ends within the bound,
+    naming GPU 0, and leaves the node clean; its failure line."""
     before = Baseline()
-    proc = start(one_gpu_args(tmp_path / "run", "grpo.steps=2000"))
+    proc = start(args or one_gpu_args(tmp_path / "run", "grpo.steps=2000"))
     hog = None
     try:
         head = wait_for_line(proc, after, timeout=600)
@@ -199,7 +201,7 @@ def memory_taken_at(tmp_path: Path, nothing_left, after: str, name: str, leave_g
         kill_tree(proc)
     out = "".join(head) + out
     first = ended(code, out, name, seconds, hog.line)
-    assert "out of memory" in first.lower() and "(on node 0 GPU 0)" in first, first
+    assert "memory" in first.lower() and "(on node 0 GPU 0)" in first, first
     assert_clean(out, proc.pid, nothing_left, before)
     return first
 
@@ -209,9 +211,10 @@ def test_gpu_memory_taken_during_start_up_ends_the_run(tmp_path: Path, nothing_l
     allocations (the trainer's weights, vLLM's KV cache): the first service to allocate runs
     out of memory and the run ends naming it. (Memory taken once the services are up did not
     end the run on an H100: each service's allocator already held what its steps use.)"""
-    memory_taken_at(
+    first = memory_taken_at(
         tmp_path, nothing_left, "starting services", "memory-taken-during-start-up", 0.5
     )
+    assert "out of memory" in first.lower(), first
 
 
 def test_gpu_memory_taken_before_the_first_backward_ends_the_run(tmp_path: Path, nothing_left):
@@ -221,7 +224,20 @@ def test_gpu_memory_taken_before_the_first_backward_ends_the_run(tmp_path: Path,
     optimizer step) and the run ends naming it. No checkpoint yet: nothing to resume."""
     name = "memory-taken-before-first-backward"
     first = memory_taken_at(tmp_path, nothing_left, "services ready", name, 0.2)
-    assert "trainer actor failed" in first, first
+    assert "trainer actor failed" in first and "out of memory" in first.lower(), first
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the generator alone on a GPU: two")
+def test_gpu_memory_taken_from_the_generator_ends_the_run(tmp_path: Path, nothing_left):
+    """tiny-gpu on two GPUs, the generator alone on GPU 0 (vLLM at 0.85 of it): another process
+    takes GPU 0's memory while the services start, so vLLM cannot fit its weights and KV
+    cache in what is left; the run ends naming the generator, its GPU and the memory."""
+    args = ["--recipe", "tiny-gpu", "--gpus", "2", "--run-dir", str(tmp_path / "run")]
+    for item in ("eval.enabled=false", "grpo.steps=2000"):
+        args += ["--set", item]
+    name = "generator-memory-taken-during-start-up"
+    first = memory_taken_at(tmp_path, nothing_left, "starting services", name, 0.5, args)
+    assert "generator0 actor failed" in first, first
 
 
 KILLS = [
