@@ -4,6 +4,7 @@ with what `recipes/memory.py` estimates for every recipe at its minimum and at 8
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -84,3 +85,36 @@ def test_every_gpu_estimate_covers_its_exact_shard(name: str):
         assert max(p.memory.values()) <= limit, (gpus, p.memory)
         checked += 1
     assert checked >= 1
+
+
+# --- against what GPU runs measured (bench/memory_check.py, bench/results/memory_model_check.json)
+
+
+def _memory_check():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import memory_check
+
+    return memory_check
+
+
+def test_the_committed_memory_check_is_todays_model():
+    # a change to recipes/memory.py or the planner rewrites bench/results/memory_model_check.json
+    # (python bench/memory_check.py --out bench/results/memory_model_check.json)
+    check = _memory_check()
+    rows = check.rows()
+    assert len(rows) == len(check.RUNS)
+    committed = json.loads(check.OUT.read_text())
+    assert committed == {"model": "recipes/memory.py", "runs": rows}
+
+
+def test_the_trainer_estimate_covers_every_measured_step_and_start_up():
+    # H100 runs: one and two ranks, with and without activation checkpointing, compiled and
+    # eager. The model may be high (it plans with headroom); below a measured peak, a plan that
+    # it lets through could run out of memory on a paid node.
+    for row in _memory_check().rows():
+        step = row["step_gb"]
+        assert step["estimate"] >= step["measured"], row
+        assert row["startup_below_step_estimate"], row

@@ -1,0 +1,158 @@
+"""The memory model against committed GPU runs: the trainer's estimated peaks and the plan's
+GB per GPU next to what the runs measured.
+
+    python bench/memory_check.py                  # print the rows
+    python bench/memory_check.py --out bench/results/memory_model_check.json
+    python bench/memory_check.py --check          # exit 1 if that file is out of date
+
+For each run in RUNS, with today's recipes/memory.py and planner:
+
+- trainer step: `trainer_fixed_bytes + tokens x trainer_token_bytes` at the run's ranks,
+  micro-batch and activation checkpointing (what the trainer's memory plan budgets) against the
+  largest `memory/train_gb` the run recorded (trainer rank 0's CUDA allocator in a step);
+- start-up: the largest `memory/startup_gb` (the weights built and loaded, before any step),
+  which must stay below the step's estimate;
+- publish (the CUDA IPC path, whose flat buffer lives from a publish until the generators have
+  loaded it): `trainer_publish_gb` against the largest `memory/publish_gb`;
+- per GPU: the GB/GPU of the plan the run had (`plan()` at the run's overrides, its services'
+  figures added up where they share a GPU), the same with the trainer at its step estimate,
+  and the run's nvidia-smi peak (every process and allocator cache; a generator with a GPU of
+  its own takes `gpu_memory_utilization` of it whatever it needs).
+
+error = estimate / measured - 1: below 0 the model promises less than the run took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results"
+OUT = RESULTS / "memory_model_check.json"
+
+# (file, section or None for a product_path file, gpus): H100 runs that recorded their
+# trainer's allocator peaks.
+RUNS = (
+    ("gpu_h100_2026-11-25/gpu_grpo_1gpu.json", "grpo_1gpu_on_policy", 1),
+    ("gpu_h100_2026-11-25b/host_a_product_path.json", None, 1),
+    ("gpu_h100x2_2026-11-25/side_by_side_runs.json", "grpo_2gpu_on_policy", 2),
+    ("gpu_h100x2_2026-11-25/side_by_side_runs.json", "grpo_2gpu_off_policy", 2),
+)
+GB = 1e9
+
+
+def _run(file: str, name: str | None) -> dict[str, Any]:
+    """What a row needs of a run: recipe, overrides, trainer settings, peaks, nvidia-smi."""
+    from gpu_memory import trainer_peaks
+
+    data = json.loads((RESULTS / file).read_text())
+    if name is None:  # bench/product_path.py: settings as changed, two runs' trainer peaks
+        peaks: dict[str, float] = {}
+        for part in ("run_a", "run_b"):
+            for k, v in (data[part].get("trainer_memory") or {}).items():
+                peaks[k] = max(peaks.get(k, 0.0), v)
+        smi = {str(g): gb for g, gb in data["gpu_used_peak_gb"]["run A"].items()}
+        return {
+            "recipe": data["recipe"],
+            "overrides": list(data["settings_changed"]),
+            "peaks": peaks,
+            "nvidia_smi": smi,
+        }
+    run = data[name]
+    memory = run.get("memory") or {}
+    return {
+        "recipe": run["recipe"],
+        "overrides": list(run["overrides"]) + list(run.get("set_by_hand") or []),
+        "peaks": trainer_peaks(run["records"]),
+        "nvidia_smi": memory.get("nvidia_smi_peak_gb_per_gpu"),
+    }
+
+
+def rows() -> list[dict[str, Any]]:
+    from gpu_memory import plan_gb_per_gpu
+
+    from recipes import apply_overrides, load_recipe, plan
+    from recipes.memory import (
+        ACCELERATOR_BYTES,
+        trainer_fixed_bytes,
+        trainer_publish_gb,
+        trainer_token_bytes,
+    )
+
+    out = []
+    for file, name, gpus in RUNS:
+        run = _run(file, name)
+        recipe = apply_overrides(load_recipe(run["recipe"]), run["overrides"])
+        p = plan(recipe, gpus)
+        t = p.settings.trainer
+        arch, ranks = recipe.arch, t.ranks
+        step = trainer_fixed_bytes(arch, ranks) + t.tokens_per_micro_batch * trainer_token_bytes(
+            arch, t.activation_checkpointing
+        )
+        peaks = run["peaks"]
+        per_gpu = plan_gb_per_gpu(p)
+        trainer_gpus = next(pl.gpus for pl in p.placements if pl.service == "trainer")
+        at_step = {
+            g: round(v - p.memory["trainer"] + step / GB, 1) if int(g) in trainer_gpus else v
+            for g, v in per_gpu.items()
+        }
+        row: dict[str, Any] = {
+            "run": f"bench/results/{file}" + (f"#{name}" if name else ""),
+            "device": "H100",
+            "layout": p.share,
+            "trainer": {
+                "ranks": ranks,
+                "tokens_per_micro_batch": t.tokens_per_micro_batch,
+                "activation_checkpointing": t.activation_checkpointing,
+                "compile": t.compile,
+            },
+            "step_gb": _pair(step / GB, peaks.get("memory/train_gb")),
+            "startup_gb_measured": peaks.get("memory/startup_gb"),
+            "startup_below_step_estimate": peaks.get("memory/startup_gb", 0.0) < step / GB,
+        }
+        if "ipc" in p.settings.weight_sync.expected:
+            row["publish_gb"] = _pair(
+                trainer_publish_gb(arch, ranks), peaks.get("memory/publish_gb")
+            )
+        row["per_gpu_gb"] = {
+            "plan": per_gpu,
+            "plan_with_trainer_step": at_step,
+            "nvidia_smi": run["nvidia_smi"],
+            "gpu": round(ACCELERATOR_BYTES["H100"] / GB, 1),
+        }
+        out.append(row)
+    return out
+
+
+def _pair(estimate: float, measured: float | None) -> dict[str, float | None]:
+    return {
+        "estimate": round(estimate, 1),
+        "measured": measured,
+        "error": round(estimate / measured - 1, 3) if measured else None,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="also write the rows here (JSON)")
+    parser.add_argument("--check", action="store_true", help=f"exit 1 if {OUT.name} is stale")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    text = json.dumps({"model": "recipes/memory.py", "runs": rows()}, indent=1) + "\n"
+    if args.check:
+        same = OUT.exists() and OUT.read_text() == text
+        print(f"{OUT.relative_to(ROOT)} is {'up to date' if same else 'stale'}")
+        return 0 if same else 1
+    print(text, end="")
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
