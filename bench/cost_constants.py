@@ -208,7 +208,7 @@ def compare() -> list[dict[str, Any]]:
     """Each COMPARE run's measured step time next to the cost model's prediction for it."""
     from recipes import apply_overrides, load_recipe
     from recipes.costs import predict_step
-    from recipes.planner import Placement
+    from recipes.placements import Placement
 
     rows = []
     for file, name in COMPARE:

@@ -20,7 +20,7 @@ _WHERE = {
     "load_recipe": "recipes.loader",
     "validate_recipe": "recipes.loader",
     "estimate_memory": "recipes.memory",
-    "Placement": "recipes.planner",
+    "Placement": "recipes.placements",
     "Plan": "recipes.planner",
     "dedicated_gpus": "recipes.planner",
     "minimum_gpus": "recipes.planner",

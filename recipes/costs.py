@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recipes.measured import MEASURED
+from recipes.placements import gpu_units
 
 # Spec sheets: HBM bandwidth (TB/s) and dense bf16 peak (TFLOP/s) of the SXM parts.
 BANDWIDTH_TBS = {"H100": 3.35, "H200": 4.8}
@@ -148,8 +149,6 @@ def predict_step(
     units["trainer"] = train + sync
     if ref:
         units["reference"] = reference
-    from recipes.planner import gpu_units
-
     # Turns are per GPU (runtime/control/turns.py): a GPU is busy for the work of every unit on
     # it, and the busiest GPU bounds the step.
     on_gpu = gpu_units(p for p in placements if p.gpus and p.service != "reward")

@@ -12,7 +12,7 @@ from recipes.memory import (
     PLAN_HEADROOM,
     trainer_memory_plan,
 )
-from recipes.planner import Placement, shared_services
+from recipes.placements import Placement, shared_services
 from recipes.settings import plan_settings
 
 H100, H200 = ACCELERATOR_BYTES["H100"], ACCELERATOR_BYTES["H200"]

@@ -38,7 +38,7 @@ def test_two_gpus_pair_the_services_that_land_on_the_same_one():
 
 
 def test_sharing_is_per_gpu_and_per_node():
-    from recipes.planner import Placement
+    from recipes.placements import Placement
 
     chain = [
         Placement("generator", 0, 0, (0, 1)),
@@ -80,7 +80,7 @@ def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
 
 
 def test_turns_serialize_a_shared_gpu_and_leave_other_units_alone():
-    from recipes.planner import Placement
+    from recipes.placements import Placement
 
     placements = [
         Placement("generator", 0, 0, (0,)),

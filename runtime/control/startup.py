@@ -8,7 +8,7 @@ import functools
 import socket
 from typing import Any
 
-from recipes.planner import shared_services
+from recipes.placements import shared_services
 from runtime.control.config import RunConfig
 from runtime.control.services import Services
 from runtime.control.watchdog import Watchdog

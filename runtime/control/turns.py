@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from recipes.planner import GPU_SERVICES, shared_gpus, unit_name
+from recipes.placements import GPU_SERVICES, shared_gpus, unit_name
 
 __all__ = ["GPU_SERVICES", "GpuTurns", "shared_gpus", "unit_name"]
 
