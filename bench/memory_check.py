@@ -19,7 +19,8 @@ For each run in RUNS, with today's recipes/memory.py and planner:
   and the run's nvidia-smi peak (every process and allocator cache; a generator with a GPU of
   its own takes `gpu_memory_utilization` of it whatever it needs).
 
-error = estimate / measured - 1: below 0 the model promises less than the run took.
+The trainer-alone runs in TRAINER_ALONE add a step row per config (no plan, no other
+service). error = estimate / measured - 1: below 0 the model promises less than the run took.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ RUNS = (
     ("gpu_h100x2_2026-11-25/side_by_side_runs.json", "grpo_2gpu_on_policy", 2),
     ("gpu_h100x2_2026-11-25/side_by_side_runs.json", "grpo_2gpu_off_policy", 2),
 )
+# The trainer alone (bench/gpu_grpo.py train): one rank, 64 sequences of 2048 tokens, a config
+# a row, each with its peak allocated memory.
+TRAINER_ALONE = (("gpu_trainer_h200_2026-11-22.json", "trainer_mfu"),)
 GB = 1e9
 
 
@@ -126,6 +130,29 @@ def rows() -> list[dict[str, Any]]:
             "gpu": round(ACCELERATOR_BYTES["H100"] / GB, 1),
         }
         out.append(row)
+    for file, name in TRAINER_ALONE:
+        data = json.loads((RESULTS / file).read_text())
+        run = data[name]
+        arch = load_recipe(run["recipe"]).arch
+        device = "H200" if "H200" in data["device"]["name"] else "H100"
+        for config in run["configs"]:
+            ckpt = bool(config["ac"])
+            step = trainer_fixed_bytes(arch, 1) + config["mb"] * trainer_token_bytes(arch, ckpt)
+            out.append(
+                {
+                    "run": f"bench/results/{file}#{name} {config['config']}",
+                    "device": device,
+                    "layout": "trainer alone",
+                    "trainer": {
+                        "ranks": 1,
+                        "tokens_per_micro_batch": config["mb"],
+                        "activation_checkpointing": ckpt,
+                        "compile": bool(config["compile"]),
+                        "sequence_tokens": run["seq_len"],
+                    },
+                    "step_gb": _pair(step / GB, round(config["peak_memory_gb"], 3)),
+                }
+            )
     return out
 
 
