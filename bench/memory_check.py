@@ -56,10 +56,9 @@ def _run(file: str, name: str | None) -> dict[str, Any]:
 
     data = json.loads((RESULTS / file).read_text())
     if name is None:  # bench/product_path.py: settings as changed, two runs' trainer peaks
-        peaks: dict[str, float] = {}
-        for part in ("run_a", "run_b"):
-            for k, v in (data[part].get("trainer_memory") or {}).items():
-                peaks[k] = max(peaks.get(k, 0.0), v)
+        peaks = trainer_peaks(
+            [data[part].get("trainer_memory") or {} for part in ("run_a", "run_b")]
+        )
         smi = {str(g): gb for g, gb in data["gpu_used_peak_gb"]["run A"].items()}
         return {
             "recipe": data["recipe"],
@@ -81,12 +80,7 @@ def rows() -> list[dict[str, Any]]:
     from gpu_memory import plan_gb_per_gpu
 
     from recipes import apply_overrides, load_recipe, plan
-    from recipes.memory import (
-        ACCELERATOR_BYTES,
-        trainer_fixed_bytes,
-        trainer_publish_gb,
-        trainer_token_bytes,
-    )
+    from recipes.memory import ACCELERATOR_BYTES, trainer_publish_gb
 
     out = []
     for file, name, gpus in RUNS:
@@ -95,9 +89,7 @@ def rows() -> list[dict[str, Any]]:
         p = plan(recipe, gpus)
         t = p.settings.trainer
         arch, ranks = recipe.arch, t.ranks
-        step = trainer_fixed_bytes(arch, ranks) + t.tokens_per_micro_batch * trainer_token_bytes(
-            arch, t.activation_checkpointing
-        )
+        step = _step_bytes(arch, ranks, t.tokens_per_micro_batch, t.activation_checkpointing)
         peaks = run["peaks"]
         per_gpu = plan_gb_per_gpu(p)
         trainer_gpus = next(pl.gpus for pl in p.placements if pl.service == "trainer")
@@ -137,7 +129,7 @@ def rows() -> list[dict[str, Any]]:
         device = "H200" if "H200" in data["device"]["name"] else "H100"
         for config in run["configs"]:
             ckpt = bool(config["ac"])
-            step = trainer_fixed_bytes(arch, 1) + config["mb"] * trainer_token_bytes(arch, ckpt)
+            step = _step_bytes(arch, 1, config["mb"], ckpt)
             out.append(
                 {
                     "run": f"bench/results/{file}#{name} {config['config']}",
@@ -154,6 +146,13 @@ def rows() -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+def _step_bytes(arch: Any, ranks: int, tokens: int, checkpointing: bool) -> float:
+    """What the trainer's memory plan budgets for a step (recipes.memory.trainer_memory_plan)."""
+    from recipes.memory import trainer_fixed_bytes, trainer_token_bytes
+
+    return trainer_fixed_bytes(arch, ranks) + tokens * trainer_token_bytes(arch, checkpointing)
 
 
 def _pair(estimate: float, measured: float | None) -> dict[str, float | None]:
