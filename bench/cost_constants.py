@@ -78,6 +78,8 @@ COMPARE = (
     # (its grpo_2gpu_on_policy ran while units sharing a GPU through a third took turns as one
     # group, the two generators one after the other: not the behaviour the model describes)
     ("gpu_h100x2_2026-11-25/side_by_side_runs.json", "grpo_2gpu_off_policy"),
+    # the same on-policy plan with turns per GPU (the two generators sample at once)
+    ("gpu_h100x2_2026-11-25b/side_by_side_runs.json", "grpo_2gpu_on_policy"),
 )
 
 
