@@ -81,6 +81,17 @@ COMPARE = (
     # the same on-policy plan with turns per GPU (the two generators sample at once)
     ("gpu_h100x2_2026-11-25b/side_by_side_runs.json", "grpo_2gpu_on_policy"),
 )
+# COMPARE runs the model misses by more than 15 %, and what the run's own figures show it gets
+# wrong; the check test holds each of them outside 15 % (so a better model has to take it off
+# this list) and every other run inside.
+MISSES = {
+    ("gpu_h100x2_2026-11-25b/side_by_side_runs.json", "grpo_2gpu_on_policy"): (
+        "the two-rank FSDP trainer took 1.56 s where the H200 rate gives 1.09 s, publishing "
+        "from two ranks by CUDA IPC 0.23 s where 0.06 s, and the turns between services sharing "
+        "a GPU about 0.5 s a step the model does not count; the reference took 0.38 s where it "
+        "predicts 0.69 s"
+    ),
+}
 
 
 def section(file: str, name: str) -> dict[str, Any]:
@@ -230,15 +241,17 @@ def compare() -> list[dict[str, Any]]:
             response_tokens=run["response_tokens_mean"],
             transports=_paths(placements),
         )
-        rows.append(
-            {
-                "run": f"bench/results/{file}#{name}",
-                "measured_step_s": round(run["step_s"], 3),
-                "predicted_step_s": round(estimate.seconds, 3),
-                "error": round(estimate.seconds / run["step_s"] - 1, 3),
-                "bound_by": estimate.bound_by,
-            }
-        )
+        row = {
+            "run": f"bench/results/{file}#{name}",
+            "measured_step_s": round(run["step_s"], 3),
+            "predicted_step_s": round(estimate.seconds, 3),
+            "error": round(estimate.seconds / run["step_s"] - 1, 3),
+            "bound_by": estimate.bound_by,
+            "predicted_work_s": {k: round(v, 3) for k, v in estimate.work.items()},
+        }
+        if (file, name) in MISSES:
+            row["missed_by_more_than_15_percent"] = MISSES[file, name]
+        rows.append(row)
     return rows
 
 

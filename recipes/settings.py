@@ -35,7 +35,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from recipes.errors import DoesNotFit
+from recipes.errors import DoesNotFit, UserError
 from recipes.memory import (
     ACCELERATOR_BYTES,
     GB,
@@ -159,6 +159,11 @@ def plan_settings(
 
     gen = recipe.generator
     backend = pick("generator", "backend", "hf" if cpu else "vllm")
+    if cpu and backend == "vllm":
+        raise UserError(
+            "generator.backend vllm needs a GPU, and this plan has none (--gpus 0): "
+            "use generator.backend hf (or auto) on CPU"
+        )
     kv_auto = None
     if not cpu and "generator" in shared:
         kv_auto = _kv_reserve_gb(recipe, generator_replicas)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from runtime.procs.failures import ActorFailure, lost_a_peer
+import traceback
+
+from runtime.procs.failures import ActorFailure, lost_a_peer, root_cause
 
 
 def test_a_collective_that_lost_its_peer_is_told_apart_from_a_root_cause():
@@ -15,6 +17,10 @@ def test_a_collective_that_lost_its_peer_is_told_apart_from_a_root_cause():
         # a generator opening the CUDA IPC handle of a trainer killed a moment before (seen on
         # an H100: tests/test_gpu_faults.py, trainer-killed)
         "RuntimeError: pidfd_getfd: No such process (in ipc.py:25 open_ipc)",
+        # a generator waiting for a pushed version whose sender (the trainer) was killed: the
+        # push's TCP store says so first (seen on two H100s, push-sender-killed)
+        "RuntimeError: weight receiver failed: Failed to recv, got 0 bytes. Connection was "
+        "likely closed. Did the remote server shutdown or crash? (in push.py:307 wait_for)",
     ]
     causes = [
         "process killed by SIGKILL (proc 1/2)",
@@ -23,3 +29,22 @@ def test_a_collective_that_lost_its_peer_is_told_apart_from_a_root_cause():
     ]
     assert all(lost_a_peer(ActorFailure("trainer", c)) for c in consequences)
     assert not any(lost_a_peer(ActorFailure("generator0", c)) for c in causes)
+
+
+def _calls_generated_code() -> None:
+    # as a dataclass's generated __init__ is: code compiled from a string
+    scope: dict = {}
+    source = "def __init__():\n    raise MemoryError('CUDA error: out of memory')"
+    exec(compile(source, "<string>", "exec"), scope)
+    scope["__init__"]()
+
+
+def test_the_line_names_a_file_not_code_compiled_from_a_string():
+    try:
+        _calls_generated_code()
+    except MemoryError:
+        text = traceback.format_exc()
+    line = _calls_generated_code.__code__.co_firstlineno + 5
+    assert root_cause(text) == (
+        f"MemoryError: CUDA error: out of memory (in test_failures.py:{line} _calls_generated_code)"
+    )

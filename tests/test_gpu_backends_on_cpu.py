@@ -64,8 +64,13 @@ def test_backend_choice_on_cpu():
     )
     assert isinstance(services.TrainerConfig(recipe, settings.trainer).build(), TitanTrainer)
     assert isinstance(services.ReferenceConfig(recipe, settings.reference).build(), TitanReference)
-    vllm = plan(apply_overrides(recipe, ["generator.backend=vllm"]), 0).settings.generator
-    with pytest.raises(UserError, match="generator.backend vllm needs a GPU"):
+    # a CPU plan refuses vLLM before anything starts; a proc given a GPU plan's vLLM settings
+    # without a GPU refuses to build it
+    with_vllm = apply_overrides(recipe, ["generator.backend=vllm"])
+    with pytest.raises(UserError, match="generator.backend vllm needs a GPU, and this plan"):
+        plan(with_vllm, 0)
+    vllm = plan(load_recipe("tiny-gpu"), 1).settings.generator
+    with pytest.raises(UserError, match="generator.backend vllm needs a GPU; this generator"):
         services.GeneratorConfig(recipe, vllm).build(tokenizer)
     with pytest.raises(
         UserError, match=r"generator.backend: Input should be 'auto', 'vllm' or 'hf'"

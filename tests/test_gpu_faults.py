@@ -103,12 +103,21 @@ def assert_clean(out: str, run_pid: int, nothing_left, before: Baseline) -> None
 
 
 class GpuHog:
-    """Another process taking GPU memory: `gb` GB, or (gb=None) all it can get but `leave_gb`."""
+    """Another process taking GPU memory: `gb` GB, or (gb=None) all it can get but `leave_gb`,
+    on GPU `gpu`. `armed`: CUDA is set up at once, the memory taken at `take()` (a fraction of
+    a second, where starting the process takes seconds)."""
 
-    def __init__(self, gb: float | None = None, leave_gb: float = 0.0) -> None:
+    def __init__(
+        self, gb: float | None = None, leave_gb: float = 0.0, gpu: int = 0, armed: bool = False
+    ) -> None:
         code = textwrap.dedent(
             f"""
             import sys, time, torch
+            torch.cuda.set_device({gpu})
+            torch.empty(1, device="cuda")
+            if {armed!r}:
+                print("armed", flush=True)
+                sys.stdin.readline()
             held, chunk = [], 1 << 30
             want = {gb!r}
             leave = int({leave_gb!r} * 2**30)
@@ -128,11 +137,27 @@ class GpuHog:
             """
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
+        self.line = ""
+        if armed:
+            assert self._read() == "armed", self.line
+        else:
+            self._held()
+
+    def _read(self) -> str:
         assert self.proc.stdout is not None
         self.line = self.proc.stdout.readline().strip()
-        assert self.line.startswith("held"), self.line
+        return self.line
+
+    def _held(self) -> None:
+        assert self._read().startswith("held"), self.line
+
+    def take(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        self._held()
 
     def stop(self) -> None:
         self.proc.kill()
@@ -181,17 +206,29 @@ def test_an_occupied_gpu_is_refused_before_anything_starts(tmp_path: Path, nothi
 
 
 def memory_taken_at(
-    tmp_path: Path, nothing_left, after: str, name: str, leave_gb: float, args=None
+    tmp_path: Path,
+    nothing_left,
+    after: str,
+    name: str,
+    leave_gb: float,
+    args=None,
+    gpu: int = 0,
+    armed: bool = False,
 ) -> str:
-    """Start a run (default: the one-GPU plan), let another process take GPU 0's memory (all
-    but `leave_gb`) once the run prints `after`, and check that the run ends within the bound,
-    naming GPU 0, and leaves the node clean; its failure line."""
+    """Start a run (default: the one-GPU plan), let another process take GPU `gpu`'s memory
+    (all but `leave_gb`) once the run prints `after`, and check that the run ends within the
+    bound, naming that GPU, and leaves the node clean; its failure line. `armed`: the other
+    process sets up CUDA before the run starts and takes the memory within a fraction of a
+    second of `after`."""
     before = Baseline()
+    hog = GpuHog(leave_gb=leave_gb, gpu=gpu, armed=True) if armed else None
     proc = start(args or one_gpu_args(tmp_path / "run", "grpo.steps=2000"))
-    hog = None
     try:
         head = wait_for_line(proc, after, timeout=600)
-        hog = GpuHog(leave_gb=leave_gb)
+        if hog is None:
+            hog = GpuHog(leave_gb=leave_gb, gpu=gpu)
+        else:
+            hog.take()
         taken = time.monotonic()
         code, out = finish(proc, timeout=EXIT_BOUND_S + 60)
         seconds = time.monotonic() - taken
@@ -201,7 +238,7 @@ def memory_taken_at(
         kill_tree(proc)
     out = "".join(head) + out
     first = ended(code, out, name, seconds, hog.line)
-    assert "memory" in first.lower() and "(on node 0 GPU 0)" in first, first
+    assert "memory" in first.lower() and f"(on node 0 GPU {gpu})" in first, first
     assert_clean(out, proc.pid, nothing_left, before)
     return first
 
@@ -209,21 +246,68 @@ def memory_taken_at(
 def test_gpu_memory_taken_during_start_up_ends_the_run(tmp_path: Path, nothing_left):
     """Another process takes the GPU's memory between the start-up check and the services'
     allocations (the trainer's weights, vLLM's KV cache): the first service to allocate runs
-    out of memory and the run ends naming it. (Memory taken once the services are up did not
-    end the run on an H100: each service's allocator already held what its steps use.)"""
+    out of memory and the run ends naming it."""
     first = memory_taken_at(
         tmp_path, nothing_left, "starting services", "memory-taken-during-start-up", 0.5
     )
     assert "out of memory" in first.lower(), first
 
 
-def test_gpu_memory_taken_before_the_first_backward_ends_the_run(tmp_path: Path, nothing_left):
-    """Another process takes the GPU's memory once the services are up but before the
-    trainer's first step: vLLM's cache and the weights are in place, the gradients and
-    AdamW's moments are not, so the trainer runs out of memory in its first backward (or
-    optimizer step) and the run ends naming it. No checkpoint yet: nothing to resume."""
-    name = "memory-taken-before-first-backward"
-    first = memory_taken_at(tmp_path, nothing_left, "services ready", name, 0.2)
+def test_gpu_memory_taken_once_the_services_are_up_leaves_the_run_training(
+    tmp_path: Path, nothing_left
+):
+    """Another process takes all but 0.2 GB of the GPU once tiny-gpu's services are up: each
+    service's allocator already holds what its steps use (vLLM its KV cache, the trainer its
+    blocks from the first step, which comes within a second), so the run trains on and ends
+    as asked, on time."""
+    before = Baseline()
+    proc = start(one_gpu_args(tmp_path / "run", "grpo.steps=40"))
+    hog = None
+    try:
+        head = wait_for_line(proc, "services ready", timeout=600)
+        hog = GpuHog(leave_gb=0.2)
+        code, out = finish(proc, timeout=EXIT_BOUND_S + 60)
+    finally:
+        if hog is not None:
+            hog.stop()
+        kill_tree(proc)
+    out = "".join(head) + out
+    print(out)
+    print(f"memory taken after start-up: {hog.line}")
+    assert code == 0, out
+    assert "step 40/40" in out, out
+    assert_clean(out, proc.pid, nothing_left, before)
+
+
+# qwen3-1.7b with random weights (the Hub-free prompts and tokenizer), the trainer alone on
+# GPU 1: its first step needs tens of GB beyond the weights it holds at start-up.
+FULL_SIZE = (
+    "model.init=random",
+    "model.tokenizer=builtin:arith",
+    "dataset.path=builtin:arith",
+    "eval.enabled=false",
+    "grpo.kl_beta=0",
+    "layout.reference.enabled=false",
+    "grpo.max_response_tokens=512",
+    # start-up over speed
+    "trainer.compile=false",
+    "generator.enforce_eager=true",
+)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the trainer alone on a GPU: two")
+def test_the_trainer_out_of_memory_in_its_first_step_ends_the_run(tmp_path: Path, nothing_left):
+    """qwen3-1.7b on two GPUs, the trainer alone on GPU 1: another process takes all but 0.5 GB
+    of GPU 1 the moment the services are up, before the trainer's first step has allocated
+    its activations, gradients and AdamW's moments; the trainer runs out of memory in that step
+    and the run ends naming it and GPU 1. No checkpoint yet: nothing to resume."""
+    args = ["--recipe", "qwen3-1.7b", "--gpus", "2", "--run-dir", str(tmp_path / "run")]
+    for item in (*FULL_SIZE, "grpo.steps=20"):
+        args += ["--set", item]
+    name = "trainer-out-of-memory-in-its-step"
+    first = memory_taken_at(
+        tmp_path, nothing_left, "services ready", name, 0.5, args, gpu=1, armed=True
+    )
     assert "trainer actor failed" in first and "out of memory" in first.lower(), first
 
 

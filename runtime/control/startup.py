@@ -129,7 +129,10 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     setups = [
         # every trainer rank joins the group
         life.call("trainer", trainer.setup.call(recipe, settings, store)),
-        *(life.call("generator", g.setup.call_one(recipe, settings, store)) for g in generators),
+        *(
+            life.call(f"generator{p.replica}", g.setup.call_one(recipe, settings, store))
+            for p, g in zip(gens, generators, strict=True)
+        ),
         life.call("reward", reward.setup.call(rewards)),
     ]
     if reference is not None:

@@ -69,12 +69,13 @@ def failure_of(error: BaseException, service: str | None = None) -> ActorFailure
 
 
 # What a collective says when the process on its other end went away (gloo, NCCL, a push
-# whose peer never came, a CUDA IPC handle whose owner is gone): a consequence, whose cause is
-# that peer's own death.
+# whose peer never came, a CUDA IPC handle whose owner is gone, the TCP store of a push whose
+# sender died): a consequence, whose cause is that peer's own death.
 _PEER_LOST = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
     r"ncclRemoteError|NCCL communicator was aborted|collective operation timeout|"
-    r"was not pushed within|pidfd_(?:getfd|open): No such process",
+    r"was not pushed within|pidfd_(?:getfd|open): No such process|"
+    r"Connection was likely closed|Failed to recv, got 0 bytes",
     re.IGNORECASE,
 )
 
@@ -101,7 +102,8 @@ def _last_line(text: str) -> str:
 
 
 def _user_frame(text: str) -> str | None:
-    frames = _FRAME.findall(text)
+    # code compiled from a string (a dataclass's generated __init__) names no file to look at
+    frames = [f for f in _FRAME.findall(text) if not f[0].startswith("<")]
     if not frames:
         return None
     own = [f for f in frames if not f[0].startswith(_LIBRARY_DIRS)]

@@ -165,22 +165,36 @@ def sweep_shared_memory(prefix: str | None = None) -> int:
     return removed
 
 
-# The CUDA driver keeps a segment per process that uses CUDA IPC, /dev/shm/cuda.shm.<uid>.<pid in
-# hex>.<n>, and leaves it behind when the process ends without the driver's teardown (a proc
-# stopped at shutdown): on a node that runs many jobs they pile up in /dev/shm.
+# Segments named after the process that made them and left behind when it is killed:
+# - the CUDA driver's, one per process that uses CUDA IPC, /dev/shm/cuda.shm.<uid>.<pid in
+#   hex>.<n>, left when a process ends without the driver's teardown (a proc stopped at
+#   shutdown);
+# - torch's reference counts of the CUDA tensors a process shares (a version published by CUDA
+#   IPC), /dev/shm/torch_<pid>_<random>_<n>, unlinked by the last process to let go of the
+#   tensor, so never when the sharing trainer is killed.
+# On a node that runs many jobs they pile up in /dev/shm.
 _CUDA_SEGMENT = re.compile(r"cuda\.shm\.(\d+)\.([0-9a-f]+)\.\d+")
+_TORCH_SEGMENT = re.compile(r"torch_(\d+)_\d+_\d+")
 
 
 def sweep_cuda_segments() -> int:
-    """Unlink the CUDA driver's segments of this user's processes that have ended."""
+    """Unlink the CUDA driver's and torch's segments of this user's processes that have
+    ended."""
     removed = 0
-    for path in _SHM_DIR.glob("cuda.shm.*") if _SHM_DIR.is_dir() else ():
-        match = _CUDA_SEGMENT.fullmatch(path.name)
-        if not match or int(match.group(1)) != os.getuid():
-            continue
-        if psutil.pid_exists(int(match.group(2), 16)):
+    for path in _SHM_DIR.glob("*") if _SHM_DIR.is_dir() else ():
+        cuda = _CUDA_SEGMENT.fullmatch(path.name)
+        owner = _TORCH_SEGMENT.fullmatch(path.name)
+        if cuda:
+            if int(cuda.group(1)) != os.getuid():
+                continue
+            pid = int(cuda.group(2), 16)
+        elif owner:
+            pid = int(owner.group(1))
+        else:
             continue
         with contextlib.suppress(OSError):
+            if path.stat().st_uid != os.getuid() or psutil.pid_exists(pid):
+                continue
             path.unlink()
             removed += 1
     return removed
