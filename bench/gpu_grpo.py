@@ -266,6 +266,7 @@ def summarize(
     step_s = mean([r["time/step_s"] for r in measured])
     train_s = mean([r["time/train_s"] for r in measured])
     generate_s = mean([r["time/generate_s"] for r in measured if "time/generate_s" in r])
+    engine_s = mean([r["time/engine_s"] for r in measured if "time/engine_s" in r])
     sync_s = mean([r["time/weight_sync_s"] for r in measured])
     weight_bytes = params * (2 if recipe.model.dtype == "bfloat16" else 4)
     train_tokens = completions * (prompt_len + response_len)
@@ -296,6 +297,9 @@ def summarize(
         "sequences_per_generate_call": call_sequences,
         "generator_tp": recipe.layout.generator.tp,
         "generation_tokens_per_s": per(call_sequences * response_len, generate_s),
+        # the same over the engine's own seconds in the call (what `vllm` alone times)
+        "engine_s": engine_s,
+        "engine_tokens_per_s": per(call_sequences * response_len, engine_s),
         "generator_idle_share": idle_share(measured, generate_s, step_s),
         # publish + the slowest generator's load of the version (the path's latency, a
         # generation in flight not counted), and the publish alone: the trainer's stall

@@ -131,6 +131,11 @@ class Rollouts:
                             del self._call_started[replica]
                         end = time.perf_counter()
                     self.notes.add("time/generate_s", end - start)
+                    # the engine's own seconds in that call (the rest: the call's way there and
+                    # back, encoding the prompts, decoding the text)
+                    engine = out[0].get("time/generate_s") if out else None
+                    if engine is not None:
+                        self.notes.add("time/engine_s", engine)
                     self._generating_s += end - max(start, self._mark)
                     self._calls_ended += 1
                     held = groups_of(prompts, out, g.group_size)
