@@ -10,8 +10,9 @@ For a catalog recipe (default qwen3-8b), on the GPUs of this machine:
    the trainer (FSDP over every GPU), reference and vLLM load it through the product's loading
    path; a few GRPO steps; a DCP checkpoint; kill -9 of every process of the run once that
    checkpoint is committed (the next step under way);
-3. run B: the same command resumes from the checkpoint, trains to the end, writes its checkpoint
-   and the model folder (RUN_DIR/model);
+3. run B: the same command (with `--resume-gpus M`, on M GPUs: another number of trainer ranks,
+   the checkpoint resharded as it loads) resumes from the checkpoint, trains to the end, writes
+   its checkpoint and the model folder (RUN_DIR/model);
 4. vLLM loads that folder and its prompt log-probs are compared with transformers' on the same
    folder; every tensor is compared with the initial weights (the trained model is not the
    input: the run's reward is `bench.rewards:distinct_share`, as the task's own is 0 for every
@@ -23,7 +24,7 @@ export: CUDA allocator, rank 0) come from the run's metrics. Settings that diffe
 recipe (the prompts, lengths, steps, compile and CUDA graphs off for a short start-up) are
 listed in the JSON. Output: a JSON under --out, the runs' logs beside it.
 
-    python bench/product_path.py [--recipe qwen3-8b] [--gpus 2] [--work /tmp/pp]
+    python bench/product_path.py [--recipe qwen3-8b] [--gpus 2] [--resume-gpus 1] [--work /tmp/pp]
         [--out bench/results/product_path.json] [--set KEY=VALUE ...] [--make-room]
 
 `--make-room` deletes run A's checkpoint once run B has resumed from it and trained a step
@@ -121,6 +122,11 @@ def step_rows(run_dir: Path) -> list[dict[str, Any]]:
     return read_metrics(run_dir / "metrics.jsonl")
 
 
+def trainer_line(output: str) -> str | None:
+    """The run's `trainer: BACKEND on N ranks, ...` line (its ranks, micro-batch)."""
+    return next((x for x in output.splitlines() if x.startswith("trainer: ")), None)
+
+
 def gpus_free(sampler: GpuSampler, limit_gb: float = 1.5, timeout: float = 60.0) -> float:
     """Seconds until every GPU's used memory is below `limit_gb` (nothing left of the run)."""
     start = time.monotonic()
@@ -162,6 +168,7 @@ def run_a(
     left = session_pids(run.proc.pid)
     assert not left, f"processes of run A left after kill -9: {left}"
     return {
+        "trainer": trainer_line(run.output),
         "services_ready_s": round(ready_s, 1),
         "checkpoint_committed_s": round(committed_s, 1),
         "steps_logged_at_kill": steps_logged,
@@ -193,6 +200,7 @@ def run_b(args: list[str], run_dir: Path, log: Path, every: int, make_room: bool
     left = session_pids(run.proc.pid)
     assert not left, f"processes of run B left: {left}"
     return {
+        "trainer": trainer_line(run.output),
         "resumed": resumed.strip(),
         "seconds": round(time.monotonic() - run.started, 1),
         "exit_code": code,
@@ -283,6 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", default="qwen3-8b")
     p.add_argument("--gpus", type=int, default=2)
+    p.add_argument(
+        "--resume-gpus",
+        type=int,
+        default=None,
+        help="run B's GPU count (default --gpus): another number of trainer ranks resumes run "
+        "A's checkpoint, resharded",
+    )
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--every", type=int, default=2, help="the checkpoint run A is killed after")
     p.add_argument("--work", default="/tmp/product_path")
@@ -319,9 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(a.model_dir) if a.model_dir else work / f"{a.recipe}-hf"
     run_dir = work / f"{a.recipe}-run"
     sets = [*a.sets, f"grpo.steps={a.steps}", f"grpo.checkpoint_interval={a.every}"]
+    resume_gpus = a.resume_gpus or a.gpus
     result: dict[str, Any] = {
         "recipe": a.recipe,
         "gpus": a.gpus,
+        "resume_gpus": resume_gpus,
         "device": subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
             capture_output=True,
@@ -358,12 +375,21 @@ def main(argv: list[str] | None = None) -> int:
     if a.part == "b":
         result = json.loads(state.read_text())
     args = runtime_args(a.recipe, a.gpus, folder, run_dir, sets)
+    args_b = runtime_args(a.recipe, resume_gpus, folder, run_dir, sets)
+    if resume_gpus != a.gpus:
+        plan_b = plan(recipe, resume_gpus, accelerator=accelerator)
+        result["plan_b"] = {
+            "describe": plan_b.describe(),
+            "gb_per_gpu_by_service": plan_b.memory,
+            "estimated_gb_per_gpu": plan_gb_per_gpu(plan_b),
+        }
+        print(plan_b.describe(), flush=True)
     sampler = GpuSampler()
     try:
         if a.part in ("all", "a"):
             part_a(a, result, sampler, folder, run_dir, args, logs)
         if a.part in ("all", "b"):
-            part_b(a, result, sampler, folder, run_dir, args, logs)
+            part_b(a, result, sampler, folder, run_dir, args_b, logs)
     finally:
         sampler.stop()
         peaks = result.setdefault("gpu_used_peak_gb", {})

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from fault_runs import (
     session_pids,
     tensors_differ,
 )
-from runtime_helpers import NOISE
+from runtime_helpers import NOISE, finish, start
 
 from recipes import load_recipe
 from runtime.backends import trainer_state
@@ -230,3 +231,34 @@ def test_sigusr1_prints_every_process_stacks_and_the_run_goes_on(tmp_path: Path)
     assert dumped.count("most recent call first") >= len(caught), dumped[-3000:]
     assert "runtime/control" in dumped  # the controller's own frames
     assert f"finished at step {STEPS}" in run.output
+
+
+def test_a_run_resumes_on_another_number_of_trainer_ranks(tmp_path: Path, nothing_left):
+    """A checkpoint written by two trainer ranks (FSDP over gloo, each writing its own shards)
+    resumes on one rank (DCP reshards on load): the step after the resume is the one a resume on
+    two ranks trains, loss and gradient norm alike."""
+    base = ["--recipe", "tiny", "--checkpoint-every", "2", "--set", "eval.enabled=false"]
+    first = tmp_path / "two"
+    code, out = finish(start([*base, "--run-dir", str(first), "--steps", "4",
+                              "--set", "trainer.ranks=2"]), timeout=600)  # fmt: skip
+    assert code == 0, out
+    runs = {}
+    for ranks in (1, 2):  # both from the same checkpoint of step 4, at once
+        run_dir = tmp_path / f"resumed_on_{ranks}"
+        shutil.copytree(first, run_dir)
+        args = [*base, "--run-dir", str(run_dir), "--steps", "5", "--set", f"trainer.ranks={ranks}"]
+        runs[ranks] = (run_dir, start(args))
+    steps = {}
+    for ranks, (run_dir, proc) in runs.items():
+        code, out = finish(proc, timeout=600)
+        assert code == 0, out
+        assert "resumed from step 4" in out, out
+        backend = "FSDPTrainer on 2 ranks" if ranks == 2 else "TitanTrainer on 1 rank"
+        assert f"trainer: {backend}" in out, out
+        nothing_left(out, proc.pid)
+        steps[ranks] = read_metrics(run_dir / "metrics.jsonl")[-1]
+    one, two = steps[1], steps[2]
+    assert one["step"] == two["step"] == 5
+    assert one["reward/mean"] == two["reward/mean"]  # the same rollouts: the same version
+    for key in ("loss", "kl", "grad_norm", "entropy"):
+        assert one[key] == pytest.approx(two[key], rel=1e-4, abs=1e-6), key
