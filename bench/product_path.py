@@ -122,6 +122,15 @@ def step_rows(run_dir: Path) -> list[dict[str, Any]]:
     return read_metrics(run_dir / "metrics.jsonl")
 
 
+def plan_summary(p: Any) -> dict[str, Any]:
+    """What the JSON keeps of a plan: its table, and its GB per service and per GPU."""
+    return {
+        "describe": p.describe(),
+        "gb_per_gpu_by_service": p.memory,
+        "estimated_gb_per_gpu": plan_gb_per_gpu(p),
+    }
+
+
 def trainer_line(output: str) -> str | None:
     """The run's `trainer: BACKEND on N ranks, ...` line (its ranks, micro-batch)."""
     return next((x for x in output.splitlines() if x.startswith("trainer: ")), None)
@@ -364,12 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(info), flush=True)
         return 0
     the_plan = plan(recipe, a.gpus, accelerator=accelerator)
-    result["plan"] = {
-        "describe": the_plan.describe(),
-        "gb_per_gpu_by_service": the_plan.memory,
-        "estimated_gb_per_gpu": plan_gb_per_gpu(the_plan),
-        "params": model_spec(recipe).num_params(),
-    }
+    result["plan"] = {**plan_summary(the_plan), "params": model_spec(recipe).num_params()}
     print(the_plan.describe(), flush=True)
     state = work / f"{a.recipe}-state.json"
     if a.part == "b":
@@ -378,11 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     args_b = runtime_args(a.recipe, resume_gpus, folder, run_dir, sets)
     if resume_gpus != a.gpus:
         plan_b = plan(recipe, resume_gpus, accelerator=accelerator)
-        result["plan_b"] = {
-            "describe": plan_b.describe(),
-            "gb_per_gpu_by_service": plan_b.memory,
-            "estimated_gb_per_gpu": plan_gb_per_gpu(plan_b),
-        }
+        result["plan_b"] = plan_summary(plan_b)
         print(plan_b.describe(), flush=True)
     sampler = GpuSampler()
     try:

@@ -13,7 +13,7 @@ import pytest
 
 from runtime.procs.host import (
     create_shared_memory,
-    sweep_cuda_segments,
+    sweep_ended_segments,
     sweep_stale_shared_memory,
     unlink_shared_memory,
 )
@@ -100,7 +100,7 @@ def test_the_cuda_drivers_and_torchs_segments_of_ended_processes_are_swept():
     for path in made:
         path.write_bytes(b"x")
     try:
-        assert sweep_cuda_segments() >= 2
+        assert sweep_ended_segments() >= 2
         assert not stale.exists() and live.exists() and other_user.exists()
         assert not torch_stale.exists() and torch_live.exists()
     finally:

@@ -157,7 +157,7 @@ def sweep_shared_memory(prefix: str | None = None) -> int:
     """Unlink every segment left by this run, and the CUDA driver's of ended processes; returns
     how many there were."""
     prefix = shm_prefix() if prefix is None else prefix
-    removed = sweep_cuda_segments()  # the run's procs have ended by now
+    removed = sweep_ended_segments()  # the run's procs have ended by now
     for path in _SHM_DIR.glob(prefix + "*") if _SHM_DIR.is_dir() else ():
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -177,7 +177,7 @@ _CUDA_SEGMENT = re.compile(r"cuda\.shm\.(\d+)\.([0-9a-f]+)\.\d+")
 _TORCH_SEGMENT = re.compile(r"torch_(\d+)_\d+_\d+")
 
 
-def sweep_cuda_segments() -> int:
+def sweep_ended_segments() -> int:
     """Unlink the CUDA driver's and torch's segments of this user's processes that have
     ended."""
     removed = 0
@@ -203,7 +203,7 @@ def sweep_cuda_segments() -> int:
 def sweep_stale_shared_memory() -> int:
     """Unlink segments of earlier runs on this host whose controller is gone (say, SIGKILLed),
     and the CUDA driver's of ended processes."""
-    removed = sweep_cuda_segments()
+    removed = sweep_ended_segments()
     for path in _SHM_DIR.glob("forgesky_*") if _SHM_DIR.is_dir() else ():
         owner = _DEFAULT_RUN_ID.match(path.name.removeprefix("forgesky_"))
         if owner and not psutil.pid_exists(int(owner.group(1))):
