@@ -316,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
         help="where the initial HF folder goes (default: in --work; e.g. /dev/shm to keep the "
         "disk for checkpoints)",
     )
+    p.add_argument(
+        "--checkpoints-dir",
+        default=None,
+        help="where the run's checkpoints go (RUN_DIR/checkpoints becomes a link to it; e.g. "
+        "--work on /dev/shm for the exports, the checkpoints on the disk)",
+    )
     p.add_argument("--out", default="bench/results/product_path.json")
     p.add_argument("--set", dest="sets", action="append", default=[])
     p.add_argument("--make-room", action="store_true")
@@ -364,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             *sets,
         ],
     }
+    if a.checkpoints_dir:
+        result["checkpoints_dir"] = a.checkpoints_dir
     accelerator = "H200" if "H200" in str(result["device"]) else "H100"
     recipe = apply_overrides(
         load_recipe(a.recipe), ["layout.share=all", f"model.hf_id={folder}", *SHORT, *sets]
@@ -401,6 +409,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def place_checkpoints(run_dir: Path, where: Path) -> None:
+    """RUN_DIR/checkpoints as a link to an empty `where` (on another filesystem)."""
+    if where.exists():
+        shutil.rmtree(where)
+    where.mkdir(parents=True)
+    run_dir.mkdir(parents=True)
+    (run_dir / "checkpoints").symlink_to(where, target_is_directory=True)
+
+
 def part_a(
     a: Any,
     result: dict[str, Any],
@@ -422,6 +439,8 @@ def part_a(
         print(f"initial model: {result['initial_model']}", flush=True)
     if run_dir.exists():
         shutil.rmtree(run_dir)
+    if a.checkpoints_dir:
+        place_checkpoints(run_dir, Path(a.checkpoints_dir))
     sampler.phase = "run A"
     result["run_a"] = run_a(args, run_dir, logs / f"product_path_{a.recipe}_run_a.log", a.every)
     result["run_a"]["gpus_free_after_kill_s"] = gpus_free(sampler)
