@@ -136,6 +136,16 @@ def trainer_line(output: str) -> str | None:
     return next((x for x in output.splitlines() if x.startswith("trainer: ")), None)
 
 
+def gpu_processes() -> str:
+    """nvidia-smi's compute processes (pid, name, GPU memory): who holds what when a run is
+    stuck."""
+    query = "--query-compute-apps=gpu_uuid,pid,process_name,used_memory"
+    done = subprocess.run(
+        ["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True
+    )
+    return done.stdout.strip() or done.stderr.strip()
+
+
 def gpus_free(sampler: GpuSampler, limit_gb: float = 1.5, timeout: float = 60.0) -> float:
     """Seconds until every GPU's used memory is below `limit_gb` (nothing left of the run)."""
     start = time.monotonic()
@@ -169,6 +179,7 @@ def run_a(
         kill_s = time.monotonic() - killed
     except BaseException:
         if run.proc.poll() is None:
+            print(f"run A stuck; GPU memory by process:\n{gpu_processes()}", flush=True)
             print(f"run A stuck: stacks of {run.dump_stacks()} in its log", flush=True)
         raise
     finally:
@@ -199,6 +210,7 @@ def run_b(args: list[str], run_dir: Path, log: Path, every: int, make_room: bool
         code = run.finish(timeout=1200)
     except BaseException:
         if run.proc.poll() is None:
+            print(f"run B stuck; GPU memory by process:\n{gpu_processes()}", flush=True)
             print(f"run B stuck: stacks of {run.dump_stacks()} in its log", flush=True)
         raise
     finally:

@@ -24,6 +24,11 @@ import torch.distributed.checkpoint as dcp
 # The folder inside a checkpoint directory (runtime.control.checkpoint) that DCP writes.
 TRAINER_DIR = "trainer"
 LEGACY_FILE = "trainer.pt"
+# Files each rank writes at once (threads of DCP's writer). The state is in host memory when
+# the write starts, so the writer has no GPU work to wait for; with one thread DCP would still
+# synchronise the thread's current CUDA stream every 10 MB, and a training stream blocked in a
+# collective then stops the checkpoint write too.
+WRITE_THREADS = 4
 
 
 def _single() -> bool:
@@ -80,9 +85,11 @@ class Saver:
             # The write's own collectives run in the background thread: a gloo group of their
             # own keeps them apart from the training collectives on the default group.
             self.group = dist.new_group(backend="gloo")
+        folder = str(Path(directory) / TRAINER_DIR)
         response = dcp.async_save(
             _state(model, optimizer, scheduler, step),
-            checkpoint_id=str(Path(directory) / TRAINER_DIR),
+            checkpoint_id=folder,
+            storage_writer=dcp.FileSystemWriter(folder, thread_count=WRITE_THREADS),
             process_group=self.group,
             no_dist=_single(),
         )
