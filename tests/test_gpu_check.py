@@ -36,7 +36,7 @@ def test_a_gpu_taken_by_another_process_is_one_line_naming_it():
         check_gpus_free(p, 0, parse_nvidia_smi(GPUS_CSV, APPS_CSV))
     line = str(info.value)
     assert "\n" not in line
-    assert line.startswith("GPU 1 (1) is in use: 1.6 of 86 GB free (83.9 GB taken by pid 4242 ")
+    assert line.startswith("GPU 1 is in use: 1.6 of 86 GB free (83.9 GB taken by pid 4242 ")
     assert "python3 83.9 GB), and the plan puts reference ~8 GB there" in line
     assert line.endswith("stop that process or give this run other GPUs (CUDA_VISIBLE_DEVICES)")
 
@@ -49,6 +49,14 @@ def test_free_gpus_pass_and_the_run_may_be_given_other_ones():
     check_gpus_free(p, 0, parse_nvidia_smi(GPUS_CSV + "3, GPU-dddd, 0, 81559\n", APPS_CSV), "0,2,3")
     # no nvidia-smi on this host: nothing to check
     check_gpus_free(p, 0, None)
+    # the host's GPU 1 taken: with CUDA_VISIBLE_DEVICES=0,1,3 it is the plan's GPU 1 too; with
+    # 0,2,3 the host's GPU 2 taken is the plan's GPU 1, named both ways
+    taken = [GpuState("1", "GPU-1", 84.0, 85.5, ((9, "other", 84.0),))]
+    taken += [GpuState(str(i), f"GPU-{i}", 0.0, 85.5) for i in (0, 2, 3)]
+    with pytest.raises(UserError, match=r"^GPU 1 is in use"):
+        check_gpus_free(p, 0, taken, "0,1,3")
+    with pytest.raises(UserError, match=r"^GPU 1 \(host GPU 2\) is in use"):
+        check_gpus_free(p, 0, [*taken[1:], GpuState("2", "GPU-2", 84.0, 85.5)], "0,2,3")
 
 
 def test_a_generator_that_profiles_its_gpu_needs_its_share_of_it_free():
@@ -58,7 +66,7 @@ def test_a_generator_that_profiles_its_gpu_needs_its_share_of_it_free():
         GpuState(str(i), f"GPU-{i}", 0.0, 85.5) for i in (1, 2)
     ]
     with pytest.raises(
-        UserError, match=r"GPU 0 \(0\) is in use: 65.5 of 86 GB free .* generator ~73 GB"
+        UserError, match=r"GPU 0 is in use: 65.5 of 86 GB free .* generator ~73 GB"
     ):
         check_gpus_free(p, 0, gpus)
 
@@ -66,6 +74,6 @@ def test_a_generator_that_profiles_its_gpu_needs_its_share_of_it_free():
 def test_a_gpu_the_host_does_not_have_is_named():
     with pytest.raises(
         UserError,
-        match=r"the plan uses GPU 1 \(1\) on this node, which nvidia-smi does not list; it lists 0",
+        match=r"the plan uses GPU 1 on this node, which nvidia-smi does not list; it lists 0",
     ):
         check_gpus_free(three_gpu_plan(), 0, [GpuState("0", "GPU-0", 0.0, 85.5)])

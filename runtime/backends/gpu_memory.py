@@ -18,26 +18,32 @@ class PeakMemory:
 
     `record("startup")` closes the phase that ran since the process began (or the last reset);
     `phase(name)` measures a block. `metrics()` gives every phase seen so far as
-    `memory/<name>_gb` (allocated) and `memory/<name>_reserved_gb`, each the largest yet."""
+    `memory/<name>_gb` (allocated) and `memory/<name>_reserved_gb`, each the largest yet, and
+    `memory/<name>_after_gb`, what stayed allocated when the phase last ended (growing from
+    step to step: something is kept that should not be)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.on = torch.device(device).type == "cuda" and torch.cuda.is_available()
+        self.device = torch.device(device)
+        self.on = self.device.type == "cuda" and torch.cuda.is_available()
         self.peaks: dict[str, tuple[float, float]] = {}
+        self.after: dict[str, float] = {}
 
     def record(self, name: str) -> None:
         if not self.on:
             return
-        allocated = torch.cuda.max_memory_allocated() / GB
-        reserved = torch.cuda.max_memory_reserved() / GB
+        # the device named: a call may run on a thread whose current device is another one
+        allocated = torch.cuda.max_memory_allocated(self.device) / GB
+        reserved = torch.cuda.max_memory_reserved(self.device) / GB
         old = self.peaks.get(name, (0.0, 0.0))
         self.peaks[name] = (max(old[0], allocated), max(old[1], reserved))
+        self.after[name] = torch.cuda.memory_allocated(self.device) / GB
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         if not self.on:
             yield
             return
-        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_peak_memory_stats(self.device)
         try:
             yield
         finally:
@@ -48,4 +54,5 @@ class PeakMemory:
         for name, (allocated, reserved) in self.peaks.items():
             out[f"memory/{name}_gb"] = round(allocated, 3)
             out[f"memory/{name}_reserved_gb"] = round(reserved, 3)
+            out[f"memory/{name}_after_gb"] = round(self.after[name], 3)
         return out

@@ -15,6 +15,17 @@ from runtime.procs.failures import ActorFailure, root_cause
 from runtime.procs.lifecycle import RunLifecycle
 
 
+async def each_rank(mesh: Any, endpoint: str, *args: Any) -> list[Any]:
+    """`endpoint(*args)` on every actor of `mesh`; their answers in rank order.
+
+    Each rank is called on its own rather than the mesh at once, so the first rank that fails
+    ends the wait: its peers may be waiting for it in a collective (a rank out of memory in its
+    loss leaves the others in the backward's reduce-scatter) and would never answer."""
+    ranks = mesh.flatten("rank")
+    calls = [getattr(ranks.slice(rank=i), endpoint).call_one(*args) for i in range(len(ranks))]
+    return list(await asyncio.gather(*calls))
+
+
 @dataclass
 class Services:
     """The actor meshes of one run and the supervised way to call them."""
@@ -48,9 +59,9 @@ class Services:
         The ranks' answers agree or only rank 0's matters (it alone publishes and saves).
         """
         answers = await self.call(
-            "trainer", getattr(self.trainer, endpoint).call(*args), kind=kind or endpoint
+            "trainer", each_rank(self.trainer, endpoint, *args), kind=kind or endpoint
         )
-        return next(value for _, value in answers.items())
+        return answers[0]
 
     async def generate(
         self,
@@ -82,13 +93,22 @@ class Services:
         assert self.reference is not None
         # every reference rank scores its share of the rows (one rank: all of them)
         answers = await self.call(
-            "reference", self.reference.logprobs.call(tokens, mask), kind="logprobs"
+            "reference", each_rank(self.reference, "logprobs", tokens, mask), kind="logprobs"
         )
-        shares = sorted((a["first"], a["logprobs"]) for _, a in answers.items())
+        shares = sorted((a["first"], a["logprobs"]) for a in answers)
         return [row for _, rows in shares for row in rows]
 
     async def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
-        return await self.train_call("train_step", batch)
+        """Rank 0's figures, and the largest of every rank's memory figures beside its own
+        (`memory/ranks_max/...`: rank 0 holds the published versions, the others do not)."""
+        kind = "train_step"
+        answers = await self.call("trainer", each_rank(self.trainer, kind, batch), kind=kind)
+        stats = dict(answers[0])
+        if len(answers) > 1:
+            for key in [k for k in stats if k.startswith("memory/")]:
+                most = max(a.get(key, 0.0) for a in answers)
+                stats[key.replace("memory/", "memory/ranks_max/", 1)] = most
+        return stats
 
     async def publish(self, version: int) -> dict[str, float]:
         return await self.train_call("publish", version)

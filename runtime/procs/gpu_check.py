@@ -116,10 +116,12 @@ def check_gpus_free(
     by_name = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
     for gpu, services in sorted(planned_gb(plan, node).items()):
         name = host_gpu_ids((gpu,), visible)[0]
+        # the host's own name for it where CUDA_VISIBLE_DEVICES renumbers
+        label = f"GPU {gpu}" if name == str(gpu) else f"GPU {gpu} (host GPU {name})"
         state = by_name.get(name)
         if state is None:
             raise UserError(
-                f"the plan uses GPU {gpu} ({name}) on this node, which nvidia-smi does not list; "
+                f"the plan uses {label} on this node, which nvidia-smi does not list; "
                 f"it lists {', '.join(g.index for g in gpus)}"
             )
         settings = getattr(plan, "settings", None)
@@ -133,7 +135,7 @@ def check_gpus_free(
         taken = f"{state.used_gb:.1f} GB taken" + (f" by {holders}" if holders else "")
         wants = " + ".join(f"{s} ~{gb:.0f} GB" for s, gb in services.items())
         raise UserError(
-            f"GPU {gpu} ({name}) is in use: {state.free_gb:.1f} of {state.total_gb:.0f} GB free "
+            f"{label} is in use: {state.free_gb:.1f} of {state.total_gb:.0f} GB free "
             f"({taken}), and the plan puts {wants} there; stop that process or give this run "
             "other GPUs (CUDA_VISIBLE_DEVICES)"
         )
