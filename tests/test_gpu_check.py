@@ -65,9 +65,7 @@ def test_a_generator_that_profiles_its_gpu_needs_its_share_of_it_free():
     gpus = [GpuState("0", "GPU-0", 20.0, 85.5, ((7, "other", 20.0),))] + [
         GpuState(str(i), f"GPU-{i}", 0.0, 85.5) for i in (1, 2)
     ]
-    with pytest.raises(
-        UserError, match=r"GPU 0 is in use: 65.5 of 86 GB free .* generator ~73 GB"
-    ):
+    with pytest.raises(UserError, match=r"GPU 0 is in use: 65.5 of 86 GB free .* generator ~73 GB"):
         check_gpus_free(p, 0, gpus)
 
 

@@ -233,4 +233,3 @@ def test_direct_paths_take_a_version_a_group_at_a_time_and_free_it_once_loaded()
     finally:
         publisher.close()
         receiver.close()
-
