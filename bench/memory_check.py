@@ -36,13 +36,19 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
 OUT = RESULTS / "memory_model_check.json"
 
-# (file, section or None for a product_path file, gpus): H100 runs that recorded their
-# trainer's allocator peaks.
+# (file, section, gpus, accelerator): runs that recorded their trainer's allocator peaks. The
+# section of a bench/gpu_grpo.py file names its run; of a bench/product_path.py file, None
+# takes both runs' peaks (one plan for both), "run_a" or "run_b" one of them (run B on the
+# file's resume_gpus), "metrics" the records of `<file stem>_metrics.jsonl` beside it (a run A
+# that ended before the bench could read them).
 RUNS = (
-    ("gpu_h100_2026-11-25/gpu_grpo_1gpu.json", "grpo_1gpu_on_policy", 1),
-    ("gpu_h100_2026-11-25b/host_a_product_path.json", None, 1),
-    ("gpu_h100x2_2026-11-25/side_by_side_runs.json", "grpo_2gpu_on_policy", 2),
-    ("gpu_h100x2_2026-11-25/side_by_side_runs.json", "grpo_2gpu_off_policy", 2),
+    ("gpu_h100_2026-11-25/gpu_grpo_1gpu.json", "grpo_1gpu_on_policy", 1, "H100"),
+    ("gpu_h100_2026-11-25b/host_a_product_path.json", None, 1, "H100"),
+    ("gpu_h100x2_2026-11-25/side_by_side_runs.json", "grpo_2gpu_on_policy", 2, "H100"),
+    ("gpu_h100x2_2026-11-25/side_by_side_runs.json", "grpo_2gpu_off_policy", 2, "H100"),
+    ("gpu_h200x2_2026-11-26/product_path_qwen3-1.7b.json", "run_a", 2, "H200"),
+    ("gpu_h200x2_2026-11-26/product_path_qwen3-1.7b.json", "run_b", 1, "H200"),
+    ("gpu_h200x2_2026-11-26/qwen3-8b_4.json", "metrics", 2, "H200"),
 )
 # The trainer alone (bench/gpu_grpo.py train): one rank, 64 sequences of 2048 tokens, a config
 # a row, each with its peak allocated memory.
@@ -54,15 +60,26 @@ def _run(file: str, name: str | None) -> dict[str, Any]:
     """What a row needs of a run: recipe, overrides, trainer settings, peaks, nvidia-smi."""
     from gpu_memory import trainer_peaks
 
+    from runtime.control.metrics import read_metrics
+
     data = json.loads((RESULTS / file).read_text())
-    if name is None:  # bench/product_path.py: settings as changed, two runs' trainer peaks
-        peaks = trainer_peaks(
-            [data[part].get("trainer_memory") or {} for part in ("run_a", "run_b")]
-        )
-        smi = {str(g): gb for g, gb in data["gpu_used_peak_gb"]["run A"].items()}
+    if name in (None, "run_a", "run_b", "metrics"):  # bench/product_path.py
+        stem = (RESULTS / file).with_suffix("")
+        if name == "metrics":
+            peaks = trainer_peaks(read_metrics(stem.with_name(stem.name + "_metrics.jsonl")))
+            log = stem.with_name(stem.name + "_run_a.log").read_text()
+            line = next((x for x in log.splitlines() if "] trainer: " in x), None)
+        else:
+            parts = ("run_a", "run_b") if name is None else (name,)
+            peaks = trainer_peaks([data[part].get("trainer_memory") or {} for part in parts])
+            line = data[parts[-1]].get("trainer")
+        phase = "run B" if name == "run_b" else "run A"
+        smi = {str(g): gb for g, gb in data["gpu_used_peak_gb"][phase].items()}
         return {
             "recipe": data["recipe"],
-            "overrides": list(data["settings_changed"]),
+            # the micro-batch and checkpointing the run had (planned by the model of its day)
+            "overrides": list(data["settings_changed"]) + _as_run(line),
+            "as_run": _as_run(line),
             "peaks": peaks,
             "nvidia_smi": smi,
         }
@@ -71,25 +88,60 @@ def _run(file: str, name: str | None) -> dict[str, Any]:
     return {
         "recipe": run["recipe"],
         "overrides": list(run["overrides"]) + list(run.get("set_by_hand") or []),
+        "as_run": [],
         "peaks": trainer_peaks(run["records"]),
         "nvidia_smi": memory.get("nvidia_smi_peak_gb_per_gpu"),
     }
+
+
+def _as_run(line: str | None) -> list[str]:
+    """Overrides for the micro-batch and activation checkpointing a run's `trainer: ...` line
+    says it had (none without the line)."""
+    import re
+
+    found = re.search(
+        r"(\d+) tokens per micro-batch, activation checkpointing (on|off)", line or ""
+    )
+    if not found:
+        return []
+    return [
+        f"trainer.tokens_per_micro_batch={found[1]}",
+        f"trainer.activation_checkpointing={'true' if found[2] == 'on' else 'false'}",
+    ]
 
 
 def rows() -> list[dict[str, Any]]:
     from gpu_memory import plan_gb_per_gpu
 
     from recipes import apply_overrides, load_recipe, plan
+    from recipes.errors import UserError
     from recipes.memory import ACCELERATOR_BYTES, trainer_publish_gb
 
     out = []
-    for file, name, gpus in RUNS:
+    for file, name, gpus, accelerator in RUNS:
         run = _run(file, name)
         recipe = apply_overrides(load_recipe(run["recipe"]), run["overrides"])
-        p = plan(recipe, gpus)
+        refused = None
+        try:
+            p = plan(recipe, gpus, accelerator=accelerator)
+        except UserError as e:
+            if not run["as_run"]:
+                raise
+            # today's planner refuses what the run had: its settings, and the plan as it is now
+            refused = str(e)
+            had = apply_overrides(
+                load_recipe(run["recipe"]), run["overrides"][: -len(run["as_run"])]
+            )
+            p = plan(had, gpus, accelerator=accelerator)
         t = p.settings.trainer
         arch, ranks = recipe.arch, t.ranks
-        step = _step_bytes(arch, ranks, t.tokens_per_micro_batch, t.activation_checkpointing)
+        tokens, ckpt = (
+            recipe.trainer.tokens_per_micro_batch,
+            recipe.trainer.activation_checkpointing,
+        )
+        tokens = t.tokens_per_micro_batch if tokens == "auto" else tokens
+        ckpt = t.activation_checkpointing if ckpt == "auto" else ckpt
+        step = _step_bytes(arch, ranks, tokens, ckpt, t.compile)
         peaks = run["peaks"]
         per_gpu = plan_gb_per_gpu(p)
         trainer_gpus = next(pl.gpus for pl in p.placements if pl.service == "trainer")
@@ -99,18 +151,20 @@ def rows() -> list[dict[str, Any]]:
         }
         row: dict[str, Any] = {
             "run": f"bench/results/{file}" + (f"#{name}" if name else ""),
-            "device": "H100",
+            "device": accelerator,
             "layout": p.share,
             "trainer": {
                 "ranks": ranks,
-                "tokens_per_micro_batch": t.tokens_per_micro_batch,
-                "activation_checkpointing": t.activation_checkpointing,
+                "tokens_per_micro_batch": tokens,
+                "activation_checkpointing": ckpt,
                 "compile": t.compile,
             },
             "step_gb": _pair(step / GB, peaks.get("memory/train_gb")),
             "startup_gb_measured": peaks.get("memory/startup_gb"),
             "startup_below_step_estimate": peaks.get("memory/startup_gb", 0.0) < step / GB,
         }
+        if refused:
+            row["refused_by_todays_plan"] = refused
         if "ipc" in p.settings.weight_sync.expected:
             row["publish_gb"] = _pair(
                 trainer_publish_gb(arch, ranks), peaks.get("memory/publish_gb")
@@ -119,7 +173,7 @@ def rows() -> list[dict[str, Any]]:
             "plan": per_gpu,
             "plan_with_trainer_step": at_step,
             "nvidia_smi": run["nvidia_smi"],
-            "gpu": round(ACCELERATOR_BYTES["H100"] / GB, 1),
+            "gpu": round(ACCELERATOR_BYTES[accelerator] / GB, 1),
         }
         out.append(row)
     for file, name in TRAINER_ALONE:
@@ -129,7 +183,7 @@ def rows() -> list[dict[str, Any]]:
         device = "H200" if "H200" in data["device"]["name"] else "H100"
         for config in run["configs"]:
             ckpt = bool(config["ac"])
-            step = _step_bytes(arch, 1, config["mb"], ckpt)
+            step = _step_bytes(arch, 1, config["mb"], ckpt, bool(config["compile"]))
             out.append(
                 {
                     "run": f"bench/results/{file}#{name} {config['config']}",
@@ -148,11 +202,12 @@ def rows() -> list[dict[str, Any]]:
     return out
 
 
-def _step_bytes(arch: Any, ranks: int, tokens: int, checkpointing: bool) -> float:
+def _step_bytes(arch: Any, ranks: int, tokens: int, checkpointing: bool, compiled: bool) -> float:
     """What the trainer's memory plan budgets for a step (recipes.memory.trainer_memory_plan)."""
     from recipes.memory import trainer_fixed_bytes, trainer_token_bytes
 
-    return trainer_fixed_bytes(arch, ranks) + tokens * trainer_token_bytes(arch, checkpointing)
+    per_token = trainer_token_bytes(arch, checkpointing, compiled)
+    return trainer_fixed_bytes(arch, ranks) + tokens * per_token
 
 
 def _pair(estimate: float, measured: float | None) -> dict[str, float | None]:

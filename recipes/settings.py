@@ -245,8 +245,11 @@ def _trainer_plan(
     given_ckpt = None if t.activation_checkpointing == "auto" else t.activation_checkpointing
     if accelerator == "cpu":  # small models: memory is no concern, recomputing would be
         return given_tokens or SHARED_TOKENS, bool(given_ckpt), None
+    compiled = t.compile is not False  # "auto" compiles on a GPU
     arch, gpu = recipe.arch, ACCELERATOR_BYTES[accelerator] - reserve
-    fit = trainer_memory_plan(arch, ranks, gpu, tokens=given_tokens, checkpointing=given_ckpt)
+    fit = trainer_memory_plan(
+        arch, ranks, gpu, tokens=given_tokens, checkpointing=given_ckpt, compiled=compiled
+    )
     if fit is not None:
         return fit
     if shared and given_tokens is None and given_ckpt is None:
@@ -254,13 +257,13 @@ def _trainer_plan(
     tokens = given_tokens or (SHARED_TOKENS if shared else PLAN_TOKENS[-1])
     ckpt = True if given_ckpt is None else given_ckpt
     fixed = trainer_fixed_bytes(arch, ranks)
-    per_token = trainer_token_bytes(arch, ckpt)
+    per_token = trainer_token_bytes(arch, ckpt, compiled)
     need = fixed + tokens * per_token
     if given_tokens is None and given_ckpt is None:
         # Nothing fits the finer model though the coarse estimate let the recipe through:
         # the smallest micro-batch, recomputed, is the best chance.
         return tokens, ckpt, need
-    if shared and need <= fixed + SHARED_TOKENS * trainer_token_bytes(arch, True):
+    if shared and need <= fixed + SHARED_TOKENS * trainer_token_bytes(arch, True, compiled):
         # no more than the smallest step the plan itself falls back to
         return tokens, ckpt, None
     where = f"an {accelerator}"
