@@ -214,12 +214,14 @@ def memory_taken_at(
     args=None,
     gpu: int = 0,
     armed: bool = False,
+    place: str | None = None,
 ) -> str:
     """Start a run (default: the one-GPU plan), let another process take GPU `gpu`'s memory
     (all but `leave_gb`) once the run prints `after`, and check that the run ends within the
     bound, naming that GPU, and leaves the node clean; its failure line. `armed`: the other
     process sets up CUDA before the run starts and takes the memory within a fraction of a
-    second of `after`."""
+    second of `after`. `place`: where the failure line says the failed service runs (default
+    GPU `gpu` alone)."""
     before = Baseline()
     hog = GpuHog(leave_gb=leave_gb, gpu=gpu, armed=True) if armed else None
     proc = start(args or one_gpu_args(tmp_path / "run", "grpo.steps=2000"))
@@ -238,7 +240,7 @@ def memory_taken_at(
         kill_tree(proc)
     out = "".join(head) + out
     first = ended(code, out, name, seconds, hog.line)
-    assert "memory" in first.lower() and f"(on node 0 GPU {gpu})" in first, first
+    assert "memory" in first.lower() and (place or f"(on node 0 GPU {gpu})") in first, first
     assert_clean(out, proc.pid, nothing_left, before)
     return first
 
@@ -309,6 +311,33 @@ def test_the_trainer_out_of_memory_in_its_first_step_ends_the_run(tmp_path: Path
         tmp_path, nothing_left, "services ready", name, 0.5, args, gpu=1, armed=True
     )
     assert "trainer actor failed" in first and "out of memory" in first.lower(), first
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two trainer ranks: two GPUs")
+def test_one_trainer_rank_out_of_memory_ends_the_run_while_the_other_waits(
+    tmp_path: Path, nothing_left
+):
+    """qwen3-1.7b on two GPUs with every service sharing them: the trainer is FSDP over both,
+    a generator on each GPU. Another process takes all but 3 GB of GPU 1 the moment the
+    services are up (room for generator1's sampling, none for a training step): trainer rank 1
+    runs out of memory in its first step while rank 0 waits for it in a collective. The run
+    ends at once on rank 1's error (it once waited for rank 0's answer, which never came)."""
+    args = ["--recipe", "qwen3-1.7b", "--gpus", "2", "--run-dir", str(tmp_path / "run")]
+    for item in (*FULL_SIZE, "layout.share=all", "grpo.steps=20"):
+        args += ["--set", item]
+    name = "one-trainer-rank-out-of-memory"
+    first = memory_taken_at(
+        tmp_path,
+        nothing_left,
+        "services ready",
+        name,
+        3.0,
+        args,
+        gpu=1,
+        armed=True,
+        place="(on node 0 GPUs 0,1)",
+    )
+    assert "trainer actor failed" in first and "GPU 1" in first, first
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the generator alone on a GPU: two")
