@@ -403,6 +403,41 @@ def test_a_killed_gpu_service_ends_the_run_and_the_rerun_resumes(
     kill_mid_run(args, name, service, rank, line, "node 0 GPU 0", nothing_left)
 
 
+def test_a_cuda_error_in_compiled_code_ends_the_run_and_the_rerun_resumes(
+    tmp_path: Path, nothing_left
+):
+    """The trainer's step runs a torch.compile'd kernel that faults on the GPU (a custom loss,
+    tests/failing_losses.py, reads far past the end of a tensor a few steps in): the CUDA error
+    ends the run naming the trainer and its GPU, nothing is left, and the rerun (the recipe's
+    own loss) resumes from the last committed checkpoint."""
+    from fault_runs import RuntimeRun
+
+    before = Baseline()
+    run_dir = tmp_path / "run"
+    args = one_gpu_args(run_dir, "grpo.checkpoint_interval=1")
+    log = tmp_path / "run.log"
+    run = RuntimeRun(
+        [*args, "--set", "grpo.loss=failing_losses:cuda_error_in_compiled_code"], log=log
+    )
+    try:
+        code = run.finish(timeout=600)
+        exited = time.monotonic() - run.started
+    finally:
+        if run.proc.poll() is None:
+            run.kill()
+    out = run.output
+    # the fault comes in the step after the last one logged (tiny-gpu: about a second each)
+    logged = [float(x[1:8]) for x in log.read_text().splitlines() if "] step " in x]
+    assert logged, out
+    first = ended(
+        code, out, "cuda-error-in-compiled-code", exited - logged[-1], "after the last step line"
+    )
+    assert "trainer actor failed" in first and "CUDA error" in first, first
+    assert "(on node 0 GPU 0)" in first, first
+    assert_clean(out, run.proc.pid, nothing_left, before)
+    resumes(args, run_dir, nothing_left, before)
+
+
 def test_a_silent_generator_is_ended_by_the_watchdog(tmp_path: Path, nothing_left):
     """A generator that stops answering without dying (its proc stopped, as a wedged kernel
     would leave it): the watchdog's bound, from the recipe and the calls so far, ends the run."""
