@@ -87,10 +87,8 @@ def test_two_ranks_train_like_one(tmp_path: Path):
     assert abs(after["loss"] - after_resume["loss"]) < 1e-6
     assert abs(after["grad_norm"] - after_resume["grad_norm"]) < 1e-5
     # the two ranks' DCP checkpoint resumes on one process: the same second step again
-    assert sorted(p.name for p in (tmp_path / "dcp" / "trainer").glob("*.distcp")) == [
-        "__0_0.distcp",
-        "__1_0.distcp",
-    ]
+    files = [p.name for p in (tmp_path / "dcp" / "trainer").glob("*.distcp")]
+    assert {f.split("_")[2] for f in files} == {"0", "1"}, files  # each rank its own
     single = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2), temperature=0.7, seed=99)
     single.load_checkpoint(str(tmp_path / "dcp"))
     assert single.step == 1
