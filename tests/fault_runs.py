@@ -154,12 +154,13 @@ class RuntimeRun:
             _signal_all(new, signal.SIGSTOP)
             frozen.update(new)
 
-    def dump_stacks(self, settle_s: float = 1.5) -> list[int]:
+    def dump_stacks(self, settle_s: float = 0.3) -> list[int]:
         """Every process of the run that catches SIGUSR1 (the runtime's own: runtime.procs.host
         .stacks_on_signal) prints its threads' stacks into the run's output, one process at a
-        time (each under a line naming it, so their stacks do not interleave); the others are
-        left alone (SIGUSR1 would end them). Returns the pids signalled."""
-        caught = []
+        time (each under a line naming it, `settle_s` apart, so their stacks do not interleave;
+        faulthandler writes them at once); the others are left alone (SIGUSR1 would end them).
+        Returns the pids signalled."""
+        caught: list[tuple[int, str]] = []
         for pid in session_pids(self.proc.pid):
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
@@ -170,11 +171,13 @@ class RuntimeRun:
                 (ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt")), "0"
             )
             if int(mask, 16) >> (signal.SIGUSR1 - 1) & 1:
-                caught.append(pid)
-                self.note(f"--- stacks of pid {pid}: {command.decode(errors='replace')[:160]}")
-                _signal_all([pid], signal.SIGUSR1)
-                time.sleep(settle_s)
-        return caught
+                caught.append((pid, command.decode(errors="replace")[:160]))
+        for pid, command in caught:
+            self.note(f"--- stacks of pid {pid}: {command}")
+            _signal_all([pid], signal.SIGUSR1)
+            time.sleep(settle_s)
+        time.sleep(settle_s)
+        return [pid for pid, _ in caught]
 
     def note(self, text: str) -> None:
         """A line of the bench's own in the run's log (not in `lines`: no pattern sees it)."""
