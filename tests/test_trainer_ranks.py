@@ -97,6 +97,7 @@ def test_a_reference_sharded_over_two_ranks_scores_like_the_policy(tmp_path: Pat
     assert rows[1]["kl"] > 0  # after a step the policy has moved away from the reference
 
 
+@pytest.mark.slow
 def test_one_rank_raising_ends_the_run_while_the_other_waits_in_a_collective(tmp_path: Path):
     """Rank 0 raises in its loss; rank 1 is then in the backward's reduce-scatter, waiting for
     rank 0 forever. The run must not wait for rank 1's answer: it ends on rank 0's error, at
