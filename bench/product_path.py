@@ -122,6 +122,14 @@ def step_rows(run_dir: Path) -> list[dict[str, Any]]:
     return read_metrics(run_dir / "metrics.jsonl")
 
 
+def memory_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each step's trainer memory records (rank 0's peaks so far, what stayed allocated after
+    each phase, the largest over ranks): growth from step to step is a leak, not a peak."""
+    return [
+        {"step": r["step"], **{k: v for k, v in r.items() if k.startswith("memory/")}} for r in rows
+    ]
+
+
 def plan_summary(p: Any) -> dict[str, Any]:
     """What the JSON keeps of a plan: its table, and its GB per service and per GPU."""
     return {
@@ -415,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         peaks = result.setdefault("gpu_used_peak_gb", {})
         for phase, gpus in sampler.peaks.items():
             peaks[phase] = {str(g): v for g, v in sorted(gpus.items())}
+        if (run_dir / "metrics.jsonl").exists():  # also of a run that stopped or got stuck
+            result["trainer_memory_by_step"] = memory_by_step(step_rows(run_dir))
         state.write_text(json.dumps(result, indent=2) + "\n")
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result["gpu_used_peak_gb"]), flush=True)

@@ -68,7 +68,13 @@ class IpcSender:
         return {}
 
     def release(self, version: int) -> None:
-        self._buffers.pop(version, None)
+        buffer = self._buffers.pop(version, None)
+        if buffer is not None and buffer.device.type == "cuda":
+            del buffer
+            # A freed block that another process still had open waits in torch's limbo until
+            # the next shared block is freed or an allocation fails; by now every generator
+            # has let go of it, so give it back to the allocator at once, before the next step.
+            torch.cuda.ipc_collect()
 
     def close(self) -> None:
         self._buffers.clear()
