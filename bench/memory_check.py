@@ -77,8 +77,8 @@ def _run(file: str, name: str | None) -> dict[str, Any]:
         smi = {str(g): gb for g, gb in data["gpu_used_peak_gb"][phase].items()}
         return {
             "recipe": data["recipe"],
+            "overrides": list(data["settings_changed"]),
             # the micro-batch and checkpointing the run had (planned by the model of its day)
-            "overrides": list(data["settings_changed"]) + _as_run(line),
             "as_run": _as_run(line),
             "peaks": peaks,
             "nvidia_smi": smi,
@@ -120,7 +120,7 @@ def rows() -> list[dict[str, Any]]:
     out = []
     for file, name, gpus, accelerator in RUNS:
         run = _run(file, name)
-        recipe = apply_overrides(load_recipe(run["recipe"]), run["overrides"])
+        recipe = apply_overrides(load_recipe(run["recipe"]), run["overrides"] + run["as_run"])
         refused = None
         try:
             p = plan(recipe, gpus, accelerator=accelerator)
@@ -129,10 +129,8 @@ def rows() -> list[dict[str, Any]]:
                 raise
             # today's planner refuses what the run had: its settings, and the plan as it is now
             refused = str(e)
-            had = apply_overrides(
-                load_recipe(run["recipe"]), run["overrides"][: -len(run["as_run"])]
-            )
-            p = plan(had, gpus, accelerator=accelerator)
+            today = apply_overrides(load_recipe(run["recipe"]), run["overrides"])
+            p = plan(today, gpus, accelerator=accelerator)
         t = p.settings.trainer
         arch, ranks = recipe.arch, t.ranks
         tokens, ckpt = (

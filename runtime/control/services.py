@@ -53,15 +53,17 @@ class Services:
             return await self.life.call(service, awaitable)
         return await self.watchdog.call(self.life, service, kind, awaitable)
 
-    async def train_call(self, endpoint: str, *args: Any, kind: str | None = None) -> Any:
-        """Call a trainer endpoint on every rank (they run collectives together); rank 0's answer.
-
-        The ranks' answers agree or only rank 0's matters (it alone publishes and saves).
-        """
-        answers = await self.call(
+    async def train_calls(self, endpoint: str, *args: Any, kind: str | None = None) -> list[Any]:
+        """Call a trainer endpoint on every rank (they run collectives together); every rank's
+        answer, in rank order."""
+        return await self.call(
             "trainer", each_rank(self.trainer, endpoint, *args), kind=kind or endpoint
         )
-        return answers[0]
+
+    async def train_call(self, endpoint: str, *args: Any, kind: str | None = None) -> Any:
+        """`train_calls`, rank 0's answer: the ranks' answers agree or only rank 0's matters
+        (it alone publishes and saves)."""
+        return (await self.train_calls(endpoint, *args, kind=kind))[0]
 
     async def generate(
         self,
@@ -101,8 +103,7 @@ class Services:
     async def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
         """Rank 0's figures, and the largest of every rank's memory figures beside its own
         (`memory/ranks_max/...`: rank 0 holds the published versions, the others do not)."""
-        kind = "train_step"
-        answers = await self.call("trainer", each_rank(self.trainer, kind, batch), kind=kind)
+        answers = await self.train_calls("train_step", batch)
         stats = dict(answers[0])
         if len(answers) > 1:
             for key in [k for k in stats if k.startswith("memory/")]:
