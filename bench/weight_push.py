@@ -156,7 +156,7 @@ def _generator(args: dict[str, Any], from_trainer: Any, to_trainer: Any) -> None
             receiver.wait_for(version, 600)
             flat = receiver.buffer
         else:
-            flat = open_ipc(direct["ipc"])
+            flat = open_ipc(direct["ipc"][0])
         got = views(flat, entries_of(direct))
         # "Load": one on-GPU copy of every tensor, what the engine's load_weights does.
         copies = {k: v.clone() for k, v in got.items()}

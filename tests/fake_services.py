@@ -134,7 +134,9 @@ class FakeServices:
     async def weight_endpoints(self) -> tuple[Any, list[Any]]:
         return Endpoint("here", None), [Endpoint("here", None)] * self.generators
 
-    async def open_weights(self, paths: list[str]) -> dict[str, Any]:
+    async def open_weights(
+        self, paths: list[str], ipc_opens: list[int] | None = None
+    ) -> dict[str, Any]:
         return {p: None for p in paths}
 
     async def connect_generator(self, replica: int, path: str, link: Any) -> None:

@@ -34,3 +34,12 @@ def test_tp2_engine_loads_flat_buffers_through_cuda_ipc():
         assert r[f"other_weights_{v}"] > 10 * r[f"mismatch_{v}"], r
     same = sum(a == b for a, b in zip(r["samples_0"], r["samples_1"], strict=True))
     assert same == 0  # version 1 replaced version 0 on both workers
+    # Versions from another process's buffers (the trainer's CUDA IPC path, a handle per
+    # worker): each buffer is freed once released, so the sender's memory does not grow.
+    assert r["ipc_exit"] == 0, r
+    rows = r["ipc_allocated"]
+    assert len(rows) == 3, rows
+    for row in rows:
+        assert row["held"] > row["base"], row  # the version's buffer while it was out
+        assert row["after_release"] <= row["base"] + (1 << 20), row  # and none of it after
+    assert r["ipc_samples_1"] != r["ipc_samples_2"]

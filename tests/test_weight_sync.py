@@ -85,8 +85,8 @@ def stage(sender: PushSender, version: int, sd: dict[str, torch.Tensor]) -> dict
 
 def test_connections_give_each_push_receiver_its_rank():
     paths = ["push", "store", "ipc", "push"]
-    links = connections(paths, {"push": ("10.0.0.1", 7), "store": None, "ipc": None})
-    assert links == [("10.0.0.1", 7, 1, 3), None, None, ("10.0.0.1", 7, 2, 3)]
+    links = connections(paths, {"push": ("10.0.0.1", 7), "store": None, "ipc": [1]})
+    assert links == [("10.0.0.1", 7, 1, 3), None, (0, 1), ("10.0.0.1", 7, 2, 3)]
 
 
 def test_push_over_gloo_delivers_each_version_to_every_receiver():
@@ -233,3 +233,30 @@ def test_direct_paths_take_a_version_a_group_at_a_time_and_free_it_once_loaded()
     finally:
         publisher.close()
         receiver.close()
+
+
+def test_each_process_that_opens_an_ipc_version_gets_an_export_of_its_own():
+    """torch frees a shared CUDA block once each export's counter is back at 0, and one export
+    opened by two processes never gets there: a TP=2 generator's workers take a handle each."""
+    import asyncio
+
+    from runtime.weights.transport import connections
+
+    store = _Manifests()
+    paths = ["ipc", "store", "ipc"]
+    publisher = Publisher(store, paths, torch.device("cpu"), ipc_opens=[2, 1, 1])
+    ipc = next(s for s in publisher.senders if s.name == "ipc")
+    assert ipc.opens == [2, 1] and ipc.exports == 3
+    opened = publisher.open()
+    assert connections(paths, opened) == [(0, 2), None, (2, 1)]
+    store.manifests.clear()
+    publisher.senders = [ipc]  # the manifest alone, no TorchStore here
+    sd = state(0)
+    asyncio.run(publisher.publish(0, sd))
+    handles = store.manifests[0]["direct"]["ipc"]
+    assert len(handles) == 3
+    with pytest.raises(ValueError, match="2 counts of openers for 3 generators"):
+        Publisher(store, paths, torch.device("cpu"), ipc_opens=[2, 1])
+    with pytest.raises(ValueError, match="at least once, not 0"):
+        Publisher(store, ["ipc"], torch.device("cpu"), ipc_opens=[0])
+    publisher.close()

@@ -1,5 +1,7 @@
 """A TP=2 vLLM engine takes two policy versions from flat buffers on GPU 0 (`load_flat`: both
-workers open the buffer by CUDA IPC) and samples from each; prints one `RESULT {json}` line.
+workers open the buffer by CUDA IPC) and samples from each, then three versions from another
+process's buffers as the trainer hands them over (`IpcSender` there, `load_ipc` here), and that
+process reports what stays allocated once each is released; prints one `RESULT {json}` line.
 
 Run by tests/test_gpu_vllm_tp.py in a process of its own (a TP engine starts worker procs and
 owns this process's vLLM state); needs two GPUs.
@@ -21,7 +23,7 @@ from runtime.backends import collate  # noqa: E402
 from runtime.backends.fsdp_trainer import GPUReference  # noqa: E402
 from runtime.backends.vllm_generator import VLLMGenerator  # noqa: E402
 from runtime.models import to_hf  # noqa: E402
-from runtime.weights.flat import fill, flat_layout  # noqa: E402
+from runtime.weights.flat import entries_of, fill, flat_layout  # noqa: E402
 
 T = 0.7
 
@@ -41,6 +43,61 @@ def mismatch(completions: list, weights: dict[str, torch.Tensor]) -> float:
     ref = GPUReference(SMALL, temperature=T, weights=weights, device="cuda:0")
     scored = ref.logprobs(batch.tokens, batch.response_mask).cpu()
     return float((scored - batch.logprobs)[batch.response_mask].abs().mean())
+
+
+def producer(to_gen, from_gen, versions: int) -> None:
+    """Trainer rank 0's part: each version into a fresh buffer by `IpcSender`, its manifest to
+    the generator, released once loaded; what this process still has allocated each time."""
+    import asyncio
+
+    from runtime.weights.ipc import IpcSender
+
+    torch.cuda.set_device(0)
+    sender = IpcSender(torch.device("cuda", 0), opens=[2])  # one TP=2 generator
+    base = None
+    for version in range(versions):
+        hf = {
+            k: v.to(torch.bfloat16)
+            for k, v in to_hf(peaked_weights(SMALL, seed=20 + version), SMALL).items()
+        }
+        entries, _ = flat_layout(hf)
+        torch.cuda.synchronize()
+        if base is None:
+            base = torch.cuda.memory_allocated()
+        direct = asyncio.run(sender.stage(version, hf, entries))["direct"]
+        held = torch.cuda.memory_allocated()
+        to_gen.put((version, {**direct, "tensors": {n: tuple(e) for n, e in entries.items()}}))
+        assert from_gen.get(timeout=300) == version
+        sender.release(version)
+        to_gen.put(("allocated", base, held, torch.cuda.memory_allocated()))
+        del hf
+    sender.close()
+    to_gen.put(None)
+
+
+def from_another_process(gen: VLLMGenerator, prompts: list, versions: int) -> dict:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    to_gen, from_gen = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=producer, args=(to_gen, from_gen, versions))
+    proc.start()
+    out: dict = {"ipc_allocated": []}
+    try:
+        while (item := to_gen.get(timeout=300)) is not None:
+            if item[0] == "allocated":
+                _, base, held, after = item
+                out["ipc_allocated"].append({"base": base, "held": held, "after_release": after})
+                continue
+            version, direct = item
+            gen.load_ipc(direct["ipc"], entries_of(direct))
+            done = gen.generate(prompts, n=2, max_new_tokens=16, temperature=T, seed=3)
+            out[f"ipc_samples_{version}"] = [c.response_ids for c in done]
+            from_gen.put(version)
+    finally:
+        proc.join(60)
+    out["ipc_exit"] = proc.exitcode
+    return out
 
 
 def main() -> None:
@@ -67,6 +124,7 @@ def main() -> None:
         result[f"other_weights_{version}"] = mismatch(out, peaked_weights(SMALL, seed=seed + 50))
         result[f"samples_{version}"] = [c.response_ids for c in out]
         del flat
+    result.update(from_another_process(gen, prompts, versions=3))
     gen.close()
     print("RESULT " + json.dumps(result), flush=True)
 

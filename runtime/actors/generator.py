@@ -42,7 +42,9 @@ class GeneratorActor(Actor):
         """Where this generator's weights live (host, GPU, TP width): picks its weight path."""
         from runtime.weights.transport import endpoint
 
-        return endpoint(tp=self.recipe.layout.generator.tp)
+        return endpoint(
+            tp=self.recipe.layout.generator.tp, ipc_opens=getattr(self.backend, "ipc_opens", 1)
+        )
 
     @endpoint
     async def connect_weights(self, path: str, connection: Any = None) -> None:

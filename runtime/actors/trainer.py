@@ -90,9 +90,12 @@ class TrainerActor(Actor):
         return endpoint()
 
     @endpoint
-    async def connect_weights(self, paths: list[str]) -> dict[str, Any]:
+    async def connect_weights(
+        self, paths: list[str], ipc_opens: list[int] | None = None
+    ) -> dict[str, Any]:
         """Serve the generators' weight paths (one per generator, see
-        runtime.weights.transport); what their receivers need, by path (rank 0)."""
+        runtime.weights.transport; `ipc_opens`: how many processes of each open a version);
+        what their receivers need, by path (rank 0)."""
         from runtime.weights.transport import Publisher
 
         if self._rank() != 0:
@@ -100,7 +103,7 @@ class TrainerActor(Actor):
         if self.publisher is not None:
             self.publisher.close()
         timeout_s = self.settings.weight_sync.timeout_s
-        self.publisher = Publisher(self.store, paths, build.device(), timeout_s)
+        self.publisher = Publisher(self.store, paths, build.device(), timeout_s, ipc_opens)
         return self.publisher.open()
 
     @endpoint

@@ -13,10 +13,12 @@ policy version 0 from the trainer, like every later version.
 Tensor parallelism: with TP=1 the worker is this process (vLLM's uni-process executor). With TP>1
 vLLM's multiprocess executor starts one worker process per GPU; the engine core stays here, and
 each worker's weight loaders keep their own shard of whatever full tensors they are given:
-- `load_flat` (the direct weight paths of `runtime.weights.transport`): the version sits in one flat
-  buffer on this proc's first GPU (pushed there) or on the trainer's (CUDA IPC); every worker
-  opens that buffer through its CUDA IPC handle and loads from views of it, worker 0 from its own
-  GPU, the others over NVLink/PCIe peer reads. No copy through the host.
+- `load_flat` and `load_ipc` (the direct weight paths of `runtime.weights.transport`): the
+  version sits in one flat buffer on this proc's first GPU (pushed there: `load_flat`) or on the
+  trainer's (`load_ipc`, with one CUDA IPC handle for each worker); every worker opens the buffer
+  through its own handle and loads from views of it, worker 0 from its own GPU, the others over
+  NVLink/PCIe peer reads. No copy through the host. Each handle is opened by one process only
+  (runtime/weights/ipc.py says why).
 - `load_weights` with TP>1 (the TorchStore path: tensors on the host): the state dict is written
   once to a safetensors file in /dev/shm and every worker reads it.
 
@@ -112,15 +114,17 @@ def _load_on_worker(worker: Any, weights: Mapping[str, Tensor] | str) -> list[st
 
 
 def _load_flat_on_worker(
-    worker: Any, handle: Any, entries: Mapping[str, tuple[Any, ...]]
+    worker: Any, handles: Sequence[Any], entries: Mapping[str, tuple[Any, ...]]
 ) -> list[str]:
-    """Runs inside a vLLM worker: open a flat weight buffer by its CUDA IPC handle (see
-    `torch.multiprocessing.reductions.reduce_tensor`) and load from views of it."""
+    """Runs inside a vLLM worker: open a flat weight buffer by the CUDA IPC handle meant for
+    this worker's TP rank (see `runtime.weights.ipc.export_ipc`) and load from views of it."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
     from runtime.weights.flat import views
+    from runtime.weights.ipc import open_ipc
     from runtime.weights.layout import TensorEntry
 
-    rebuild, args = handle
-    flat = rebuild(*args)
+    flat = open_ipc(handles[get_tensor_model_parallel_rank()])
     tensors = views(flat, {name: TensorEntry(*e) for name, e in entries.items()})
     try:
         return _load_on_worker(worker, tensors)
@@ -239,29 +243,47 @@ class VLLMGenerator:
             missing = self._load_through_file(hf_state_dict)
         self._after_load(missing, start)
 
-    def load_flat(
-        self, flat: Tensor, entries: Mapping[str, Any], handle: Any | None = None
-    ) -> None:
-        """Load HF-named weights that lie in one flat uint8 buffer at `entries` (name ->
-        `runtime.weights.layout.TensorEntry`); like `load_weights` otherwise.
+    @property
+    def ipc_opens(self) -> int:
+        """How many processes open a version handed over by CUDA IPC (`load_ipc`)."""
+        return self.tensor_parallel_size
 
-        With TP>1 the workers open `flat` through a CUDA IPC handle: `handle` when the buffer
-        was itself opened from another process's handle (that one is passed on, rather than a
-        mapping shared a second time), else one made here.
-        """
+    def load_flat(self, flat: Tensor, entries: Mapping[str, Any]) -> None:
+        """Load HF-named weights that lie in one flat uint8 buffer of this process at `entries`
+        (name -> `runtime.weights.layout.TensorEntry`); like `load_weights` otherwise. With
+        TP>1 each worker opens the buffer through a CUDA IPC handle of its own."""
         from runtime.weights.flat import views
 
         if self.tensor_parallel_size == 1 or flat.device.type != "cuda":
             self.load_weights(views(flat, entries))
             return
-        start = time.perf_counter()
-        if handle is None:
-            from torch.multiprocessing.reductions import reduce_tensor
+        from runtime.weights.ipc import export_ipc
 
-            torch.cuda.current_stream(flat.device).synchronize()
-            handle = reduce_tensor(flat)
+        torch.cuda.current_stream(flat.device).synchronize()
+        self._load_on_workers(export_ipc(flat, self.tensor_parallel_size), entries)
+
+    def load_ipc(self, handles: Sequence[Any], entries: Mapping[str, Any]) -> None:
+        """`load_flat` for a buffer of another process: `handles` are `ipc_opens` CUDA IPC
+        handles of it, one for each process that opens it (this one with TP=1, else each
+        worker)."""
+        from runtime.weights.flat import views
+        from runtime.weights.ipc import open_ipc
+
+        if len(handles) != self.ipc_opens:
+            raise ValueError(f"{len(handles)} CUDA IPC handles for {self.ipc_opens} openers")
+        if self.tensor_parallel_size > 1:
+            self._load_on_workers(handles, entries)
+            return
+        flat = open_ipc(handles[0])
+        try:
+            self.load_weights(views(flat, entries))
+        finally:
+            del flat  # the mapping closes with the last reference
+
+    def _load_on_workers(self, handles: Sequence[Any], entries: Mapping[str, Any]) -> None:
+        start = time.perf_counter()
         plain = {name: tuple(e) for name, e in entries.items()}
-        missing = self.llm.collective_rpc(_load_flat_on_worker, args=(handle, plain))
+        missing = self.llm.collective_rpc(_load_flat_on_worker, args=(list(handles), plain))
         self._after_load(missing, start)
 
     def _after_load(self, missing: Sequence[Sequence[str]], start: float) -> None:

@@ -53,8 +53,11 @@ class ServiceHandles(Protocol):
     async def weight_endpoints(self) -> tuple[Any, list[Any]]:
         """Where the trainer's and each generator's weights live (transport.Endpoint)."""
 
-    async def open_weights(self, paths: list[str]) -> dict[str, Any]:
-        """Serve `paths` (one per generator) on the trainer; what their receivers need."""
+    async def open_weights(
+        self, paths: list[str], ipc_opens: list[int] | None = None
+    ) -> dict[str, Any]:
+        """Serve `paths` (one per generator; `ipc_opens`: how many processes of each open a
+        version) on the trainer; what their receivers need."""
 
     async def connect_generator(self, replica: int, path: str, link: Any) -> None: ...
 

@@ -31,10 +31,12 @@ class PolicySync:
     async def connect(self) -> None:
         """Pick each generator's path and open it on both ends."""
         s = self.services
+        opens = None
         if self.mode != "store":
             trainer, generators = await s.weight_endpoints()
             self.paths = transport.choose(trainer, generators, self.mode)
-        opened = await s.open_weights(self.paths)
+            opens = [g.ipc_opens for g in generators]
+        opened = await s.open_weights(self.paths, opens)
         links = transport.connections(self.paths, opened)
         await asyncio.gather(
             *(

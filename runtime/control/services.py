@@ -135,8 +135,10 @@ class Services:
         )
         return trainer, list(gens)
 
-    async def open_weights(self, paths: list[str]) -> dict[str, Any]:
-        return await self.train_call("connect_weights", paths)
+    async def open_weights(
+        self, paths: list[str], ipc_opens: list[int] | None = None
+    ) -> dict[str, Any]:
+        return await self.train_call("connect_weights", paths, ipc_opens)
 
     async def connect_generator(self, replica: int, path: str, link: Any) -> None:
         gen = self.generator_actors[replica]

@@ -54,13 +54,11 @@ def entries_of(direct: Mapping[str, Any]) -> dict[str, TensorEntry]:
     return {name: TensorEntry(*fields) for name, fields in direct["tensors"].items()}
 
 
-def load_flat(
-    backend: Any, flat: torch.Tensor, entries: Mapping[str, TensorEntry], handle: Any = None
-) -> None:
-    """Load a version lying in one flat buffer into a generator backend: through its own
-    `load_flat` where it has one (vLLM: TP workers open the buffer by CUDA IPC), else from
-    views of the buffer."""
+def load_flat(backend: Any, flat: torch.Tensor, entries: Mapping[str, TensorEntry]) -> None:
+    """Load a version lying in one flat buffer of this process into a generator backend:
+    through its own `load_flat` where it has one (vLLM with TP>1: the workers open the buffer
+    by CUDA IPC), else from views of the buffer."""
     if hasattr(backend, "load_flat"):
-        backend.load_flat(flat, entries, handle=handle)
+        backend.load_flat(flat, entries)
     else:
         backend.load_weights(views(flat, entries))

@@ -2,42 +2,75 @@
 trainer's memory.
 
 The trainer copies each version into a fresh flat buffer (a group of tensors at a time as the
-trainer gathers them) and puts the buffer's CUDA IPC handle into the version's manifest; the
-generator opens it and copies the weights out of views of the trainer's memory (a TP>1
-generator's workers open the same handle). The trainer lets go of the buffer once every
-generator has loaded the version (`release`), so between publishes it holds none.
+trainer gathers them) and puts CUDA IPC handles of the buffer into the version's manifest; the
+generator opens them and copies the weights out of views of the trainer's memory (a TP>1
+generator's workers each open one). The trainer lets go of the buffer once every generator has
+loaded the version (`release`), so between publishes it holds none.
+
+One export per opening process: torch counts the processes that still map a shared CUDA block
+with one counter per export (`reduce_tensor`), set to 1 by the export and decremented by each
+process that opens it, when it lets go. The trainer's freed buffer stays allocated until its
+counter is back at 0, and one export opened by two processes (or by none) never gets there: the
+buffer of every version would stay on the trainer's GPU. So the trainer exports each buffer
+once per process that will open it (`opens`: 1 per generator, its TP width for a vLLM engine
+with TP>1), and each opener takes its own handle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from runtime.weights.flat import entries_of, fill, indexed, load_flat
+from runtime.weights.flat import entries_of, fill, indexed, views
 from runtime.weights.layout import TensorEntry
 
 
 def open_ipc(handle: Any) -> torch.Tensor:
-    """The trainer's flat buffer of one version, from the `ipc` entry of its manifest."""
+    """The trainer's flat buffer of one version, from one of the handles of its manifest."""
     rebuild, args = handle
     return rebuild(*args)
 
 
+def export_ipc(flat: torch.Tensor, count: int) -> list[Any]:
+    """`count` CUDA IPC handles of `flat`: one for each process that will open it (see the
+    module's docstring)."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    return [reduce_tensor(flat) for _ in range(count)]
+
+
+def slices(opens: Sequence[int]) -> list[tuple[int, int]]:
+    """Each receiver's handles among one version's exports: (first, count), in order."""
+    out, first = [], 0
+    for n in opens:
+        if n < 1:
+            raise ValueError(f"an IPC receiver opens each version at least once, not {n}")
+        out.append((first, n))
+        first += n
+    return out
+
+
 class IpcSender:
-    """Trainer rank 0's end: one flat buffer per version still in use, shared by handle."""
+    """Trainer rank 0's end: one flat buffer per version still in use, shared by handles.
+
+    `opens`: how many processes open each version, for each receiver of this path (1 each by
+    default)."""
 
     name = "ipc"
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, opens: Sequence[int] = (1,)) -> None:
         self.device = indexed(torch.device(device))
+        self.opens = list(opens)
+        self.exports = sum(n for _, n in slices(self.opens))
         self._buffers: dict[int, torch.Tensor] = {}
         self._filling: torch.Tensor | None = None
         self._entries: dict[str, TensorEntry] = {}
 
-    def open(self) -> None:
-        return None
+    def open(self) -> list[int]:
+        """What the receivers need: every receiver's count of opens (their handles' places)."""
+        return self.opens
 
     async def stage(
         self, version: int, state: Mapping[str, torch.Tensor], entries: dict[str, TensorEntry]
@@ -56,13 +89,11 @@ class IpcSender:
         fill(self._filling, {n: self._entries[n] for n in group}, group)
 
     def finish(self, version: int) -> dict[str, Any]:
-        from torch.multiprocessing.reductions import reduce_tensor
-
         flat, self._filling = self._filling, None
         if flat.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         self._buffers[version] = flat
-        return {"direct": {"ipc": reduce_tensor(flat)}}
+        return {"direct": {"ipc": export_ipc(flat, self.exports)}}
 
     def stats(self) -> dict[str, float]:
         return {}
@@ -71,9 +102,9 @@ class IpcSender:
         buffer = self._buffers.pop(version, None)
         if buffer is not None and buffer.device.type == "cuda":
             del buffer
-            # A freed block that another process still had open waits in torch's limbo until
-            # the next shared block is freed or an allocation fails; by now every generator
-            # has let go of it, so give it back to the allocator at once, before the next step.
+            # A freed block whose counter is not yet back at 0 waits in torch's limbo until the
+            # next shared block is freed or an allocation fails; by now every opener has let
+            # go of it, so give it back to the allocator at once, before the next step.
             torch.cuda.ipc_collect()
 
     def close(self) -> None:
@@ -81,21 +112,37 @@ class IpcSender:
 
 
 class IpcReceiver:
-    """A generator's end: open the version's handle, load, let go of the mapping."""
+    """A generator's end: open the version's handles meant for it, load, let go of the mapping.
+
+    `connection`: (first, count), this receiver's handles among each version's exports."""
 
     name = "ipc"
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, connection: tuple[int, int] = (0, 1)) -> None:
         self.store = store
+        self.first, self.count = connection
 
     async def load(self, version: int, backend: Any) -> tuple[int, int]:
         direct = await self.store.direct(version, wait_s=60.0)
         if direct is None or "ipc" not in direct:
             raise RuntimeError(f"policy version {version} has no CUDA IPC handle in its manifest")
         entries = entries_of(direct)
-        flat = open_ipc(direct["ipc"])
-        load_flat(backend, flat, entries, handle=direct["ipc"])
-        del flat  # the mapping closes with the last reference
+        handles = direct["ipc"][self.first : self.first + self.count]
+        if len(handles) != self.count:
+            raise RuntimeError(
+                f"policy version {version} has {len(direct['ipc'])} CUDA IPC handles; this "
+                f"generator needs numbers {self.first} to {self.first + self.count - 1}"
+            )
+        if hasattr(backend, "load_ipc"):
+            backend.load_ipc(handles, entries)  # one handle for each process that opens it
+        else:
+            if self.count != 1:
+                raise RuntimeError(
+                    f"{type(backend).__name__} opens a version once, not {self.count} times"
+                )
+            flat = open_ipc(handles[0])
+            backend.load_weights(views(flat, entries))
+            del flat  # the mapping closes with the last reference
         return version, sum(e.nbytes for e in entries.values())
 
     def close(self) -> None:

@@ -33,11 +33,13 @@ MODES = ("auto", "store", "push")
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where one service's weights live: its host, its GPU (uuid) or None, its TP width."""
+    """Where one service's weights live: its host, its GPU (uuid) or None, its TP width, and
+    how many of its processes open a version handed over by CUDA IPC."""
 
     host: str
     gpu: str | None
     tp: int = 1
+    ipc_opens: int = 1
 
 
 def _host_id() -> str:
@@ -49,12 +51,12 @@ def _host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def endpoint(tp: int = 1) -> Endpoint:
+def endpoint(tp: int = 1, ipc_opens: int = 1) -> Endpoint:
     """This proc's `Endpoint` (its first visible GPU, if any)."""
     gpu = None
     if torch.cuda.is_available():
         gpu = str(torch.cuda.get_device_properties(0).uuid)
-    return Endpoint(_host_id(), gpu, tp)
+    return Endpoint(_host_id(), gpu, tp, ipc_opens)
 
 
 def choose(trainer: Endpoint, generators: list[Endpoint], mode: str) -> list[str]:
@@ -117,9 +119,10 @@ class Receiver(Protocol):
 class Transport:
     """One path: how its sender and each receiver are made.
 
-    `sender(store, device, receivers, timeout_s)`; `connection(info, index)` is what receiver
-    `index` (0-based among this path's) needs from the sender's `open()`;
-    `receiver(store, device, connection, timeout_s)`.
+    `sender(store, device, opens, timeout_s)` (`opens`: for each receiver of this path, how
+    many of its processes open a version: `Endpoint.ipc_opens`); `connection(info, index,
+    count)` is what receiver `index` (0-based among this path's `count`) needs from the
+    sender's `open()`; `receiver(store, device, connection, timeout_s)`.
     """
 
     name: str
@@ -128,7 +131,7 @@ class Transport:
     receiver: Callable[..., Receiver]
 
 
-def _store_sender(store: Any, device: Any, receivers: int, timeout_s: float) -> Sender:
+def _store_sender(store: Any, device: Any, opens: list[int], timeout_s: float) -> Sender:
     from runtime.weights.store import StoreSender
 
     return StoreSender(store)
@@ -140,22 +143,28 @@ def _store_receiver(store: Any, device: Any, connection: Any, timeout_s: float) 
     return StoreReceiver(store)
 
 
-def _ipc_sender(store: Any, device: Any, receivers: int, timeout_s: float) -> Sender:
+def _ipc_sender(store: Any, device: Any, opens: list[int], timeout_s: float) -> Sender:
     from runtime.weights.ipc import IpcSender
 
-    return IpcSender(device)
+    return IpcSender(device, opens)
+
+
+def _ipc_connection(info: Any, index: int, count: int) -> Any:
+    from runtime.weights.ipc import slices
+
+    return slices(info)[index]  # this receiver's handles among each version's
 
 
 def _ipc_receiver(store: Any, device: Any, connection: Any, timeout_s: float) -> Receiver:
     from runtime.weights.ipc import IpcReceiver
 
-    return IpcReceiver(store)
+    return IpcReceiver(store, connection)
 
 
-def _push_sender(store: Any, device: Any, receivers: int, timeout_s: float) -> Sender:
+def _push_sender(store: Any, device: Any, opens: list[int], timeout_s: float) -> Sender:
     from runtime.weights.push import PushSender
 
-    return PushSender(device, receivers, timeout_s)
+    return PushSender(device, len(opens), timeout_s)
 
 
 def _push_connection(info: Any, index: int, count: int) -> Any:
@@ -176,7 +185,7 @@ def _nothing(info: Any, index: int, count: int) -> None:
 
 TRANSPORTS: dict[str, Transport] = {
     "store": Transport("store", _store_sender, _nothing, _store_receiver),
-    "ipc": Transport("ipc", _ipc_sender, _nothing, _ipc_receiver),
+    "ipc": Transport("ipc", _ipc_sender, _ipc_connection, _ipc_receiver),
     "push": Transport("push", _push_sender, _push_connection, _push_receiver),
 }
 
@@ -203,11 +212,28 @@ class Publisher:
     """Trainer rank 0's side of every path in use: each version goes out by each once, then
     its manifest is written to the store (the index of versions)."""
 
-    def __init__(self, store: Any, paths: list[str], device: Any, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        store: Any,
+        paths: list[str],
+        device: Any,
+        timeout_s: float = 300.0,
+        ipc_opens: list[int] | None = None,
+    ) -> None:
+        """`paths`: each generator's path; `ipc_opens`: each generator's `Endpoint.ipc_opens`
+        (1 each if not given)."""
         self.store = store
         self.paths = list(paths)
+        opens = list(ipc_opens) if ipc_opens is not None else [1] * len(self.paths)
+        if len(opens) != len(self.paths):
+            raise ValueError(f"{len(opens)} counts of openers for {len(self.paths)} generators")
         self.senders = [
-            TRANSPORTS[name].sender(store, device, self.paths.count(name), timeout_s)
+            TRANSPORTS[name].sender(
+                store,
+                device,
+                [n for p, n in zip(self.paths, opens, strict=True) if p == name],
+                timeout_s,
+            )
             for name in dict.fromkeys(self.paths)
         ]
         self.entries: dict[str, TensorEntry] | None = None
