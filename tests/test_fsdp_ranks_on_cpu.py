@@ -50,6 +50,13 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     assert first.checkpoint_written(wait=True)
     # gathered a group at a time; only rank 0 keeps the published copy
     assert bool(published) == (rank == 0)
+    # the flat layout without a gather: every rank, the names, shapes and dtypes published
+    layout = first.hf_layout()
+    assert all(t.device.type == "meta" for t in layout.values())
+    if rank == 0:
+        assert {k: (t.shape, t.dtype) for k, t in layout.items()} == {
+            k: (t.shape, t.dtype) for k, t in published.items()
+        }
     resumed = trainer(7)
     # As the runtime resumes: rank 0 writes the gathered state, every rank reads it back.
     state = first.state_dict()

@@ -4,6 +4,7 @@ trainer)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -131,6 +132,22 @@ def test_gpu_trainer_publishes_hf_names_in_publish_dtype_and_resumes():
     resumed.load_state_dict(trainer.state_dict())
     assert resumed.step == 1
     torch.testing.assert_close(resumed.logprobs(tokens, mask), trainer.logprobs(tokens, mask))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3"])
+def test_the_published_layout_is_known_without_gathering(family: str):
+    """`hf_layout` gives what `hf_groups` yields (names, shapes, dtype) as meta tensors: a
+    version's flat buffer is laid out before any of it is gathered."""
+    spec = SPEC
+    if family == "llama3":  # q/k rows permuted to HF's rotary layout, an untied head
+        spec = dataclasses.replace(SPEC, family="llama3", tie_embeddings=False, norm_eps=1e-5)
+    trainer = FSDPTrainer(spec, OptimizerConfig(), seed=2, device="cpu")
+    layout = trainer.hf_layout()
+    published = trainer.hf_state_dict()
+    assert list(layout) == list(published)
+    for name, tensor in published.items():
+        assert layout[name].device.type == "meta"
+        assert (layout[name].shape, layout[name].dtype) == (tensor.shape, tensor.dtype), name
 
 
 def test_gpu_reference_scores_like_the_cpu_reference():

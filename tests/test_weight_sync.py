@@ -260,3 +260,24 @@ def test_each_process_that_opens_an_ipc_version_gets_an_export_of_its_own():
     with pytest.raises(ValueError, match="at least once, not 0"):
         Publisher(store, ["ipc"], torch.device("cpu"), ipc_opens=[0])
     publisher.close()
+
+
+def test_a_known_layout_streams_the_first_version_too():
+    """With the layout given up front (a sharded trainer's `hf_layout`, meta tensors), even
+    version 0 goes into the flat buffer a group at a time: a resumed run's first publish has
+    the optimizer state beside it, and the whole joined version on top would not fit."""
+    import asyncio
+
+    store = _Manifests()
+    publisher = Publisher(store, ["ipc"], torch.device("cpu"))
+    ipc = publisher.senders[0]
+    sd = state(0)
+    publisher.set_layout(
+        {n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, t in sd.items()}
+    )
+    stats = asyncio.run(publisher.publish_groups(0, _groups(sd)))
+    assert "stage_direct_s" in stats, stats
+    entries, _ = flat_layout(sd)
+    got = views(ipc._buffers[0], entries)
+    assert all(torch.equal(got[n], t) for n, t in sd.items())
+    publisher.close()

@@ -123,6 +123,9 @@ class TrainerActor(Actor):
                 from runtime.weights.transport import Publisher
 
                 self.publisher = Publisher(self.store, ["store"], build.device())
+            layout = getattr(self.backend, "hf_layout", None)
+            if layout is not None and self.publisher.entries is None:
+                self.publisher.set_layout(layout())
             return await self.publisher.publish_groups(version, parts)
 
     @endpoint

@@ -317,6 +317,19 @@ class FSDPTrainer(trainer_state.Checkpointing):
                 yield to_hf(full, self.spec) if keep else {}
                 del part, full
 
+    def hf_layout(self) -> dict[str, Tensor]:
+        """What `hf_groups` yields, as meta tensors (names, shapes, `publish_dtype`): the flat
+        layout of a version without gathering or allocating anything (every rank alike)."""
+        out: dict[str, Tensor] = {}
+        for prefix, module in self._groups():
+            part = module.state_dict(prefix=prefix)
+            meta = {
+                k: torch.empty(v.shape, dtype=self.publish_dtype, device="meta")
+                for k, v in part.items()
+            }
+            out.update(to_hf(meta, self.spec))
+        return out
+
     def _groups(self) -> Iterator[tuple[str, torch.nn.Module]]:
         outside = torch.nn.ModuleDict(
             {n: m for n, m in self.model.named_children() if n != "layers"}

@@ -239,6 +239,13 @@ class Publisher:
         self.entries: dict[str, TensorEntry] | None = None
         self.names: set[str] | None = None  # what `publish_groups` sent first
 
+    def set_layout(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Fix the flat layout of every version from tensors of the right names, shapes and
+        dtypes (meta tensors do): the direct paths then stream even the first version a
+        group at a time, never holding it whole (a resumed run's first publish has the
+        optimizer state beside it)."""
+        self.entries, _ = flat_layout(state)
+
     def open(self) -> dict[str, Any]:
         """Start every path's sender; what their receivers need, by path."""
         return {s.name: s.open() for s in self.senders}
@@ -281,8 +288,8 @@ class Publisher:
         if [s.name for s in self.senders] != ["store"]:
             if self.entries is not None and all(hasattr(s, "fill") for s in self.senders):
                 return await self._stream_direct(version, groups)
-            # The first version fixes the flat layout (at the start, before any optimizer
-            # state exists); the store beside a direct path takes the whole version too.
+            # Without a layout (`set_layout`) the first version fixes it from the joined
+            # state; the store beside a direct path takes the whole version too.
             state: dict[str, torch.Tensor] = {}
             for group in groups:
                 state.update(group)
