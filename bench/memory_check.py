@@ -8,8 +8,9 @@ GB per GPU next to what the runs measured.
 For each run in RUNS, with today's recipes/memory.py and planner:
 
 - trainer step: `trainer_fixed_bytes + tokens x trainer_token_bytes` at the run's ranks,
-  micro-batch and activation checkpointing (what the trainer's memory plan budgets) against the
-  largest `memory/train_gb` the run recorded (trainer rank 0's CUDA allocator in a step);
+  micro-batch and activation checkpointing, plus a version's CUDA IPC buffer where the run was
+  off-policy on the ipc path (what the trainer's memory plan budgets), against the largest
+  `memory/train_gb` the run recorded (trainer rank 0's CUDA allocator in a step);
 - start-up: the largest `memory/startup_gb` (the weights built and loaded, before any step),
   which must stay below the step's estimate;
 - publish (the CUDA IPC path, whose flat buffer lives from a publish until the generators have
@@ -49,6 +50,7 @@ RUNS = (
     ("gpu_h200x2_2026-11-26/product_path_qwen3-1.7b.json", "run_a", 2, "H200"),
     ("gpu_h200x2_2026-11-26/product_path_qwen3-1.7b.json", "run_b", 1, "H200"),
     ("gpu_h200x2_2026-11-26/qwen3-8b_4.json", "metrics", 2, "H200"),
+    ("gpu_h200x2_2026-11-26b/product_path_qwen3-8b.json", None, 2, "H200"),
 )
 # The trainer alone (bench/gpu_grpo.py train): one rank, 64 sequences of 2048 tokens, a config
 # a row, each with its peak allocated memory.
@@ -140,11 +142,18 @@ def rows() -> list[dict[str, Any]]:
         tokens = t.tokens_per_micro_batch if tokens == "auto" else tokens
         ckpt = t.activation_checkpointing if ckpt == "auto" else ckpt
         step = _step_bytes(arch, ranks, tokens, ckpt, t.compile)
+        ipc = "ipc" in p.settings.weight_sync.expected
+        # off-policy, rank 0 holds a version's CUDA IPC buffer through the next step
+        held = 2 * arch.params if ipc and recipe.grpo.max_policy_age else 0.0
+        step += held
         peaks = run["peaks"]
         per_gpu = plan_gb_per_gpu(p)
         trainer_gpus = next(pl.gpus for pl in p.placements if pl.service == "trainer")
+        # the IPC buffer only on rank 0's GPU (the trainer's first)
         at_step = {
-            g: round(v - p.memory["trainer"] + step / GB, 1) if int(g) in trainer_gpus else v
+            g: round(v - p.memory["trainer"] + (step - held * (int(g) != trainer_gpus[0])) / GB, 1)
+            if int(g) in trainer_gpus
+            else v
             for g, v in per_gpu.items()
         }
         row: dict[str, Any] = {
@@ -158,12 +167,13 @@ def rows() -> list[dict[str, Any]]:
                 "compile": t.compile,
             },
             "step_gb": _pair(step / GB, peaks.get("memory/train_gb")),
+            "step_gb_ipc_buffer": round(held / GB, 1),
             "startup_gb_measured": peaks.get("memory/startup_gb"),
             "startup_below_step_estimate": peaks.get("memory/startup_gb", 0.0) < step / GB,
         }
         if refused:
             row["refused_by_todays_plan"] = refused
-        if "ipc" in p.settings.weight_sync.expected:
+        if ipc:
             row["publish_gb"] = _pair(
                 trainer_publish_gb(arch, ranks), peaks.get("memory/publish_gb")
             )

@@ -179,7 +179,7 @@ def plan_settings(
 
     ranks = pick("trainer", "ranks", 1 if cpu else trainer_gpus)
     sync = recipe.weight_sync
-    transport, reserve = sync.transport, 0
+    transport, reserve, held = sync.transport, 0, 0
     direct = not cpu and "trainer" not in shared and "push" in expected_paths
     if direct and transport != "store":
         # The push path sends each version from one flat bf16 buffer that trainer rank 0 keeps
@@ -194,7 +194,14 @@ def plan_settings(
     if not cpu and "trainer" in shared:
         # what stays on the trainer's GPUs through its turn: the others' weights and caches
         reserve += _resident_bytes(recipe, beside_trainer, kv)
-    tokens, ckpt, peak = _trainer_plan(recipe, accelerator, ranks, "trainer" in shared, reserve)
+    if not cpu and "ipc" in expected_paths and transport != "store" and recipe.grpo.max_policy_age:
+        # Off-policy, a version's CUDA IPC buffer (bf16) lives on trainer rank 0's GPU until
+        # every generator has loaded it, after the generation in flight: through the next
+        # step (measured, qwen3-8b on two H200s: 97.3 GB in a step, 16.4 of them the buffer).
+        held = 2 * recipe.arch.params
+    tokens, ckpt, peak = _trainer_plan(
+        recipe, accelerator, ranks, "trainer" in shared, reserve, held
+    )
     trainer = TrainerSettings(
         ranks=ranks,
         tokens_per_micro_batch=pick("trainer", "tokens_per_micro_batch", tokens),
@@ -232,11 +239,12 @@ def _resident_bytes(recipe: Any, services: frozenset[str], kv: float | None) -> 
 
 
 def _trainer_plan(
-    recipe: Any, accelerator: str, ranks: int, shared: bool, reserve: float = 0
+    recipe: Any, accelerator: str, ranks: int, shared: bool, reserve: float = 0, held: float = 0
 ) -> tuple[int, bool, float | None]:
     """(tokens per micro-batch, activation checkpointing, estimated peak bytes) for the
     trainer, honouring whichever of the two the recipe sets; `reserve` bytes of the GPU are
-    kept for something else (the direct weight paths' buffer, services sharing the GPU). A
+    kept for something else (the direct weight paths' buffer, services sharing the GPU) and
+    `held` more by trainer rank 0 through a step (an off-policy CUDA IPC buffer). A
     `shared` trainer that fits nothing in what is left takes the smallest step: SHARED_TOKENS
     with checkpointing; a knob the recipe sets that needs more than that step is refused with
     the arithmetic, as on a GPU of its own."""
@@ -246,7 +254,7 @@ def _trainer_plan(
     if accelerator == "cpu":  # small models: memory is no concern, recomputing would be
         return given_tokens or SHARED_TOKENS, bool(given_ckpt), None
     compiled = t.compile is not False  # "auto" compiles on a GPU
-    arch, gpu = recipe.arch, ACCELERATOR_BYTES[accelerator] - reserve
+    arch, gpu = recipe.arch, ACCELERATOR_BYTES[accelerator] - reserve - held
     fit = trainer_memory_plan(
         arch, ranks, gpu, tokens=given_tokens, checkpointing=given_ckpt, compiled=compiled
     )
@@ -274,6 +282,9 @@ def _trainer_plan(
         )
     elif reserve:
         where = f"what an {accelerator} leaves beside the {reserve / GB:.1f} GB weight-push buffer"
+    if held:
+        ipc = f"the {held / GB:.1f} GB CUDA IPC buffer of a version (held through a step)"
+        where = f"{where} and {ipc}" if reserve else f"what an {accelerator} leaves beside {ipc}"
     raise DoesNotFit(
         f"trainer: {tokens} tokens per micro-batch "
         f"{'with' if ckpt else 'without'} activation checkpointing need ~{need / GB:.0f} GB "

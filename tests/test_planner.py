@@ -423,6 +423,8 @@ def test_an_override_that_cannot_fit_a_shared_gpu_is_refused_with_its_arithmetic
     message = error_of(big, 1)
     assert "trainer: 65536 tokens per micro-batch without activation checkpointing need" in message
     assert "beside the 45.4 GB that the services sharing it keep there" in message
+    # off-policy, the version's CUDA IPC buffer stays through the next step: counted apart
+    assert "and the 3.4 GB CUDA IPC buffer of a version (held through a step)" in message
     # no more than the step the plan falls back to on a shared GPU: taken as given
     small = plan(
         recipe("qwen3-1.7b", "layout.share=auto", "trainer.tokens_per_micro_batch=4096"), 1
