@@ -45,3 +45,41 @@ def cuda_error_in_compiled_code(inputs: Any, config: Any) -> Any:
         index = torch.full((4,), values.numel() + 2**36, device=values.device)
         _compiled_gather(values, index).sum().item()
     return -inputs.advantages[:, None] * inputs.logprobs, {}
+
+
+# calls of `rank_1_killed_mid_publish` in this process so far; the publish after the call that
+# reaches KILL_AT is the one rank 1 dies in (a few steps in, after a committed checkpoint)
+_publish_calls = 0
+KILL_AT = 8
+
+
+def rank_1_killed_mid_publish(inputs: Any, config: Any) -> Any:
+    """Plain REINFORCE. On rank 1 of several, its `KILL_AT`-th call arms the trainer's next
+    publish: once the first group of the version is gathered, rank 1 kills itself (SIGKILL),
+    while rank 0 goes on into the next group's gather, a collective whose peer is gone. A line
+    on stderr says when (CLOCK_MONOTONIC: comparable between processes of one host)."""
+    global _publish_calls
+    _publish_calls += 1
+    if _publish_calls == KILL_AT and dist.is_initialized() and dist.get_rank() == 1:
+        import os
+        import signal
+        import sys
+        import time
+
+        from runtime.backends import fsdp_trainer
+
+        gather = fsdp_trainer.FSDPTrainer.hf_groups
+
+        def first_group_then_die(self: Any) -> Any:
+            for index, group in enumerate(gather(self)):
+                if index == 1:
+                    print(
+                        f"failing_losses: rank 1 killed mid-publish at {time.monotonic():.3f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    os.kill(os.getpid(), signal.SIGKILL)
+                yield group
+
+        fsdp_trainer.FSDPTrainer.hf_groups = first_group_then_die
+    return -inputs.advantages[:, None] * inputs.logprobs, {}

@@ -502,3 +502,33 @@ def test_a_killed_service_on_two_gpus_ends_the_run(
     for item in ("eval.enabled=false", "grpo.checkpoint_interval=2", *sets):
         args += ["--set", item]
     kill_mid_run(args, name, service, rank, line, place, nothing_left)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two trainer ranks: two GPUs")
+def test_a_trainer_rank_killed_mid_publish_ends_the_run(tmp_path: Path, nothing_left):
+    """tiny-gpu with the trainer FSDP over two GPUs (layout.share=all, versions by CUDA IPC):
+    rank 1 dies between two gathered groups of a version (tests/failing_losses.py arms the kill
+    inside its proc a few steps in, after a committed checkpoint) while rank 0 goes on into the
+    next group's gather. The run ends naming the trainer's proc and GPUs; the rerun resumes."""
+    import re
+
+    before = Baseline()
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny-gpu", "--gpus", "2", "--run-dir", str(run_dir)]
+    for item in ("eval.enabled=false", "grpo.checkpoint_interval=2", "layout.share=all"):
+        args += ["--set", item]
+    proc = start(
+        [*args, "--steps", "2000", "--set", "grpo.loss=failing_losses:rank_1_killed_mid_publish"]
+    )
+    try:
+        code, out = finish(proc, timeout=600)
+        exited = time.monotonic()
+    finally:
+        kill_tree(proc)
+    found = re.search(r"failing_losses: rank 1 killed mid-publish at ([0-9.]+)", out)
+    assert found, out[-3000:]
+    first = ended(code, out, "trainer-rank-killed-mid-publish", exited - float(found[1]))
+    assert "trainer actor failed: process killed by SIGKILL (proc 1/2)" in first, first
+    assert "(on node 0 GPUs 0,1)" in first, first
+    assert_clean(out, proc.pid, nothing_left, before)
+    resumes(args, run_dir, nothing_left, before)

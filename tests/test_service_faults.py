@@ -76,3 +76,43 @@ def test_a_killed_service_proc_ends_the_run_and_the_rerun_resumes(
     assert code == 0, out
     assert f"resumed from step {newest}" in out
     nothing_left(out, again.pid)
+
+
+def test_a_trainer_rank_killed_mid_publish_ends_the_run_and_the_rerun_resumes(
+    tmp_path: Path, nothing_left
+):
+    """Rank 1 of two dies between two gathered groups of a version (tests/failing_losses.py
+    arms the kill from inside its proc, a few steps in); rank 0 is in the next group's gather
+    with a peer that is gone. The run ends naming the trainer's proc, and the rerun resumes."""
+    import re
+
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny", "--run-dir", str(run_dir), "--checkpoint-every", "2"]
+    for item in ["eval.enabled=false", "trainer.ranks=2"]:
+        args += ["--set", item]
+    proc = start(
+        [*args, "--steps", "200", "--set", "grpo.loss=failing_losses:rank_1_killed_mid_publish"]
+    )
+    code, out = finish(proc, timeout=600)
+    ended = time.monotonic()
+    found = re.search(r"failing_losses: rank 1 killed mid-publish at ([0-9.]+)", out)
+    assert found, out[-3000:]
+    assert code == 1, out
+    print(f"fault-exit trainer-rank-killed-mid-publish {ended - float(found[1]):.1f} s")
+    assert ended - float(found[1]) < EXIT_BOUND_S, out
+    reports = [x for x in out.splitlines() if x.startswith("forgesky:") and "failed" in x]
+    assert reports, out
+    assert reports[0].startswith(
+        "forgesky: trainer actor failed: process killed by SIGKILL (proc 1/2)"
+    ), reports[0]
+    nothing_left(out, proc.pid)
+    committed = [
+        int(p.parent.name.removeprefix("step_"))
+        for p in (run_dir / "checkpoints").glob("step_*/COMMITTED")
+    ]
+    assert committed, out
+    again = start([*args, "--steps", str(max(committed) + 1)])
+    code, out = finish(again, timeout=300)
+    assert code == 0, out
+    assert f"resumed from step {max(committed)}" in out
+    nothing_left(out, again.pid)

@@ -29,6 +29,7 @@ class TrainerActor(Actor):
         # How versions leave rank 0 (runtime.weights.transport.Publisher): the store until the
         # controller connects the generators' paths.
         self.publisher: Any = None
+        self._layout: Any = None  # the published flat layout, from the backend (`hf_layout`)
 
     @endpoint
     async def setup(self, recipe: Any, settings: Any, store: Any) -> dict[str, Any]:
@@ -114,6 +115,10 @@ class TrainerActor(Actor):
         # group is a collective every rank takes part in, and only rank 0 keeps it.
         groups = getattr(self.backend, "hf_groups", None)
         with self._phase("publish"):
+            layout_of = getattr(self.backend, "hf_layout", None)
+            if layout_of is not None and self._layout is None:
+                # every rank alike (reading a sharded module's state dict is not rank 0's alone)
+                self._layout = layout_of()
             parts = groups() if groups is not None else iter([self.backend.hf_state_dict()])
             if self._rank() != 0:
                 for _ in parts:
@@ -123,9 +128,8 @@ class TrainerActor(Actor):
                 from runtime.weights.transport import Publisher
 
                 self.publisher = Publisher(self.store, ["store"], build.device())
-            layout = getattr(self.backend, "hf_layout", None)
-            if layout is not None and self.publisher.entries is None:
-                self.publisher.set_layout(layout())
+            if self.publisher.entries is None and self._layout is not None:
+                self.publisher.set_layout(self._layout)
             return await self.publisher.publish_groups(version, parts)
 
     @endpoint
