@@ -175,7 +175,9 @@ class Plan:
         if self.checkpoint_host_gb is not None:
             lines.append(
                 f"checkpoints: each write first copies the trainer's state to node 0's memory "
-                f"(~{self.checkpoint_host_gb:.0f} GB) and goes to disk while training goes on"
+                f"(~{self.checkpoint_host_gb:.0f} GB"
+                + ("" if self.cpu else ", pinned and kept for the next write")
+                + ") and goes to disk while training goes on"
             )
         if self.disk:
             parts = ", ".join(f"{k} {v:.0f}" for k, v in self.disk.items() if k != "total")

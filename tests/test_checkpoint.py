@@ -61,3 +61,32 @@ def test_approx_size_reads_as_a_progress_line_would():
     assert approx_size(4.5e8) == "~450 MB"
     assert approx_size(899_328) == "~0.9 MB"
     assert approx_size(0) == "~0.1 MB"
+
+
+def test_one_writer_serves_every_checkpoint_of_a_run(tmp_path):
+    """The trainer keeps one DCP writer for the run (on a GPU it keeps the staged host copy
+    between writes): each write lands in its own folder with the state of its own step."""
+    import torch
+
+    from runtime.backends import trainer_state
+
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    saver = trainer_state.Saver()
+    weights = {}
+    for step in (1, 2, 3):
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        weights[step] = model.weight.detach().clone()
+        saver.start(tmp_path / f"step_{step}", model, optimizer, scheduler, step)
+        assert saver.written(wait=True)
+    writer = saver.writer
+    assert writer is not None
+    for step in (1, 2, 3):
+        state = trainer_state.read_all(tmp_path / f"step_{step}")
+        assert state["step"] == step
+        assert torch.equal(state["model"]["weight"], weights[step]), step
+    assert saver.writer is writer

@@ -71,6 +71,11 @@ class Saver:
         self.device = device or torch.device("cpu")
         self.future: Any = None
         self.group: Any = None
+        # One writer for every checkpoint of the run (each write resets it to its folder). On a
+        # GPU it keeps the host copy of the state in pinned memory from the first write on, so
+        # later writes copy at pinned speed: qwen3-8b's 49 GB a rank took the next step 75 s
+        # longer with a fresh pageable copy every time.
+        self.writer: Any = None
 
     def start(
         self,
@@ -86,10 +91,16 @@ class Saver:
             # own keeps them apart from the training collectives on the default group.
             self.group = dist.new_group(backend="gloo")
         folder = str(Path(directory) / TRAINER_DIR)
+        if self.writer is None:
+            self.writer = dcp.FileSystemWriter(
+                folder,
+                thread_count=WRITE_THREADS,
+                cache_staged_state_dict=self.device.type == "cuda",
+            )
         response = dcp.async_save(
             _state(model, optimizer, scheduler, step),
             checkpoint_id=folder,
-            storage_writer=dcp.FileSystemWriter(folder, thread_count=WRITE_THREADS),
+            storage_writer=self.writer,
             process_group=self.group,
             no_dist=_single(),
         )
