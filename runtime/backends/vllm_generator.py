@@ -33,10 +33,12 @@ refused (`logprobs_mode_for`).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +132,16 @@ def _load_flat_on_worker(
         return _load_on_worker(worker, tensors)
     finally:
         del tensors, flat  # the mapping closes with the last reference
+
+
+@contextlib.contextmanager
+def _took(what: str, over_s: float = 5.0) -> Iterator[None]:
+    """A line on stderr when `what` takes more than `over_s` seconds."""
+    start = time.perf_counter()
+    yield
+    took = time.perf_counter() - start
+    if took > over_s:
+        print(f"vLLM generator: {what} took {took:.1f} s", file=sys.stderr, flush=True)
 
 
 def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
@@ -396,12 +408,20 @@ class VLLMGenerator:
                 )
 
     def close(self) -> None:
-        """Stop the engine and free its GPU memory (tests build more than one engine)."""
+        """Stop the engine and free its GPU memory (tests build more than one engine).
+
+        With TP>1 the workers hold vLLM's process groups and the engine's shutdown ends them;
+        this process has none to tear down. (TP=2 engines took the runtime's 30 s stop bound,
+        the workers gone after 3 s: each part that takes long says so on stderr.)"""
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
-            del llm
-            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+            with _took("the engine's shutdown"):
+                llm.llm_engine.engine_core.shutdown()
+            with _took("releasing the engine"):
+                del llm
+            if self.tensor_parallel_size == 1:
+                from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-            cleanup_dist_env_and_memory()
+                with _took("vLLM's process-group clean-up"):
+                    cleanup_dist_env_and_memory()
         self._tmp.cleanup()
