@@ -130,6 +130,13 @@ def memory_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def step_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each step's seconds: the step, its training, and what the checkpoint before it held the
+    loop up (`time/checkpoint_stall_s`: settling the generation in flight, staging the state)."""
+    keys = ("time/step_s", "time/train_s", "time/checkpoint_stall_s")
+    return [{"step": r["step"], **{k: r[k] for k in keys if k in r}} for r in rows]
+
+
 def plan_summary(p: Any) -> dict[str, Any]:
     """What the JSON keeps of a plan: its table, and its GB per service and per GPU."""
     return {
@@ -424,7 +431,11 @@ def main(argv: list[str] | None = None) -> int:
         for phase, gpus in sampler.peaks.items():
             peaks[phase] = {str(g): v for g, v in sorted(gpus.items())}
         if (run_dir / "metrics.jsonl").exists():  # also of a run that stopped or got stuck
-            result["trainer_memory_by_step"] = memory_by_step(step_rows(run_dir))
+            rows = step_rows(run_dir)
+            result["trainer_memory_by_step"] = memory_by_step(rows)
+            # by the run that logged them last (run B logs its steps again from the checkpoint)
+            run = "run B" if "run_b" in result else "run A"
+            result.setdefault("step_times", {})[run] = step_times(rows)
         state.write_text(json.dumps(result, indent=2) + "\n")
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result["gpu_used_peak_gb"]), flush=True)

@@ -41,6 +41,9 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left, loss):
     # a generate call's seconds, and the engine's own part of them
     calls = [r for r in rows if "time/generate_s" in r]
     assert calls and all(0 < r["time/engine_s"] <= r["time/generate_s"] for r in calls)
+    # what each periodic checkpoint (every 20 steps) held the loop up, in the next step's record
+    stalls = [r["step"] for r in rows if "time/checkpoint_stall_s" in r]
+    assert stalls == [21, 41], stalls
     first = sum(r["reward/mean"] for r in rows[:5]) / 5
     last = sum(r["reward/mean"] for r in rows[-5:]) / 5
     # a broken sign or advantage leaves the reward where it started

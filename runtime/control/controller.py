@@ -158,7 +158,11 @@ class Controller:
             await self.commit_written()
             interval = g.checkpoint_interval
             if interval and self.step % interval == 0 and self.step < total:
+                start = time.perf_counter()
                 await self.save_checkpoint(wait=False)  # written while the next steps train
+                # what the loop waited for: the generation in flight to settle, the trainer's
+                # state staged in host memory (and an earlier write, if one was still going)
+                self.notes.add("time/checkpoint_stall_s", time.perf_counter() - start)
 
     async def _unless_stopped(self, coro: Any) -> Any:
         """Await `coro` unless a stop is requested first (then cancel it and return None)."""
