@@ -117,7 +117,8 @@ class TrainerActor(Actor):
         with self._phase("publish"):
             layout_of = getattr(self.backend, "hf_layout", None)
             if layout_of is not None and self._layout is None:
-                # every rank alike (reading a sharded module's state dict is not rank 0's alone)
+                # every rank alike: a block's state dict read on rank 0 alone put the ranks'
+                # next gathers out of step (FSDP2 initialises lazily on that first read)
                 self._layout = layout_of()
             parts = groups() if groups is not None else iter([self.backend.hf_state_dict()])
             if self._rank() != 0:
