@@ -118,7 +118,7 @@ class TrainerActor(Actor):
             layout_of = getattr(self.backend, "hf_layout", None)
             if layout_of is not None and self._layout is None:
                 # every rank alike: a block's state dict read on rank 0 alone put the ranks'
-                # next gathers out of step (FSDP2 initialises lazily on that first read)
+                # next gathers out of step (seen with two gloo ranks)
                 self._layout = layout_of()
             parts = groups() if groups is not None else iter([self.backend.hf_state_dict()])
             if self._rank() != 0:
