@@ -315,3 +315,40 @@ def test_product_path_overrides_pass_the_runtimes_checks(monkeypatch):
     assert roots == {"bench": root / "bench"}
     mix = build_reward_fn(recipe.dataset.rewards)
     assert mix("q", "aaaa", "")[0] == 0.25 and mix("q", "abcd", "")[0] == 1.0
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3"])
+def test_the_product_bench_writes_a_model_folder_both_loaders_read(tmp_path, monkeypatch, family):
+    """bench/product_path.py's random HF folder (run on the GPU for qwen3-8b and llama3.1-8b),
+    for a small model of each family: transformers loads it with its tokenizer, and the
+    runtime's loading path reads the same weights back."""
+    import dataclasses
+
+    import product_path
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from recipes import architecture, load_recipe
+    from runtime.backends import build
+    from runtime.models import ModelSpec
+    from runtime.models.loading import load_pretrained
+
+    spec = ModelSpec.from_arch(architecture("qwen3", "tiny"), family=family)
+    spec = dataclasses.replace(spec, vocab_size=512)  # room for the character tokenizer
+    if family == "llama3":
+        llama8b = ModelSpec.from_arch(architecture("llama3", "8b"), family="llama3")
+        spec = dataclasses.replace(
+            spec, tie_embeddings=False, norm_eps=1e-5, rope_scaling=llama8b.rope_scaling
+        )
+    monkeypatch.setattr(build, "model_spec", lambda recipe: spec)  # a small model of the family
+    folder = tmp_path / "model"
+    info = product_path.write_random_model(load_recipe("qwen3-1.7b"), folder, device="cpu")
+    assert info["params_in_files"] > 0 and info["bytes"] > 0
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert model.config.model_type == {"qwen3": "qwen3", "llama3": "llama"}[family]
+    assert len(tokenizer) <= spec.vocab_size
+    weights = load_pretrained(str(folder), spec)
+    embedding = weights["tok_embeddings.weight"].to(torch.bfloat16)
+    assert torch.equal(embedding, model.model.embed_tokens.weight)
+    assert all(t.abs().sum() > 0 for t in weights.values())
