@@ -68,6 +68,7 @@ class TrainerSettings:
     activation_checkpointing: bool
     compile: bool
     peak_gb: float | None = None  # the memory plan's estimate for one rank (GPU alone)
+    note: str | None = None  # why the plan took what it took, where that is not a fit
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class Settings:
                 continue
             parts = []
             for key, value in asdict(getattr(self, section)).items():
-                if key in ("peak_gb", "expected") or (cpu and key in _GPU_ONLY):
+                if key in ("peak_gb", "note", "expected") or (cpu and key in _GPU_ONLY):
                     continue
                 if key == "kv_cache_gb" and value is None:
                     value = "profiled"
@@ -122,6 +123,8 @@ class Settings:
             line = f"  {section:<12}{', '.join(parts)}"
             if section == "trainer" and self.trainer.peak_gb is not None:
                 line += f" (~{self.trainer.peak_gb:.0f} GB a rank)"
+            if section == "trainer" and self.trainer.note:
+                line += f" ({self.trainer.note})"
             if section == "weight_sync" and self.weight_sync.expected:
                 line += f" (expected: {', '.join(self.weight_sync.expected)})"
             lines.append(line)
@@ -202,12 +205,27 @@ def plan_settings(
     tokens, ckpt, peak = _trainer_plan(
         recipe, accelerator, ranks, "trainer" in shared, reserve, held
     )
+    note = None
+    t = recipe.trainer
+    auto = t.tokens_per_micro_batch == "auto" and t.activation_checkpointing == "auto"
+    if not cpu and peak is None and "trainer" in shared and auto:
+        # the shared fallback (`_trainer_plan`): say so, with the arithmetic
+        compiled = t.compile is not False
+        need = trainer_fixed_bytes(recipe.arch, ranks) + tokens * trainer_token_bytes(
+            recipe.arch, ckpt, compiled
+        )
+        room = PLAN_HEADROOM * (ACCELERATOR_BYTES[accelerator] - reserve - held)
+        note = (
+            f"estimated ~{need / GB:.0f} GB a rank, above the ~{room / GB:.0f} GB its memory "
+            "plan keeps beside what shares its GPU: the smallest step"
+        )
     trainer = TrainerSettings(
         ranks=ranks,
         tokens_per_micro_batch=pick("trainer", "tokens_per_micro_batch", tokens),
         activation_checkpointing=pick("trainer", "activation_checkpointing", ckpt),
         compile=pick("trainer", "compile", not cpu),
         peak_gb=None if peak is None else round(peak / GB, 1),
+        note=note,
     )
 
     ref_tokens = SHARED_TOKENS

@@ -200,6 +200,14 @@ def test_services_sharing_a_gpu_get_a_fixed_kv_cache_and_the_trainer_what_they_l
     small = settings("H100", frozenset({"generator", "reference"})).trainer
     assert (small.tokens_per_micro_batch, small.activation_checkpointing) == (8192, True)
     assert s.reference.tokens_per_micro_batch == 8192
+    # and `plan` says so, with the arithmetic, where a fit would show its estimate
+    assert small.peak_gb is None and s.trainer.note is None
+    assert small.note is not None and small.note.endswith(
+        "above the ~36 GB its memory plan keeps beside what shares its GPU: the smallest step"
+    ), small.note
+    one_h100 = plan(recipe("qwen3-1.7b", "layout.share=auto"), 1)
+    line = next(x for x in one_h100.describe().splitlines() if x.startswith("  trainer "))
+    assert line.endswith(f"({one_h100.settings.trainer.note})"), line
 
 
 def test_plan_shows_and_records_every_setting():
