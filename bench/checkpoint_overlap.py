@@ -2,12 +2,13 @@
 
 A catalog recipe's trainer (FSDP2 over --ranks GPUs of this machine, the recipe's architecture
 with seeded random weights, its optimizer) trains --before steps, starts a checkpoint the way
-the runtime does (runtime.backends.trainer_state: each rank stages its shards in host memory,
-then DCP writes them from a background thread), and keeps training until the files are on disk.
-Per rank it records:
+the runtime does (runtime.backends.trainer_state: each rank copies its shards to host memory in
+a background thread, then DCP writes them from that copy), and keeps training until the files
+are on disk. Per rank it records:
 
 - step seconds before the write and while it is written;
-- staging seconds (the save call, which the step after it waits for);
+- the save call's seconds, and what the first step after it waited for the copy before its
+  optimizer step (`time/checkpoint_staging_wait_s`);
 - write seconds (save call to files on disk) and the bytes written, so GB/s of the disk;
 - the largest lateness of a 10 ms timer in another Python thread of the rank (how long that
   thread waited for the interpreter lock: what the training thread's Python waits too).
@@ -80,25 +81,29 @@ def _rank(rank: int, world: int, port: int, out: str, args: dict[str, Any]) -> N
     old = trainer.logprobs(tokens, mask)
     loss = dict(variant="grpo", clip_low=0.2, clip_high=0.28, kl_beta=0.0)
 
+    waits: list[float] = []
+
     def step() -> float:
         t = time.perf_counter()
-        trainer.train_step(tokens, mask, adv, old, old, policy_loss, **loss)
+        stats = trainer.train_step(tokens, mask, adv, old, old, policy_loss, **loss)
         if cuda:
             torch.cuda.synchronize()
+        if "time/checkpoint_staging_wait_s" in stats:
+            waits.append(stats["time/checkpoint_staging_wait_s"])
         return time.perf_counter() - t
 
     probe = Lateness()
     before = [step() for _ in range(args["before"])]
     directory = Path(args["dir"]) / "step"
-    probe.phase = "staging"
+    probe.phase = "save call"
     t0 = time.perf_counter()
     trainer.save_checkpoint(str(directory))
-    staged_s = time.perf_counter() - t0
+    call_s = time.perf_counter() - t0
     probe.phase = "during"
     during: list[float] = []
     written_s = None
     say = print if rank == 0 else (lambda *_, **__: None)
-    say(f"built in {built_s:.1f} s; steps {before}; staged in {staged_s:.1f} s", flush=True)
+    say(f"built in {built_s:.1f} s; steps {before}; save call {call_s:.1f} s", flush=True)
     while len(during) < args["most"]:
         during.append(step())
         say(
@@ -118,7 +123,8 @@ def _rank(rank: int, world: int, port: int, out: str, args: dict[str, Any]) -> N
         "rank": rank,
         "built_s": round(built_s, 1),
         "step_s_before": [round(x, 3) for x in before],
-        "staging_s": round(staged_s, 2),
+        "save_call_s": round(call_s, 2),
+        "staging_wait_s": [round(x, 2) for x in waits],
         "step_s_during_write": [round(x, 3) for x in during],
         "steps_done_during_write": len(during),
         "write_s": round(written_s, 1),

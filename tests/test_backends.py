@@ -223,8 +223,9 @@ def test_checkpoint_state_resumes_the_same_trajectory(tmp_path):
 
 
 def test_a_checkpoint_written_in_the_background_holds_the_state_it_was_started_with(tmp_path):
-    """DCP, async: the state is staged when save returns; training the next step meanwhile does
-    not reach the files, and the resumed trainer takes the same next step bit for bit."""
+    """DCP, async: the state is copied in the background and the next step's optimizer step
+    waits for the copy; training that step does not reach the files, and the resumed trainer
+    takes the same next step bit for bit."""
     original = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2, warmup_steps=3), seed=0)
     batch, advantages = _fixed_batch(original)
     args = (batch.tokens, batch.response_mask, advantages, batch.logprobs, None, policy_loss)
@@ -232,6 +233,7 @@ def test_a_checkpoint_written_in_the_background_holds_the_state_it_was_started_w
     saved = {k: v.clone() for k, v in original.model.state_dict().items()}
     original.save_checkpoint(str(tmp_path))
     after_save = original.train_step(*args)  # changes every weight while the files are written
+    assert after_save["time/checkpoint_staging_wait_s"] >= 0.0
     assert original.checkpoint_written(wait=True)
     # the metadata and this one process's files (trainer_state.WRITE_THREADS at most)
     names = sorted(p.name for p in (tmp_path / "trainer").iterdir())

@@ -63,9 +63,11 @@ def test_approx_size_reads_as_a_progress_line_would():
     assert approx_size(0) == "~0.1 MB"
 
 
-def test_one_writer_serves_every_checkpoint_of_a_run(tmp_path):
-    """The trainer keeps one DCP writer for the run (on a GPU it keeps the staged host copy
-    between writes): each write lands in its own folder with the state of its own step."""
+def test_each_checkpoint_holds_its_own_steps_state_while_training_goes_on(tmp_path):
+    """The trainer's saver copies the state in the background and writes from the copy: once
+    `staged` returns (the backends call it before each optimizer step) the weights may change
+    in place and the checkpoint still holds the step it was started at. One stager serves the
+    run (its host copy is reused: pinned once on a GPU)."""
     import torch
 
     from runtime.backends import trainer_state
@@ -75,18 +77,23 @@ def test_one_writer_serves_every_checkpoint_of_a_run(tmp_path):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     saver = trainer_state.Saver()
     weights = {}
+    stagers = set()
     for step in (1, 2, 3):
         model(torch.randn(2, 4)).sum().backward()
+        assert saver.staged() >= 0.0  # the previous write's copy, before the step changes it
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
         weights[step] = model.weight.detach().clone()
         saver.start(tmp_path / f"step_{step}", model, optimizer, scheduler, step)
-        assert saver.written(wait=True)
-    writer = saver.writer
-    assert writer is not None
+        stagers.add(id(saver.stager))
+        saver.staged()
+        assert saver.staging is None
+        with torch.no_grad():
+            model.weight.add_(100.0)  # training goes on before the files are written
+    saver.close()
+    assert len(stagers) == 1 and saver.stager is None
     for step in (1, 2, 3):
         state = trainer_state.read_all(tmp_path / f"step_{step}")
         assert state["step"] == step
         assert torch.equal(state["model"]["weight"], weights[step]), step
-    assert saver.writer is writer

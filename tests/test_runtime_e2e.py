@@ -44,6 +44,9 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left, loss):
     # what each periodic checkpoint (every 20 steps) held the loop up, in the next step's record
     stalls = [r["step"] for r in rows if "time/checkpoint_stall_s" in r]
     assert stalls == [21, 41], stalls
+    # and what its copy of the trainer's state held up that step's optimizer step
+    waits = [r["step"] for r in rows if "time/checkpoint_staging_wait_s" in r]
+    assert waits == [21, 41], waits
     first = sum(r["reward/mean"] for r in rows[:5]) / 5
     last = sum(r["reward/mean"] for r in rows[-5:]) / 5
     # a broken sign or advantage leaves the reward where it started

@@ -278,6 +278,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
             self.model.parameters(), self.optim_config.max_grad_norm
         )
         lr = self.optimizer.param_groups[0]["lr"]
+        staging = self.checkpoint_staged()  # a checkpoint's copy of the state, if one is going
         self.optimizer.step()
         # Gradients are not needed past the update: freeing them now keeps 4 bytes a parameter
         # (of this rank's shards) out of the publish, the checkpoint copy and, with the services
@@ -287,7 +288,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         self.step += 1
         totals = self._reduce(summed, weighted, token_total)
         totals.update(grad_norm=float(_full(grad_norm)), lr=lr, step=float(self.step))
-        return totals
+        return totals | staging
 
     def _reduce(
         self, summed: dict[str, float], weighted: dict[str, float], tokens: float

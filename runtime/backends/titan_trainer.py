@@ -192,6 +192,7 @@ class TitanTrainer(trainer_state.Checkpointing):
             self.model.parameters(), self.optim_config.max_grad_norm
         )
         lr = self.optimizer.param_groups[0]["lr"]
+        staging = self.checkpoint_staged()  # a checkpoint's copy of the state, if one is going
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
@@ -202,7 +203,7 @@ class TitanTrainer(trainer_state.Checkpointing):
                 share = value if key in _SUMMED_STATS else value * w / token_total
                 totals[key] = totals.get(key, 0.0) + share
         totals.update(grad_norm=float(grad_norm), lr=lr, step=float(self.step))
-        return totals
+        return totals | staging
 
     def hf_state_dict(self) -> dict[str, Tensor]:
         """The current weights under HF names (detached; copy before mutating)."""

@@ -160,8 +160,10 @@ class Controller:
             if interval and self.step % interval == 0 and self.step < total:
                 start = time.perf_counter()
                 await self.save_checkpoint(wait=False)  # written while the next steps train
-                # what the loop waited for: the generation in flight to settle, the trainer's
-                # state staged in host memory (and an earlier write, if one was still going)
+                # what the loop waited for: the generation in flight to settle (and an earlier
+                # write, if one was still going); the trainer copies its state to host memory
+                # in the background and its next optimizer step waits for the copy
+                # (time/checkpoint_staging_wait_s in that step's record)
                 self.notes.add("time/checkpoint_stall_s", time.perf_counter() - start)
 
     async def _unless_stopped(self, coro: Any) -> Any:

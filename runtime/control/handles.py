@@ -64,8 +64,8 @@ class ServiceHandles(Protocol):
     async def close_weights(self) -> None: ...
 
     async def save(self, directory: str) -> None:
-        """Start writing the trainer's state into a checkpoint directory (returns once it is
-        staged; the files follow in the background)."""
+        """Start writing the trainer's state into a checkpoint directory (returns at once; the
+        copy to host memory and the files follow in the background)."""
 
     async def saved(self, wait: bool) -> bool:
         """Whether the trainer's last checkpoint write is on disk; with `wait`, once it is."""
