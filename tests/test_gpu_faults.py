@@ -318,8 +318,9 @@ def test_one_trainer_rank_out_of_memory_ends_the_run_while_the_other_waits(
     tmp_path: Path, nothing_left
 ):
     """qwen3-1.7b on two GPUs with every service sharing them: the trainer is FSDP over both,
-    a generator on each GPU. Another process takes all but 3 GB of GPU 1 the moment the
-    services are up (room for generator1's sampling, none for a training step): trainer rank 1
+    a generator on each GPU. Another process takes all but 8 GB of GPU 1 the moment the
+    services are up (room for generator1's sampling and the 3.2 GB it receives each version
+    through, none for a training step at 16384 tokens a micro-batch): trainer rank 1
     runs out of memory in its first step while rank 0 waits for it in a collective. The run
     ends at once on rank 1's error (it once waited for rank 0's answer, which never came)."""
     args = ["--recipe", "qwen3-1.7b", "--gpus", "2", "--run-dir", str(tmp_path / "run")]
@@ -331,13 +332,15 @@ def test_one_trainer_rank_out_of_memory_ends_the_run_while_the_other_waits(
         nothing_left,
         "services ready",
         name,
-        3.0,
+        8.0,
         args,
         gpu=1,
         armed=True,
-        place="(on node 0 GPUs 0,1)",
+        place="(proc 1/2) (on node 0 GPU 1)",
     )
-    assert "trainer actor failed" in first and "GPU 1" in first, first
+    # torch's own message names the GPU as rank 1's process sees it ("GPU 0"); the line adds
+    # which proc it was and the GPU the plan gave it
+    assert "trainer actor failed" in first, first
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the generator alone on a GPU: two")
@@ -481,7 +484,7 @@ TWO_GPU_KILLS = [
         1,
         ("layout.share=all",),
         "trainer actor failed: process killed",
-        "node 0 GPUs 0,1",
+        "node 0 GPU 1",  # the killed proc's (rank 1's) GPU
     ),
 ]
 
@@ -509,7 +512,7 @@ def test_a_trainer_rank_killed_mid_publish_ends_the_run(tmp_path: Path, nothing_
     """tiny-gpu with the trainer FSDP over two GPUs (layout.share=all, versions by CUDA IPC):
     rank 1 dies between two gathered groups of a version (tests/failing_losses.py arms the kill
     inside its proc a few steps in, after a committed checkpoint) while rank 0 goes on into the
-    next group's gather. The run ends naming the trainer's proc and GPUs; the rerun resumes."""
+    next group's gather. The run ends naming the trainer's proc and its GPU; the rerun resumes."""
     import re
 
     before = Baseline()
@@ -529,6 +532,6 @@ def test_a_trainer_rank_killed_mid_publish_ends_the_run(tmp_path: Path, nothing_
     assert found, out[-3000:]
     first = ended(code, out, "trainer-rank-killed-mid-publish", exited - float(found[1]))
     assert "trainer actor failed: process killed by SIGKILL (proc 1/2)" in first, first
-    assert "(on node 0 GPUs 0,1)" in first, first
+    assert "(on node 0 GPU 1)" in first, first  # rank 1's GPU
     assert_clean(out, proc.pid, nothing_left, before)
     resumes(args, run_dir, nothing_left, before)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from monarch.actor import Actor, endpoint
+from monarch.actor import Actor, current_rank, endpoint
 from runtime_helpers import alive
 
-from runtime.procs.failures import root_cause
+from runtime.procs.failures import ActorFailure, ranked, root_cause
 from runtime.procs.host import host_gpu_ids
 from runtime.procs.mesh import ServiceMesh, proc_env, threads_per_proc
 
@@ -69,6 +69,15 @@ def _divide(a: float, b: float) -> float:
     return a / b
 
 
+class RankedScorer(Actor):
+    """A service of several procs whose endpoints say which proc raised (`ranked`)."""
+
+    @endpoint
+    @ranked
+    async def score(self, x: float) -> float:
+        return _divide(x, 0.0) if current_rank().rank == 1 else x
+
+
 @pytest.mark.slow
 def test_each_proc_starts_with_its_gpus_and_thread_budget():
     async def scenario():
@@ -110,6 +119,38 @@ def test_root_cause_names_the_exception_and_the_users_line():
         root_cause(error)
         == f"ZeroDivisionError: float division by zero (in test_mesh.py:{line} _divide)"
     )
+
+
+@pytest.mark.slow
+def test_a_failure_on_one_proc_of_several_names_that_proc_and_its_gpu():
+    """Trainer rank 1 of 2 raises (on a GPU: out of memory, which torch reports as its
+    process sees the GPU, "GPU 0"): the run's line names proc 1/2 and the GPU it was given."""
+    from runtime.procs.lifecycle import RunLifecycle
+
+    async def scenario():
+        mesh = await ServiceMesh.spawn("trainer", 2, env=TEST_ENV, threads=1)
+        try:
+            scorer = mesh.spawn_actor(RankedScorer)
+            with pytest.raises(Exception) as raised:
+                await scorer.score.call(1.0)
+        finally:
+            await mesh.stop()
+        return raised.value
+
+    error = asyncio.run(scenario())
+    line = _divide.__code__.co_firstlineno + 1
+    cause = root_cause(error)
+    assert cause == (
+        f"ZeroDivisionError: float division by zero (in test_mesh.py:{line} _divide) (proc 1/2)"
+    )
+    life = RunLifecycle()
+    life.places["trainer"] = "node 0 GPUs 0,1"
+    assert life.failure_line(ActorFailure("trainer", cause)).endswith(
+        "(proc 1/2) (on node 0 GPUs 0,1)"
+    )
+    life.proc_places["trainer"] = ["node 0 GPU 0", "node 0 GPU 1"]
+    failure = ActorFailure("trainer", cause)
+    assert life.failure_line(failure) == f"trainer actor failed: {cause} (on node 0 GPU 1)"
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import torch
 from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
+from runtime.procs.failures import ranked
 from runtime.procs.host import stacks_on_signal
 
 
@@ -18,12 +19,14 @@ class ReferenceActor(Actor):
         self.backend: Any = None
 
     @endpoint
+    @ranked
     async def setup(self, recipe: Any, settings: Any) -> dict[str, Any]:
         """Build the frozen model (`settings`: the plan's recipes.settings.Settings)."""
         self.backend = build.ReferenceConfig(recipe, settings.reference).build()
         return {"device": str(build.device()), "backend": type(self.backend).__name__}
 
     @endpoint
+    @ranked
     async def logprobs(self, tokens: torch.Tensor, response_mask: torch.Tensor) -> dict[str, Any]:
         """The reference's log-prob of every response token, one list per row (in order).
 

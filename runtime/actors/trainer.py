@@ -16,6 +16,7 @@ import torch
 from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
+from runtime.procs.failures import ranked
 from runtime.procs.host import stacks_on_signal
 
 
@@ -32,6 +33,7 @@ class TrainerActor(Actor):
         self._layout: Any = None  # the published flat layout, from the backend (`hf_layout`)
 
     @endpoint
+    @ranked
     async def setup(self, recipe: Any, settings: Any, store: Any) -> dict[str, Any]:
         """Build the model (pretrained or seeded init) and the optimizer; join the other ranks.
         `settings`: the plan's recipes.settings.Settings."""
@@ -52,6 +54,7 @@ class TrainerActor(Actor):
         }
 
     @endpoint
+    @ranked
     async def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
         """One optimizer step on a batch (runtime.control.batching.train_batch); each rank
         trains on its share of the rows, the stats cover the whole batch."""
@@ -84,6 +87,7 @@ class TrainerActor(Actor):
         return memory.phase(name) if memory is not None else contextlib.nullcontext()
 
     @endpoint
+    @ranked
     async def weight_endpoint(self) -> Any:
         """Where this trainer's published weights live (host, GPU)."""
         from runtime.weights.transport import endpoint
@@ -91,6 +95,7 @@ class TrainerActor(Actor):
         return endpoint()
 
     @endpoint
+    @ranked
     async def connect_weights(
         self, paths: list[str], ipc_opens: list[int] | None = None
     ) -> dict[str, Any]:
@@ -108,6 +113,7 @@ class TrainerActor(Actor):
         return self.publisher.open()
 
     @endpoint
+    @ranked
     async def publish(self, version: int) -> dict[str, float]:
         """Make the current weights (HF names) `version`: sent by every path in use, then
         indexed in the store."""
@@ -134,17 +140,20 @@ class TrainerActor(Actor):
             return await self.publisher.publish_groups(version, parts)
 
     @endpoint
+    @ranked
     async def version_loaded(self, version: int) -> None:
         """Every generator has loaded `version` (runtime.weights.transport.Publisher.loaded)."""
         if self._rank() == 0 and self.publisher is not None:
             self.publisher.loaded(version)
 
     @endpoint
+    @ranked
     async def drop(self, version: int) -> None:
         if self._rank() == 0 and self.publisher is not None:
             await self.publisher.drop(version)
 
     @endpoint
+    @ranked
     async def close_weights(self) -> None:
         """Stop serving the direct paths (the receivers' threads end)."""
         if self.publisher is not None:
@@ -152,20 +161,24 @@ class TrainerActor(Actor):
             self.publisher = None
 
     @endpoint
+    @ranked
     async def save(self, directory: str) -> None:
         """Start writing model, optimizer, scheduler and step into a checkpoint directory:
-        every rank its own shards (runtime.backends.trainer_state). Returns once the state is
-        staged in host memory; `saved` says when the files are on disk."""
+        every rank its own shards (runtime.backends.trainer_state). Returns at once: the state
+        is copied to host memory in the background (the next optimizer step waits for the
+        copy); `saved` says when the files are on disk."""
         with self._phase("checkpoint"):
             self.backend.save_checkpoint(directory)
 
     @endpoint
+    @ranked
     async def saved(self, wait: bool) -> bool:
         """Whether the last checkpoint write is on disk on every rank; with `wait`, once it
         is (every rank answers the same)."""
         return self.backend.checkpoint_written(wait)
 
     @endpoint
+    @ranked
     async def export(self, directory: str, provenance: dict[str, Any]) -> None:
         """Write the policy as a Hugging Face model folder (rank 0; the gather is on every
         rank, a group at a time, each group moved to host memory): runtime.models.export."""
@@ -191,6 +204,7 @@ class TrainerActor(Actor):
         )
 
     @endpoint
+    @ranked
     async def load(self, directory: str) -> int:
         """Restore from a checkpoint directory, resharded to this trainer's ranks; returns the
         restored optimizer step. Every rank reads only what its shards need."""

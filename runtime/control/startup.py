@@ -74,6 +74,12 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
             extra.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         return extra
 
+    # a failure one trainer or reference proc reports names that proc's GPU
+    if trainers:
+        life.proc_places["trainer"] = [_on(trainers[0].node, gpus) for gpus in ranks]
+    if refs:
+        life.proc_places["reference"] = [_on(refs[0].node, gpus) for gpus in ref_ranks]
+
     # CPU threads: every service proc computes at once (rollouts overlap training)
     busy = len(ranks) + len(gens) + len(ref_ranks) + plan.reward_procs
     threads = max(1, available_cores() // busy)
@@ -173,10 +179,12 @@ def _places(plan: Any) -> dict[str, str]:
         if p.service == "reward":
             continue
         name = f"generator{p.replica}" if p.service == "generator" else p.service
-        gpus = ",".join(map(str, p.gpus))
-        places[name] = (
-            f"node {p.node} GPU{'s' if len(p.gpus) > 1 else ''} {gpus}"
-            if gpus
-            else f"node {p.node} CPU"
-        )
+        places[name] = _on(p.node, p.gpus)
     return places
+
+
+def _on(node: int, gpus: tuple[int, ...] | list[int]) -> str:
+    """`node 0 GPU 1`, `node 0 GPUs 0,1` or `node 0 CPU`."""
+    if not gpus:
+        return f"node {node} CPU"
+    return f"node {node} GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}"

@@ -7,10 +7,14 @@ line a run ends with: `reward actor failed: ZeroDivisionError: ... (in f.py:12 g
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import re
 import signal
 import sysconfig
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from monarch.actor import ActorError
 
@@ -30,6 +34,31 @@ _KILLED = re.compile(r"Killed\(sig=(\d+)\)")
 _RANK = re.compile(r"\{'?\w+'?: (\d+/\d+)\}")
 _LIBRARY_DIRS = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib")})
 _CALL = re.compile(r"call (\w[\w-]*)\.\w+")
+# The note a service of several procs adds to an exception it raises (`ranked`): which proc.
+_RANK_NOTE = re.compile(r"^forgesky proc (\d+/\d+)$")
+PROC = re.compile(r"\(proc (\d+)/(\d+)\)")
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def ranked(endpoint: F) -> F:
+    """For the endpoints of a service with several procs (under `@endpoint`): an exception
+    raised on one of them carries which proc it was, and the run's failure line says so, with
+    that proc's GPU (an out-of-memory error names the GPU as its process sees it: cuda:0)."""
+
+    @functools.wraps(endpoint)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await endpoint(*args, **kwargs)
+        except Exception as e:
+            from monarch.actor import current_rank, current_size
+
+            size = math.prod(current_size().values())
+            if size > 1:
+                e.add_note(f"forgesky proc {current_rank().rank}/{size}")
+            raise
+
+    return call  # type: ignore[return-value]
 
 
 def root_cause(error: BaseException | str) -> str:
@@ -38,10 +67,12 @@ def root_cause(error: BaseException | str) -> str:
     Accepts Monarch's ActorError (an endpoint raised), SupervisionError (an actor or proc
     died), a MeshFailure report, or any exception.
     """
+    proc = None
     if isinstance(error, ActorError):
         exc = error.exception
         head = _exception_line(exc)
         text = error.exception_formatted
+        proc = _noted_proc(exc)
     elif isinstance(error, str):
         text = error
         head = _last_line(text)
@@ -55,7 +86,20 @@ def root_cause(error: BaseException | str) -> str:
         rank = _RANK.search(text)
         where = f" (proc {rank.group(1)})" if rank else ""
         return f"process killed by {_signal_name(int(killed.group(1)))}{where}"
-    head = head.removeprefix("actor explicitly aborted due to: ")
+    line = _with_frame(head.removeprefix("actor explicitly aborted due to: "), text)
+    return f"{line} (proc {proc})" if proc else line
+
+
+def _noted_proc(exc: BaseException) -> str | None:
+    """`R/N` of an exception a proc of several raised (`ranked`'s note)."""
+    for note in getattr(exc, "__notes__", ()):
+        found = _RANK_NOTE.match(str(note))
+        if found:
+            return found.group(1)
+    return None
+
+
+def _with_frame(head: str, text: str) -> str:
     frame = _user_frame(text)
     return f"{head} (in {frame})" if frame else head
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from runtime.procs.failures import (
+    PROC,
     ActorFailure,
     failure_of,
     is_monarch_error,
@@ -86,6 +87,9 @@ class RunLifecycle:
         self.failure: ActorFailure | None = None
         # service -> where it runs ("node 0 GPU 1"), added to the line a failure ends the run with
         self.places: dict[str, str] = {}
+        # service of several procs -> where each runs, by proc rank: a failure that names its
+        # proc ("(proc 1/2)", runtime.procs.failures) names that proc's GPU
+        self.proc_places: dict[str, list[str]] = {}
         self._resources: list[_Resource] = []
         self._meshes: list[ServiceMesh] = []
         self._inflight: set[asyncio.Future[Any]] = set()
@@ -161,6 +165,10 @@ class RunLifecycle:
         """The failure's line, with where its service runs (its node and GPUs) when known."""
         line = str(failure)
         place = self.places.get(failure.service)
+        procs = self.proc_places.get(failure.service, [])
+        proc = PROC.search(line)
+        if proc and int(proc.group(2)) == len(procs):
+            place = procs[int(proc.group(1))]
         if place is None and failure.service == "generator":  # a call to every replica
             place = "; ".join(v for k, v in self.places.items() if k.startswith("generator"))
         return f"{line} (on {place})" if place and place not in line else line
