@@ -202,23 +202,9 @@ def plan_settings(
         # every generator has loaded it, after the generation in flight: through the next
         # step (measured, qwen3-8b on two H200s: 97.3 GB in a step, 16.4 of them the buffer).
         held = 2 * recipe.arch.params
-    tokens, ckpt, peak = _trainer_plan(
+    tokens, ckpt, peak, note = _trainer_plan(
         recipe, accelerator, ranks, "trainer" in shared, reserve, held
     )
-    note = None
-    t = recipe.trainer
-    auto = t.tokens_per_micro_batch == "auto" and t.activation_checkpointing == "auto"
-    if not cpu and peak is None and "trainer" in shared and auto:
-        # the shared fallback (`_trainer_plan`): say so, with the arithmetic
-        compiled = t.compile is not False
-        need = trainer_fixed_bytes(recipe.arch, ranks) + tokens * trainer_token_bytes(
-            recipe.arch, ckpt, compiled
-        )
-        room = PLAN_HEADROOM * (ACCELERATOR_BYTES[accelerator] - reserve - held)
-        note = (
-            f"estimated ~{need / GB:.0f} GB a rank, above the ~{room / GB:.0f} GB its memory "
-            "plan keeps beside what shares its GPU: the smallest step"
-        )
     trainer = TrainerSettings(
         ranks=ranks,
         tokens_per_micro_batch=pick("trainer", "tokens_per_micro_batch", tokens),
@@ -258,40 +244,44 @@ def _resident_bytes(recipe: Any, services: frozenset[str], kv: float | None) -> 
 
 def _trainer_plan(
     recipe: Any, accelerator: str, ranks: int, shared: bool, reserve: float = 0, held: float = 0
-) -> tuple[int, bool, float | None]:
-    """(tokens per micro-batch, activation checkpointing, estimated peak bytes) for the
+) -> tuple[int, bool, float | None, str | None]:
+    """(tokens per micro-batch, activation checkpointing, estimated peak bytes, a note) for the
     trainer, honouring whichever of the two the recipe sets; `reserve` bytes of the GPU are
     kept for something else (the direct weight paths' buffer, services sharing the GPU) and
     `held` more by trainer rank 0 through a step (an off-policy CUDA IPC buffer). A
     `shared` trainer that fits nothing in what is left takes the smallest step: SHARED_TOKENS
-    with checkpointing; a knob the recipe sets that needs more than that step is refused with
-    the arithmetic, as on a GPU of its own."""
+    with checkpointing, and the note says so with the arithmetic; a knob the recipe sets that
+    needs more than that step is refused with the arithmetic, as on a GPU of its own."""
     t = recipe.trainer
     given_tokens = None if t.tokens_per_micro_batch == "auto" else t.tokens_per_micro_batch
     given_ckpt = None if t.activation_checkpointing == "auto" else t.activation_checkpointing
     if accelerator == "cpu":  # small models: memory is no concern, recomputing would be
-        return given_tokens or SHARED_TOKENS, bool(given_ckpt), None
+        return given_tokens or SHARED_TOKENS, bool(given_ckpt), None, None
     compiled = t.compile is not False  # "auto" compiles on a GPU
     arch, gpu = recipe.arch, ACCELERATOR_BYTES[accelerator] - reserve - held
     fit = trainer_memory_plan(
         arch, ranks, gpu, tokens=given_tokens, checkpointing=given_ckpt, compiled=compiled
     )
     if fit is not None:
-        return fit
-    if shared and given_tokens is None and given_ckpt is None:
-        return SHARED_TOKENS, True, None
+        return (*fit, None)
     tokens = given_tokens or (SHARED_TOKENS if shared else PLAN_TOKENS[-1])
     ckpt = True if given_ckpt is None else given_ckpt
     fixed = trainer_fixed_bytes(arch, ranks)
     per_token = trainer_token_bytes(arch, ckpt, compiled)
     need = fixed + tokens * per_token
+    if shared and given_tokens is None and given_ckpt is None:
+        note = (
+            f"estimated ~{need / GB:.0f} GB a rank, above the ~{PLAN_HEADROOM * gpu / GB:.0f} GB "
+            "its memory plan keeps beside what shares its GPU: the smallest step"
+        )
+        return tokens, ckpt, None, note
     if given_tokens is None and given_ckpt is None:
         # Nothing fits the finer model though the coarse estimate let the recipe through:
         # the smallest micro-batch, recomputed, is the best chance.
-        return tokens, ckpt, need
+        return tokens, ckpt, need, None
     if shared and need <= fixed + SHARED_TOKENS * trainer_token_bytes(arch, True, compiled):
         # no more than the smallest step the plan itself falls back to
-        return tokens, ckpt, None
+        return tokens, ckpt, None, None
     where = f"an {accelerator}"
     if reserve and shared:
         where = (
