@@ -51,6 +51,7 @@ RUNS = (
     ("gpu_h200x2_2026-11-26/product_path_qwen3-1.7b.json", "run_b", 1, "H200"),
     ("gpu_h200x2_2026-11-26/qwen3-8b_4.json", "metrics", 2, "H200"),
     ("gpu_h200x2_2026-11-26b/product_path_qwen3-8b.json", None, 2, "H200"),
+    ("gpu_h200x2_2026-11-26c/product_path_llama3.1-8b.json", None, 2, "H200"),
 )
 # The trainer alone (bench/gpu_grpo.py train): one rank, 64 sequences of 2048 tokens, a config
 # a row, each with its peak allocated memory.

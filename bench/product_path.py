@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -130,11 +131,26 @@ def memory_by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def step_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each step's seconds: the step, its training, and what the checkpoint before it held the
-    loop up (`time/checkpoint_stall_s`: settling the generation in flight, staging the state)."""
-    keys = ("time/step_s", "time/train_s", "time/checkpoint_stall_s")
-    return [{"step": r["step"], **{k: r[k] for k in keys if k in r}} for r in rows]
+def step_times(rows: list[dict[str, Any]], after: int = 0) -> list[dict[str, Any]]:
+    """The seconds of each step past `after`: the step, its training, and what the checkpoint
+    before it held up: the loop (`time/checkpoint_stall_s`: settling the generation in flight)
+    and the optimizer step (`time/checkpoint_staging_wait_s`: the state's copy to host memory
+    still going)."""
+    keys = (
+        "time/step_s",
+        "time/train_s",
+        "time/checkpoint_stall_s",
+        "time/checkpoint_staging_wait_s",
+    )
+    return [
+        {"step": r["step"], **{k: r[k] for k in keys if k in r}} for r in rows if r["step"] > after
+    ]
+
+
+def resumed_step(line: str | None) -> int:
+    """The step of a `resumed from step N (...)` line (0 without one)."""
+    found = re.match(r"resumed from step (\d+)", line or "")
+    return int(found.group(1)) if found else 0
 
 
 def plan_summary(p: Any) -> dict[str, Any]:
@@ -286,9 +302,19 @@ def serve_export(model: Path, initial: Path) -> dict[str, Any]:
     return {
         "vllm_load_s": round(loaded_s, 1),
         "rows": len(rows),
-        "mean_abs_logprob_diff_vllm_vs_transformers": round(sum(diffs) / len(diffs), 4),
-        "p99_abs_logprob_diff": round(diffs[int(0.99 * (len(diffs) - 1))], 4),
+        **logprob_diffs(diffs),
         **changed_share(model, initial),
+    }
+
+
+def logprob_diffs(diffs: list[float]) -> dict[str, float]:
+    """Mean, 99th percentile and largest of the absolute log-prob differences (one a token)."""
+    ranked = sorted(diffs)
+    return {
+        "tokens_compared": len(ranked),
+        "mean_abs_logprob_diff_vllm_vs_transformers": round(sum(ranked) / len(ranked), 4),
+        "p99_abs_logprob_diff": round(ranked[round(0.99 * (len(ranked) - 1))], 4),
+        "max_abs_logprob_diff": round(ranked[-1], 4),
     }
 
 
@@ -433,9 +459,12 @@ def main(argv: list[str] | None = None) -> int:
         if (run_dir / "metrics.jsonl").exists():  # also of a run that stopped or got stuck
             rows = step_rows(run_dir)
             result["trainer_memory_by_step"] = memory_by_step(rows)
-            # by the run that logged them last (run B logs its steps again from the checkpoint)
-            run = "run B" if "run_b" in result else "run A"
-            result.setdefault("step_times", {})[run] = step_times(rows)
+            # by the run that logged them last: run B's own steps are those past its checkpoint
+            if "run_b" in result:
+                times = step_times(rows, resumed_step(result["run_b"].get("resumed")))
+                result.setdefault("step_times", {})["run B"] = times
+            else:
+                result.setdefault("step_times", {})["run A"] = step_times(rows)
         state.write_text(json.dumps(result, indent=2) + "\n")
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result["gpu_used_peak_gb"]), flush=True)

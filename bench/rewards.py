@@ -16,3 +16,9 @@ def distinct_share(prompt: str, completion: Sequence[Any], answer: str) -> float
     completions of random weights, so GRPO's advantages are not all 0 and training changes the
     weights."""
     return len(set(completion)) / max(len(completion), 1)
+
+
+def distinct_share_of_ids(completion_ids: list[list[int]], **_: Any) -> list[float]:
+    """`distinct_share` of each completion's token ids, as TRL calls a reward (a module-level
+    function: TRL's async trainer scores in a process of its own and pickles it)."""
+    return [distinct_share("", ids, "") for ids in completion_ids]

@@ -23,6 +23,16 @@ the shape of `gpu_grpo.py grpo` on the qwen3-1.7b recipe, without the Hub:
   every block too). vLLM gets 0.3 of the GPU (TRL's default); the reward is plain Python (the
   share of distinct token ids in a completion: cheap, and it varies, so advantages are not 0).
 
+`--trainer async` runs TRL's asynchronous GRPO trainer (`trl.experimental.async_grpo`) instead,
+as its docs set it up: a `vllm serve` process of its own on the last visible GPU
+(`VLLM_SERVER_DEV_MODE=1`, weights sent over NCCL: `--weight-transfer-config
+'{"backend":"nccl"}'`, `--server-memory` of that GPU, CUDA graphs on), the trainer on the first,
+completions generated continuously while the trainer trains on samples up to `--max-staleness`
+versions old (TRL's default 4; the logs give the staleness each step trained at), weights sent
+every step. It has no reference model and no KL term (the recipe's 0.1 is not applied), no
+importance-sampling switch, and asks vLLM for one completion a request. samples/s per GPU count
+both GPUs.
+
 Step time is the wall time between consecutive `on_step_end` callbacks (the first from
 `on_train_begin`): generation, weight sync into vLLM, reference and policy passes, optimizer.
 samples/s per GPU = 128 / mean step time / processes, the first `--warmup` steps left out.
@@ -45,7 +55,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from gpu_grpo import gpu_info, mean, per  # noqa: E402  (bench/ is this script's folder)
-from rewards import distinct_share as share_of_distinct  # noqa: E402
+from rewards import distinct_share_of_ids  # noqa: E402
 
 KL_BETA, CLIP_LOW, CLIP_HIGH, LEARNING_RATE = 0.1, 0.2, 0.28, 1e-5  # recipes/catalog/qwen3-1.7b
 # The CPU check: a model that trains in seconds, lengths that keep HF generate quick.
@@ -125,12 +135,6 @@ def prompts(count: int, prompt_tokens: int) -> list[str]:
 
     chars = prompt_tokens - 1
     return [r["question"][:chars].ljust(chars) for r in rows(count=count)]
-
-
-def distinct_share(completion_ids: list[list[int]], **_: Any) -> list[float]:
-    """Reward: the share of distinct token ids in each completion (bench/rewards.py's, which
-    forgesky's side of a side-by-side is given: one token a character there)."""
-    return [share_of_distinct("", ids, "") for ids in completion_ids]
 
 
 def timing_callback() -> Any:
@@ -225,6 +229,202 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def async_settings(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
+    """The AsyncGRPOConfig arguments of a `--trainer async` run (one trainer process)."""
+    completions = args.prompts_per_step * args.group_size
+    if completions % args.micro_batch:
+        fail(f"{completions} completions per step do not split into micro-batches of "
+             f"{args.micro_batch}; pick a --micro-batch dividing {completions}")  # fmt: skip
+    if args.max_staleness < 0:
+        fail("--max-staleness must be 0 or more")
+    return dict(
+        num_generations=args.group_size,
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=completions // args.micro_batch,
+        max_completion_length=args.response_tokens,
+        max_steps=args.steps,
+        learning_rate=LEARNING_RATE,
+        epsilon=CLIP_LOW,
+        epsilon_high=CLIP_HIGH,
+        temperature=1.0,
+        top_p=1.0,
+        bf16=True,
+        gradient_checkpointing=args.gradient_checkpointing == "on",
+        vllm_server_base_url=server_url,
+        # a cold vLLM compiles its graphs first (minutes on a fresh machine)
+        vllm_server_timeout=900.0,
+        max_staleness=args.max_staleness,
+        weight_sync_steps=1,
+        seed=0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
+
+
+def server_command(model_dir: Path, args: argparse.Namespace, port: int) -> list[str]:
+    """`vllm serve` as TRL's async trainer needs it: its model folder under the same name the
+    trainer asks for, weights received over NCCL, bf16, CUDA graphs on."""
+    return [
+        "vllm",
+        "serve",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        str(args.prompt_tokens + args.response_tokens),
+        "--gpu-memory-utilization",
+        str(args.server_memory),
+        "--weight-transfer-config",
+        json.dumps({"backend": "nccl"}),
+        "--seed",
+        "0",
+    ]
+
+
+def server_env(gpu: str) -> dict[str, str]:
+    """The server's environment: the dev endpoints TRL drives (pause, weight transfer) on, its
+    own GPU."""
+    return {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "CUDA_VISIBLE_DEVICES": gpu}
+
+
+def gpu_split() -> tuple[str, str]:
+    """(trainer GPU, server GPU) of the visible ones: the first and the last."""
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if len(ids) < 2:
+        fail("--trainer async needs two GPUs: the vLLM server takes one of its own")
+    return ids[0], ids[-1]
+
+
+def wait_ready(server: Any, url: str, log: Path, timeout: float = 900.0) -> float:
+    """Seconds until the server answers /health; fails (with its log's tail) if it exits."""
+    import urllib.request
+
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if server.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            fail(f"vllm serve exited with {server.returncode} before it was ready:\n{tail}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+                if answer.status == 200:
+                    return time.perf_counter() - start
+        except OSError:
+            pass
+        time.sleep(2)
+    fail(f"vllm serve did not answer {url}/health within {timeout:.0f} s (log: {log})")
+    return timeout
+
+
+def run_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import subprocess
+
+    from datasets import Dataset
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    trainer_gpu, server_gpu = gpu_split()
+    os.environ["CUDA_VISIBLE_DEVICES"] = trainer_gpu  # before this process sets up CUDA
+    url = f"http://127.0.0.1:{args.server_port}"
+    config_args = async_settings(args, url)
+    model_dir = work / "model"
+    start = time.perf_counter()
+    model = write_model_dir(model_dir, args.model_size)
+    build_s = time.perf_counter() - start
+    log = Path(args.server_log or work / "vllm_serve.log")
+    command = server_command(model_dir, args, args.server_port)
+    with log.open("w") as sink:
+        server = subprocess.Popen(
+            command, env=server_env(server_gpu), stdout=sink, stderr=subprocess.STDOUT
+        )
+    try:
+        ready_s = wait_ready(server, url, log)
+        config = AsyncGRPOConfig(output_dir=str(work / "out"), **config_args)
+        texts = prompts(args.prompts_per_step * (args.steps + 1), args.prompt_tokens)
+        callback = timing_callback()
+        start = time.perf_counter()
+        trainer = AsyncGRPOTrainer(
+            model=str(model_dir),
+            reward_funcs=distinct_share_of_ids,
+            args=config,
+            train_dataset=Dataset.from_list([{"prompt": t} for t in texts]),
+            callbacks=[callback],
+        )
+        init_s = time.perf_counter() - start
+        prompt_lengths = [len(ids) for ids in trainer.processing_class(text=texts)["input_ids"]]
+        start = time.perf_counter()
+        trainer.train()
+        train_s = time.perf_counter() - start
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    marks = callback.marks
+    step_times = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    measured = step_times[args.warmup :] or step_times
+    step_s = mean(measured)
+    completions = args.prompts_per_step * args.group_size
+    gpus = 2  # the trainer's and the server's
+    logs = [x for x in callback.logs if "loss" in x]
+    late = logs[args.warmup :] or logs
+
+    def logged(key: str) -> float | None:
+        return mean([x[key] for x in late if x.get(key) is not None])
+
+    length = logged("completions/mean_length")
+    return {
+        "exit_code": 0,
+        "device": gpu_info(),
+        "versions": versions(),
+        "date": time.strftime("%Y-%m-%d"),
+        "mode": "gpu_async",
+        "model_size": args.model_size,
+        "model": model,
+        "settings": {
+            **config_args,
+            "prompts_per_step": args.prompts_per_step,
+            "prompt_tokens": sorted(set(prompt_lengths)),
+            "policy_dtype": str(trainer.model.dtype).removeprefix("torch."),
+            "reference_model": False,
+            "reward": distinct_share_of_ids.__name__,
+            "server": command,
+            "server_gpu": server_gpu,
+            "trainer_gpu": trainer_gpu,
+        },
+        "processes": 1,
+        "gpus": gpus,
+        "completions_per_step": completions,
+        "model_build_s": build_s,
+        "server_ready_s": ready_s,
+        "init_s": init_s,
+        "train_s": train_s,
+        "steps": len(step_times),
+        "warmup_steps": len(step_times) - len(measured),
+        "measured_steps": len(measured),
+        "step_times_s": step_times,
+        "step_s": step_s,
+        "samples_per_s_per_gpu": per(completions, step_s * gpus if step_s else None),
+        "tokens_per_s_per_gpu": per(
+            completions * (mean(prompt_lengths) + (length or 0)),
+            step_s * gpus if step_s else None,
+        ),
+        # the versions behind the policy each trained sample was, as TRL logs it
+        "policy_staleness_mean": logged("sample/staleness_mean"),
+        "max_staleness": args.max_staleness,
+        "weight_sync_s": logged("perf/weight_sync_s"),
+        "trainer_waited_for_rollouts_s": logged("perf/rollout_wait_s"),
+        "completion_tokens_mean": length,
+        "logs": callback.logs,
+    }
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -241,7 +441,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     start = time.perf_counter()
     trainer = GRPOTrainer(
         model=str(model_dir),
-        reward_funcs=distinct_share,
+        reward_funcs=distinct_share_of_ids,
         args=config,
         train_dataset=Dataset.from_list([{"prompt": t} for t in texts]),
         callbacks=[callback],
@@ -281,7 +481,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "prompt_tokens": sorted(set(prompt_lengths)),
             "policy_dtype": str(trainer.model.dtype).removeprefix("torch."),
             "reference_model": trainer.ref_model is not None,
-            "reward": distinct_share.__name__,
+            "reward": distinct_share_of_ids.__name__,
         },
         "processes": world,
         "completions_per_step": completions,
@@ -361,6 +561,27 @@ def main() -> int:
         "samples one step old",
     )
     p.add_argument(
+        "--trainer",
+        choices=["grpo", "async"],
+        default="grpo",
+        help="grpo: GRPOTrainer, vLLM colocated; async: AsyncGRPOTrainer with `vllm serve` on a "
+        "GPU of its own (two GPUs)",
+    )
+    p.add_argument(
+        "--max-staleness",
+        type=int,
+        default=4,
+        help="async: versions a sample may lag the policy it trains (TRL's default 4)",
+    )
+    p.add_argument(
+        "--server-memory",
+        type=float,
+        default=0.9,
+        help="async: the vLLM server's share of its GPU (vLLM's default 0.9)",
+    )
+    p.add_argument("--server-port", type=int, default=8011, help="async: the server's port")
+    p.add_argument("--server-log", default=None, help="async: where the server's output goes")
+    p.add_argument(
         "--dry-cpu",
         action="store_true",
         help="CPU check: tiny model, HF generate instead of vLLM, short lengths, real TRL",
@@ -386,9 +607,11 @@ def main() -> int:
     out = Path(args.out or default_out or ROOT / "bench/results/gpu_grpo.json")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+    if args.trainer == "async" and dry:
+        fail("--trainer async needs GPUs (a vllm serve process); --dry-cpu checks GRPOTrainer")
     work = Path(tempfile.mkdtemp(prefix="trl-grpo-bench-"))
     try:
-        section = run(args, work)
+        section = run_async(args, work) if args.trainer == "async" else run(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if int(os.environ.get("RANK", "0")) != 0:

@@ -352,3 +352,67 @@ def test_the_product_bench_writes_a_model_folder_both_loaders_read(tmp_path, mon
     embedding = weights["tok_embeddings.weight"].to(torch.bfloat16)
     assert torch.equal(embedding, model.model.embed_tokens.weight)
     assert all(t.abs().sum() > 0 for t in weights.values())
+
+
+def test_product_path_times_run_b_by_its_own_steps(monkeypatch):
+    """The resumed run appends to the metrics its first run wrote: its step times are the
+    steps past its checkpoint, with what the checkpoint before each held up."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import product_path
+
+    rows = [
+        {"step": 1, "time/step_s": 11.5, "time/train_s": 3.4, "loss": 0.1},
+        {"step": 2, "time/step_s": 1.7, "time/train_s": 0.9},
+        {"step": 3, "time/step_s": 4.6, "time/checkpoint_staging_wait_s": 0.2},
+    ]
+    line = "resumed from step 2 (/runs/x/checkpoints/step_000002)"
+    assert product_path.resumed_step(line) == 2
+    assert product_path.resumed_step(None) == 0
+    assert product_path.step_times(rows, product_path.resumed_step(line)) == [
+        {"step": 3, "time/step_s": 4.6, "time/checkpoint_staging_wait_s": 0.2}
+    ]
+    assert [r["step"] for r in product_path.step_times(rows)] == [1, 2, 3]
+    assert "loss" not in product_path.step_times(rows)[0]
+
+
+def test_product_path_ranks_the_logprob_differences_before_taking_a_percentile(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import product_path
+
+    diffs = [0.5] + [0.01] * 98 + [2.0]  # in the order the rows came: the largest at the end
+    out = product_path.logprob_diffs(diffs)
+    assert out["tokens_compared"] == 100
+    assert out["p99_abs_logprob_diff"] == 0.5 and out["max_abs_logprob_diff"] == 2.0
+    assert out["mean_abs_logprob_diff_vllm_vs_transformers"] == 0.0348  # 3.48 / 100
+
+
+def test_trl_async_mode_serves_the_model_it_trains_and_scores_in_another_process(monkeypatch):
+    """bench/trl_grpo.py --trainer async: the vllm serve command TRL's async trainer needs (its
+    model folder by name, NCCL weight transfer, the lengths), the config's batch arithmetic, and
+    a reward that survives pickling (TRL scores in a process of its own)."""
+    import argparse
+    import pickle
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import rewards
+    import trl_grpo
+
+    args = argparse.Namespace(
+        prompts_per_step=16, group_size=8, micro_batch=16, response_tokens=512, steps=8,
+        gradient_checkpointing="off", max_staleness=1, prompt_tokens=207, server_memory=0.9,
+    )  # fmt: skip
+    config = trl_grpo.async_settings(args, "http://127.0.0.1:8011")
+    assert config["gradient_accumulation_steps"] * config["per_device_train_batch_size"] == 128
+    assert config["max_staleness"] == 1 and config["vllm_server_base_url"].endswith(":8011")
+    assert "beta" not in config  # no reference model in TRL's async trainer
+    command = trl_grpo.server_command(Path("/m/model"), args, 8011)
+    assert command[:3] == ["vllm", "serve", "/m/model"]
+    flags = dict(zip(command[3::2], command[4::2], strict=True))
+    assert flags["--max-model-len"] == "719" and flags["--port"] == "8011"
+    assert json.loads(flags["--weight-transfer-config"]) == {"backend": "nccl"}
+    assert trl_grpo.server_env("1")["VLLM_SERVER_DEV_MODE"] == "1"
+    reward = pickle.loads(pickle.dumps(rewards.distinct_share_of_ids))
+    assert reward(completion_ids=[[1, 1, 2, 3], [5, 5]], prompts=["a", "b"]) == [0.75, 0.5]
+    args.micro_batch = 48
+    with pytest.raises(SystemExit):
+        trl_grpo.async_settings(args, "http://127.0.0.1:8011")
