@@ -229,6 +229,26 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def build_trainer(
+    cls: Any, config: Any, model_dir: Path, args: argparse.Namespace, callback: Any
+) -> tuple[Any, float, list[int]]:
+    """A TRL trainer of `cls` on the model folder and the bench's prompts (one step's worth more
+    than the steps), the seconds it took to build, and each prompt's token count."""
+    from datasets import Dataset
+
+    texts = prompts(args.prompts_per_step * (args.steps + 1), args.prompt_tokens)
+    start = time.perf_counter()
+    trainer = cls(
+        model=str(model_dir),
+        reward_funcs=distinct_share_of_ids,
+        args=config,
+        train_dataset=Dataset.from_list([{"prompt": t} for t in texts]),
+        callbacks=[callback],
+    )
+    init_s = time.perf_counter() - start
+    return trainer, init_s, [len(ids) for ids in trainer.processing_class(text=texts)["input_ids"]]
+
+
 def async_settings(args: argparse.Namespace, server_url: str) -> dict[str, Any]:
     """The AsyncGRPOConfig arguments of a `--trainer async` run (one trainer process)."""
     completions = args.prompts_per_step * args.group_size
@@ -325,7 +345,6 @@ def wait_ready(server: Any, url: str, log: Path, timeout: float = 900.0) -> floa
 def run_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import subprocess
 
-    from datasets import Dataset
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
     trainer_gpu, server_gpu = gpu_split()
@@ -345,18 +364,10 @@ def run_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     try:
         ready_s = wait_ready(server, url, log)
         config = AsyncGRPOConfig(output_dir=str(work / "out"), **config_args)
-        texts = prompts(args.prompts_per_step * (args.steps + 1), args.prompt_tokens)
         callback = timing_callback()
-        start = time.perf_counter()
-        trainer = AsyncGRPOTrainer(
-            model=str(model_dir),
-            reward_funcs=distinct_share_of_ids,
-            args=config,
-            train_dataset=Dataset.from_list([{"prompt": t} for t in texts]),
-            callbacks=[callback],
+        trainer, init_s, prompt_lengths = build_trainer(
+            AsyncGRPOTrainer, config, model_dir, args, callback
         )
-        init_s = time.perf_counter() - start
-        prompt_lengths = [len(ids) for ids in trainer.processing_class(text=texts)["input_ids"]]
         start = time.perf_counter()
         trainer.train()
         train_s = time.perf_counter() - start
@@ -426,7 +437,6 @@ def run_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     config_args = settings(args)
@@ -435,19 +445,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     model = write_model_dir(model_dir, None if args.dry_cpu else args.model_size)
     build_s = time.perf_counter() - start
     config = GRPOConfig(output_dir=str(work / "out"), **config_args)
-    texts = prompts(args.prompts_per_step * (args.steps + 1), args.prompt_tokens)
     callback = timing_callback()
-
-    start = time.perf_counter()
-    trainer = GRPOTrainer(
-        model=str(model_dir),
-        reward_funcs=distinct_share_of_ids,
-        args=config,
-        train_dataset=Dataset.from_list([{"prompt": t} for t in texts]),
-        callbacks=[callback],
-    )
-    init_s = time.perf_counter() - start  # model, reference and (on GPU) the vLLM engine
-    prompt_lengths = [len(ids) for ids in trainer.processing_class(text=texts)["input_ids"]]
+    # init: model, reference and (on GPU) the vLLM engine
+    trainer, init_s, prompt_lengths = build_trainer(GRPOTrainer, config, model_dir, args, callback)
     generate_s: list[float] = []
     sync_s: list[float] = []
     timed(trainer, "_generate", generate_s)
