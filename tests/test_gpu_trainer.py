@@ -195,3 +195,39 @@ def test_trainer_start_up_peak_stays_below_its_step_peak(tmp_path):
     # own storage for a moment, before they are tied again
     assert start_peak <= resident + 1.01 * largest
     assert start_peak < step_peak
+
+
+def test_a_checkpoint_copies_the_state_in_the_background_and_holds_its_step(tmp_path):
+    """On a GPU the checkpoint's copy of the trainer's state goes to pinned host memory on a
+    stream of its own while the caller goes on; the next optimizer step waits for it (and says
+    how long), so the files hold the step the checkpoint was started at, and a second write
+    reuses the same pinned copy."""
+    from runtime.backends import trainer_state
+
+    spec = QWEN3_1P7B_2_LAYERS
+    trainer = FSDPTrainer(spec, OptimizerConfig(lr=1e-3), seed=0, device="cuda")
+    tokens, mask = _batch(spec, rows=8, prompt=64, response=192)
+    advantages = torch.tensor([1.0, -1.0] * 4)
+    args = (tokens, mask, advantages, None, None, policy_loss)
+    trainer.train_step(*args)
+    full = {
+        n: getattr(p, "full_tensor", lambda p=p: p)() for n, p in trainer.model.named_parameters()
+    }
+    saved = {n: p.detach().float().cpu().clone() for n, p in full.items()}
+    trainer.save_checkpoint(str(tmp_path / "one"))
+    stats = trainer.train_step(*args)  # changes every weight once the copy is done
+    assert stats["time/checkpoint_staging_wait_s"] >= 0.0
+    print(f"waited {stats['time/checkpoint_staging_wait_s']:.3f} s for the copy")
+    assert trainer.checkpoint_written(wait=True)
+    state = trainer_state.read_all(tmp_path / "one")
+    assert state["step"] == 1
+    for name, value in saved.items():
+        torch.testing.assert_close(state["model"][name].float(), value, atol=0, rtol=0)
+    stager = trainer._saver.stager
+    cached = list(stager._state_dict_stager._cached_storage_mapping.values())
+    assert cached and all(s.is_pinned() for s in cached if s.nbytes() >= 1 << 20)
+    trainer.save_checkpoint(str(tmp_path / "two"))
+    assert "time/checkpoint_staging_wait_s" in trainer.train_step(*args)
+    assert trainer.checkpoint_written(wait=True)
+    assert trainer._saver.stager is stager
+    assert trainer_state.read_all(tmp_path / "two")["step"] == 2
