@@ -96,6 +96,10 @@ class Saver:
             self.group = dist.new_group(backend="gloo")
         if self.stager is None:
             self.stager = _stager(self.device)
+        if self.device.type == "cuda":
+            # the copy runs on a stream of its own, which does not wait for this one: the
+            # step's last kernels (the optimizer's) must be done before it reads the state
+            torch.cuda.current_stream(self.device).synchronize()
         folder = str(Path(directory) / TRAINER_DIR)
         response = dcp.async_save(
             _state(model, optimizer, scheduler, step),
