@@ -60,11 +60,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--mode", choices=["normal", "bad", "bad-raw", "kill-reward"], default="normal")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--step-seconds", type=float, default=0.05)
+    p.add_argument("--slow-stop", type=float, default=0.0, help="a resource's stop takes this")
+    p.add_argument("--slow-shutdown-s", type=float, default=5.0)
     return p.parse_args()
 
 
 async def controller(life: RunLifecycle, args: argparse.Namespace) -> None:
     print("started", flush=True)
+    if args.slow_stop:
+        life.register("slow resource", lambda: asyncio.sleep(args.slow_stop))
     work = await spawn_service(life, "work", 2, threads=1)
     reward = await spawn_service(life, "reward", 1, threads=1)
     worker = work.spawn_actor(Worker)
@@ -88,7 +92,11 @@ async def controller(life: RunLifecycle, args: argparse.Namespace) -> None:
 
 def main() -> int:
     args = parse_args()
-    return run(lambda life: controller(life, args), drain_timeout=5.0)
+    return run(
+        lambda life: controller(life, args),
+        drain_timeout=5.0,
+        slow_shutdown_s=args.slow_shutdown_s,
+    )
 
 
 if __name__ == "__main__":

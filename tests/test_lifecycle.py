@@ -151,6 +151,21 @@ def test_normal_end_exits_zero_and_leaves_nothing():
     assert_clean(app)
 
 
+def test_a_slow_shutdown_says_what_took_the_time():
+    """A run's end after its last line can take long (engines and procs stopping): past
+    `slow_shutdown_s` one line on stderr names the slowest parts."""
+    app = App("--steps", "2", "--slow-stop", "1.5", "--slow-shutdown-s", "1.0")
+    app.wait_for("ready")
+    code, _ = app.finish()
+    assert code == 0, app.output
+    line = next(x for x in app.lines if "shutdown took" in x)
+    assert line.startswith("forgesky: shutdown took ") and "slow resource 1.5 s" in line, line
+    assert_clean(app)
+    quick = App("--steps", "2", "--slow-shutdown-s", "30")  # a bound no clean stop here nears
+    quick.wait_for("ready")
+    assert quick.finish()[0] == 0 and "shutdown took" not in quick.output
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("point", ["started", "ready"], ids=["while-spawning", "while-working"])
 def test_stop_signal_finishes_in_flight_work_and_exits_zero(sig, point):

@@ -77,6 +77,7 @@ class RunLifecycle:
         failure_grace: float = 1.0,
         failure_shutdown: float = 10.0,
         peer_grace: float = 5.0,
+        slow_shutdown_s: float = 5.0,
     ) -> None:
         self.name = name
         self.drain_timeout = drain_timeout
@@ -84,6 +85,8 @@ class RunLifecycle:
         self.failure_grace = failure_grace
         self.failure_shutdown = failure_shutdown
         self.peer_grace = peer_grace
+        # a clean shutdown longer than this says on stderr what took the time
+        self.slow_shutdown_s = slow_shutdown_s
         self.failure: ActorFailure | None = None
         # service -> where it runs ("node 0 GPU 1"), added to the line a failure ends the run with
         self.places: dict[str, str] = {}
@@ -325,13 +328,16 @@ class RunLifecycle:
         """
         self._shutting_down = True
         failed = self.failure is not None
-        deadline = self._loop.time() + self.failure_shutdown
+        began = self._loop.time()
+        deadline = began + self.failure_shutdown
+        parts: list[tuple[float, str]] = []
         if self._inflight:
             # After a failure the answers no longer matter, and some would never come.
             await asyncio.wait(set(self._inflight), timeout=0.0 if failed else self.drain_timeout)
             for task in list(self._inflight):
                 _abandon(task)
         for resource in reversed(self._resources):
+            start = self._loop.time()
             timeout = resource.timeout
             if failed:
                 timeout = max(0.5, min(timeout, deadline - self._loop.time()))
@@ -346,10 +352,21 @@ class RunLifecycle:
             except Exception as e:  # noqa: BLE001 - one line per resource, the others still stop
                 if not failed:
                     _say(self.name, f"{resource.name}: stop failed: {root_cause(e)}")
+            parts.append((self._loop.time() - start, resource.name))
         self._resources.clear()
+        start = self._loop.time()
         await _stop_monarch()
         kill_descendants(grace=2.0)
         sweep_shared_memory()
+        parts.append((self._loop.time() - start, "Monarch and the host's clean-up"))
+        took = self._loop.time() - began
+        if not failed and took > self.slow_shutdown_s:
+            slowest = sorted(parts, reverse=True)[:4]
+            _say(
+                self.name,
+                f"shutdown took {took:.1f} s: "
+                + ", ".join(f"{name} {seconds:.1f} s" for seconds, name in slowest),
+            )
 
     def _uninstall_signals(self) -> None:
         if self._signal_fds is None:
