@@ -110,6 +110,7 @@ def test_sigterm_checkpoints_exits_zero_and_the_rerun_resumes(tmp_path: Path, no
     again = start(args)
     code, out = finish(again, timeout=600)
     assert code == 0, out
+    assert f"reading the checkpoint of step {stopped_at} (" in out
     assert f"resumed from step {stopped_at}" in out
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 13))

@@ -164,3 +164,15 @@ def approx_size(nbytes: float) -> str:
         return f"~{nbytes / 1e9:.1f} GB"
     mb = max(nbytes / 1e6, 0.1)
     return f"~{mb:.0f} MB" if mb >= 10 else f"~{mb:.1f} MB"
+
+
+def bytes_under(folder: Path) -> int:
+    """The size of every file under `folder` so far (0 while it does not exist)."""
+    total = 0
+    for path in folder.rglob("*"):
+        try:
+            if path.is_file():
+                total += path.stat().st_size
+        except OSError:  # a file renamed or removed meanwhile
+            continue
+    return total

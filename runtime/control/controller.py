@@ -83,6 +83,8 @@ class Controller:
         await self.policy.publish_and_load(self.version)
 
     async def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
+        size = approx_size(checkpoint.bytes_under(ckpt.path))
+        print(f"reading the checkpoint of step {ckpt.step} ({size}) ...", flush=True)
         restored = await self.services.restore(str(ckpt.path))
         state = ControllerState.load(ckpt.path)
         if state.step != restored or state.step != ckpt.step:
@@ -194,10 +196,12 @@ class Controller:
             )
             return saved[-1].path
         partial = checkpoint.begin(root, self.step)
+        total = CHECKPOINT_BYTES_PER_PARAM * self.recipe.arch.params
         if wait:
             # the run waits for this one (its end, a stop): say what it waits for
-            size = approx_size(CHECKPOINT_BYTES_PER_PARAM * self.recipe.arch.params)
-            print(f"writing the checkpoint of step {self.step} ({size}) ...", flush=True)
+            print(
+                f"writing the checkpoint of step {self.step} ({approx_size(total)}) ...", flush=True
+            )
         save = asyncio.ensure_future(self.services.save(str(partial)))
         try:
             try:
@@ -222,7 +226,11 @@ class Controller:
         )
         self.pending_checkpoint = (partial, self.step)
         if wait:
-            await self.commit_written(wait=True)
+            reporter = asyncio.ensure_future(_report_writing(partial, total, self.step))
+            try:
+                await self.commit_written(wait=True)
+            finally:
+                reporter.cancel()
         return root / checkpoint.step_dir_name(self.step)
 
     async def commit_written(self, wait: bool = False) -> None:
@@ -261,3 +269,22 @@ class Controller:
         await self.rollouts.stop(timeout_s)
         await self.policy.drain()
         await self.policy.close()
+
+
+# How often a checkpoint the run waits for says how much of it is on disk.
+WRITE_PROGRESS_S = 20.0
+
+
+async def _report_writing(folder: Path, total: float, step: int) -> None:
+    """Every WRITE_PROGRESS_S, a line with how much of the checkpoint `folder` is on disk
+    (on this node: a trainer on another node writes where this one does not see it)."""
+    start = time.perf_counter()
+    while True:
+        await asyncio.sleep(WRITE_PROGRESS_S)
+        done = checkpoint.bytes_under(folder)
+        print(
+            f"checkpoint of step {step}: {approx_size(done).lstrip('~')} of {approx_size(total)} "
+            "on disk "
+            f"({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
