@@ -29,7 +29,8 @@ as its docs set it up: a `vllm serve` process of its own on the last visible GPU
 '{"backend":"nccl"}'`, `--server-memory` of that GPU, CUDA graphs on), the trainer on the first,
 completions generated continuously while the trainer trains on samples up to `--max-staleness`
 versions old (TRL's default 4; the logs give the staleness each step trained at), weights sent
-every step. It has no reference model and no KL term (the recipe's 0.1 is not applied), no
+every step. It takes prompts as chat messages only: each prompt is one user message, rendered
+by a chat template that adds <bos> alone (the same tokens as the plain text). It has no reference model and no KL term (the recipe's 0.1 is not applied), no
 importance-sampling switch, and asks vLLM for one completion a request. samples/s per GPU count
 both GPUs.
 
@@ -105,8 +106,19 @@ def model_config(size: str | None, tokenizer: Any) -> Any:
     )
 
 
-def write_model_dir(directory: Path, size: str | None) -> dict[str, Any]:
-    """Random bf16 weights and the arith tokenizer in `directory`, as from_pretrained reads them."""
+# TRL's async trainer takes conversational prompts only and renders each through the
+# tokenizer's chat template; this one adds <bos> and nothing else, so a prompt is the same
+# tokens GRPOTrainer gets from the plain text.
+PLAIN_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
+)
+
+
+def write_model_dir(
+    directory: Path, size: str | None, chat_template: str | None = None
+) -> dict[str, Any]:
+    """Random bf16 weights and the arith tokenizer (with `chat_template`, if given) in
+    `directory`, as from_pretrained reads them."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -115,6 +127,8 @@ def write_model_dir(directory: Path, size: str | None) -> dict[str, Any]:
 
     vocab = DRY["vocab"] if size is None else architecture("qwen3", size).vocab_size
     tokenizer = build_tokenizer(vocab)  # every id the model can sample decodes
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     config = model_config(size, tokenizer)
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -230,19 +244,26 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_trainer(
-    cls: Any, config: Any, model_dir: Path, args: argparse.Namespace, callback: Any
+    cls: Any,
+    config: Any,
+    model_dir: Path,
+    args: argparse.Namespace,
+    callback: Any,
+    conversational: bool = False,
 ) -> tuple[Any, float, list[int]]:
     """A TRL trainer of `cls` on the model folder and the bench's prompts (one step's worth more
-    than the steps), the seconds it took to build, and each prompt's token count."""
+    than the steps; as one user message each where `conversational`), the seconds it took to
+    build, and each prompt's token count."""
     from datasets import Dataset
 
     texts = prompts(args.prompts_per_step * (args.steps + 1), args.prompt_tokens)
+    rows = [{"prompt": [{"role": "user", "content": t}] if conversational else t} for t in texts]
     start = time.perf_counter()
     trainer = cls(
         model=str(model_dir),
         reward_funcs=distinct_share_of_ids,
         args=config,
-        train_dataset=Dataset.from_list([{"prompt": t} for t in texts]),
+        train_dataset=Dataset.from_list(rows),
         callbacks=[callback],
     )
     init_s = time.perf_counter() - start
@@ -355,7 +376,7 @@ def run_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     config_args = async_settings(args, url)
     model_dir = work / "model"
     start = time.perf_counter()
-    model = write_model_dir(model_dir, args.model_size)
+    model = write_model_dir(model_dir, args.model_size, chat_template=PLAIN_CHAT_TEMPLATE)
     build_s = time.perf_counter() - start
     log = Path(args.server_log or work / "vllm_serve.log")
     command = server_command(model_dir, args, args.server_port)
@@ -368,7 +389,7 @@ def run_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         config = AsyncGRPOConfig(output_dir=str(work / "out"), **config_args)
         callback = timing_callback()
         trainer, init_s, prompt_lengths = build_trainer(
-            AsyncGRPOTrainer, config, model_dir, args, callback
+            AsyncGRPOTrainer, config, model_dir, args, callback, conversational=True
         )
         start = time.perf_counter()
         trainer.train()

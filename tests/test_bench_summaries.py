@@ -416,3 +416,21 @@ def test_trl_async_mode_serves_the_model_it_trains_and_scores_in_another_process
     args.micro_batch = 48
     with pytest.raises(SystemExit):
         trl_grpo.async_settings(args, "http://127.0.0.1:8011")
+
+
+def test_trl_async_prompts_render_to_the_same_tokens_as_the_plain_ones(monkeypatch):
+    """TRL's async trainer takes prompts as chat messages through the tokenizer's chat
+    template; the bench's template must give the tokens GRPOTrainer gets from the text."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import trl_grpo
+
+    from runtime.tasks.arith.tokenization import build_tokenizer
+
+    tokenizer = build_tokenizer(1024)
+    tokenizer.chat_template = trl_grpo.PLAIN_CHAT_TEMPLATE
+    for text in trl_grpo.prompts(3, 32):
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False
+        )
+        assert list(rendered) == tokenizer(text)["input_ids"], text
+        assert len(rendered) == 32
