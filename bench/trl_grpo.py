@@ -30,7 +30,10 @@ as its docs set it up: a `vllm serve` process of its own on the last visible GPU
 completions generated continuously while the trainer trains on samples up to `--max-staleness`
 versions old (TRL's default 4; the logs give the staleness each step trained at), weights sent
 every step. It takes prompts as chat messages only: each prompt is one user message, rendered
-by a chat template that adds <bos> alone (the same tokens as the plain text). It has no reference model and no KL term (the recipe's 0.1 is not applied), no
+by a chat template that adds <bos> alone (the same tokens as the plain text). Its attention is
+a FlashAttention-3 kernel it fetches from the Hugging Face Hub at run time
+(`kernels-community/flash-attn3` through the `kernels` package, TRL's `kernels` extra): on a
+machine without the Hub, the bench says so before it starts anything. It has no reference model and no KL term (the recipe's 0.1 is not applied), no
 importance-sampling switch, and asks vLLM for one completion a request. samples/s per GPU count
 both GPUs.
 
@@ -365,11 +368,30 @@ def wait_ready(server: Any, url: str, log: Path, timeout: float = 900.0) -> floa
     return timeout
 
 
+# The attention kernel TRL's async trainer loads (trl/experimental/async_grpo/packing.py).
+FA3_KERNEL = ("kernels-community/flash-attn3", 1)
+
+
+def check_attention_kernel() -> None:
+    """Fail before the server starts if the async trainer's attention kernel cannot be had."""
+    try:
+        from kernels import get_kernel
+
+        get_kernel(FA3_KERNEL[0], version=FA3_KERNEL[1])
+    except Exception as e:  # noqa: BLE001 - any way of not getting it ends the same
+        fail(
+            f"--trainer async: TRL's async trainer computes attention with {FA3_KERNEL[0]}, a "
+            f"kernel it fetches from the Hugging Face Hub at run time, and it is not to be had "
+            f"here ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        )
+
+
 def run_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import subprocess
 
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
+    check_attention_kernel()
     trainer_gpu, server_gpu = gpu_split()
     os.environ["CUDA_VISIBLE_DEVICES"] = trainer_gpu  # before this process sets up CUDA
     url = f"http://127.0.0.1:{args.server_port}"

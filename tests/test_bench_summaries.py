@@ -434,3 +434,16 @@ def test_trl_async_prompts_render_to_the_same_tokens_as_the_plain_ones(monkeypat
         )
         assert list(rendered) == tokenizer(text)["input_ids"], text
         assert len(rendered) == 32
+
+
+def test_trl_async_mode_stops_at_once_without_its_hub_kernel(monkeypatch, capsys):
+    """TRL's async trainer fetches its FlashAttention-3 kernel from the Hub at run time; where
+    that cannot be done (no `kernels` package here, no Hub on the GPU machines) the bench says
+    so before it starts a server."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import trl_grpo
+
+    monkeypatch.setitem(sys.modules, "kernels", None)  # as on a machine without the package
+    with pytest.raises(SystemExit):
+        trl_grpo.check_attention_kernel()
+    assert "kernels-community/flash-attn3" in capsys.readouterr().err
