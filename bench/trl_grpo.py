@@ -246,6 +246,33 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def step_figures(
+    marks: list[float],
+    warmup: int,
+    completions: int,
+    gpus: int,
+    prompt_lengths: list[int],
+    completion_tokens: float | None,
+) -> dict[str, Any]:
+    """Step times from the callback's marks (the first `warmup` left out of the mean), and
+    samples and tokens (prompt + completion: NeMo-RL's unit) per GPU-second."""
+    step_times = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    measured = step_times[warmup:] or step_times
+    step_s = mean(measured)
+    seconds = step_s * gpus if step_s else None
+    return {
+        "steps": len(step_times),
+        "warmup_steps": len(step_times) - len(measured),
+        "measured_steps": len(measured),
+        "step_times_s": step_times,
+        "step_s": step_s,
+        "samples_per_s_per_gpu": per(completions, seconds),
+        "tokens_per_s_per_gpu": per(
+            completions * (mean(prompt_lengths) + (completion_tokens or 0)), seconds
+        ),
+    }
+
+
 def build_trainer(
     cls: Any,
     config: Any,
@@ -422,10 +449,6 @@ def run_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
-    marks = callback.marks
-    step_times = [b - a for a, b in zip(marks, marks[1:], strict=False)]
-    measured = step_times[args.warmup :] or step_times
-    step_s = mean(measured)
     completions = args.prompts_per_step * args.group_size
     gpus = 2  # the trainer's and the server's
     logs = [x for x in callback.logs if "loss" in x]
@@ -461,16 +484,7 @@ def run_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "server_ready_s": ready_s,
         "init_s": init_s,
         "train_s": train_s,
-        "steps": len(step_times),
-        "warmup_steps": len(step_times) - len(measured),
-        "measured_steps": len(measured),
-        "step_times_s": step_times,
-        "step_s": step_s,
-        "samples_per_s_per_gpu": per(completions, step_s * gpus if step_s else None),
-        "tokens_per_s_per_gpu": per(
-            completions * (mean(prompt_lengths) + (length or 0)),
-            step_s * gpus if step_s else None,
-        ),
+        **step_figures(callback.marks, args.warmup, completions, gpus, prompt_lengths, length),
         # the versions behind the policy each trained sample was, as TRL logs it
         "policy_staleness_mean": logged("sample/staleness_mean"),
         "max_staleness": args.max_staleness,
@@ -503,10 +517,6 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     trainer.train()
     train_s = time.perf_counter() - start
     world = trainer.accelerator.num_processes
-    marks = callback.marks
-    step_times = [b - a for a, b in zip(marks, marks[1:], strict=False)]
-    measured = step_times[args.warmup :] or step_times
-    step_s = mean(measured)
     completions = args.prompts_per_step * args.group_size
     logs = [x for x in callback.logs if "loss" in x or "reward" in x]
     lengths = [x["completions/mean_length"] for x in logs if "completions/mean_length" in x]
@@ -533,16 +543,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "model_build_s": build_s,
         "init_s": init_s,
         "train_s": train_s,
-        "steps": len(step_times),
-        "warmup_steps": len(step_times) - len(measured),
-        "measured_steps": len(measured),
-        "step_times_s": step_times,
-        "step_s": step_s,
-        "samples_per_s_per_gpu": per(completions, step_s * world if step_s else None),
-        # prompt + completion tokens of the step's completions, per GPU-second (NeMo-RL's unit)
-        "tokens_per_s_per_gpu": per(
-            completions * (mean(prompt_lengths) + (mean(lengths[args.warmup :] or lengths) or 0)),
-            step_s * world if step_s else None,
+        **step_figures(
+            callback.marks,
+            args.warmup,
+            completions,
+            world,
+            prompt_lengths,
+            mean(lengths[args.warmup :] or lengths),
         ),
         # a generation batch serves s optimizer steps: its j-th step (0-based) trains on samples
         # j versions old, (s - 1) / 2 on average; 0 on-policy

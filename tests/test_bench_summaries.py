@@ -447,3 +447,13 @@ def test_trl_async_mode_stops_at_once_without_its_hub_kernel(monkeypatch, capsys
     with pytest.raises(SystemExit):
         trl_grpo.check_attention_kernel()
     assert "kernels-community/flash-attn3" in capsys.readouterr().err
+
+
+def test_trl_bench_step_figures_leave_out_the_warmup_and_count_every_gpu(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import trl_grpo
+
+    out = trl_grpo.step_figures([0.0, 10.0, 14.0, 18.0], 1, 128, 2, [100, 110], 500.0)
+    assert out["step_times_s"] == [10.0, 4.0, 4.0] and out["measured_steps"] == 2
+    assert out["step_s"] == 4.0 and out["samples_per_s_per_gpu"] == 16.0
+    assert out["tokens_per_s_per_gpu"] == 128 * 605 / 8
