@@ -101,19 +101,21 @@ def test_each_proc_starts_with_its_gpus_and_thread_budget():
     assert not [p for p in mesh.pids if psutil.pid_exists(p) and alive(p)]
 
 
+async def _score_raises(service: str, procs: int, actor: type) -> BaseException:
+    """What calling `score` on every proc of a fresh `service` mesh of `actor` raises."""
+    mesh = await ServiceMesh.spawn(service, procs, env=TEST_ENV, threads=1)
+    try:
+        scorer = mesh.spawn_actor(actor)
+        with pytest.raises(Exception) as raised:
+            await scorer.score.call(1.0)
+    finally:
+        await mesh.stop()
+    return raised.value
+
+
 @pytest.mark.slow
 def test_root_cause_names_the_exception_and_the_users_line():
-    async def scenario():
-        mesh = await ServiceMesh.spawn("reward", 1, env=TEST_ENV, threads=1)
-        try:
-            scorer = mesh.spawn_actor(Scorer)
-            with pytest.raises(Exception) as raised:
-                await scorer.score.call_one(1.0)
-        finally:
-            await mesh.stop()
-        return raised.value
-
-    error = asyncio.run(scenario())
+    error = asyncio.run(_score_raises("reward", 1, Scorer))
     line = _divide.__code__.co_firstlineno + 1
     assert (
         root_cause(error)
@@ -127,17 +129,7 @@ def test_a_failure_on_one_proc_of_several_names_that_proc_and_its_gpu():
     process sees the GPU, "GPU 0"): the run's line names proc 1/2 and the GPU it was given."""
     from runtime.procs.lifecycle import RunLifecycle
 
-    async def scenario():
-        mesh = await ServiceMesh.spawn("trainer", 2, env=TEST_ENV, threads=1)
-        try:
-            scorer = mesh.spawn_actor(RankedScorer)
-            with pytest.raises(Exception) as raised:
-                await scorer.score.call(1.0)
-        finally:
-            await mesh.stop()
-        return raised.value
-
-    error = asyncio.run(scenario())
+    error = asyncio.run(_score_raises("trainer", 2, RankedScorer))
     line = _divide.__code__.co_firstlineno + 1
     cause = root_cause(error)
     assert cause == (

@@ -166,8 +166,14 @@ def approx_size(nbytes: float) -> str:
     return f"~{mb:.0f} MB" if mb >= 10 else f"~{mb:.1f} MB"
 
 
+def marked_bytes(ckpt: Checkpoint) -> int:
+    """The size of a committed checkpoint's files, as its marker lists them."""
+    return sum(json.loads((ckpt.path / MARKER).read_text())["files"].values())
+
+
 def bytes_under(folder: Path) -> int:
-    """The size of every file under `folder` so far (0 while it does not exist)."""
+    """The size of every file under `folder` so far (0 while it does not exist): a checkpoint
+    being written, which has no marker yet."""
     total = 0
     for path in folder.rglob("*"):
         try:

@@ -83,7 +83,7 @@ class Controller:
         await self.policy.publish_and_load(self.version)
 
     async def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
-        size = approx_size(checkpoint.bytes_under(ckpt.path))
+        size = approx_size(checkpoint.marked_bytes(ckpt))  # `latest` checked the marker
         print(f"reading the checkpoint of step {ckpt.step} ({size}) ...", flush=True)
         restored = await self.services.restore(str(ckpt.path))
         state = ControllerState.load(ckpt.path)
