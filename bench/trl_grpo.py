@@ -364,12 +364,10 @@ def server_env(gpu: str) -> dict[str, str]:
 
 def gpu_split() -> tuple[str, str]:
     """(trainer GPU, server GPU) of the visible ones: the first and the last."""
-    import subprocess
-
-    # counted without CUDA: this process's CUDA must start after CUDA_VISIBLE_DEVICES is set
+    # counted by nvidia-smi, not CUDA: this process's CUDA must start after
+    # CUDA_VISIBLE_DEVICES is set
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
-    ids = visible.split(",") if visible else [str(i) for i in range(len(listed.splitlines()))]
+    ids = visible.split(",") if visible else [str(i) for i in range(gpu_info()["gpus"])]
     if len(ids) < 2:
         fail("--trainer async needs two GPUs: the vLLM server takes one of its own")
     return ids[0], ids[-1]
