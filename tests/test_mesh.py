@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from monarch.actor import Actor, current_rank, endpoint
+from monarch.actor import Actor, endpoint
 from runtime_helpers import alive
 
 from runtime.procs.failures import ActorFailure, ranked, root_cause
@@ -29,11 +29,12 @@ def test_threads_share_the_cores_among_busy_procs():
 
 def test_proc_env_pins_gpus_threads_and_identity(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    env = proc_env("trainer", 1, (2, 3), 4, {"HF_HOME": "/data/hf"})
+    env = proc_env("trainer", 1, (2, 3), 4, {"HF_HOME": "/data/hf"}, procs=2)
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "4"
     assert env["FORGESKY_SERVICE"] == "trainer" and env["FORGESKY_PROC_RANK"] == "1"
+    assert env["FORGESKY_PROCS"] == "2"
     assert env["HF_HOME"] == "/data/hf"
     # A CPU proc on a GPU host sees no GPU at all.
     assert proc_env("reward", 0, (), 1)["CUDA_VISIBLE_DEVICES"] == ""
@@ -75,7 +76,7 @@ class RankedScorer(Actor):
     @endpoint
     @ranked
     async def score(self, x: float) -> float:
-        return _divide(x, 0.0) if current_rank().rank == 1 else x
+        return _divide(x, 0.0) if os.environ["FORGESKY_PROC_RANK"] == "1" else x
 
 
 @pytest.mark.slow
@@ -102,12 +103,16 @@ def test_each_proc_starts_with_its_gpus_and_thread_budget():
 
 
 async def _score_raises(service: str, procs: int, actor: type) -> BaseException:
-    """What calling `score` on every proc of a fresh `service` mesh of `actor` raises."""
+    """What calling `score` on every proc of a fresh `service` mesh of `actor` raises, each
+    proc called on its own as the controller calls the trainer's ranks (`each_rank`: a slice
+    of the mesh a call, in which Monarch numbers every proc 0 of 1)."""
+    from runtime.control.services import each_rank
+
     mesh = await ServiceMesh.spawn(service, procs, env=TEST_ENV, threads=1)
     try:
         scorer = mesh.spawn_actor(actor)
         with pytest.raises(Exception) as raised:
-            await scorer.score.call(1.0)
+            await each_rank(scorer, "score", 1.0)
     finally:
         await mesh.stop()
     return raised.value

@@ -8,7 +8,6 @@ line a run ends with: `reward actor failed: ZeroDivisionError: ... (in f.py:12 g
 from __future__ import annotations
 
 import functools
-import math
 import os
 import re
 import signal
@@ -40,6 +39,12 @@ PROC = re.compile(r"\(proc (\d+)/(\d+)\)")
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
+# Every proc of a service starts knowing which it is and how many there are
+# (runtime.procs.mesh.proc_env): an actor called through a slice of its mesh, as the trainer's
+# ranks are one by one, sees only that slice in Monarch's own rank and size.
+RANK_ENV = "FORGESKY_PROC_RANK"
+PROCS_ENV = "FORGESKY_PROCS"
+
 
 def ranked(endpoint: F) -> F:
     """For the endpoints of a service with several procs (under `@endpoint`): an exception
@@ -51,11 +56,9 @@ def ranked(endpoint: F) -> F:
         try:
             return await endpoint(*args, **kwargs)
         except Exception as e:
-            from monarch.actor import current_rank, current_size
-
-            size = math.prod(current_size().values())
+            size = int(os.environ.get(PROCS_ENV, "1"))
             if size > 1:
-                e.add_note(f"forgesky proc {current_rank().rank}/{size}")
+                e.add_note(f"forgesky proc {os.environ.get(RANK_ENV, '?')}/{size}")
             raise
 
     return call  # type: ignore[return-value]

@@ -27,14 +27,13 @@ from monarch.actor import (
     this_host,
 )
 
-from runtime.procs.failures import ActorFailure, root_cause
+from runtime.procs.failures import PROCS_ENV, RANK_ENV, ActorFailure, root_cause
 from runtime.procs.host import RUN_ID_ENV, host_gpu_ids, start_monarch
 
 T = TypeVar("T")
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 SERVICE_ENV = "FORGESKY_SERVICE"
-RANK_ENV = "FORGESKY_PROC_RANK"
 PROBE_SUFFIX = "_probe"
 
 _STOP_FAILED_TIMEOUT_S = 10.0
@@ -60,8 +59,10 @@ def proc_env(
     gpus: tuple[int, ...],
     threads: int,
     extra: Mapping[str, str] | None = None,
+    procs: int = 1,
 ) -> dict[str, str]:
-    """The environment one proc starts with: its GPUs, its thread budget, its identity.
+    """The environment one proc starts with: its GPUs, its thread budget, its identity (its
+    rank among the service's `procs`).
 
     An empty `gpus` hides every GPU (`CUDA_VISIBLE_DEVICES=""`), so a CPU service on a GPU host
     cannot create a CUDA context on GPU 0 by accident.
@@ -76,6 +77,7 @@ def proc_env(
     env["CUDA_VISIBLE_DEVICES"] = ",".join(host_gpu_ids(gpus))
     env[SERVICE_ENV] = service
     env[RANK_ENV] = str(rank)
+    env[PROCS_ENV] = str(procs)
     if RUN_ID_ENV in os.environ:
         env[RUN_ID_ENV] = os.environ[RUN_ID_ENV]
     return env
@@ -136,7 +138,7 @@ class ServiceMesh:
         if len(gpus) != procs:
             raise ValueError(f"{service}: {procs} procs but {len(gpus)} GPU assignments")
         threads = threads_per_proc(procs) if threads is None else threads
-        envs = [proc_env(service, rank, gpus[rank], threads, env) for rank in range(procs)]
+        envs = [proc_env(service, rank, gpus[rank], threads, env, procs) for rank in range(procs)]
         base = default_bootstrap_cmd()
 
         def bootstrap(point: Any) -> Any:
