@@ -463,8 +463,8 @@ def main(argv: list[str] | None = None) -> int:
             if "run_b" in result:
                 times = step_times(rows, resumed_step(result["run_b"].get("resumed")))
                 result.setdefault("step_times", {})["run B"] = times
-            else:
-                result.setdefault("step_times", {})["run A"] = step_times(rows)
+            else:  # run A stopped before its own summary
+                result.setdefault("step_times", {}).setdefault("run A", step_times(rows))
         state.write_text(json.dumps(result, indent=2) + "\n")
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result["gpu_used_peak_gb"]), flush=True)
@@ -507,6 +507,8 @@ def part_a(
     result["run_a"] = run_a(args, run_dir, logs / f"product_path_{a.recipe}_run_a.log", a.every)
     result["run_a"]["gpus_free_after_kill_s"] = gpus_free(sampler)
     result["run_a"]["trainer_memory"] = trainer_peaks(step_rows(run_dir))
+    # now, before run B appends its own rows to the same metrics file
+    result.setdefault("step_times", {})["run A"] = step_times(step_rows(run_dir))
     print(f"run A: {result['run_a']}", flush=True)
 
 
