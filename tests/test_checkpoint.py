@@ -123,3 +123,30 @@ def test_a_checkpoint_the_run_waits_for_says_how_much_is_on_disk(tmp_path, monke
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2, lines
     assert lines[0].startswith("checkpoint of step 3: 4.0 MB of ~96 GB on disk ("), lines
+
+
+def test_the_host_copy_of_the_state_is_made_once_and_reused(tmp_path):
+    """The second write copies into the host memory the first allocated (on a GPU: pinned,
+    which takes seconds a GB to register). torch 2.11's DefaultStager emptied its copier after
+    each copy: no host copy was kept, and the second write failed (KeyError(<class 'type'>)),
+    which only that version shows (the nodes' torch, pinned by vLLM)."""
+    import torch
+
+    from runtime.backends import trainer_state
+
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    model(torch.randn(2, 64)).sum().backward()
+    optimizer.step()
+    saver = trainer_state.Saver()
+    copies = []
+    for step in (1, 2):
+        saver.start(tmp_path / f"step_{step}", model, optimizer, scheduler, step)
+        assert saver.written(wait=True)
+        cache = saver.stager._state_dict_stager._cached_storage_mapping
+        copies.append(sorted(host.data_ptr() for host in cache.values()))
+    # weight, bias, and each one's two moments and step count
+    assert len(copies[0]) == 8 and copies[1] == copies[0]
+    saver.close()
+    assert trainer_state.read_all(tmp_path / "step_2")["step"] == 2

@@ -151,6 +151,21 @@ class Saver:
 def _stager(device: torch.device) -> Any:
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
+    class KeptStager(DefaultStager):
+        """DCP's DefaultStager, keeping its host copy from one write to the next. torch 2.11's
+        empties its copier after every copy, the cache of host storages and the table of
+        copiers alike (so a second copy fails on a plain dict: KeyError(<class 'type'>));
+        later versions keep both. Here the copy is made the same way, without that."""
+
+        def _stage(self, state_dict: Any, **kwargs: Any) -> Any:
+            stream = self._staging_stream if self._config.use_non_blocking_copy else None
+            if stream is None:
+                return self._state_dict_stager.stage(state_dict, non_blocking=False)
+            with stream:
+                staged = self._state_dict_stager.stage(state_dict, non_blocking=True)
+            stream.synchronize()  # the non-blocking copies are done when the future is
+            return staged
+
     cuda = device.type == "cuda"
     options = StagingOptions(
         use_pinned_memory=cuda,
@@ -159,10 +174,10 @@ def _stager(device: torch.device) -> Any:
         use_non_blocking_copy=cuda,
     )
     if not cuda:
-        return DefaultStager(options)
+        return KeptStager(options)
     # its copy stream belongs to the trainer's GPU
     with torch.cuda.device(device):
-        return DefaultStager(options)
+        return KeptStager(options)
 
 
 def load(directory: str | Path, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> int:
