@@ -3,8 +3,11 @@ purpose (the module is on the trainer procs' path in tests: tests/ is on PYTHONP
 
 from __future__ import annotations
 
+import sys
+import time
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 
@@ -83,3 +86,42 @@ def rank_1_killed_mid_publish(inputs: Any, config: Any) -> Any:
 
         fsdp_trainer.FSDPTrainer.hf_groups = first_group_then_die
     return -inputs.advantages[:, None] * inputs.logprobs, {}
+
+
+# calls of `rank_1_out_of_memory_in_backward` in this process so far; the call whose backward
+# fails (a few steps in, after a committed checkpoint)
+_backward_calls = 0
+OOM_AT = 8
+
+
+class _AllocatesInBackward(torch.autograd.Function):
+    """The identity, whose backward first asks the CUDA allocator for a whole GPU's memory."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Any) -> Any:
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        print(
+            f"failing_losses: rank 1 allocating in its backward at {time.monotonic():.3f}",
+            file=sys.stderr,
+            flush=True,
+        )
+        total = torch.cuda.get_device_properties(grad.device).total_memory
+        torch.empty(total, dtype=torch.uint8, device=grad.device)
+        return grad
+
+
+def rank_1_out_of_memory_in_backward(inputs: Any, config: Any) -> Any:
+    """Plain REINFORCE. On rank 1 of several, the backward of its `OOM_AT`-th call asks the
+    CUDA allocator for more than its GPU holds: a real out-of-memory error in the backward
+    pass, while rank 0 goes on into the backward's reduce-scatter and waits there for rank 1.
+    A line on stderr says when (CLOCK_MONOTONIC). On a CPU it allocates nothing."""
+    global _backward_calls
+    _backward_calls += 1
+    logprobs = inputs.logprobs
+    armed = _backward_calls == OOM_AT and dist.is_initialized() and dist.get_rank() == 1
+    if armed and logprobs.is_cuda:
+        logprobs = _AllocatesInBackward.apply(logprobs)
+    return -inputs.advantages[:, None] * logprobs, {}

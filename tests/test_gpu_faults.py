@@ -535,3 +535,34 @@ def test_a_trainer_rank_killed_mid_publish_ends_the_run(tmp_path: Path, nothing_
     assert "(on node 0 GPU 1)" in first, first  # rank 1's GPU
     assert_clean(out, proc.pid, nothing_left, before)
     resumes(args, run_dir, nothing_left, before)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two trainer ranks: two GPUs")
+def test_one_trainer_rank_out_of_memory_in_its_backward_ends_the_run(tmp_path: Path, nothing_left):
+    """tiny-gpu with the trainer FSDP over two GPUs (layout.share=all): a few steps in, after a
+    committed checkpoint, rank 1's backward asks the CUDA allocator for a whole GPU
+    (tests/failing_losses.py) while rank 0 waits for it in the backward's reduce-scatter. The
+    run ends on rank 1's out-of-memory error, naming its proc and GPU; the rerun resumes."""
+    import re
+
+    before = Baseline()
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny-gpu", "--gpus", "2", "--run-dir", str(run_dir)]
+    for item in ("eval.enabled=false", "grpo.checkpoint_interval=2", "layout.share=all"):
+        args += ["--set", item]
+    loss = "grpo.loss=failing_losses:rank_1_out_of_memory_in_backward"
+    proc = start([*args, "--steps", "2000", "--set", loss])
+    try:
+        code, out = finish(proc, timeout=600)
+        exited = time.monotonic()
+    finally:
+        kill_tree(proc)
+    found = re.search(r"failing_losses: rank 1 allocating in its backward at ([0-9.]+)", out)
+    assert found, out[-3000:]
+    first = ended(code, out, "trainer-rank-out-of-memory-in-backward", exited - float(found[1]))
+    assert "trainer actor failed: OutOfMemoryError" in first, first
+    assert "(in failing_losses.py:" in first, first
+    assert "(proc 1/2) (on node 0 GPU 1)" in first, first
+    assert_clean(out, proc.pid, nothing_left, before)
+    assert "checkpoint step " in out, out[-3000:]
+    resumes(args, run_dir, nothing_left, before)
