@@ -52,6 +52,8 @@ RUNS = (
     ("gpu_h200x2_2026-11-26/qwen3-8b_4.json", "metrics", 2, "H200"),
     ("gpu_h200x2_2026-11-26b/product_path_qwen3-8b.json", None, 2, "H200"),
     ("gpu_h200x2_2026-11-26c/product_path_llama3.1-8b.json", None, 2, "H200"),
+    ("gpu_h100x2_2026-11-26d/product_path_qwen3-1.7b.json", "run_a", 2, "H100"),
+    ("gpu_h100x2_2026-11-26d/product_path_qwen3-1.7b.json", "run_b", 1, "H100"),
 )
 # The trainer alone (bench/gpu_grpo.py train): one rank, 64 sequences of 2048 tokens, a config
 # a row, each with its peak allocated memory.
@@ -75,7 +77,7 @@ def _run(file: str, name: str | None) -> dict[str, Any]:
         else:
             parts = ("run_a", "run_b") if name is None else (name,)
             peaks = trainer_peaks([data[part].get("trainer_memory") or {} for part in parts])
-            line = data[parts[-1]].get("trainer")
+            line = data[parts[-1]].get("trainer") or _logged_trainer_line(stem, parts[-1])
         phase = "run B" if name == "run_b" else "run A"
         smi = {str(g): gb for g, gb in data["gpu_used_peak_gb"][phase].items()}
         return {
@@ -88,13 +90,30 @@ def _run(file: str, name: str | None) -> dict[str, Any]:
         }
     run = data[name]
     memory = run.get("memory") or {}
+    trainer = (run.get("settings") or {}).get("trainer") or {}
+    as_run = [
+        f"trainer.{key}={str(trainer[key]).lower()}"
+        for key in ("tokens_per_micro_batch", "activation_checkpointing")
+        if key in trainer
+    ]
     return {
         "recipe": run["recipe"],
         "overrides": list(run["overrides"]) + list(run.get("set_by_hand") or []),
-        "as_run": [],
+        # the micro-batch and checkpointing the run had (its resolved settings)
+        "as_run": as_run,
         "peaks": trainer_peaks(run["records"]),
         "nvidia_smi": memory.get("nvidia_smi_peak_gb_per_gpu"),
     }
+
+
+def _logged_trainer_line(stem: Path, part: str) -> str | None:
+    """The `trainer: ...` line of a product run's log beside its JSON (`<stem>*_run_a.log`),
+    for JSONs written before the bench kept it."""
+    for log in sorted(stem.parent.glob(f"{stem.name}*_{part}.log")):
+        for text in log.read_text().splitlines():
+            if "] trainer: " in text:
+                return text
+    return None
 
 
 def _as_run(line: str | None) -> list[str]:
@@ -216,7 +235,7 @@ def _step_bytes(arch: Any, ranks: int, tokens: int, checkpointing: bool, compile
     from recipes.memory import trainer_fixed_bytes, trainer_token_bytes
 
     per_token = trainer_token_bytes(arch, checkpointing, compiled)
-    return trainer_fixed_bytes(arch, ranks) + tokens * per_token
+    return trainer_fixed_bytes(arch, ranks, checkpointing) + tokens * per_token
 
 
 def _pair(estimate: float, measured: float | None) -> dict[str, float | None]:

@@ -266,7 +266,7 @@ def _trainer_plan(
         return (*fit, None)
     tokens = given_tokens or (SHARED_TOKENS if shared else PLAN_TOKENS[-1])
     ckpt = True if given_ckpt is None else given_ckpt
-    fixed = trainer_fixed_bytes(arch, ranks)
+    fixed = trainer_fixed_bytes(arch, ranks, ckpt)
     per_token = trainer_token_bytes(arch, ckpt, compiled)
     need = fixed + tokens * per_token
     if shared and given_tokens is None and given_ckpt is None:
@@ -279,7 +279,10 @@ def _trainer_plan(
         # Nothing fits the finer model though the coarse estimate let the recipe through:
         # the smallest micro-batch, recomputed, is the best chance.
         return tokens, ckpt, need, None
-    if shared and need <= fixed + SHARED_TOKENS * trainer_token_bytes(arch, True, compiled):
+    smallest = trainer_fixed_bytes(arch, ranks, True) + SHARED_TOKENS * trainer_token_bytes(
+        arch, True, compiled
+    )
+    if shared and need <= smallest:
         # no more than the smallest step the plan itself falls back to
         return tokens, ckpt, None, None
     where = f"an {accelerator}"
