@@ -507,12 +507,12 @@ def test_a_killed_service_on_two_gpus_ends_the_run(
     kill_mid_run(args, name, service, rank, line, place, nothing_left)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two trainer ranks: two GPUs")
-def test_a_trainer_rank_killed_mid_publish_ends_the_run(tmp_path: Path, nothing_left):
-    """tiny-gpu with the trainer FSDP over two GPUs (layout.share=all, versions by CUDA IPC):
-    rank 1 dies between two gathered groups of a version (tests/failing_losses.py arms the kill
-    inside its proc a few steps in, after a committed checkpoint) while rank 0 goes on into the
-    next group's gather. The run ends naming the trainer's proc and its GPU; the rerun resumes."""
+def rank_1_fails(loss: str, marker: str, name: str, tmp_path: Path, nothing_left) -> str:
+    """tiny-gpu with the trainer FSDP over two GPUs (layout.share=all, versions by CUDA IPC)
+    and `failing_losses:LOSS`, which makes rank 1 fail from inside its proc a few steps in,
+    after a committed checkpoint, and prints `failing_losses: MARKER at T`. Checks the exit
+    within the bound from T, the clean node and that the rerun (the recipe's own loss)
+    resumes; the run's failure line."""
     import re
 
     before = Baseline()
@@ -520,49 +520,48 @@ def test_a_trainer_rank_killed_mid_publish_ends_the_run(tmp_path: Path, nothing_
     args = ["--recipe", "tiny-gpu", "--gpus", "2", "--run-dir", str(run_dir)]
     for item in ("eval.enabled=false", "grpo.checkpoint_interval=2", "layout.share=all"):
         args += ["--set", item]
-    proc = start(
-        [*args, "--steps", "2000", "--set", "grpo.loss=failing_losses:rank_1_killed_mid_publish"]
-    )
+    proc = start([*args, "--steps", "2000", "--set", f"grpo.loss=failing_losses:{loss}"])
     try:
         code, out = finish(proc, timeout=600)
         exited = time.monotonic()
     finally:
         kill_tree(proc)
-    found = re.search(r"failing_losses: rank 1 killed mid-publish at ([0-9.]+)", out)
+    found = re.search(rf"failing_losses: {marker} at ([0-9.]+)", out)
     assert found, out[-3000:]
-    first = ended(code, out, "trainer-rank-killed-mid-publish", exited - float(found[1]))
+    first = ended(code, out, name, exited - float(found[1]))
+    assert_clean(out, proc.pid, nothing_left, before)
+    assert "checkpoint step " in out, out[-3000:]
+    resumes(args, run_dir, nothing_left, before)
+    return first
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two trainer ranks: two GPUs")
+def test_a_trainer_rank_killed_mid_publish_ends_the_run(tmp_path: Path, nothing_left):
+    """Rank 1 of the two-rank trainer dies between two gathered groups of a version while rank
+    0 goes on into the next group's gather: the run ends naming the proc and its GPU."""
+    first = rank_1_fails(
+        "rank_1_killed_mid_publish",
+        "rank 1 killed mid-publish",
+        "trainer-rank-killed-mid-publish",
+        tmp_path,
+        nothing_left,
+    )
     assert "trainer actor failed: process killed by SIGKILL (proc 1/2)" in first, first
     assert "(on node 0 GPU 1)" in first, first  # rank 1's GPU
-    assert_clean(out, proc.pid, nothing_left, before)
-    resumes(args, run_dir, nothing_left, before)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two trainer ranks: two GPUs")
 def test_one_trainer_rank_out_of_memory_in_its_backward_ends_the_run(tmp_path: Path, nothing_left):
-    """tiny-gpu with the trainer FSDP over two GPUs (layout.share=all): a few steps in, after a
-    committed checkpoint, rank 1's backward asks the CUDA allocator for a whole GPU
-    (tests/failing_losses.py) while rank 0 waits for it in the backward's reduce-scatter. The
-    run ends on rank 1's out-of-memory error, naming its proc and GPU; the rerun resumes."""
-    import re
-
-    before = Baseline()
-    run_dir = tmp_path / "run"
-    args = ["--recipe", "tiny-gpu", "--gpus", "2", "--run-dir", str(run_dir)]
-    for item in ("eval.enabled=false", "grpo.checkpoint_interval=2", "layout.share=all"):
-        args += ["--set", item]
-    loss = "grpo.loss=failing_losses:rank_1_out_of_memory_in_backward"
-    proc = start([*args, "--steps", "2000", "--set", loss])
-    try:
-        code, out = finish(proc, timeout=600)
-        exited = time.monotonic()
-    finally:
-        kill_tree(proc)
-    found = re.search(r"failing_losses: rank 1 allocating in its backward at ([0-9.]+)", out)
-    assert found, out[-3000:]
-    first = ended(code, out, "trainer-rank-out-of-memory-in-backward", exited - float(found[1]))
+    """Rank 1's backward asks the CUDA allocator for a whole GPU while rank 0 waits for it in
+    the backward's reduce-scatter: the run ends on rank 1's out-of-memory error, naming its
+    proc and GPU."""
+    first = rank_1_fails(
+        "rank_1_out_of_memory_in_backward",
+        "rank 1 allocating in its backward",
+        "trainer-rank-out-of-memory-in-backward",
+        tmp_path,
+        nothing_left,
+    )
     assert "trainer actor failed: OutOfMemoryError" in first, first
     assert "(in failing_losses.py:" in first, first
     assert "(proc 1/2) (on node 0 GPU 1)" in first, first
-    assert_clean(out, proc.pid, nothing_left, before)
-    assert "checkpoint step " in out, out[-3000:]
-    resumes(args, run_dir, nothing_left, before)
