@@ -57,7 +57,10 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     # bad: an endpoint raises, awaited through life.call; bad-raw: awaited directly;
     # kill-reward: the reward proc dies (SIGKILL) while its actor is being spawned.
-    p.add_argument("--mode", choices=["normal", "bad", "bad-raw", "kill-reward"], default="normal")
+    # abandoned: a call whose waiter is cancelled (as the controller cancels work in flight)
+    # fails afterwards, while the run goes on.
+    modes = ["normal", "bad", "bad-raw", "kill-reward", "abandoned"]
+    p.add_argument("--mode", choices=modes, default="normal")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--step-seconds", type=float, default=0.05)
     p.add_argument("--slow-stop", type=float, default=0.0, help="a resource's stop takes this")
@@ -86,8 +89,17 @@ async def controller(life: RunLifecycle, args: argparse.Namespace) -> None:
             await life.call("reward", scorer.score.call_one(1.0))
         if args.mode == "bad-raw" and step == 2:
             await scorer.score.call_one(1.0)
+        if args.mode == "abandoned" and step == 2:
+            waiter = asyncio.ensure_future(life.call("reward", _late(scorer)))
+            await asyncio.sleep(0)
+            waiter.cancel()
         step += 1
     print("finished", step, flush=True)
+
+
+async def _late(scorer) -> float:
+    await asyncio.sleep(0.2)
+    return await scorer.score.call_one(1.0)
 
 
 def main() -> int:

@@ -208,6 +208,18 @@ def test_endpoint_exception_ends_run_with_one_root_cause_line(mode):
     assert_clean(app)
 
 
+def test_a_call_failing_after_its_waiter_was_cancelled_prints_nothing():
+    # (asyncio printed "Task exception was never retrieved" with the call's traceback as the
+    # process ended: a trainer rank's collective failing after the run had failed on its peer)
+    app = App("--mode", "abandoned", "--steps", "40")
+    app.wait_for("ready")
+    code, _ = app.finish()
+    assert code == 0, app.output
+    assert "finished 40" in app.output
+    assert "never retrieved" not in app.output and "Traceback" not in app.output, app.output
+    assert_clean(app)
+
+
 @pytest.mark.parametrize("when", ["working", "spawning-actor"])
 def test_killed_proc_ends_run_naming_its_service(when):
     if when == "working":

@@ -235,6 +235,10 @@ class RunLifecycle:
         task = asyncio.ensure_future(awaitable)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
+        # Its failure is this call's to report, and when this call was cancelled first (the
+        # controller drops work in flight as the run ends) it is a consequence nobody awaits:
+        # taken here, asyncio does not print it as "never retrieved" when the process ends.
+        task.add_done_callback(_taken)
         waits: set[asyncio.Future[Any]] = {task, self._failed}
         if interruptible:
             waits.add(self._stop_requested)
@@ -392,10 +396,13 @@ def _say(name: str, message: str) -> None:
     print(f"{name}: {message}", file=sys.stderr, flush=True)
 
 
+def _taken(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 def _abandon(task: asyncio.Future[Any]) -> None:
-    # A call whose answer nobody awaits any more must not print "exception was never retrieved"
-    # when its mesh stops under it.
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    # A call whose answer nobody awaits any more (its exception is taken: `call`)
     task.cancel()
 
 
