@@ -506,9 +506,9 @@ def part_a(
     sampler.phase = "run A"
     result["run_a"] = run_a(args, run_dir, logs / f"product_path_{a.recipe}_run_a.log", a.every)
     result["run_a"]["gpus_free_after_kill_s"] = gpus_free(sampler)
-    result["run_a"]["trainer_memory"] = trainer_peaks(step_rows(run_dir))
-    # now, before run B appends its own rows to the same metrics file
-    result.setdefault("step_times", {})["run A"] = step_times(step_rows(run_dir))
+    rows = step_rows(run_dir)  # now, before run B appends its own to the same metrics file
+    result["run_a"]["trainer_memory"] = trainer_peaks(rows)
+    result.setdefault("step_times", {})["run A"] = step_times(rows)
     print(f"run A: {result['run_a']}", flush=True)
 
 

@@ -38,8 +38,6 @@ def cuda_error_in_compiled_code(inputs: Any, config: Any) -> Any:
     illegal address, or inductor's bounds assert), a CUDA error raised where the result is
     read. On a CPU it raises nothing."""
     global _calls, _compiled_gather
-    import torch
-
     _calls += 1
     if _calls == FAIL_AT and inputs.logprobs.is_cuda:
         if _compiled_gather is None:
@@ -66,8 +64,6 @@ def rank_1_killed_mid_publish(inputs: Any, config: Any) -> Any:
     if _publish_calls == KILL_AT and dist.is_initialized() and dist.get_rank() == 1:
         import os
         import signal
-        import sys
-        import time
 
         from runtime.backends import fsdp_trainer
 

@@ -260,7 +260,7 @@ class RunLifecycle:
             self.fail(failure)
             assert self.failure is not None
             raise self.failure
-        _abandon(task)
+        task.cancel()  # nobody awaits its answer any more; its exception is taken (_taken)
         if self.failure is not None:
             raise self.failure
         if interruptible and self.stopping.is_set():
@@ -339,7 +339,7 @@ class RunLifecycle:
             # After a failure the answers no longer matter, and some would never come.
             await asyncio.wait(set(self._inflight), timeout=0.0 if failed else self.drain_timeout)
             for task in list(self._inflight):
-                _abandon(task)
+                task.cancel()  # nobody awaits its answer any more; its exception is taken (_taken)
         for resource in reversed(self._resources):
             start = self._loop.time()
             timeout = resource.timeout
@@ -399,11 +399,6 @@ def _say(name: str, message: str) -> None:
 def _taken(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-def _abandon(task: asyncio.Future[Any]) -> None:
-    # A call whose answer nobody awaits any more (its exception is taken: `call`)
-    task.cancel()
 
 
 async def _stop_monarch() -> None:
