@@ -80,6 +80,9 @@ COMPARE = (
     ("gpu_h100x2_2026-11-25/side_by_side_runs.json", "grpo_2gpu_off_policy"),
     # the same on-policy plan with turns per GPU (the two generators sample at once)
     ("gpu_h100x2_2026-11-25b/side_by_side_runs.json", "grpo_2gpu_on_policy"),
+    # both two-GPU plans again on a third host with two H100s, the next day's code
+    ("gpu_h100x2_2026-11-26e/side_by_side_on.json", "grpo_2gpu_on_policy"),
+    ("gpu_h100x2_2026-11-26e/side_by_side_off.json", "grpo_2gpu_off_policy"),
 )
 # COMPARE runs the model misses by more than 15 %, and what the run's own figures show it gets
 # wrong; the check test holds each of them outside 15 % (so a better model has to take it off

@@ -301,8 +301,9 @@ FULL_SIZE = (
 def test_the_trainer_out_of_memory_in_its_first_step_ends_the_run(tmp_path: Path, nothing_left):
     """qwen3-1.7b on two GPUs, the trainer alone on GPU 1: another process takes all but 0.5 GB
     of GPU 1 the moment the services are up, before the trainer's first step has allocated
-    its activations, gradients and AdamW's moments; the trainer runs out of memory in that step
-    and the run ends naming it and GPU 1. No checkpoint yet: nothing to resume."""
+    its activations, gradients and AdamW's moments; the trainer runs out of memory at the
+    step's first allocation (on two H100s: the 3.2 GB buffer version 0 is pushed from) and the
+    run ends naming it and GPU 1. No checkpoint yet: nothing to resume."""
     args = ["--recipe", "qwen3-1.7b", "--gpus", "2", "--run-dir", str(tmp_path / "run")]
     for item in (*FULL_SIZE, "grpo.steps=20"):
         args += ["--set", item]
