@@ -16,8 +16,10 @@ For each run in RUNS, with today's recipes/memory.py and planner:
 - publish (the CUDA IPC path, whose flat buffer lives from a publish until the generators have
   loaded it): `trainer_publish_gb` against the largest `memory/publish_gb`;
 - per GPU: the GB/GPU of the plan the run had (`plan()` at the run's overrides, its services'
-  figures added up where they share a GPU), the same with the trainer at its step estimate,
-  and the run's nvidia-smi peak (every process and allocator cache; a generator with a GPU of
+  figures added up where they share a GPU), the plan's figure while the trainer steps
+  (`while_training`, what `plan` prints, at the run's micro-batch: the step estimate, the
+  buffer a version goes out from on rank 0, and the services sharing the GPU), and the run's
+  nvidia-smi peak (every process and allocator cache; a generator with a GPU of
   its own takes `gpu_memory_utilization` of it whatever it needs).
 
 The trainer-alone runs in TRAINER_ALONE add a step row per config (no plan, no other
@@ -27,6 +29,7 @@ service). error = estimate / measured - 1: below 0 the model promises less than 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -137,7 +140,8 @@ def rows() -> list[dict[str, Any]]:
 
     from recipes import apply_overrides, load_recipe, plan
     from recipes.errors import UserError
-    from recipes.memory import ACCELERATOR_BYTES, trainer_publish_gb
+    from recipes.memory import ACCELERATOR_BYTES, trainer_publish_gb, trainer_step_bytes
+    from recipes.planner import while_training
 
     out = []
     for file, name, gpus, accelerator in RUNS:
@@ -161,18 +165,24 @@ def rows() -> list[dict[str, Any]]:
         )
         tokens = t.tokens_per_micro_batch if tokens == "auto" else tokens
         ckpt = t.activation_checkpointing if ckpt == "auto" else ckpt
-        step = _step_bytes(arch, ranks, tokens, ckpt, t.compile)
+        step = trainer_step_bytes(arch, ranks, tokens, ckpt, t.compile)
         ipc = "ipc" in p.settings.weight_sync.expected
         # off-policy, rank 0 holds a version's CUDA IPC buffer through the next step
         held = 2 * arch.params if ipc and recipe.grpo.max_policy_age else 0.0
         step += held
         peaks = run["peaks"]
         per_gpu = plan_gb_per_gpu(p)
-        trainer_gpus = next(pl.gpus for pl in p.placements if pl.service == "trainer")
-        # the IPC buffer only on rank 0's GPU (the trainer's first)
+        # the plan's own figure while the trainer steps, at the run's micro-batch
+        as_run = dataclasses.replace(
+            p.settings,
+            trainer=dataclasses.replace(
+                t, tokens_per_micro_batch=tokens, activation_checkpointing=ckpt
+            ),
+        )
+        training = while_training(recipe, as_run, p.placements, p.memory)
         at_step = {
-            g: round(v - p.memory["trainer"] + (step - held * (int(g) != trainer_gpus[0])) / GB, 1)
-            if int(g) in trainer_gpus
+            g: round(sum(training[f"node 0 GPU {g}"].values()), 1)
+            if f"node 0 GPU {g}" in training
             else v
             for g, v in per_gpu.items()
         }
@@ -211,7 +221,7 @@ def rows() -> list[dict[str, Any]]:
         device = "H200" if "H200" in data["device"]["name"] else "H100"
         for config in run["configs"]:
             ckpt = bool(config["ac"])
-            step = _step_bytes(arch, 1, config["mb"], ckpt, bool(config["compile"]))
+            step = trainer_step_bytes(arch, 1, config["mb"], ckpt, bool(config["compile"]))
             out.append(
                 {
                     "run": f"bench/results/{file}#{name} {config['config']}",
@@ -228,14 +238,6 @@ def rows() -> list[dict[str, Any]]:
                 }
             )
     return out
-
-
-def _step_bytes(arch: Any, ranks: int, tokens: int, checkpointing: bool, compiled: bool) -> float:
-    """What the trainer's memory plan budgets for a step (recipes.memory.trainer_memory_plan)."""
-    from recipes.memory import trainer_fixed_bytes, trainer_token_bytes
-
-    per_token = trainer_token_bytes(arch, checkpointing, compiled)
-    return trainer_fixed_bytes(arch, ranks, checkpointing) + tokens * per_token
 
 
 def _pair(estimate: float, measured: float | None) -> dict[str, float | None]:

@@ -203,6 +203,15 @@ def trainer_token_bytes(arch: Any, checkpointing: bool, compiled: bool = True) -
     return 1.15 * (arch.n_layers * layer + logits)
 
 
+def trainer_step_bytes(
+    arch: Any, ranks: int, tokens: int, checkpointing: bool, compiled: bool = True
+) -> float:
+    """Bytes a trainer rank peaks at in a step of `tokens` tokens a micro-batch: what it holds
+    whatever the micro-batch and what each token keeps for backward."""
+    per_token = trainer_token_bytes(arch, checkpointing, compiled)
+    return trainer_fixed_bytes(arch, ranks, checkpointing) + tokens * per_token
+
+
 def trainer_memory_plan(
     arch: Any,
     ranks: int,
@@ -225,9 +234,8 @@ def trainer_memory_plan(
     choices = (False, True) if checkpointing is None else (checkpointing,)
     sizes = PLAN_TOKENS if tokens is None else (tokens,)
     for ckpt in choices:
-        fixed = trainer_fixed_bytes(arch, ranks, ckpt)
         for size in sizes:
-            peak = fixed + size * trainer_token_bytes(arch, ckpt, compiled)
+            peak = trainer_step_bytes(arch, ranks, size, ckpt, compiled)
             if peak <= budget:
                 return size, ckpt, peak
     return None

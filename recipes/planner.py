@@ -48,14 +48,22 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from recipes.errors import DoesNotFit, UserError
-from recipes.memory import ACCELERATOR_GB, GB, estimate_memory, kv_gb, trainer_publish_gb
+from recipes.memory import (
+    ACCELERATOR_BYTES,
+    ACCELERATOR_GB,
+    GB,
+    estimate_memory,
+    kv_gb,
+    trainer_publish_gb,
+    trainer_step_bytes,
+)
 from recipes.placements import (
     Placement,
     Service,
     shared_services,
 )
 from recipes.schema import Recipe
-from recipes.settings import Settings, plan_settings
+from recipes.settings import Settings, ipc_buffer_held, plan_settings
 
 GENERATOR_TO_TRAINER_GPUS = 2
 # Plans stop here: 512 nodes of 8 GPUs (a count past this is a typo, not a cluster).
@@ -111,6 +119,10 @@ class Plan:
     prediction: str = ""  # what bounds the step, and which measurements the speeds come from
     # every layout the planner weighed (layout.share auto), the chosen one included
     candidates: tuple[Candidate, ...] = field(default=(), hash=False, compare=False)
+    # GB on each of the trainer's GPUs while it steps, by service ("node 0 GPU 1" -> ...)
+    while_training_gb: dict[str, dict[str, float]] = field(
+        default_factory=dict, hash=False, compare=False
+    )
 
     def placements_of(self, service: Service) -> tuple[Placement, ...]:
         """The placements of one service, in replica order."""
@@ -197,15 +209,29 @@ class Plan:
             )
         if not self.cpu:
             lines.append(
-                f"GB/GPU is an estimate (recipes/memory.py); an {self.accelerator} has "
+                f"GB/GPU is an estimate of what each service holds between steps "
+                f"(recipes/memory.py); an {self.accelerator} has "
                 f"{ACCELERATOR_GB[self.accelerator]:.0f} GB"
             )
+            lines += self._training_line()
         if self.settings is not None:
             where = "CPU" if self.cpu else self.accelerator
             lines.append(f"settings (* planned for {where}; set any with --set SECTION.KEY=VALUE):")
             lines += self.settings.describe(cpu=self.cpu, reference=self.reference_enabled)
             lines += self._tight_trainer()
         return "\n".join(lines)
+
+    def _training_line(self) -> list[str]:
+        """The fullest of the trainer's GPUs while it steps, by service."""
+        if not self.while_training_gb:
+            return []
+        where, parts = max(self.while_training_gb.items(), key=lambda kv: sum(kv[1].values()))
+        each = ", ".join(f"{service} {gb:.1f}" for service, gb in parts.items())
+        device = ACCELERATOR_BYTES[self.accelerator] / GB
+        return [
+            f"while the trainer steps: ~{sum(parts.values()):.1f} GB on {where} ({each}; the "
+            f"trainer with its activations) of an {self.accelerator}'s {device:.1f} GB"
+        ]
 
     def _tight_trainer(self) -> list[str]:
         """A line when the trainer's memory plan found no micro-batch within its headroom and
@@ -678,6 +704,7 @@ def _gpu_plan(
         rank0_only = memory["trainer"] - step
     if shared:
         _check_shared_memory(recipe, accelerator, memory, settings, placements, rank0_only, share)
+    training = while_training(recipe, settings, placements, memory)
     estimate = predict_step(
         recipe,
         accelerator,
@@ -703,6 +730,7 @@ def _gpu_plan(
         accelerator=accelerator,
         settings=settings,
         share=share,
+        while_training_gb=training,
         reference_host_gb=_reference_host_gb(recipe),
         checkpoint_host_gb=round(12 * recipe.arch.params / GB, 1),
         reference_step_tflop=_reference_step_tflop(recipe),
@@ -711,6 +739,31 @@ def _gpu_plan(
         predicted_step_s=round(estimate.seconds, 2),
         prediction=f"{estimate.bound_by}; speeds from {estimate.basis}",
     )
+
+
+def while_training(
+    recipe: Recipe, settings: Settings, placements: tuple[Placement, ...], memory: dict[str, float]
+) -> dict[str, dict[str, float]]:
+    """GB on each of the trainer's GPUs while it steps, by service: a rank's step estimate
+    (recipes.memory.trainer_step_bytes at the planned micro-batch; rank 0 also the buffer a
+    version goes out from, where it outlives the publish) and what the services sharing the
+    GPU hold there (their GB/GPU)."""
+    t, sync = settings.trainer, settings.weight_sync
+    step = trainer_step_bytes(
+        recipe.arch, t.ranks, t.tokens_per_micro_batch, t.activation_checkpointing, t.compile
+    )
+    rank0 = ipc_buffer_held(recipe, sync.transport, sync.expected)
+    if "push" in sync.expected:
+        rank0 += 2 * recipe.arch.params  # the push path's flat buffer (as in `memory` above)
+    trainer = next(p for p in placements if p.service == "trainer")
+    out: dict[str, dict[str, float]] = {}
+    for gpu in trainer.gpus:
+        parts = {"trainer": round((step + (rank0 if gpu == trainer.gpus[0] else 0)) / GB, 1)}
+        for p in placements:
+            if p.service != "trainer" and p.node == trainer.node and gpu in p.gpus:
+                parts[p.service] = round(parts.get(p.service, 0.0) + memory[p.service], 1)
+        out[f"node {trainer.node} GPU {gpu}"] = parts
+    return out
 
 
 def _beside(placements: tuple[Placement, ...], service: str) -> frozenset[str]:

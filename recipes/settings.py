@@ -197,11 +197,8 @@ def plan_settings(
     if not cpu and "trainer" in shared:
         # what stays on the trainer's GPUs through its turn: the others' weights and caches
         reserve += _resident_bytes(recipe, beside_trainer, kv)
-    if not cpu and "ipc" in expected_paths and transport != "store" and recipe.grpo.max_policy_age:
-        # Off-policy, a version's CUDA IPC buffer (bf16) lives on trainer rank 0's GPU until
-        # every generator has loaded it, after the generation in flight: through the next
-        # step (measured, qwen3-8b on two H200s: 97.3 GB in a step, 16.4 of them the buffer).
-        held = 2 * recipe.arch.params
+    if not cpu:
+        held = ipc_buffer_held(recipe, transport, expected_paths)
     tokens, ckpt, peak, note = _trainer_plan(
         recipe, accelerator, ranks, "trainer" in shared, reserve, held
     )
@@ -226,6 +223,16 @@ def plan_settings(
     )
     weight_sync = WeightSyncSettings(transport, sync.timeout_s, expected_paths)
     return Settings(generator, trainer, reference, weight_sync, tuple(planned))
+
+
+def ipc_buffer_held(recipe: Any, transport: str, expected_paths: tuple[str, ...]) -> float:
+    """Bytes trainer rank 0 holds through a step beside its own: off-policy, a version's CUDA
+    IPC buffer (bf16) lives on its GPU until every generator has loaded it, after the
+    generation in flight, i.e. through the next step (measured, qwen3-8b on two H200s: 97.3 GB
+    in a step, 16.4 of them the buffer)."""
+    if "ipc" in expected_paths and transport != "store" and recipe.grpo.max_policy_age:
+        return 2 * recipe.arch.params
+    return 0.0
 
 
 def _resident_bytes(recipe: Any, services: frozenset[str], kv: float | None) -> float:

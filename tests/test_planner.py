@@ -16,6 +16,7 @@ from recipes import (
     minimum_gpus,
     plan,
 )
+from recipes.memory import GB
 
 
 @functools.cache
@@ -546,3 +547,52 @@ def test_a_shared_gpu_that_the_kv_cache_overfills_names_the_cache_that_fits():
     assert fits.settings.generator.kv_cache_gb == 33.5
     # where the cache is not the problem (nothing smaller would do), no such advice
     assert "KV cache of at most" not in error_of(recipe("qwen3-8b", "layout.share=auto"), 3)
+
+
+def _gb(x: float) -> float:
+    return round(x / GB, 1)
+
+
+def test_the_plan_says_what_the_trainers_gpus_hold_while_it_steps():
+    # GB/GPU is what each service holds between steps; the trainer's step adds its activations
+    # (tens of GB), and rank 0 keeps a version's buffer where it outlives the publish. The plan
+    # prints the fullest of the trainer's GPUs with them.
+    from recipes.memory import trainer_step_bytes
+
+    def step(p):
+        t = p.settings.trainer
+        arch = load_recipe(p.recipe_name).arch
+        return trainer_step_bytes(
+            arch, t.ranks, t.tokens_per_micro_batch, t.activation_checkpointing, t.compile
+        )
+
+    params = load_recipe("qwen3-1.7b").arch.params
+    # on-policy on two GPUs: every service shares both, versions by CUDA IPC, nothing outlives
+    # a publish; a generator on each GPU, the reference on GPU 1
+    on = plan(recipe("qwen3-1.7b", "layout.share=all", "grpo.max_policy_age=0"), 2)
+    assert on.while_training_gb == {
+        "node 0 GPU 0": {"trainer": _gb(step(on)), "generator": on.memory["generator"]},
+        "node 0 GPU 1": {
+            "trainer": _gb(step(on)),
+            "generator": on.memory["generator"],
+            "reference": on.memory["reference"],
+        },
+    }
+    total = sum(on.while_training_gb["node 0 GPU 1"].values())
+    assert f"while the trainer steps: ~{total:.1f} GB on node 0 GPU 1 (trainer" in on.describe()
+    # one step off-policy by CUDA IPC on one GPU: rank 0 holds the version's bf16 buffer
+    # through the next step
+    one = plan(recipe("qwen3-1.7b", "layout.share=all"), 1)
+    assert one.while_training_gb["node 0 GPU 0"]["trainer"] == _gb(step(one) + 2 * params)
+    # the generator on a GPU of its own: the trainer's GPUs only, with the push path's buffer
+    off = plan(recipe("qwen3-1.7b", "layout.share=trainer_reference"), 2)
+    assert off.settings.weight_sync.expected == ("push",)
+    assert off.while_training_gb == {
+        "node 0 GPU 1": {
+            "trainer": _gb(step(off) + 2 * params),
+            "reference": off.memory["reference"],
+        }
+    }
+    # a rank's activations are counted: the step is above the between-steps figure
+    assert off.while_training_gb["node 0 GPU 1"]["trainer"] > off.memory["trainer"]
+    assert json.loads(json.dumps(off.to_dict()))["while_training_gb"] == off.while_training_gb
