@@ -334,6 +334,7 @@ def summarize(
 def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from recipes.settings import ALONE_GPU_SHARE
     from runtime.backends import build as services
     from runtime.backends.vllm_generator import VLLMGenerator
     from runtime.models import build_model, to_hf
@@ -350,7 +351,8 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         max_model_len=g.max_prompt_tokens + g.max_response_tokens,
         temperature=g.temperature,
         top_p=g.top_p,
-        gpu_memory_utilization=0.8,
+        # what a plan gives a generator with a GPU of its own
+        gpu_memory_utilization=ALONE_GPU_SHARE,
         seed=g.seed,
     )
     # The GRPO run's initial weights (TorchTitan init, bf16; built on the CPU, the engine holds

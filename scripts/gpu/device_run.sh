@@ -19,7 +19,8 @@
 #                                      (TRL on GPUS > 1: torchrun, a process and a vLLM a GPU)
 #                                      (SBS_OURS_S, default 330; SBS_TRL_S, 200), both with TRL's
 #                                      reward; one JSON, a log per run; SBS_RUNS=ours or trl
-#                                      runs one of the two
+#                                      runs one of the two, SBS_RUNS="ours alone trl" also vLLM
+#                                      alone on GPU 0 after ours (SBS_ALONE_S, 200)
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
@@ -204,6 +205,17 @@ case "$mode" in
       echo "forgesky ${policy}-policy: exit $status"
       cp "$json" "$out/" 2>/dev/null || true
       grep -h "^step \|error" "$out/side_by_side_grpo_${gpus}gpu_${policy}$tag.log" | tail -8 || true
+    fi
+    if [[ " $runs " == *" alone "* ]]; then
+      # vLLM alone on GPU 0, the same prompts, sampling and sequences a call as the
+      # off-policy plan's generator, into the same JSON: its section gets
+      # generation_to_standalone, in-loop against alone on one host (compile cache warm from
+      # ours)
+      CUDA_VISIBLE_DEVICES=0 timeout -s TERM "${SBS_ALONE_S:-200}" python3 bench/gpu_grpo.py \
+        vllm --out "$json" >"$out/side_by_side_vllm_alone$tag.log" 2>&1 || status=$?
+      echo "vLLM alone: exit $status"
+      cp "$json" "$out/" 2>/dev/null || true
+      tail -3 "$out/side_by_side_vllm_alone$tag.log" || true
     fi
     rc=0
     [[ " $runs " == *" trl "* ]] || exit "$status"
