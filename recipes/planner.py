@@ -512,7 +512,7 @@ def _candidates(
         builders = {
             "none": lambda: [_dedicated_plan(recipe, gpus, per_node, num_nodes, accelerator)],
             "trainer_reference": lambda: _trainer_reference_plans(recipe, gpus, accelerator),
-            "all": lambda: [_colocated_plan(recipe, gpus, accelerator)],
+            "all": lambda: _colocated_plans(recipe, gpus, accelerator),
         }
         try:
             plans = builders[kind]()
@@ -628,30 +628,31 @@ def _trainer_reference_plans(recipe: Recipe, gpus: int, accelerator: str) -> lis
         rest = tuple(range(first, gpus))
         if len(rest) < max(ref, 1):
             break
-        placements = [
-            Placement("generator", r, 0, tuple(range(r * tp, (r + 1) * tp)))
-            for r in range(replicas)
-        ]
-        placements.append(Placement("reference", 0, 0, rest[-ref:]))
-        placements.append(Placement("trainer", 0, 0, rest))
-        placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
-        try:
-            plans.append(
-                _gpu_plan(
-                    recipe,
-                    accelerator,
-                    tuple(placements),
-                    gpus=gpus,
-                    per_node=gpus,
-                    num_nodes=1,
-                    replicas=replicas,
-                    trainer_gpus=len(rest),
-                    idle=(),
-                    share="trainer_reference",
+        for n in _reference_spans(recipe, len(rest)):
+            placements = [
+                Placement("generator", r, 0, tuple(range(r * tp, (r + 1) * tp)))
+                for r in range(replicas)
+            ]
+            placements.append(Placement("reference", 0, 0, rest[-n:]))
+            placements.append(Placement("trainer", 0, 0, rest))
+            placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
+            try:
+                plans.append(
+                    _gpu_plan(
+                        _with_reference_gpus(recipe, n),
+                        accelerator,
+                        tuple(placements),
+                        gpus=gpus,
+                        per_node=gpus,
+                        num_nodes=1,
+                        replicas=replicas,
+                        trainer_gpus=len(rest),
+                        idle=(),
+                        share="trainer_reference",
+                    )
                 )
-            )
-        except UserError as e:
-            refusals.append(e)
+            except UserError as e:
+                refusals.append(e)
     if not plans:
         if refusals:
             raise refusals[0]  # as raised: a memory refusal stays one (DoesNotFit)
@@ -798,6 +799,39 @@ def _reference_host_gb(recipe: Recipe) -> float | None:
     from recipes.memory import reference_host_gb
 
     return reference_host_gb(recipe) if _cpu_reference(recipe) else None
+
+
+def _reference_spans(recipe: Recipe, room: int) -> tuple[int, ...]:
+    """The reference's GPU counts a sharing layout weighs where `room` GPUs could hold it:
+    layout.reference.gpus, and with layout.reference.spread every one of them (its rows split
+    over more ranks: a shorter turn, a smaller shard on each GPU), unless the recipe sets
+    reference.ranks."""
+    ref = recipe.layout.reference
+    if not ref.spread or not ref.on_gpu or room <= ref.gpus or recipe.reference.ranks != "auto":
+        return (ref.gpus,)
+    return (ref.gpus, room)
+
+
+def _with_reference_gpus(recipe: Recipe, n: int) -> Recipe:
+    if n == recipe.layout.reference.gpus:
+        return recipe
+    ref = recipe.layout.reference.model_copy(update={"gpus": n})
+    return recipe.model_copy(update={"layout": recipe.layout.model_copy(update={"reference": ref})})
+
+
+def _colocated_plans(recipe: Recipe, gpus: int, accelerator: str) -> list[Plan]:
+    """layout.share all, one plan for each GPU count of the reference that fits (the cost
+    model picks)."""
+    plans: list[Plan] = []
+    refusals: list[UserError] = []
+    for n in _reference_spans(recipe, gpus):
+        try:
+            plans.append(_colocated_plan(_with_reference_gpus(recipe, n), gpus, accelerator))
+        except UserError as e:
+            refusals.append(e)
+    if not plans:
+        raise refusals[0]  # as raised: a memory refusal stays one (DoesNotFit)
+    return plans
 
 
 def _colocated_plan(recipe: Recipe, gpus: int, accelerator: str) -> Plan:

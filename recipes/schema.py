@@ -257,6 +257,10 @@ class ReferenceLayout(_Strict):
     # gpu, or cpu: the reference scores in float32 on node 0's CPU cores, taking no GPU (slow:
     # for small models where a GPU is dearer than the time; the host needs the memory)
     device: Literal["gpu", "cpu"] = "gpu"
+    # Where services share GPUs (layout.share all or trainer_reference), the planner also
+    # weighs the reference sharded over every GPU the trainer has (its rows split over more
+    # ranks: a shorter turn, a smaller shard on each GPU) and keeps the faster that fits.
+    spread: bool = False
 
     @property
     def on_gpu(self) -> bool:

@@ -596,3 +596,35 @@ def test_the_plan_says_what_the_trainers_gpus_hold_while_it_steps():
     # a rank's activations are counted: the step is above the between-steps figure
     assert off.while_training_gb["node 0 GPU 1"]["trainer"] > off.memory["trainer"]
     assert json.loads(json.dumps(off.to_dict()))["while_training_gb"] == off.while_training_gb
+
+
+def test_a_spread_reference_is_weighed_where_services_share_gpus():
+    # On-policy on two GPUs every service takes its turn; the reference on GPU 1 alone scores
+    # both generators' halves one after the other there (2 x 0.35 s a step on two H100s). With
+    # layout.reference.spread the planner also weighs it sharded over both GPUs, its rows split.
+    base = ("layout.share=auto", "grpo.max_policy_age=0")
+    kept = plan(recipe("qwen3-1.7b", *base), 2)
+    spread = plan(recipe("qwen3-1.7b", *base, "layout.reference.spread=true"), 2)
+    (ref,) = kept.placements_of("reference")
+    assert ref.gpus == (1,) and kept.settings.reference.ranks == 1
+    assert [c.layout for c in kept.candidates if c.share == "all"] == [
+        "generator0 0, generator1 1, reference 1, trainer 0-1"
+    ]
+    (ref,) = spread.placements_of("reference")
+    assert spread.share == "all" and ref.gpus == (0, 1)
+    assert spread.settings.reference.ranks == 2 and spread.reference_gpus == 2
+    assert spread.memory["reference"] < kept.memory["reference"]  # half the weights a GPU
+    assert spread.predicted_step_s < kept.predicted_step_s
+    weighed = {c.layout: c for c in spread.candidates if c.share == "all"}
+    assert weighed["generator0 0, generator1 1, reference 0-1, trainer 0-1"].chosen
+    assert not weighed["generator0 0, generator1 1, reference 1, trainer 0-1"].chosen
+    # a reference.ranks the recipe sets stays; one GPU has nothing to spread over
+    ranked = plan(
+        recipe("qwen3-1.7b", *base, "layout.reference.spread=true", "reference.ranks=1"), 2
+    )
+    assert ranked.placements_of("reference")[0].gpus == (1,)
+    one = plan(recipe("qwen3-1.7b", *base, "layout.reference.spread=true"), 1)
+    assert one.placements_of("reference")[0].gpus == (0,)
+    # with GPUs of their own (layout.share none) the reference keeps layout.reference.gpus
+    own = plan(recipe("qwen3-1.7b", "layout.reference.spread=true"), 3)
+    assert own.share == "none" and len(own.placements_of("reference")[0].gpus) == 1

@@ -127,6 +127,29 @@ def test_generators_on_gpus_of_their_own_sample_at_once_beside_a_trainer_over_bo
     assert any(overlap(ref, g) for g in spans["generator0"]), spans
 
 
+def test_a_reference_spread_over_both_gpus_takes_its_turn_on_both():
+    """The same plan with layout.reference.spread: the reference is sharded over both GPUs, so
+    it scores once both generators are done, and neither generator samples while it does."""
+    two = plan(
+        apply_overrides(
+            load_recipe("qwen3-1.7b"), ["grpo.max_policy_age=0", "layout.reference.spread=true"]
+        ),
+        2,
+    )
+    assert two.placements_of("reference")[0].gpus == (0, 1)
+    turns = GpuTurns(two.placements)
+    assert turns.describe() == (
+        "generator0 + reference + trainer (node 0 GPU 0); "
+        "generator1 + reference + trainer (node 0 GPU 1)"
+    )
+    spans = spans_of(turns, ["generator0", "generator1", "reference", "trainer"])
+    (g0,), (g1,), (ref,), (tr,) = (
+        spans[u] for u in ("generator0", "generator1", "reference", "trainer")
+    )
+    assert overlap(g0, g1), (g0, g1)
+    assert in_turn([g0, ref, tr]) and in_turn([g1, ref, tr])
+
+
 def test_steps_per_call_needs_the_policy_age_to_cover_the_call():
     recipe = load_recipe("qwen3-1.7b")
     assert recipe.grpo.max_policy_age == 1
