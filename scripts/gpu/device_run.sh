@@ -20,7 +20,8 @@
 #                                      (SBS_OURS_S, default 330; SBS_TRL_S, 200), both with TRL's
 #                                      reward; one JSON, a log per run; SBS_RUNS=ours or trl
 #                                      runs one of the two, SBS_RUNS="ours alone trl" also vLLM
-#                                      alone on GPU 0 after ours (SBS_ALONE_S, 200)
+#                                      alone on GPU 0 after ours (SBS_ALONE_S, 200);
+#                                      SBS_OURS_ARGS: more arguments for ours (--set K=V)
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
@@ -187,6 +188,9 @@ case "$mode" in
     # as the eval's reward must be one of the run's.
     reward="dataset.rewards=[{name: math, weight: 0.0}, {name: 'bench.rewards:distinct_share', weight: 1.0}]"
     ours=(--gpus "$gpus" --steps 6 --warmup 2 --set "$reward")
+    # SBS_OURS_ARGS: more arguments for ours, e.g. "--set layout.reference.spread=true"
+    read -r -a more <<<"${SBS_OURS_ARGS:-}"
+    ours+=("${more[@]}")
     trl=(--prompt-tokens 207 --steps 6 --warmup 2 --is-correction off --micro-batch 16
       --vllm-memory 0.3 --gradient-checkpointing on)
     case "$policy" in
