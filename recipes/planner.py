@@ -473,7 +473,8 @@ def _too_few(recipe: Recipe, gpus: int, accelerator: str) -> str:
     if least >= dedicated:
         return f"{recipe.name} needs at least {own}, also with services sharing GPUs on an {accelerator}; got {gpus}"
     return (
-        f"{recipe.name} needs at least {least} GPUs on an {accelerator} with services sharing "
+        f"{recipe.name} needs at least {least} GPU{'s' if least != 1 else ''} on an "
+        f"{accelerator} with services sharing "
         f"them (layout.share {share}), {own} with a GPU for each service; got {gpus}"
     )
 

@@ -52,6 +52,9 @@ def test_below_minimum_names_the_breakdown():
         "4 with services sharing GPUs (layout.share auto); got 4"
     )
     assert "got 0" in error_of(recipe("qwen3-8b"), 0)
+    assert error_of(recipe("qwen3-1.7b", "layout.share=auto"), 0).startswith(
+        "qwen3-1.7b needs at least 1 GPU on an H100 with services sharing them"
+    )
     assert "(generator 4 = TP4×1, reference 4 = FSDP4, trainer 8 = FSDP8); got 12" in error_of(
         recipe("qwen3-32b"), 12
     )
