@@ -142,6 +142,7 @@ def rows() -> list[dict[str, Any]]:
     from recipes.errors import UserError
     from recipes.memory import ACCELERATOR_BYTES, trainer_publish_gb, trainer_step_bytes
     from recipes.planner import while_training
+    from recipes.settings import ipc_buffer_held
 
     out = []
     for file, name, gpus, accelerator in RUNS:
@@ -166,9 +167,10 @@ def rows() -> list[dict[str, Any]]:
         tokens = t.tokens_per_micro_batch if tokens == "auto" else tokens
         ckpt = t.activation_checkpointing if ckpt == "auto" else ckpt
         step = trainer_step_bytes(arch, ranks, tokens, ckpt, t.compile)
-        ipc = "ipc" in p.settings.weight_sync.expected
+        sync = p.settings.weight_sync
+        ipc = "ipc" in sync.expected
         # off-policy, rank 0 holds a version's CUDA IPC buffer through the next step
-        held = 2 * arch.params if ipc and recipe.grpo.max_policy_age else 0.0
+        held = ipc_buffer_held(recipe, sync.transport, sync.expected)
         step += held
         peaks = run["peaks"]
         per_gpu = plan_gb_per_gpu(p)

@@ -629,14 +629,17 @@ def _trainer_reference_plans(recipe: Recipe, gpus: int, accelerator: str) -> lis
         rest = tuple(range(first, gpus))
         if len(rest) < max(ref, 1):
             break
+        generators = [
+            Placement("generator", r, 0, tuple(range(r * tp, (r + 1) * tp)))
+            for r in range(replicas)
+        ]
         for n in _reference_spans(recipe, len(rest)):
             placements = [
-                Placement("generator", r, 0, tuple(range(r * tp, (r + 1) * tp)))
-                for r in range(replicas)
+                *generators,
+                Placement("reference", 0, 0, rest[-n:]),
+                Placement("trainer", 0, 0, rest),
+                *(Placement("reward", r, 0, ()) for r in range(lay.reward.procs)),
             ]
-            placements.append(Placement("reference", 0, 0, rest[-n:]))
-            placements.append(Placement("trainer", 0, 0, rest))
-            placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
             try:
                 plans.append(
                     _gpu_plan(
