@@ -174,6 +174,9 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime"):
 def main(argv: list[str] | None = None, prog: str = "python -m runtime") -> int:
     """Run the controller, or on a worker node serve it; user errors end as one line and
     exit code 2."""
+    from runtime.procs.host import stacks_on_signal
+
+    stacks_on_signal()  # kill -USR1 PID: this process's stacks; before any thread starts
     try:
         config = parse_config(argv, prog)
         check_plan_fits(config.plan, config.cluster)
@@ -184,9 +187,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m runtime") -> int:
     except UserError as e:
         print(f"forgesky: error: {e}", file=sys.stderr)  # as the run's other lines say
         return 2
-    from runtime.procs.host import stacks_on_signal
-
-    stacks_on_signal()  # kill -USR1 PID: this process's stacks into the run's output
     cluster = config.cluster
     if cluster.multi_node and cluster.rank > 0:
         from runtime.procs.worker import run_worker

@@ -32,6 +32,7 @@ from runtime_helpers import ROOT
 from runtime.backends import trainer_state
 from runtime.control import checkpoint
 from runtime.control.metrics import read_metrics
+from runtime.procs.host import STACKS_SIGNAL, STACKS_THREAD
 
 STARTUP_TIMEOUT_S = 600.0
 KINDS = ("checkpoint_write", "weight_sync", "step", "startup", "restore")
@@ -58,6 +59,15 @@ def session_pids(sid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[3]) == sid:
             pids.append(int(entry.name))
     return pids
+
+
+def answers_stacks_signal(pid: int) -> bool:
+    """Whether process `pid` runs the thread that prints its stacks on STACKS_SIGNAL."""
+    for comm in Path(f"/proc/{pid}/task").glob("*/comm"):
+        with contextlib.suppress(OSError):
+            if comm.read_text().strip() == STACKS_THREAD:
+                return True
+    return False
 
 
 def _signal_all(pids: list[int], sig: int) -> None:
@@ -155,26 +165,22 @@ class RuntimeRun:
             frozen.update(new)
 
     def dump_stacks(self, settle_s: float = 0.3) -> list[int]:
-        """Every process of the run that catches SIGUSR1 (the runtime's own: runtime.procs.host
-        .stacks_on_signal) prints its threads' stacks into the run's output, one process at a
-        time (each under a line naming it, `settle_s` apart, so their stacks do not interleave;
-        faulthandler writes them at once); the others are left alone (SIGUSR1 would end them).
+        """Every process of the run that answers SIGUSR1 (the runtime's own, with a thread
+        named runtime.procs.host.STACKS_THREAD) prints its threads' stacks into the run's
+        output, one process at a time (each under a line naming it, `settle_s` apart, so their
+        stacks do not interleave); the others are left alone (SIGUSR1 could end them).
         Returns the pids signalled."""
         caught: list[tuple[int, str]] = []
         for pid in session_pids(self.proc.pid):
             try:
-                status = Path(f"/proc/{pid}/status").read_text()
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue
-            mask = next(
-                (ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt")), "0"
-            )
-            if int(mask, 16) >> (signal.SIGUSR1 - 1) & 1:
+            if answers_stacks_signal(pid):
                 caught.append((pid, command.decode(errors="replace")[:160]))
         for pid, command in caught:
             self.note(f"--- stacks of pid {pid}: {command}")
-            _signal_all([pid], signal.SIGUSR1)
+            _signal_all([pid], STACKS_SIGNAL)
             time.sleep(settle_s)
         time.sleep(settle_s)
         return [pid for pid, _ in caught]

@@ -106,3 +106,66 @@ def test_the_cuda_drivers_and_torchs_segments_of_ended_processes_are_swept():
     finally:
         for path in made:
             path.unlink(missing_ok=True)
+
+
+_STACKS = """
+import gc, os, sys, threading, time
+from runtime.procs.host import stacks_on_signal
+if sys.argv[1] == "late":  # a thread that does not block the signal already runs
+    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+print(stacks_on_signal(), flush=True)
+stop = threading.Event()
+
+def churn(depth=0):
+    if depth < 30:
+        return churn(depth + 1)
+    gc.collect(0)
+    return [object() for _ in range(50)]
+
+def busy():
+    while not stop.is_set():
+        churn()
+
+threads = [threading.Thread(target=busy, name=f"busy{i}") for i in range(3)]
+for t in threads:
+    t.start()
+sys.stdin.readline()  # the test has sent its signals
+stop.set()
+for t in threads:
+    t.join()
+print("done", flush=True)
+"""
+
+
+def test_sigusr1_prints_every_threads_stack_while_threads_run_and_the_process_goes_on():
+    """kill -USR1 on a process whose threads keep pushing and popping frames (and collecting
+    garbage) prints their stacks, every time, and the process carries on: the stacks are read
+    by a thread of their own holding the GIL, not from a signal handler."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STACKS, "early"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout.readline().strip() == "True"
+    for _ in range(100):
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.005)
+    time.sleep(0.5)
+    out, err = proc.communicate("\n", timeout=60)
+    assert proc.returncode == 0 and out.strip() == "done", err[-2000:]
+    assert err.count(f"stacks of pid {proc.pid}") >= 1
+    assert "(busy0), most recent call last" in err and "in churn" in err
+
+
+def test_no_stacks_thread_where_a_thread_that_could_take_the_signal_already_runs():
+    """stacks_on_signal after another thread has started changes nothing and says so: SIGUSR1
+    could land in that thread and would end the process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _STACKS + "\nimport signal\nprint(signal.SIGUSR1 in "
+         "signal.pthread_sigmask(signal.SIG_BLOCK, []))", "late"],
+        input="\n", timeout=60, **_TEXT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "done", "False"]

@@ -8,12 +8,10 @@ from typing import Any
 from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
-from runtime.procs.host import stacks_on_signal
 
 
 class GeneratorActor(Actor):
     def __init__(self) -> None:
-        stacks_on_signal()  # kill -USR1: this proc's stacks into the run's output
         self.backend: Any = None
         self.store: Any = None
         self.tokenizer: Any = None

@@ -10,12 +10,10 @@ from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
 from runtime.procs.failures import ranked
-from runtime.procs.host import stacks_on_signal
 
 
 class ReferenceActor(Actor):
     def __init__(self) -> None:
-        stacks_on_signal()  # kill -USR1: this proc's stacks into the run's output
         self.backend: Any = None
 
     @endpoint

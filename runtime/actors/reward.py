@@ -6,12 +6,9 @@ from typing import Any
 
 from monarch.actor import Actor, endpoint
 
-from runtime.procs.host import stacks_on_signal
-
 
 class RewardActor(Actor):
     def __init__(self) -> None:
-        stacks_on_signal()  # kill -USR1: this proc's stacks into the run's output
         self.mix: Any = None
 
     @endpoint

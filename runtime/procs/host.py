@@ -13,6 +13,8 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
+import traceback
 import uuid
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
@@ -31,14 +33,68 @@ _monarch_started = False
 
 
 STACKS_SIGNAL = signal.SIGUSR1
+# The name of the thread that prints the stacks (in /proc/PID/task/*/comm, at most 15 bytes):
+# how a process that answers STACKS_SIGNAL is told from one that it would end.
+STACKS_THREAD = "forgesky-stacks"
+_PR_SET_NAME = 15
 
 
-def stacks_on_signal() -> None:
+def stacks_on_signal() -> bool:
     """`kill -USR1 PID` prints every thread's Python stack of this process to its stderr (the
-    run's output): what a run that seems stuck is doing, without stopping it."""
-    import faulthandler
+    run's output), and the process goes on: what a run that seems stuck is doing.
 
-    faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
+    Call it first thing in the process's main thread, before any other thread starts. The signal
+    is blocked here and so in every thread started later (they inherit the mask): it interrupts
+    no system call and runs no handler. A thread of its own takes it (`sigwait`) and prints the
+    stacks holding the GIL, so no frame changes while it reads them (faulthandler's handler
+    reads them from signal context while other threads run, which can crash the process). A
+    thread that keeps the GIL in native code delays the print until it lets go.
+
+    Returns False, and changes nothing, where a thread that does not block the signal already
+    runs (the signal could land there and end the process) or on a platform without it."""
+    if not hasattr(signal, "pthread_sigmask") or not sys.platform.startswith("linux"):
+        return False
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {STACKS_SIGNAL})
+    if not _blocked_in_every_thread(STACKS_SIGNAL):
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        return False
+    threading.Thread(target=_print_stacks_on_signal, name=STACKS_THREAD, daemon=True).start()
+    return True
+
+
+def _blocked_in_every_thread(sig: int) -> bool:
+    for status in Path("/proc/self/task").glob("*/status"):
+        with contextlib.suppress(OSError):  # a thread that has just ended
+            blocked = next(
+                ln.split()[1] for ln in status.read_text().splitlines() if ln.startswith("SigBlk")
+            )
+            if not int(blocked, 16) >> (sig - 1) & 1:
+                return False
+    return True
+
+
+def _print_stacks_on_signal() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, STACKS_THREAD.encode(), 0, 0, 0)
+    while True:
+        signal.sigwait({STACKS_SIGNAL})
+        with contextlib.suppress(Exception):  # a closed stderr: nothing to print to
+            sys.stderr.write(format_stacks())
+            sys.stderr.flush()
+
+
+def format_stacks() -> str:
+    """Every thread's Python stack in this process, most recent call last, the thread that
+    prints them left out."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    frames = {k: v for k, v in sys._current_frames().items() if k != me}
+    out = [f"stacks of pid {os.getpid()}, {len(frames)} Python threads:\n"]
+    for ident, frame in frames.items():
+        name = names.get(ident, "started outside Python")
+        out.append(f"Thread {ident:#x} ({name}), most recent call last:\n")
+        out.extend(traceback.format_stack(frame))
+    return "".join(out)
 
 
 def become_subreaper() -> None:

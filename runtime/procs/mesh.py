@@ -18,6 +18,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+from monarch._rust_bindings.monarch_hyperactor.host_mesh import BootstrapCommand
 from monarch.actor import (
     Actor,
     HostMesh,
@@ -37,6 +38,13 @@ SERVICE_ENV = "FORGESKY_SERVICE"
 PROBE_SUFFIX = "_probe"
 
 _STOP_FAILED_TIMEOUT_S = 10.0
+
+
+def proc_bootstrap_cmd() -> BootstrapCommand:
+    """Monarch's command for a new proc with runtime.procs.proc_main as its main module: the
+    proc prints its stacks on `kill -USR1`, then runs Monarch's proc main."""
+    base = default_bootstrap_cmd()
+    return BootstrapCommand(base.program, base.arg0, ["-m", "runtime.procs.proc_main"], base.env)
 
 
 def available_cores() -> int:
@@ -139,7 +147,7 @@ class ServiceMesh:
             raise ValueError(f"{service}: {procs} procs but {len(gpus)} GPU assignments")
         threads = threads_per_proc(procs) if threads is None else threads
         envs = [proc_env(service, rank, gpus[rank], threads, env, procs) for rank in range(procs)]
-        base = default_bootstrap_cmd()
+        base = proc_bootstrap_cmd()
 
         def bootstrap(point: Any) -> Any:
             return base.with_env(envs[point["procs"]])
