@@ -3,7 +3,8 @@ Hub.
 
 A run writes RUN_DIR/model when it finishes; this writes the same from any committed checkpoint
 (`--step`, default the newest) of a run directory, or from one checkpoint directory, with the
-recipe the run recorded (`--recipe` for a checkpoint without one). `--push-to-hub REPO` then
+recipe the run recorded (`--recipe` for a checkpoint without one), into a new or empty folder
+(`--out`: one that holds anything is refused, never replaced). `--push-to-hub REPO` then
 uploads the folder to a (private, if new) Hub repository with the token in HF_TOKEN.
 """
 
@@ -35,6 +36,23 @@ def pick_checkpoint(source_text: str, step: int | None) -> Any:
     return Source("checkpoint", found[step].path, step, source.recorded)
 
 
+def out_folder(out: str) -> Path:
+    """`--out` as the folder to write: a new one, or an empty one; never a file, a folder that
+    holds anything (it would be replaced), or the working directory."""
+    if not out.strip():
+        raise UserError("export: --out is blank; name the folder to write")
+    folder = Path(out).expanduser().resolve()
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"export: --out {out} is a file; name a folder to write")
+    if folder.is_dir() and any(folder.iterdir()):
+        raise UserError(
+            f"export: --out {out} is not empty; name a new folder, or remove what is in it"
+        )
+    if folder == Path.cwd().resolve() or folder.parent == folder:
+        raise UserError(f"export: --out {out} is the working directory; name a folder inside it")
+    return folder
+
+
 def run(
     source_text: str,
     out: str,
@@ -44,25 +62,27 @@ def run(
     push_to_hub: str | None = None,
 ) -> int:
     """Export; UserError for what the user can fix."""
+    from runtime.hub import hf_token
+
+    # what the arguments and the disk say first: bad input is refused before torch loads
+    folder = out_folder(out)
+    if push_to_hub is not None and not push_to_hub.strip():
+        raise UserError("export: --push-to-hub is blank; name the Hub repository (owner/name)")
+    token = hf_token()
+    if push_to_hub and token is None:
+        raise UserError("export: --push-to-hub needs a Hugging Face token in HF_TOKEN")
+    source = pick_checkpoint(source_text, step)
     from runtime.backends import build
     from runtime.evaluate import load_hf_weights, resolve_recipe
     from runtime.models.export import write_hf_model
 
-    if not out.strip():
-        raise UserError("export: --out is blank; name the folder to write")
-    if push_to_hub is not None and not push_to_hub.strip():
-        raise UserError("export: --push-to-hub is blank; name the Hub repository (owner/name)")
-    token = build.hf_token()
-    if push_to_hub and token is None:
-        raise UserError("export: --push-to-hub needs a Hugging Face token in HF_TOKEN")
-    source = pick_checkpoint(source_text, step)
     recipe = resolve_recipe(source, recipe_name, [], command="export")
     print(f"exporting step {source.step} of {source.path.parent.parent} to {out}", flush=True)
     weights = load_hf_weights(source, recipe, command="export")
     folder = write_hf_model(
         weights,
         build.model_spec(recipe),
-        Path(out).expanduser(),
+        folder,
         tokenizer=build.load_tokenizer(recipe),
         dtype=recipe.model.dtype,
         temperature=recipe.grpo.temperature,

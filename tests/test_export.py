@@ -152,6 +152,9 @@ def test_push_to_hub_uploads_the_folder_with_the_token(run_dir, tmp_path, monkey
         (["{run}", "--out", "{tmp}/m", "--push-to-hub", "me/x"], "needs a Hugging Face token"),
         (["{tmp}/nothing", "--out", "{tmp}/m"], "no such file or directory"),
         (["{tmp}/hf", "--out", "{tmp}/m"], "is a model folder already"),
+        (["{run}", "--out", "{tmp}/hf"], "--out {tmp}/hf is not empty"),
+        (["{run}", "--out", "{run}"], "is not empty"),
+        (["{run}", "--out", "{tmp}/hf/config.json"], "is a file"),
     ],
 )
 def test_bad_exports_are_one_line_and_exit_2(
@@ -162,10 +165,22 @@ def test_bad_exports_are_one_line_and_exit_2(
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf/config.json").write_text("{}")
     (tmp_path / "hf/model.safetensors").write_bytes(b"")
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
     argv = ["export", *(a.format(run=run_dir, tmp=tmp_path) for a in args)]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
+    expected = expected.format(tmp=tmp_path)
     assert len(err) == 1 and err[0].startswith("forgesky: error: export: ") and expected in err[0]
+    # nothing overwritten: the run and the folder that was in the way are as they were
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+    assert (tmp_path / "hf/config.json").read_text() == "{}"
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_an_empty_folder_takes_the_export(run_dir, tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "empty")]) == 0
+    assert (tmp_path / "empty/config.json").exists()
 
 
 def test_weights_that_are_views_into_one_buffer_export(tmp_path):

@@ -8,7 +8,6 @@ and settings.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 
 from recipes import UserError, architecture
+from runtime.hub import hf_token
 from runtime.models import ModelSpec
 from runtime.models.loading import WeightSource, weight_source
 
@@ -36,10 +36,6 @@ def dtype(recipe: Any) -> torch.dtype:
     if recipe.model.dtype == "bfloat16" and device().type == "cuda":
         return torch.bfloat16
     return torch.float32
-
-
-def hf_token() -> str | None:
-    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
 
 
 def load_tokenizer(recipe: Any) -> Any:
