@@ -9,6 +9,7 @@ the catalog needs no schema at all.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,8 @@ def copy_recipe(source: str, dest: str, force: bool = False) -> Path:
     """Copy a recipe's YAML (comments and all) to `dest` for editing; returns the new file."""
     src = recipe_source(source)
     target = Path(dest)
+    if dest.endswith(("/", os.sep)) and not target.is_dir():
+        raise UserError(f"cannot write into {dest}: no such directory")
     if target.is_dir():
         target = target / src.name
     if target.exists() and not force:
@@ -154,18 +157,28 @@ def copy_recipe(source: str, dest: str, force: bool = False) -> Path:
 def validate(source: str, gpus: int | None, overrides: tuple[str, ...]) -> str:
     """Load, override and plan a recipe; one line saying it is fine (else UserError)."""
     from launcher.options import check_references
-    from recipes import apply_overrides, load_recipe, minimum_gpus, plan
+    from recipes import (
+        apply_overrides,
+        dedicated_gpus,
+        launch_gpus,
+        load_recipe,
+        minimum_gpus,
+        plan,
+    )
 
     recipe = apply_overrides(load_recipe(source), list(overrides))
     check_references(recipe, source)
-    need = minimum_gpus(recipe)
-    count = need if gpus is None else gpus
+    count = launch_gpus(recipe) if gpus is None else gpus
     run_plan = plan(recipe, count)
-    where = "CPU" if run_plan.cpu else f"{count} x {run_plan.accelerator}"
+    if run_plan.cpu:
+        return f"{source}: ok (recipe {recipe.name}, {recipe.model.hf_id}; plans on CPU)"
+    need, shared = dedicated_gpus(recipe), minimum_gpus(recipe)
+    least = f"minimum {need} GPU{'' if need == 1 else 's'} with a GPU for each service" + (
+        f", {shared} with services sharing" if shared < need else ""
+    )
     return (
-        f"{source}: ok (recipe {recipe.name}, {recipe.model.hf_id}, minimum {need} "
-        f"GPU{'' if need == 1 else 's'}; "
-        f"plans on {where})"
+        f"{source}: ok (recipe {recipe.name}, {recipe.model.hf_id}, {least}; plans on "
+        f"{count} x {run_plan.accelerator})"
     )
 
 

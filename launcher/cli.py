@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GRPO post-training of Qwen3/Llama models on cloud GPUs through SkyPilot.",
         epilog="NAME is a catalog recipe (forgesky recipes) or a recipe YAML file.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = _add(sub, "recipes", "list the recipe catalog", _cmd_recipes)
@@ -190,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint. The folder loads with transformers' from_pretrained and vllm.LLM.",
     )
     p.add_argument("source", metavar="RUN_DIR", help="run directory, or one of its checkpoints")
-    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
+    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write: a new or empty one (one that holds anything is refused)")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
     p.add_argument(
         "--recipe", default=None, help="catalog name or YAML path (default: the run's own)"
@@ -211,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
         "[--set k=v ...] [--checkpoint-every N] [--wandb online|offline|disabled]",
     )
     p.add_argument("recipe", metavar="NAME")
-    p.add_argument("runtime_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.add_argument(
+        "runtime_args", nargs=argparse.REMAINDER, metavar="OPTIONS", help=argparse.SUPPRESS
+    )
     return parser
 
 
@@ -239,10 +242,13 @@ def render_text(args: argparse.Namespace) -> str:
     """What `forgesky render` writes for these arguments (python -m launcher.write_sky too)."""
     import shlex
 
-    from launcher.render import render_recipe
+    from launcher.options import resolve_job
 
-    command = f"{PROG} {shlex.join(args.argv)}"
-    return render_recipe(args.recipe, options_from_args(args), command, args.output)
+    # the recipe and the plan first: bad input is refused before SkyPilot loads (seconds)
+    job = resolve_job(args.recipe, options_from_args(args))
+    from launcher.render import render_job
+
+    return render_job(job, f"{PROG} {shlex.join(args.argv)}", args.output)
 
 
 # --- commands ------------------------------------------------------------------------------
@@ -422,6 +428,15 @@ def _cmd_local(args: argparse.Namespace) -> int:
 # --- helpers -------------------------------------------------------------------------------
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("forgesky")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def _add(sub, name: str, help_text: str, handler: Handler, **kwargs) -> argparse.ArgumentParser:
     p = sub.add_parser(
         name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", **kwargs
@@ -431,7 +446,13 @@ def _add(sub, name: str, help_text: str, handler: Handler, **kwargs) -> argparse
 
 
 def _add_plan_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=int, metavar="N", help="total GPUs (default: the minimum)")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="total GPUs (default: the least that fits, rounded up to a count VM clouds sell: "
+        "1, 2, 4 or 8 a node)",
+    )
     p.add_argument(
         "--gpus-per-node",
         type=int,

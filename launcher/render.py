@@ -15,8 +15,6 @@ from launcher.options import (
     PROJECT_DIR,
     WORKER_PORT_ENV,
     Job,
-    LaunchOptions,
-    resolve_job,
     secret_values,
 )
 from launcher.source import ProjectSource, checkout, project_source
@@ -162,15 +160,13 @@ def render(
     return f"{header(job, command, path, project)}\n\n{dump_yaml(task_config(task))}"
 
 
-def render_recipe(
-    source: str, options: LaunchOptions, command: str, path: str | None = None
-) -> str:
-    """`forgesky render`: the file for `source` with `options`, secrets as placeholders only.
+def render_job(job: Job, command: str, path: str | None = None) -> str:
+    """`forgesky render`: the file for a resolved job (`resolve_job`), secrets as placeholders
+    only.
 
     From a checkout the file names the workdir relatively (`.`): it is run from the repository
     root, like the files in sky/. An installed forgesky brings its wheel or release instead.
     """
-    job = resolve_job(source, options)
     project = project_source(PROJECT_DIR)
     if project.kind == "checkout":
         project = checkout(".")

@@ -83,7 +83,14 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
         if not sep or not key:
             raise UserError(f"override '{item}' must look like KEY=VALUE, e.g. grpo.steps=20")
         parent, last, current = _walk(data, key.strip().split("."))
-        parent[last] = _parse_value(item, raw, current)
+        value = _parse_value(item, raw, current)
+        if isinstance(current, dict) and not isinstance(value, dict):
+            first = next(iter(current), "KEY")
+            raise UserError(
+                f"override '{item}': {key.strip()} is a section; set its keys, e.g. "
+                f"{key.strip()}.{first}=..."
+            )
+        parent[last] = value
     return validate_recipe(data, f"{recipe.name} with {' '.join(overrides)}")
 
 
@@ -105,9 +112,13 @@ def _walk(data: dict[str, Any], parts: list[str]) -> tuple[Any, Any, Any]:
         where = ".".join(parts[:depth]) or "the top level"
         if isinstance(node, dict):
             if part not in node:
-                valid = ", ".join(sorted(node))
+                import difflib
+
+                close = difflib.get_close_matches(part, sorted(node), n=1)
+                meant = f"did you mean {close[0]}? " if close else ""
                 raise UserError(
-                    f"unknown key '{'.'.join(parts)}'; valid keys under {where}: {valid}"
+                    f"unknown key '{'.'.join(parts)}'; {meant}valid keys under {where}: "
+                    + ", ".join(sorted(node))
                 )
             key: Any = part
         elif isinstance(node, list):
@@ -136,13 +147,18 @@ def _parse_value(item: str, raw: str, current: Any) -> Any:
 
 
 def _describe(err: ValidationError) -> str:
-    errors = err.errors()
+    # an unknown key first: a misspelt key is also the "missing" one it was meant to be
+    errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
     first = errors[0]
     loc = ".".join(str(p) for p in first["loc"])
     kind = first["type"]
     if kind == "extra_forbidden":
-        valid = ", ".join(_fields_at(first["loc"][:-1]))
-        msg = f"{loc}: unknown key; valid keys here: {valid}"
+        import difflib
+
+        fields = _fields_at(first["loc"][:-1])
+        close = difflib.get_close_matches(str(first["loc"][-1]), fields, n=1)
+        meant = f"did you mean {close[0]}? " if close else ""
+        msg = f"{loc}: unknown key; {meant}valid keys here: {', '.join(fields)}"
     elif kind == "missing":
         msg = f"{loc}: required field is missing"
     elif not loc:
@@ -150,7 +166,7 @@ def _describe(err: ValidationError) -> str:
     else:
         msg = f"{loc}: {first['msg']}"
     if kind not in _SELF_DESCRIBING:
-        msg += f" (got {first['input']!r})"
+        msg += " (got no value)" if first["input"] is None else f" (got {first['input']!r})"
     if len(errors) > 1:
         msg += f" (and {len(errors) - 1} more)"
     return msg

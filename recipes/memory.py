@@ -20,7 +20,8 @@ A deliberately simple model, used to reject layouts that cannot fit before payin
 - reference: bf16 weights split over its TP group, the trainer's activation and logits term
   (it scores the same sequences, forward only), plus 3 GB.
 
-The accelerators hold 80 GB (H100) and 141 GB (H200); a CPU recipe is not checked.
+The accelerators hold 85.5 GB (H100, sold as 80 GB) and 150.8 GB (H200, sold as 141 GB), as CUDA
+reports them; a CPU recipe is not checked.
 
 `trainer_memory_plan` is the finer model the trainer's micro-batch and activation checkpointing
 are planned with (recipes/settings.py), calibrated on measured peaks.
@@ -37,10 +38,10 @@ Recipe = Any  # recipes.schema.Recipe, which imports this module
 
 GB = 1e9
 RUNTIME_OVERHEAD_GB = 3.0
-ACCELERATOR_GB: dict[str, float] = {"H100": 80.0, "H200": 141.0}
-# What CUDA reports as the device's memory (nvidia-smi: 81559 MiB and 143771 MiB): what the
-# trainer's memory plan budgets.
+# What CUDA reports as the device's memory (nvidia-smi: 81559 MiB and 143771 MiB, sold as
+# "80 GB" and "141 GB"): what every estimate is checked against, in GB of 10^9 bytes.
 ACCELERATOR_BYTES: dict[str, int] = {"H100": 81559 * 2**20, "H200": 143771 * 2**20}
+ACCELERATOR_GB: dict[str, float] = {k: round(v / GB, 1) for k, v in ACCELERATOR_BYTES.items()}
 
 
 def estimate_memory(
@@ -107,7 +108,7 @@ def memory_errors(recipe: Recipe, memory: dict[str, float]) -> list[str]:
             if need > capacity:
                 errors.append(
                     f"{where}: {service} needs ~{need:.0f} GB per GPU but {accel} has "
-                    f"{capacity:.0f} GB; {_remedy(service)}"
+                    f"{capacity:.1f} GB; {_remedy(service)}"
                 )
     return errors
 

@@ -63,7 +63,7 @@ from recipes.placements import (
     shared_services,
 )
 from recipes.schema import Recipe
-from recipes.settings import Settings, ipc_buffer_held, plan_settings
+from recipes.settings import Settings, ipc_buffer_held, plan_settings, push_buffer_bytes
 
 GENERATOR_TO_TRAINER_GPUS = 2
 # Plans stop here: 512 nodes of 8 GPUs (a count past this is a typo, not a cluster).
@@ -143,12 +143,13 @@ class Plan:
             head = f"{self.recipe_name} on CPU{nodes} (one process per row)"
         else:
             nodes = f"{self.num_nodes} node{'s' if self.num_nodes > 1 else ''}"
-            least = f"minimum {self.minimum_gpus}"
+            least = f"minimum {self.minimum_gpus} GPU{'' if self.minimum_gpus == 1 else 's'}"
             if self.minimum_gpus < self.dedicated_gpus:
-                least += f" sharing GPUs, {self.dedicated_gpus} with GPUs of their own"
+                least += f" with services sharing, {self.dedicated_gpus} with GPUs of their own"
+            per_node = f"{self.gpus_per_node} GPU{'' if self.gpus_per_node == 1 else 's'}"
             head = (
                 f"{self.recipe_name} on {self.total_gpus} x {self.accelerator} "
-                f"({nodes} x {self.gpus_per_node} GPUs; {least})"
+                f"({nodes} x {per_node}; {least})"
             )
         rows = [("service", "replica", "node", "GPUs", "parallel", "GB/GPU")]
         for p in self.placements:
@@ -210,8 +211,8 @@ class Plan:
         if not self.cpu:
             lines.append(
                 f"GB/GPU is an estimate of what each service holds between steps "
-                f"(recipes/memory.py); an {self.accelerator} has "
-                f"{ACCELERATOR_GB[self.accelerator]:.0f} GB"
+                f"(recipes/memory.py), in GB of 10^9 bytes; an {self.accelerator} has "
+                f"{ACCELERATOR_GB[self.accelerator]:.1f} GB"
             )
             lines += self._training_line()
         if self.settings is not None:
@@ -395,6 +396,8 @@ def plan(
     gpn = recipe.resources.gpus_per_node if gpus_per_node is None else gpus_per_node
     if nodes is not None and nodes < 1:
         raise UserError(f"a run needs at least 1 node, got {nodes}")
+    if gpus < 0:
+        raise UserError(f"--gpus {gpus}: a GPU count is 0 or more")
     if gpus > MAX_GPUS:
         raise UserError(f"--gpus {gpus}: a plan takes at most {MAX_GPUS} GPUs")
     if gpn > MAX_GPUS_PER_NODE:
@@ -405,7 +408,7 @@ def plan(
         if gpus != 0:
             raise UserError(
                 f"{recipe.name} runs on CPU (resources.accelerator: cpu) and takes 0 GPUs, "
-                f"got {gpus}; run it with forgesky local {recipe.name}"
+                f"got {gpus}; leave --gpus out (forgesky local {recipe.name} runs it here)"
             )
         return _cpu_plan(recipe, nodes or 1)
     accepted = [recipe.resources.accelerator, *recipe.resources.alternatives]
@@ -686,30 +689,47 @@ def _gpu_plan(
 
     lay = recipe.layout
     shared = shared_services(placements)
-    settings = plan_settings(
-        recipe,
-        accelerator=accelerator,
-        shared=shared,
-        beside_trainer=_beside(placements, "trainer"),
-        trainer_gpus=trainer_gpus,
-        generator_replicas=replicas,
-        expected_paths=_expected_paths(recipe, placements),
-    )
-    memory = estimate_memory(recipe, generator_replicas=replicas, trainer_gpus=trainer_gpus)
-    rank0_only = 0.0  # GB trainer rank 0 holds beyond the other ranks at its peak
-    if "push" in settings.weight_sync.expected:
-        # the push path's flat bf16 buffer of a version, kept on trainer rank 0 beside its
-        # shards (recipes.settings)
-        memory["trainer"] = round(memory["trainer"] + 2 * recipe.arch.params / GB, 1)
-    if "ipc" in settings.weight_sync.expected:
-        # the ipc path's buffer of a version, on trainer rank 0's GPU from a publish until the
-        # generators have loaded it: a peak of its own, beside a step's
-        step = memory["trainer"]
-        memory["trainer"] = max(step, trainer_publish_gb(recipe.arch, trainer_gpus))
-        rank0_only = memory["trainer"] - step
+
+    def planned(kv_cap_gb: float | None = None) -> tuple[Settings, dict[str, float], float]:
+        settings = plan_settings(
+            recipe,
+            accelerator=accelerator,
+            shared=shared,
+            beside_trainer=_beside(placements, "trainer"),
+            trainer_gpus=trainer_gpus,
+            generator_replicas=replicas,
+            expected_paths=_expected_paths(recipe, placements),
+            kv_cap_gb=kv_cap_gb,
+        )
+        memory = estimate_memory(recipe, generator_replicas=replicas, trainer_gpus=trainer_gpus)
+        # a generator sharing its GPUs holds the fixed KV cache its settings give
+        memory["generator"] = _generator_gb(recipe, settings, memory)
+        rank0_only = 0.0  # GB trainer rank 0 holds beyond the other ranks at its peak
+        sync = settings.weight_sync
+        if flat := push_buffer_bytes(recipe, sync.transport, sync.expected):
+            memory["trainer"] = round(memory["trainer"] + flat / GB, 1)
+        if "ipc" in sync.expected:
+            # the ipc path's buffer of a version, on trainer rank 0's GPU from a publish until
+            # the generators have loaded it: a peak of its own, beside a step's
+            step = memory["trainer"]
+            memory["trainer"] = max(step, trainer_publish_gb(recipe.arch, trainer_gpus))
+            rank0_only = memory["trainer"] - step
+        return settings, memory, rank0_only
+
+    settings, memory, rank0_only = planned()
+    # the trainer's GPUs at its step peak first: the fullest of them in most layouts
+    training = while_training(recipe, settings, placements, memory)
+    # a planned KV cache that would leave the step no room: the largest that does, down to
+    # half of it (vLLM then samples a call's sequences in waves, which the predicted step does
+    # not count); smaller, the layout is refused
+    kv = settings.generator.kv_cache_gb
+    cap = _kv_that_fits(recipe, settings, training, ACCELERATOR_BYTES[accelerator] / GB)
+    if "generator.kv_cache_gb" in settings.planned and cap and kv and cap >= kv / 2:
+        settings, memory, rank0_only = planned(cap)
+        training = while_training(recipe, settings, placements, memory)
+    _check_step_memory(recipe, accelerator, training, settings, share)
     if shared:
         _check_shared_memory(recipe, accelerator, memory, settings, placements, rank0_only, share)
-    training = while_training(recipe, settings, placements, memory)
     estimate = predict_step(
         recipe,
         accelerator,
@@ -757,9 +777,9 @@ def while_training(
     step = trainer_step_bytes(
         recipe.arch, t.ranks, t.tokens_per_micro_batch, t.activation_checkpointing, t.compile
     )
-    rank0 = ipc_buffer_held(recipe, sync.transport, sync.expected)
-    if "push" in sync.expected:
-        rank0 += 2 * recipe.arch.params  # the push path's flat buffer (as in `memory` above)
+    rank0 = ipc_buffer_held(recipe, sync.transport, sync.expected) + push_buffer_bytes(
+        recipe, sync.transport, sync.expected
+    )
     trainer = next(p for p in placements if p.service == "trainer")
     out: dict[str, dict[str, float]] = {}
     for gpu in trainer.gpus:
@@ -825,27 +845,38 @@ def _with_reference_gpus(recipe: Recipe, n: int) -> Recipe:
 
 def _colocated_plans(recipe: Recipe, gpus: int, accelerator: str) -> list[Plan]:
     """layout.share all, one plan for each GPU count of the reference that fits (the cost
-    model picks)."""
+    model picks), each with as many generator replicas as fit: a replica on every
+    generator.tp GPUs, else fewer, which leaves room on the GPUs without one."""
     plans: list[Plan] = []
     refusals: list[UserError] = []
     for n in _reference_spans(recipe, gpus):
-        try:
-            plans.append(_colocated_plan(_with_reference_gpus(recipe, n), gpus, accelerator))
-        except UserError as e:
-            refusals.append(e)
+        for replicas in range(max(gpus // recipe.layout.generator.tp, 1), 0, -1):
+            try:
+                plans.append(
+                    _colocated_plan(_with_reference_gpus(recipe, n), gpus, accelerator, replicas)
+                )
+                break
+            except DoesNotFit as e:
+                refusals.append(e)
+            except UserError as e:
+                refusals.append(e)
+                break
     if not plans:
         raise refusals[0]  # as raised: a memory refusal stays one (DoesNotFit)
     return plans
 
 
-def _colocated_plan(recipe: Recipe, gpus: int, accelerator: str) -> Plan:
-    """layout.share all: on one node, the trainer shards over every GPU (FSDP), the generator
-    has a replica on every generator.tp of them, the reference sits on the last
+def _colocated_plan(recipe: Recipe, gpus: int, accelerator: str, replicas: int) -> Plan:
+    """layout.share all: on one node, the trainer shards over every GPU (FSDP), the generator's
+    `replicas` take generator.tp GPUs each from the first, the reference sits on the last
     reference.gpus; every GPU's services take turns, and must fit it together."""
     lay = recipe.layout
     gen_tp = lay.generator.tp
-    replicas = gpus // gen_tp
-    if replicas < 1 or (lay.reference.on_gpu and lay.reference.gpus > gpus):
+    if (
+        replicas < 1
+        or replicas * gen_tp > gpus
+        or (lay.reference.on_gpu and lay.reference.gpus > gpus)
+    ):
         raise UserError(
             f"{recipe.name}: layout.share all needs at least {_widest(recipe)} GPUs (its "
             f"widest service's); got {gpus}"
@@ -876,6 +907,18 @@ def _colocated_plan(recipe: Recipe, gpus: int, accelerator: str) -> Plan:
     )
 
 
+def _generator_gb(recipe: Recipe, settings: Settings, memory: dict[str, float]) -> float:
+    """GB a generator replica holds on each of its GPUs: its bf16 weights with the fixed KV
+    cache its settings give (where it shares a GPU), else its whole estimate."""
+    from recipes.memory import RUNTIME_OVERHEAD_GB
+
+    kv = settings.generator.kv_cache_gb
+    if kv is None:
+        return memory["generator"]
+    weights = 2 * recipe.arch.params / recipe.layout.generator.tp / GB
+    return round(weights + kv + RUNTIME_OVERHEAD_GB, 1)
+
+
 def _check_shared_memory(
     recipe: Recipe,
     accelerator: str,
@@ -889,15 +932,7 @@ def _check_shared_memory(
     (trainer rank 0, on the trainer's first GPU, less `rank0_only` on the others), the
     generator's bf16 weights with its fixed KV cache (its whole estimate where it has the GPU
     to itself), and the reference's."""
-    from recipes.memory import RUNTIME_OVERHEAD_GB
-
-    arch = recipe.arch
-    kv = settings.generator.kv_cache_gb
     generator = memory["generator"]
-    if kv is not None:
-        generator = round(
-            2 * arch.params / recipe.layout.generator.tp / 1e9 + kv + RUNTIME_OVERHEAD_GB, 1
-        )
     trainer = next(p for p in placements if p.service == "trainer")
     per_gpu: dict[tuple[int, int], dict[str, float]] = {}
     for p in placements:
@@ -914,29 +949,67 @@ def _check_shared_memory(
         shown = " + ".join(f"{k} {v:.0f}" for k, v in parts.items())
         raise DoesNotFit(
             f"{recipe.name}: layout.share {share} puts {shown} = {total:.0f} GB on GPU {gpu}, "
-            f"an {accelerator} of {capacity:.0f} GB; use more GPUs or give the services GPUs "
+            f"an {accelerator} of {capacity:.1f} GB; use more GPUs or give the services GPUs "
             "of their own (layout.share none)" + _smaller_kv(recipe, settings, per_gpu, capacity)
         )
+
+
+def _check_step_memory(
+    recipe: Recipe,
+    accelerator: str,
+    training: dict[str, dict[str, float]],
+    settings: Settings,
+    share: str,
+) -> None:
+    """The fullest of the trainer's GPUs while it steps (`while_training`: its step at the
+    planned micro-batch, rank 0's version buffer, the services sharing the GPU) must fit what
+    CUDA reports for the device."""
+    where, parts = max(training.items(), key=lambda kv: sum(kv[1].values()))
+    total, device = sum(parts.values()), ACCELERATOR_BYTES[accelerator] / GB
+    if total > device:
+        shown = " + ".join(f"{k} {v:.1f}" for k, v in parts.items())
+        remedy = "use more GPUs" + (
+            "" if share == "none" else " or give the services GPUs of their own (layout.share none)"
+        )
+        raise DoesNotFit(
+            f"{recipe.name}: layout.share {share}: while the trainer steps, {where} would hold "
+            f"{shown} = {total:.1f} GB, over an {accelerator}'s {device:.1f} GB; {remedy}"
+            + _smaller_kv(recipe, settings, training, device)
+        )
+
+
+def _kv_that_fits(
+    recipe: Recipe,
+    settings: Settings,
+    per_gpu: dict[Any, dict[str, float]],
+    capacity: float,
+) -> float | None:
+    """Where some GPU is over `capacity` and the generator's KV cache is what does not fit,
+    the largest cache (to 0.5 GB, a group's at the least) with which every GPU would: vLLM
+    then samples in waves. None where every GPU fits, or one without the generator is over."""
+    kv = settings.generator.kv_cache_gb
+    if kv is None:
+        return None
+    over = {gpu: sum(parts.values()) - capacity for gpu, parts in per_gpu.items()}
+    if max(over.values()) <= 0:
+        return None
+    if any(excess > 0 and "generator" not in per_gpu[gpu] for gpu, excess in over.items()):
+        return None
+    least = kv_gb(recipe, recipe.grpo.group_size)  # a replica holds one group at the least
+    fits = math.floor((kv - max(over.values())) * 2) / 2
+    return fits if fits >= max(least, 0.5) else None
 
 
 def _smaller_kv(
     recipe: Recipe,
     settings: Settings,
-    per_gpu: dict[tuple[int, int], dict[str, float]],
+    per_gpu: dict[Any, dict[str, float]],
     capacity: float,
 ) -> str:
-    """Where the generator's KV cache (planned to hold a generate call's sequences at once) is
-    what does not fit, the largest cache with which every GPU would: vLLM then samples in
-    waves. Nothing where a GPU without the generator is over as well."""
+    """The advice a refusal ends with where a smaller KV cache would fit (`_kv_that_fits`)."""
     kv = settings.generator.kv_cache_gb
-    if kv is None:
-        return ""
-    over = {gpu: sum(parts.values()) - capacity for gpu, parts in per_gpu.items()}
-    if any(excess > 0 and "generator" not in per_gpu[gpu] for gpu, excess in over.items()):
-        return ""
-    least = kv_gb(recipe, recipe.grpo.group_size)  # a replica holds one group at the least
-    fits = math.floor((kv - max(over.values())) * 2) / 2
-    if fits < max(least, 0.5):
+    fits = _kv_that_fits(recipe, settings, per_gpu, capacity)
+    if kv is None or fits is None:
         return ""
     why = (
         f"planned {kv:g} GB to hold a generate call's sequences at once"

@@ -16,17 +16,19 @@ Planned values:
 - reference.ranks: one process per reference GPU (1 on CPU), the frozen model sharded over them.
 - trainer.tokens_per_micro_batch / activation_checkpointing: the largest micro-batch that
   fits, without checkpointing if it can (`trainer_memory_plan`), in the GPU less what stays on
-  it beside the trainer (the direct paths' buffer; on a shared GPU the generator's weights and
-  fixed KV cache and the reference); a shared trainer that fits none of those takes 8192
-  tokens with checkpointing; on a CPU 8192 without.
+  it beside the trainer (the push path's buffer; on a shared GPU also the generator's weights
+  and fixed KV cache and the reference); a shared trainer that fits none of those takes 8192
+  tokens with checkpointing (the planner then checks that step against the device); on a CPU
+  8192 without.
 - trainer.compile, reference.compile: on GPUs.
 - reference.tokens_per_micro_batch: the trainer memory plan of a one-rank trainer on the
   reference's GPU (the reference holds less, so this is conservative); 8192 when shared.
 - weight_sync.transport stays "auto" until the run starts: each generator's path then follows
-  where it and the trainer are (`plan` shows the path it expects), unless the direct paths'
-  flat buffer (2 bytes a parameter on trainer rank 0) leaves the trainer no micro-batch that
-  fits: then "store", which streams each version a block at a time. With a direct path the
-  trainer's micro-batch is planned with that buffer taken off its GPU.
+  where it and the trainer are (`plan` shows the path it expects), unless the push path's
+  flat buffer (2 bytes a parameter on trainer rank 0, `push_buffer_bytes`) leaves a trainer on
+  GPUs of its own no micro-batch that fits: then "store", which streams each version a block
+  at a time. With the push path the trainer's micro-batch is planned with that buffer taken
+  off its GPU.
 """
 
 from __future__ import annotations
@@ -143,12 +145,14 @@ def plan_settings(
     generator_replicas: int,
     expected_paths: tuple[str, ...] = (),
     beside_trainer: frozenset[str] = frozenset(),
+    kv_cap_gb: float | None = None,
 ) -> Settings:
     """The recipe's settings with every "auto" planned.
 
     `shared`: the services ("generator", "trainer", "reference") whose GPUs another service
     also uses; `beside_trainer`: those on the trainer's GPUs; `trainer_gpus` and
-    `generator_replicas` as planned; `accelerator` the GPU type ("cpu" for a CPU plan).
+    `generator_replicas` as planned; `accelerator` the GPU type ("cpu" for a CPU plan);
+    `kv_cap_gb` caps a planned KV cache (what leaves the trainer's step room on its GPU).
     """
     cpu = accelerator == "cpu"
     planned: list[str] = []
@@ -170,6 +174,8 @@ def plan_settings(
     kv_auto = None
     if not cpu and "generator" in shared:
         kv_auto = _kv_reserve_gb(recipe, generator_replicas)
+        if kv_cap_gb is not None:
+            kv_auto = min(kv_auto, kv_cap_gb)
     kv = pick("generator", "kv_cache_gb", kv_auto)
     share = pick(
         "generator",
@@ -182,18 +188,15 @@ def plan_settings(
 
     ranks = pick("trainer", "ranks", 1 if cpu else trainer_gpus)
     sync = recipe.weight_sync
-    transport, reserve, held = sync.transport, 0, 0
-    direct = not cpu and "trainer" not in shared and "push" in expected_paths
-    if direct and transport != "store":
-        # The push path sends each version from one flat bf16 buffer that trainer rank 0 keeps
-        # beside its shards; the store path streams a block at a time instead.
-        flat = 2 * recipe.arch.params
+    transport, reserve, held = sync.transport, 0.0, 0.0
+    flat = 0.0 if cpu else push_buffer_bytes(recipe, transport, expected_paths)
+    if flat and "trainer" not in shared:
         room = ACCELERATOR_BYTES[accelerator] - flat
         if transport == "auto" and trainer_memory_plan(recipe.arch, ranks, room) is None:
             transport = pick("weight_sync", "transport", "store")
             expected_paths = tuple("store" for _ in expected_paths)
-        else:
-            reserve = flat
+            flat = 0.0
+    reserve = flat
     if not cpu and "trainer" in shared:
         # what stays on the trainer's GPUs through its turn: the others' weights and caches
         reserve += _resident_bytes(recipe, beside_trainer, kv)
@@ -223,6 +226,15 @@ def plan_settings(
     )
     weight_sync = WeightSyncSettings(transport, sync.timeout_s, expected_paths)
     return Settings(generator, trainer, reference, weight_sync, tuple(planned))
+
+
+def push_buffer_bytes(recipe: Any, transport: str, expected_paths: tuple[str, ...]) -> float:
+    """Bytes of the flat bf16 buffer trainer rank 0 keeps beside its shards where a generator
+    takes its versions by push: each version goes out from it (the store path streams a block
+    at a time instead)."""
+    if "push" in expected_paths and transport != "store":
+        return 2 * recipe.arch.params
+    return 0.0
 
 
 def ipc_buffer_held(recipe: Any, transport: str, expected_paths: tuple[str, ...]) -> float:
@@ -332,5 +344,5 @@ def _check_kv(recipe: Any, accelerator: str, kv_gb: float) -> None:
         raise DoesNotFit(
             f"generator.kv_cache_gb: {kv_gb:g} GB of KV cache + {weights:.0f} GB of bf16 "
             f"weights + {RUNTIME_OVERHEAD_GB:.0f} GB runtime = {need:.0f} GB per GPU, but an "
-            f"{accelerator} has {have:.0f} GB; lower generator.kv_cache_gb"
+            f"{accelerator} has {have:.1f} GB; lower generator.kv_cache_gb"
         )

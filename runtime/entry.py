@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -95,12 +96,23 @@ def _default_gpus(recipe) -> int:
     nodes = os.environ.get("SKYPILOT_NUM_NODES", "1")
     if per_node:
         return int(per_node) * int(nodes)
+    if not _nvidia_driver():
+        raise UserError(
+            f"{recipe.name} runs on GPUs and this machine has none (no NVIDIA driver); run it "
+            "where there are, or `forgesky local tiny` on a CPU"
+        )
     try:
         import torch
 
         return torch.cuda.device_count()
     except Exception:  # noqa: BLE001 - no usable CUDA means no GPUs
         return 0
+
+
+def _nvidia_driver() -> bool:
+    """Whether an NVIDIA driver is here (its /proc entry or nvidia-smi): without one there is no
+    GPU to count, and torch need not load to say so."""
+    return Path("/proc/driver/nvidia/gpus").exists() or shutil.which("nvidia-smi") is not None
 
 
 def _accelerator(recipe) -> str | None:

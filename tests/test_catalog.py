@@ -77,7 +77,7 @@ def test_tiny_header_says_cpu():
 
 @pytest.mark.parametrize(
     ("name", "need", "shared", "gated"),
-    [("qwen3-1.7b", 3, 1, False), ("qwen3-8b", 5, 4, False), ("llama3.1-8b", 5, 3, True)],
+    [("qwen3-1.7b", 3, 1, False), ("qwen3-8b", 5, 4, False), ("llama3.1-8b", 5, 4, True)],
 )
 def test_headline_minimums(name, need, shared, gated):
     # a GPU for each service as the upstream recipes state; with services sharing GPUs (on the

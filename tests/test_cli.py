@@ -127,15 +127,16 @@ def test_plan_defaults_to_what_launch_asks_for(capsys):
 def test_plan_explain_weighs_every_layout(capsys):
     code, out, _ = run_main(capsys, "plan", "qwen3-8b", "--gpus", "4", "--explain")
     assert code == 0
-    assert "qwen3-8b on 4 x H100 (1 node x 4 GPUs; minimum 4 sharing GPUs, 5 with GPUs of" in out
+    assert "qwen3-8b on 4 x H100 (1 node x 4 GPUs; minimum 4 GPUs with services sharing, 5 with" in out
     assert "layout.share all: every service shares every GPU" in out
     weighed = out[out.index("layouts weighed on 4 x H100") :].splitlines()
     rows = {
         line.split()[1] if line.startswith("*") else line.split()[0]: line for line in weighed[2:-1]
     }
-    assert rows["all"].startswith("*") and "generator0 0-1, generator1 2-3" in rows["all"]
+    # a generator replica on each pair of GPUs would not leave the trainer's step room: one
+    assert rows["all"].startswith("*") and "generator0 0-1, reference 3, trainer 0-3" in rows["all"]
     assert "needs at least 5 GPUs with GPUs of their own" in rows["none"]
-    assert "puts reference 22 + trainer" in rows["trainer_reference"]
+    assert "while the trainer steps, node 0 GPU 3 would hold trainer" in rows["trainer_reference"]
     assert weighed[-1] == (
         "speeds from H200 qwen3-8b (measured), scaled to H100 by memory bandwidth and bf16 peak"
     )
@@ -217,6 +218,49 @@ def test_catalog_commands_import_neither_skypilot_nor_torch(tmp_path):
     assert result.stdout.strip().endswith("clean")
 
 
+def test_bad_input_is_refused_before_skypilot_or_torch_loads(tmp_path):
+    """What a command can tell from its arguments and the disk it says before loading SkyPilot
+    or torch (seconds each): render a plan that does not fit, export from a path that is not
+    there or into a folder that holds something, run a GPU recipe where there is no GPU."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full/notes.md").write_text("keep")
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from launcher.cli import main
+        os.environ["PATH"] = ""  # no nvidia-smi here
+        commands = [
+            ["render", "qwen3-8b", "--gpus", "2"],
+            ["render", "qwen3-1.7b", "--set", "grpo.lr=1"],
+            ["export", {str(tmp_path / "none")!r}, "--out", {str(tmp_path / "m")!r}],
+            ["export", {str(tmp_path)!r}, "--out", {str(tmp_path / "full")!r}],
+        ]
+        if not os.path.exists("/proc/driver/nvidia/gpus"):
+            commands.append(["local", "qwen3-1.7b"])
+        for argv in commands:
+            assert main(argv) == 2, argv
+            heavy = [m for m in ("sky", "torch") if m in sys.modules]
+            assert not heavy, (argv, heavy)
+        print("clean", len(commands))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith("clean")
+    assert (tmp_path / "full/notes.md").read_text() == "keep"
+
+
+def test_version_and_copying_into_a_folder_that_is_not_there(capsys, tmp_path):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("forgesky ")
+    code, _, err = run_main(capsys, "cp", "qwen3-8b", str(tmp_path / "nowhere") + "/")
+    assert_user_error(code, err, "no such directory")
+    assert not (tmp_path / "nowhere").exists()
+
+
 # --- bad input: one line, exit 2, nothing launched ---------------------------------------------
 
 
@@ -255,12 +299,14 @@ def test_gpus_zero_or_below_minimum(capsys, no_cloud):
         ["plan", "qwen3-8b", "--gpus", "0"],
         ["render", "qwen3-8b", "--gpus", "3"],
         ["launch", "qwen3-8b", "--gpus", "2", "--yes"],
-        ["validate", "recipes/catalog/qwen3-8b.yaml", "--gpus", "-1"],
+        ["validate", "recipes/catalog/qwen3-8b.yaml", "--gpus", "1"],
     ):
         code, _, err = run_main(capsys, *argv)
         # both minimums: services sharing GPUs, and a GPU for each
         assert_user_error(code, err, "at least 4 GPUs on an H100 with services sharing them")
         assert "5 GPUs (generator 2 = TP2×1, reference 1, trainer 2 = FSDP2)" in err
+    code, _, err = run_main(capsys, "validate", "recipes/catalog/qwen3-8b.yaml", "--gpus", "-1")
+    assert_user_error(code, err, "--gpus -1: a GPU count is 0 or more")
     assert no_cloud == []
 
 

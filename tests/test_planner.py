@@ -203,7 +203,7 @@ def test_cpu_plan():
     ]
     assert error_of(recipe("tiny"), 2) == (
         "tiny runs on CPU (resources.accelerator: cpu) and takes 0 GPUs, got 2; "
-        "run it with forgesky local tiny"
+        "leave --gpus out (forgesky local tiny runs it here)"
     )
     assert "tiny on CPU" in plan(recipe("tiny"), 0).describe()
 
@@ -256,7 +256,7 @@ def test_to_dict_is_json_and_describe_is_a_table():
     assert d["placements"][0] == {"service": "generator", "replica": 0, "node": 0, "gpus": [0, 1]}
     assert d["memory"] == p.memory and d["num_nodes"] == 1
     text = p.describe()
-    assert text.splitlines()[0] == "qwen3-8b on 8 x H100 (1 node x 8 GPUs; minimum 5)"
+    assert text.splitlines()[0] == "qwen3-8b on 8 x H100 (1 node x 8 GPUs; minimum 5 GPUs)"
     assert "generator  1        0     2-3   TP2" in text
     assert "FSDP3" in text
     idle = plan(recipe("qwen3-32b"), 32)
@@ -398,16 +398,21 @@ def test_colocated_services_share_every_gpu_of_one_node():
 
 
 def test_colocated_services_must_fit_a_gpu_together():
-    # The layouts that do not fit say why, GPU by GPU: sharing its GPU with the reference, a
-    # trainer rank of 4 GPUs less its generator's two (its version buffer on rank 0 only)
+    # The layouts that do not fit say why, at the trainer's step peak on its fullest GPU:
+    # sharing its GPU with the reference, a trainer rank of 4 GPUs less its generator's two
     four = plan(recipe("qwen3-8b", "layout.share=auto"), 4)
     refused = {c.share: c.refused for c in four.candidates if c.refused}
     assert refused["trainer_reference"].startswith(
-        "qwen3-8b: layout.share trainer_reference puts reference 22 + trainer "
+        "qwen3-8b: layout.share trainer_reference: while the trainer steps, node 0 GPU 3 would "
+        "hold trainer "
     )
-    assert "on GPU 3, an H100 of 80 GB; use more GPUs" in refused["trainer_reference"]
-    assert four.share == "all" and "needs at least 5 GPUs" in refused["none"]
-    assert plan(recipe("qwen3-8b", "layout.share=all"), 4).trainer_gpus == 4
+    assert "GB, over an H100's 85.5 GB; use more GPUs" in refused["trainer_reference"]
+    assert "needs at least 5 GPUs" in refused["none"]
+    # a generator replica on each pair of GPUs would leave the trainer's step no room there
+    # (its version buffer on rank 0 beside one of them); one replica does
+    assert (four.share, four.generator_replicas, four.trainer_gpus) == ("all", 1, 4)
+    assert [p.gpus for p in four.placements_of("generator")] == [(0, 1)]
+    assert all(sum(g.values()) <= 85.5 for g in four.while_training_gb.values())
     message = error_of(recipe("qwen3-1.7b", "layout.share=all"), 16)
     assert "layout.share all runs on one node; use at most 8 GPUs" in message
 
@@ -536,18 +541,24 @@ def test_a_trainer_above_its_memory_headroom_is_named():
 
 
 def test_a_shared_gpu_that_the_kv_cache_overfills_names_the_cache_that_fits():
-    # two steps a generate call on one H100: the cache planned for 256 sequences at once is
-    # what does not fit; the line names the largest that does, and that one is accepted
+    # two steps a generate call on one H100: the cache for 256 sequences at once (45.5 GB)
+    # would leave the trainer's step no room; planned, it is cut to the largest that leaves it
+    # room (vLLM samples in waves), down to half
     two_calls = ["grpo.max_response_tokens=512", "grpo.steps_per_call=2"]
-    line = error_of(recipe("qwen3-1.7b", "layout.share=auto", *two_calls), 1)
-    assert (
-        "or a KV cache of at most 33.5 GB (--set generator.kv_cache_gb=33.5; planned 45.5 GB"
-        in line
+    planned = plan(recipe("qwen3-1.7b", "layout.share=auto", *two_calls), 1)
+    assert planned.settings.generator.kv_cache_gb == 30
+    assert "generator.kv_cache_gb" in planned.settings.planned
+    assert sum(planned.while_training_gb["node 0 GPU 0"].values()) <= 85.5
+    # set by the recipe, it is kept and refused: the line names the largest that fits, and
+    # that one is accepted
+    line = error_of(
+        recipe("qwen3-1.7b", "layout.share=auto", *two_calls, "generator.kv_cache_gb=45.5"), 1
     )
+    assert "or a KV cache of at most 30 GB (--set generator.kv_cache_gb=30; set to 45.5 GB" in line
     fits = plan(
-        recipe("qwen3-1.7b", "layout.share=auto", *two_calls, "generator.kv_cache_gb=33.5"), 1
+        recipe("qwen3-1.7b", "layout.share=auto", *two_calls, "generator.kv_cache_gb=30"), 1
     )
-    assert fits.settings.generator.kv_cache_gb == 33.5
+    assert fits.settings.generator.kv_cache_gb == 30
     # where the cache is not the problem (nothing smaller would do), no such advice
     assert "KV cache of at most" not in error_of(recipe("qwen3-8b", "layout.share=auto"), 3)
 
@@ -631,3 +642,30 @@ def test_a_spread_reference_is_weighed_where_services_share_gpus():
     # with GPUs of their own (layout.share none) the reference keeps layout.reference.gpus
     own = plan(recipe("qwen3-1.7b", "layout.reference.spread=true"), 3)
     assert own.share == "none" and len(own.placements_of("reference")[0].gpus) == 1
+
+
+@pytest.mark.parametrize("accelerator", ["H100", "H200"])
+def test_no_accepted_plan_puts_more_on_a_gpu_while_the_trainer_steps_than_the_gpu_has(accelerator):
+    # every catalog recipe, both policy modes, one to eight GPUs: what `plan` accepts fits each
+    # of the trainer's GPUs at its step peak (the trainer's step at its planned micro-batch,
+    # rank 0's version buffer, whatever shares the GPU), as `plan` prints it
+    from recipes.memory import ACCELERATOR_GB
+
+    accepted = 0
+    for name in list_recipes():
+        for age in (0, 1):
+            r = recipe(
+                name, "layout.share=auto", f"grpo.max_policy_age={age}",
+                f"resources.accelerator={accelerator}",
+            )  # fmt: skip
+            if r.cpu:
+                continue
+            for gpus in (1, 2, 3, 4, 5, 8):
+                try:
+                    p = plan(r, gpus)
+                except UserError:
+                    continue
+                accepted += 1
+                for where, parts in p.while_training_gb.items():
+                    assert sum(parts.values()) <= ACCELERATOR_GB[accelerator], (name, gpus, where)
+    assert accepted > 50

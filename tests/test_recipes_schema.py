@@ -174,7 +174,7 @@ def test_memory_must_fit_the_accelerator(tmp_path):
     data = catalog_data()
     data["layout"]["trainer"]["gpus"] = 1  # 8B params x 16 bytes on one GPU
     message = error_of(load_recipe, write(tmp_path, data))
-    assert "resources.accelerator: trainer needs ~136 GB per GPU but H100 has 80 GB" in message
+    assert "resources.accelerator: trainer needs ~136 GB per GPU but H100 has 85.5 GB" in message
     assert "raise layout.trainer.gpus" in message
 
     data["resources"] = {"accelerator": "H200", "alternatives": []}
@@ -182,7 +182,7 @@ def test_memory_must_fit_the_accelerator(tmp_path):
 
     data["resources"]["alternatives"] = ["H100"]
     message = error_of(load_recipe, write(tmp_path, data))
-    assert "resources.alternatives.0: trainer needs ~136 GB per GPU but H100 has 80 GB" in message
+    assert "resources.alternatives.0: trainer needs ~136 GB per GPU but H100 has 85.5 GB" in message
 
 
 def test_generator_kv_reserve_counts_against_memory(tmp_path):
@@ -253,12 +253,12 @@ def test_unknown_and_missing_keys(tmp_path):
     data["grpo"]["stepz"] = 3
     message = error_of(load_recipe, write(tmp_path, data))
     assert (
-        "grpo.stepz: unknown key; valid keys here: advantage_std, aggregation, checkpoint_interval"
-        in message
+        "grpo.stepz: unknown key; did you mean steps? valid keys here: advantage_std, aggregation, "
+        "checkpoint_interval" in message
     )
     data = catalog_data()
     data["layout"]["trainer"]["dp"] = 2
-    assert "layout.trainer.dp: unknown key; valid keys here: gpus" in error_of(
+    assert "layout.trainer.dp: unknown key; valid keys here: gpus" in error_of(  # nothing close
         load_recipe, write(tmp_path, data)
     )
     data = catalog_data()
@@ -269,6 +269,12 @@ def test_unknown_and_missing_keys(tmp_path):
     data = catalog_data()
     del data["grpo"]["steps"]
     assert "grpo.steps: required field is missing" in error_of(load_recipe, write(tmp_path, data))
+    # a misspelt key is also a missing one: the line names the misspelling
+    data = catalog_data()
+    data["grpo"]["stepz"] = data["grpo"].pop("steps")
+    assert error_of(load_recipe, write(tmp_path, data)).split(": ", 1)[1].startswith(
+        "grpo.stepz: unknown key; did you mean steps?"
+    )
 
 
 def test_every_model_forbids_extra_keys():
@@ -357,12 +363,21 @@ def test_overrides_apply_and_revalidate():
 def test_override_mistakes():
     base = load_recipe("qwen3-8b")
     assert error_of(apply_overrides, base, ["grpo.stepz=3"]).startswith(
-        "unknown key 'grpo.stepz'; valid keys under grpo: advantage_std, aggregation, checkpoint_interval"
+        "unknown key 'grpo.stepz'; did you mean steps? valid keys under grpo: advantage_std, "
+        "aggregation, checkpoint_interval"
     )
     assert (
         "valid keys under the top level: dataset, description, eval, generator, grpo, layout, model, "
         "name, reference, resources, trainer, watchdog, weight_sync"
     ) in error_of(apply_overrides, base, ["gpro.steps=3"])
+    assert "did you mean grpo?" in error_of(apply_overrides, base, ["gpro.steps=3"])
+    # a blank value, a section given a value: one line each, saying what to write
+    assert error_of(apply_overrides, base, ["grpo.learning_rate="]).endswith(
+        "grpo.learning_rate: Input should be a valid number (got no value)"
+    )
+    assert error_of(apply_overrides, base, ["grpo=5"]).startswith(
+        "override 'grpo=5': grpo is a section; set its keys, e.g. grpo."
+    )
     assert "dataset.rewards is a list of 2; use an index 0..1" in error_of(
         apply_overrides, base, ["dataset.rewards.5.weight=1"]
     )

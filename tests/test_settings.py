@@ -100,8 +100,15 @@ def test_the_direct_weight_paths_buffer_is_planned_or_the_store_streams_instead(
         else:
             assert room is not None and s.weight_sync.transport == "auto"
             assert s.trainer.peak_gb * 1e9 + flat <= ACCELERATOR_BYTES["H100"]
-    # what the recipe sets is kept: push on a layout where its buffer leaves no room
-    forced = plan(recipe("qwen3-8b", "weight_sync.transport=push"), 5).settings
+    # what the recipe sets is kept: push where its buffer leaves the trainer's step no room is
+    # refused with the arithmetic, and planned where it fits
+    with pytest.raises(
+        UserError,
+        match=r"while the trainer steps, node 0 GPU \d would hold trainer "
+        r"[\d.]+ = [\d.]+ GB, over an H100's 85.5 GB; use more GPUs",
+    ):
+        plan(recipe("qwen3-8b", "weight_sync.transport=push"), 5)
+    forced = plan(recipe("qwen3-8b", "weight_sync.transport=push"), 8).settings
     assert forced.weight_sync.transport == "push" and set(forced.weight_sync.expected) == {"push"}
 
 
