@@ -191,7 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint. The folder loads with transformers' from_pretrained and vllm.LLM.",
     )
     p.add_argument("source", metavar="RUN_DIR", help="run directory, or one of its checkpoints")
-    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write: a new or empty one (one that holds anything is refused)")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="the folder to write: a new or empty one (one that holds anything is refused)",
+    )
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
     p.add_argument(
         "--recipe", default=None, help="catalog name or YAML path (default: the run's own)"

@@ -127,7 +127,9 @@ def test_plan_defaults_to_what_launch_asks_for(capsys):
 def test_plan_explain_weighs_every_layout(capsys):
     code, out, _ = run_main(capsys, "plan", "qwen3-8b", "--gpus", "4", "--explain")
     assert code == 0
-    assert "qwen3-8b on 4 x H100 (1 node x 4 GPUs; minimum 4 GPUs with services sharing, 5 with" in out
+    assert (
+        "qwen3-8b on 4 x H100 (1 node x 4 GPUs; minimum 4 GPUs with services sharing, 5 with" in out
+    )
     assert "layout.share all: every service shares every GPU" in out
     weighed = out[out.index("layouts weighed on 4 x H100") :].splitlines()
     rows = {

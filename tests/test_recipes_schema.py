@@ -272,8 +272,10 @@ def test_unknown_and_missing_keys(tmp_path):
     # a misspelt key is also a missing one: the line names the misspelling
     data = catalog_data()
     data["grpo"]["stepz"] = data["grpo"].pop("steps")
-    assert error_of(load_recipe, write(tmp_path, data)).split(": ", 1)[1].startswith(
-        "grpo.stepz: unknown key; did you mean steps?"
+    assert (
+        error_of(load_recipe, write(tmp_path, data))
+        .split(": ", 1)[1]
+        .startswith("grpo.stepz: unknown key; did you mean steps?")
     )
 
 
