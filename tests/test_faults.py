@@ -220,13 +220,14 @@ def test_sigterm_checkpoints_exits_0_and_the_resumed_run_matches_an_uninterrupte
 
 def test_sigusr1_prints_every_process_stacks_and_the_run_goes_on(tmp_path: Path):
     """What to do with a run that seems stuck: kill -USR1 prints the stacks of the controller
-    and of every actor proc into the run's output, and the run carries on to its end."""
+    and of every proc into the run's output, and the run carries on to its end."""
     run = RuntimeRun(args(tmp_path / "run"), log=tmp_path / "run.log")
     run.wait_line(r"services ready", timeout=300)
     before = len(run.lines)
     caught = run.dump_stacks()
-    # the controller and the proc of each service: generator, reference, trainer, reward
-    assert run.proc.pid in caught and len(caught) == 5, caught
+    # the controller and the proc of each service: generator, reference, trainer, reward, and
+    # the weight store's
+    assert run.proc.pid in caught and len(caught) == 6, caught
     # on failure, the run's own lines without the stacks it printed
     assert run.finish(timeout=600) == 0, "".join(
         line for line in run.lines if not re.match(r"\s+File |\s{4}|Thread 0x|\s*$", line)

@@ -54,6 +54,7 @@ from typing import Any, NamedTuple
 import torch
 
 from runtime.compat.torchstore import ensure_torchstore_compatible
+from runtime.procs.mesh import proc_bootstrap_cmd
 from runtime.weights.layout import (
     BUCKET_BYTES,
     Packer,
@@ -384,7 +385,10 @@ async def start_store(
     store = WeightStore(name, bucket_bytes)
     if name in _volume_meshes:
         raise ValueError(f"weight store {name!r} is already running")
-    procs = (host or this_host()).spawn_procs(per_host={"procs": 1})
+    # started like the services' procs: it prints its stacks on kill -USR1 too
+    procs = (host or this_host()).spawn_procs(
+        per_host={"procs": 1}, bootstrap_command=proc_bootstrap_cmd()
+    )
     try:
         await ts.initialize(num_storage_volumes=1, store_name=name, mesh=procs)
     except BaseException:
