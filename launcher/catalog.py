@@ -186,5 +186,5 @@ def _params(count: int) -> str:
     if count >= 1e9:
         return f"{count / 1e9:.1f}B"
     if count >= 1e6:
-        return f"{count / 1e6:.0f}M"
+        return f"{count / 1e6:.{1 if count < 1e7 else 0}f}M"
     return f"{count / 1e3:.0f}K"
