@@ -21,7 +21,9 @@
 #                                      reward; one JSON, a log per run; SBS_RUNS=ours or trl
 #                                      runs one of the two, SBS_RUNS="ours alone trl" also vLLM
 #                                      alone on GPU 0 after ours (SBS_ALONE_S, 200);
-#                                      SBS_OURS_ARGS: more arguments for ours (--set K=V)
+#                                      SBS_OURS_ARGS: more arguments for ours (--set K=V);
+#                                      SBS_TRL_MB="32 16": TRL's micro-batches to try, largest
+#                                      first, the first that runs to its end is kept
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
@@ -229,12 +231,22 @@ case "$mode" in
       launch=(python3 -m torch.distributed.run --nproc_per_node "$gpus"
         --master_port "${MASTER_PORT:-29611}")
     fi
-    MASTER_PORT=${MASTER_PORT:-29611} timeout -s TERM "${SBS_TRL_S:-200}" \
-      "${launch[@]}" bench/trl_grpo.py --out "$json" "${trl[@]}" "$@" \
-      --section "trl_tuned_${policy}_policy" >"$out/side_by_side_trl_${policy}$tag.log" 2>&1 || rc=$?
-    echo "TRL ${policy}-policy: exit $rc"
+    # SBS_TRL_MB (e.g. "32 16"): micro-batches to try, largest first, each in a process of its
+    # own; the first that runs to its end writes the section ("the largest micro-batch that
+    # fits"), each try's log and exit code stay in $out.
+    for mb in ${SBS_TRL_MB:-keep}; do
+      more=()
+      [ "$mb" = keep ] || more=(--micro-batch "$mb")
+      log="$out/side_by_side_trl_${policy}$tag${more:+_mb$mb}.log"
+      rc=0
+      MASTER_PORT=${MASTER_PORT:-29611} timeout -s TERM "${SBS_TRL_S:-200}" \
+        "${launch[@]}" bench/trl_grpo.py --out "$json" "${trl[@]}" "$@" "${more[@]}" \
+        --section "trl_tuned_${policy}_policy" >"$log" 2>&1 || rc=$?
+      echo "TRL ${policy}-policy${more:+ micro-batch $mb}: exit $rc" | tee -a "$out/trl_tries$tag.txt"
+      [ "$rc" -eq 0 ] && break
+    done
     cp "$json" "$out/" 2>/dev/null || true
-    tail -4 "$out/side_by_side_trl_${policy}$tag.log" || true
+    tail -4 "$log" || true
     exit $((status || rc))
     ;;
   product)
