@@ -525,7 +525,7 @@ def _candidates(
             out.append((None, Candidate(kind, "-", refused=str(e), over_memory=over)))
             continue
         for p in plans:
-            out.append((p, _candidate(recipe, p)))
+            out.append((p, _candidate(recipe, p)) if isinstance(p, Plan) else (None, p))
     return out
 
 
@@ -543,21 +543,21 @@ def _candidate(recipe: Recipe, p: Plan) -> Candidate:
         g_per_step = g.prompts_per_step * g.group_size / (p.predicted_step_s * p.total_gpus)
     return Candidate(
         share=p.share,
-        layout=_layout_words(p),
+        layout=_layout_words(p.placements, p.num_nodes),
         step_s=p.predicted_step_s,
         samples_per_s_per_gpu=round(g_per_step, 2) if g_per_step else None,
         bound_by=p.prediction,
     )
 
 
-def _layout_words(p: Plan) -> str:
+def _layout_words(placements: tuple[Placement, ...], num_nodes: int) -> str:
     """ "generator 0, reference 2, trainer 1-2" (GPUs on node 0; node:GPUs past one node)."""
     parts = []
-    for x in p.placements:
+    for x in placements:
         if not x.gpus:
             continue
         name = x.service if x.service != "generator" else f"generator{x.replica}"
-        where = _gpu_list(x.gpus) if p.num_nodes == 1 else f"{x.node}:{_gpu_list(x.gpus)}"
+        where = _gpu_list(x.gpus) if num_nodes == 1 else f"{x.node}:{_gpu_list(x.gpus)}"
         parts.append(f"{name} {where}")
     return ", ".join(parts)
 
@@ -843,27 +843,47 @@ def _with_reference_gpus(recipe: Recipe, n: int) -> Recipe:
     return recipe.model_copy(update={"layout": recipe.layout.model_copy(update={"reference": ref})})
 
 
-def _colocated_plans(recipe: Recipe, gpus: int, accelerator: str) -> list[Plan]:
+def _colocated_plans(recipe: Recipe, gpus: int, accelerator: str) -> list[Plan | Candidate]:
     """layout.share all, one plan for each GPU count of the reference that fits (the cost
     model picks), each with as many generator replicas as fit: a replica on every
-    generator.tp GPUs, else fewer, which leaves room on the GPUs without one."""
+    generator.tp GPUs, else fewer, which leaves room on the GPUs without one. Where fewer
+    replicas fit, the refused layouts with more come along as candidates (`--explain`)."""
     plans: list[Plan] = []
     refusals: list[UserError] = []
+    refused: list[Candidate] = []
     for n in _reference_spans(recipe, gpus):
         for replicas in range(max(gpus // recipe.layout.generator.tp, 1), 0, -1):
+            spanned = _with_reference_gpus(recipe, n)
             try:
-                plans.append(
-                    _colocated_plan(_with_reference_gpus(recipe, n), gpus, accelerator, replicas)
-                )
+                plans.append(_colocated_plan(spanned, gpus, accelerator, replicas))
                 break
             except DoesNotFit as e:
                 refusals.append(e)
+                words = _layout_words(_colocated_placements(spanned, gpus, replicas), 1)
+                refused.append(Candidate("all", words, refused=str(e), over_memory=True))
             except UserError as e:
                 refusals.append(e)
                 break
     if not plans:
         raise refusals[0]  # as raised: a memory refusal stays one (DoesNotFit)
-    return plans
+    return [*plans, *refused]
+
+
+def _colocated_placements(recipe: Recipe, gpus: int, replicas: int) -> tuple[Placement, ...]:
+    """layout.share all's placements on one node (see `_colocated_plan`)."""
+    lay = recipe.layout
+    gen_tp = lay.generator.tp
+    placements = [
+        Placement("generator", r, 0, tuple(range(r * gen_tp, (r + 1) * gen_tp)))
+        for r in range(replicas)
+    ]
+    if lay.reference.enabled:
+        # the last GPUs: GPU 0 holds trainer rank 0, which alone stages each published version
+        on = tuple(range(gpus - lay.reference.gpus, gpus)) if lay.reference.on_gpu else ()
+        placements.append(Placement("reference", 0, 0, on))
+    placements.append(Placement("trainer", 0, 0, tuple(range(gpus))))
+    placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
+    return tuple(placements)
 
 
 def _colocated_plan(recipe: Recipe, gpus: int, accelerator: str, replicas: int) -> Plan:
@@ -881,17 +901,7 @@ def _colocated_plan(recipe: Recipe, gpus: int, accelerator: str, replicas: int) 
             f"{recipe.name}: layout.share all needs at least {_widest(recipe)} GPUs (its "
             f"widest service's); got {gpus}"
         )
-    placements = [
-        Placement("generator", r, 0, tuple(range(r * gen_tp, (r + 1) * gen_tp)))
-        for r in range(replicas)
-    ]
-    if lay.reference.enabled:
-        # the last GPUs: GPU 0 holds trainer rank 0, which alone stages each published version
-        on = tuple(range(gpus - lay.reference.gpus, gpus)) if lay.reference.on_gpu else ()
-        placements.append(Placement("reference", 0, 0, on))
-    placements.append(Placement("trainer", 0, 0, tuple(range(gpus))))
-    placements += [Placement("reward", r, 0, ()) for r in range(lay.reward.procs)]
-    placements_t = tuple(placements)
+    placements_t = _colocated_placements(recipe, gpus, replicas)
     used = {g for p in placements_t for g in p.gpus}
     return _gpu_plan(
         recipe,

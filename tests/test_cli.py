@@ -132,11 +132,17 @@ def test_plan_explain_weighs_every_layout(capsys):
     )
     assert "layout.share all: every service shares every GPU" in out
     weighed = out[out.index("layouts weighed on 4 x H100") :].splitlines()
-    rows = {
-        line.split()[1] if line.startswith("*") else line.split()[0]: line for line in weighed[2:-1]
-    }
+    rows: dict[str, list[str]] = {}
+    for line in weighed[2:-1]:
+        rows.setdefault(line.split()[1] if line.startswith("*") else line.split()[0], []).append(
+            line
+        )
     # a generator replica on each pair of GPUs would not leave the trainer's step room: one
-    assert rows["all"].startswith("*") and "generator0 0-1, reference 3, trainer 0-3" in rows["all"]
+    chosen, refused = rows["all"]
+    assert chosen.startswith("*") and "generator0 0-1, reference 3, trainer 0-3" in chosen
+    assert "generator0 0-1, generator1 2-3, reference 3, trainer 0-3" in refused
+    assert "while the trainer steps, node 0 GPU 3 would hold" in refused
+    rows = {share: lines[0] for share, lines in rows.items()}
     assert "needs at least 5 GPUs with GPUs of their own" in rows["none"]
     assert "while the trainer steps, node 0 GPU 3 would hold trainer" in rows["trainer_reference"]
     assert weighed[-1] == (
