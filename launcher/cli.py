@@ -11,10 +11,10 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from launcher.names import RECOVERY_STRATEGIES, WANDB_MODES
-from recipes.errors import UserError
+from recipes.errors import OneLineParser, UserError
 
 PROG = "forgesky"
 Handler = Callable[[argparse.Namespace], int]
@@ -79,18 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with mistakes on one line (what, and where to read more), exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        from recipes.errors import one_line
-
-        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = _Parser(
+    parser = OneLineParser(
         prog=PROG,
         description="GRPO post-training of Qwen3/Llama models on cloud GPUs through SkyPilot.",
         epilog="NAME is a catalog recipe (forgesky recipes) or a recipe YAML file.",
@@ -214,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run a recipe on this machine (python -m runtime)",
         _cmd_local,
         epilog="Options after NAME go to the runtime: [--gpus N] [--steps N] [--run-dir DIR] "
-        "[--set k=v ...] [--checkpoint-every N] [--wandb online|offline|disabled]",
+        "[--set k=v ...] [--checkpoint-every N] [--wandb online|offline|disabled] [--seed N] "
+        "(forgesky local NAME --help lists them all)",
     )
     p.add_argument("recipe", metavar="NAME")
     p.add_argument(

@@ -1,4 +1,10 @@
-"""The one exception type for mistakes a user can fix (bad recipe, impossible GPU count, ...)."""
+"""The one exception type for mistakes a user can fix (bad recipe, impossible GPU count, ...),
+and the argument parser whose mistakes read the same way."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
 
 
 class UserError(Exception):
@@ -25,3 +31,10 @@ def one_line(text: str) -> str:
     return "".join(
         c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
     )
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with mistakes on one line (what, and where to read more), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from recipes import UserError
+from recipes.errors import OneLineParser
 from runtime.procs.cluster import DEFAULT_WORKER_PORT, check_plan_fits, cluster_from_env
 
 # SkyPilot starts `run` on all nodes at once, after setup finished on every node; this covers
@@ -18,11 +19,18 @@ DEFAULT_JOIN_TIMEOUT_S = 300.0
 
 
 def build_parser(prog: str = "python -m runtime") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    # `forgesky local NAME ...` passes NAME as --recipe: its usage names NAME instead
+    local = prog.endswith(" local")
+    p = OneLineParser(
         prog=prog,
+        usage=f"{prog} NAME [options]" if local else None,
         description="Run GRPO post-training for a recipe on this machine (GPUs if present, else CPU).",
     )
-    p.add_argument("--recipe", required=True, help="catalog name (forgesky recipes) or a YAML path")
+    p.add_argument(
+        "--recipe",
+        required=True,
+        help=argparse.SUPPRESS if local else "catalog name (forgesky recipes) or a YAML path",
+    )
     p.add_argument(
         "--gpus",
         type=int,

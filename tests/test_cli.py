@@ -463,3 +463,22 @@ def test_a_command_whose_extra_is_not_installed_says_which_in_one_line(absent, c
         f"forgesky: error: `forgesky {command[0]}` needs the {absent} package, which this "
         f"install lacks: pip install 'forgesky[{extra}]'"
     ], done.stderr
+
+
+def test_the_runtimes_own_argument_mistakes_are_one_line(capsys):
+    # through forgesky local (its usage names NAME, not the --recipe it passes) and alone
+    with pytest.raises(SystemExit) as done:
+        main(["local", "tiny", "--bogus"])
+    assert done.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        "forgesky local: error: unrecognized arguments: --bogus (see forgesky local --help)"
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime", "--steps", "3"], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "python -m runtime: error: the following arguments are required: --recipe "
+        "(see python -m runtime --help)"
+    ]
+    with pytest.raises(SystemExit):
+        main(["local", "tiny", "--help"])
+    assert capsys.readouterr().out.startswith("usage: forgesky local NAME [options]")
