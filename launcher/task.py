@@ -50,6 +50,8 @@ def build_resources(job: Job) -> list[sky.Resources]:
     try:
         if job.plan.cpu:
             return [sky.Resources(cpus=CPU_NODE_CPUS, **common)]
+        # node 0's host memory (recipes.memory.host_plan): the checkpoint's staging copy first
+        common["memory"] = f"{job.plan.host['total']:.0f}+"
         per_node = job.plan.gpus_per_node
         accelerators = [recipe.resources.accelerator, *recipe.resources.alternatives]
         unique = list(dict.fromkeys(accelerators))

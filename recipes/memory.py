@@ -149,6 +149,30 @@ def disk_plan(recipe: Recipe, *, bucket: bool = False) -> dict[str, float]:
     return {k: round(v, 1) for k, v in parts.items()} | {"total": float(total)}
 
 
+# --- host memory ----------------------------------------------------------------------------------
+
+# Host memory allowed each GPU process (its CUDA context, Python, the loaders' buffers) and the
+# rest of node 0 (the controller, the reward procs, the system): allowances, not measurements.
+PROCESS_HOST_GB = 8.0
+BASE_HOST_GB = 16.0
+
+
+def host_plan(
+    recipe: Recipe, gpus_on_node0: int, reference_host_gb: float | None = None
+) -> dict[str, float]:
+    """GB of node 0's host memory a run needs, by what fills it, and "total" (rounded up to 16
+    GB): the copy of the trainer's state a checkpoint write stages there (pinned, kept for the
+    next write), a reference on the CPU, and the allowance for the processes."""
+    arch = architecture(recipe.model.family, recipe.model.size)
+    parts = {
+        "checkpoint copy": CHECKPOINT_BYTES_PER_PARAM * arch.params / GB,
+        "reference on CPU": reference_host_gb or 0.0,
+        "processes": BASE_HOST_GB + PROCESS_HOST_GB * gpus_on_node0,
+    }
+    total = math.ceil(sum(parts.values()) / 16) * 16
+    return {k: round(v, 1) for k, v in parts.items() if v} | {"total": float(total)}
+
+
 # --- the trainer's micro-batch and activation checkpointing --------------------------------------
 
 # Micro-batch sizes the memory plan tries, largest first (more tokens per micro-batch: fewer

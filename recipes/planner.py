@@ -53,6 +53,7 @@ from recipes.memory import (
     ACCELERATOR_GB,
     GB,
     estimate_memory,
+    host_plan,
     kv_gb,
     trainer_publish_gb,
     trainer_step_bytes,
@@ -113,6 +114,7 @@ class Plan:
     checkpoint_host_gb: float | None = None
     reference_step_tflop: float | None = None  # and the forward work it does a step
     disk: dict[str, float] = field(default_factory=dict, hash=False)  # GB a node, by use
+    host: dict[str, float] = field(default_factory=dict, hash=False)  # node 0's memory, by use
     dedicated_gpus: int = 0  # the least GPUs with every service on GPUs of its own
     # the cost model's step time (recipes/costs.py) at the recipe's maximum lengths
     predicted_step_s: float | None = None
@@ -191,6 +193,12 @@ class Plan:
                 f"(~{self.checkpoint_host_gb:.0f} GB"
                 + ("" if self.cpu else ", pinned and kept for the next write")
                 + ") and goes to disk while training goes on"
+            )
+        if self.host:
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in self.host.items() if k != "total")
+            lines.append(
+                f"host memory: {self.host['total']:.0f} GB on node 0 ({parts}); the task asks "
+                "for nodes with at least that much"
             )
         if self.disk:
             parts = ", ".join(f"{k} {v:.0f}" for k, v in self.disk.items() if k != "total")
@@ -760,6 +768,7 @@ def _gpu_plan(
         checkpoint_host_gb=round(12 * recipe.arch.params / GB, 1),
         reference_step_tflop=_reference_step_tflop(recipe),
         disk=_disk(recipe),
+        host=host_plan(recipe, min(gpus, per_node), _reference_host_gb(recipe)),
         dedicated_gpus=dedicated_gpus(recipe),
         predicted_step_s=round(estimate.seconds, 2),
         prediction=f"{estimate.bound_by}; speeds from {estimate.basis}",

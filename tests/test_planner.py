@@ -669,3 +669,15 @@ def test_no_accepted_plan_puts_more_on_a_gpu_while_the_trainer_steps_than_the_gp
                 for where, parts in p.while_training_gb.items():
                     assert sum(parts.values()) <= ACCELERATOR_GB[accelerator], (name, gpus, where)
     assert accepted > 50
+
+
+def test_node_0s_host_memory_holds_the_checkpoint_copy_and_the_processes():
+    from recipes.memory import BASE_HOST_GB, CHECKPOINT_BYTES_PER_PARAM, PROCESS_HOST_GB
+
+    p = plan(recipe("qwen3-32b", "layout.share=auto"), 16)
+    copy = CHECKPOINT_BYTES_PER_PARAM * load_recipe("qwen3-32b").arch.params / GB
+    assert p.host["checkpoint copy"] == round(copy, 1)  # 393.6 GB, pinned
+    assert p.host["processes"] == BASE_HOST_GB + 8 * PROCESS_HOST_GB  # node 0's 8 GPUs
+    assert p.host["total"] % 16 == 0 and p.host["total"] >= copy + 80
+    assert f"host memory: {p.host['total']:.0f} GB on node 0" in p.describe()
+    assert plan(recipe("tiny"), 0).host == {}  # a CPU run: its own processes only

@@ -98,6 +98,9 @@ def test_launch_builds_a_cluster_task(monkeypatch, capsys, env):
     assert [r.accelerators for r in resources(task)] == [{"H100": 8}, {"H200": 8}]
     # what an 8B run writes: 4 checkpoints of 12 bytes a parameter, the model twice, software
     assert all(r.disk_size == 500 and not r.use_spot for r in task.resources)
+    # node 0's memory: the checkpoint's staging copy (12 bytes a parameter, 98 GB) and an
+    # allowance for 8 GPU processes and the rest (80 GB), to 16 GB
+    assert all(r.memory == "192+" for r in task.resources)
     assert all(r.job_recovery is None for r in task.resources)
     assert task.num_nodes == 1
     assert task.workdir == str(PROJECT_DIR)
