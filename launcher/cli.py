@@ -237,6 +237,11 @@ def options_from_args(args: argparse.Namespace) -> Any:
 
 def render_text(args: argparse.Namespace) -> str:
     """What `forgesky render` writes for these arguments (python -m launcher.write_sky too)."""
+    return _rendered(args)[1]
+
+
+def _rendered(args: argparse.Namespace) -> tuple[Any, str]:
+    """The resolved job (launcher.options.Job) and the file `forgesky render` writes."""
     import shlex
 
     from launcher.options import resolve_job
@@ -245,7 +250,7 @@ def render_text(args: argparse.Namespace) -> str:
     job = resolve_job(args.recipe, options_from_args(args))
     from launcher.render import render_job
 
-    return render_job(job, f"{PROG} {shlex.join(args.argv)}", args.output)
+    return job, render_job(job, f"{PROG} {shlex.join(args.argv)}", args.output)
 
 
 # --- commands ------------------------------------------------------------------------------
@@ -301,7 +306,14 @@ def _cmd_cp(args: argparse.Namespace) -> int:
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
-    text = render_text(args)
+    job, text = _rendered(args)
+    if job.recipe.model.gated and not os.environ.get("HF_TOKEN"):
+        # nothing is launched here, so no refusal: the file needs the token where it runs
+        print(
+            f"note: {job.recipe.model.hf_id} is gated on the Hugging Face Hub; export HF_TOKEN "
+            "(a token with access to it) where you run the file: it is passed as a secret",
+            file=sys.stderr,
+        )
     if args.output:
         try:
             with open(args.output, "w") as f:

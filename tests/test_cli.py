@@ -482,3 +482,15 @@ def test_the_runtimes_own_argument_mistakes_are_one_line(capsys):
     with pytest.raises(SystemExit):
         main(["local", "tiny", "--help"])
     assert capsys.readouterr().out.startswith("usage: forgesky local NAME [options]")
+
+
+def test_render_of_a_gated_recipe_without_a_token_says_where_it_is_needed(
+    capsys, monkeypatch, tmp_path
+):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    code, _, err = run_main(capsys, "render", "llama3.1-8b", "-o", str(tmp_path / "t.yaml"))
+    assert code == 0 and (tmp_path / "t.yaml").exists()
+    assert err.splitlines()[0].startswith("note: meta-llama/Meta-Llama-3.1-8B-Instruct is gated")
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    code, _, err = run_main(capsys, "render", "llama3.1-8b", "-o", str(tmp_path / "t.yaml"))
+    assert code == 0 and "note:" not in err
