@@ -115,6 +115,7 @@ class Plan:
     reference_step_tflop: float | None = None  # and the forward work it does a step
     disk: dict[str, float] = field(default_factory=dict, hash=False)  # GB a node, by use
     host: dict[str, float] = field(default_factory=dict, hash=False)  # node 0's memory, by use
+    kv_note: str = ""  # a planned KV cache cut so that the trainer's step fits: what that means
     dedicated_gpus: int = 0  # the least GPUs with every service on GPUs of its own
     # the cost model's step time (recipes/costs.py) at the recipe's maximum lengths
     predicted_step_s: float | None = None
@@ -227,6 +228,7 @@ class Plan:
             where = "CPU" if self.cpu else self.accelerator
             lines.append(f"settings (* planned for {where}; set any with --set SECTION.KEY=VALUE):")
             lines += self.settings.describe(cpu=self.cpu, reference=self.reference_enabled)
+            lines += [self.kv_note] if self.kv_note else []
             lines += self._tight_trainer()
         return "\n".join(lines)
 
@@ -732,9 +734,18 @@ def _gpu_plan(
     # not count); smaller, the layout is refused
     kv = settings.generator.kv_cache_gb
     cap = _kv_that_fits(recipe, settings, training, ACCELERATOR_BYTES[accelerator] / GB)
+    kv_note = ""
     if "generator.kv_cache_gb" in settings.planned and cap and kv and cap >= kv / 2:
         settings, memory, rank0_only = planned(cap)
         training = while_training(recipe, settings, placements, memory)
+        g = recipe.grpo
+        call = max(math.ceil(g.prompts_per_step * g.group_size * g.steps_per_call / replicas), 1)
+        kv_note = (
+            f"note: the generator's KV cache is {cap:g} GB, cut from the {kv:g} GB that holds a "
+            f"generate call's {call} sequences a replica at once, so that the trainer's step fits "
+            f"beside it: vLLM holds ~{math.floor(cap / kv_gb(recipe, 1))} at a time and starts "
+            "the others as those finish (the predicted step does not count the wait)"
+        )
     _check_step_memory(recipe, accelerator, training, settings, share)
     if shared:
         _check_shared_memory(recipe, accelerator, memory, settings, placements, rank0_only, share)
@@ -769,6 +780,7 @@ def _gpu_plan(
         reference_step_tflop=_reference_step_tflop(recipe),
         disk=_disk(recipe),
         host=host_plan(recipe, min(gpus, per_node), _reference_host_gb(recipe)),
+        kv_note=kv_note,
         dedicated_gpus=dedicated_gpus(recipe),
         predicted_step_s=round(estimate.seconds, 2),
         prediction=f"{estimate.bound_by}; speeds from {estimate.basis}",

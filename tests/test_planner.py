@@ -549,6 +549,10 @@ def test_a_shared_gpu_that_the_kv_cache_overfills_names_the_cache_that_fits():
     assert planned.settings.generator.kv_cache_gb == 30
     assert "generator.kv_cache_gb" in planned.settings.planned
     assert sum(planned.while_training_gb["node 0 GPU 0"].values()) <= 85.5
+    assert (
+        "note: the generator's KV cache is 30 GB, cut from the 45.5 GB that holds a generate "
+        "call's 256 sequences a replica at once" in planned.describe()
+    )
     # set by the recipe, it is kept and refused: the line names the largest that fits, and
     # that one is accepted
     line = error_of(
