@@ -152,7 +152,9 @@ def predict_step(
     # Turns are per GPU (runtime/control/turns.py): a GPU is busy for the work of every unit on
     # it, and the busiest GPU bounds the step.
     on_gpu = gpu_units(p for p in placements if p.gpus and p.service != "reward")
-    busy = {" + ".join(sorted(group)): sum(units[u] for u in group) for group in on_gpu.values()}
+    busy = {
+        " + ".join(sorted(group)): sum(units[u] for u in sorted(group)) for group in on_gpu.values()
+    }
     k = g.steps_per_call
     slack = g.max_policy_age + 1 - k
     bound, seconds = max(busy.items(), key=lambda item: item[1])
