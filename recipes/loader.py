@@ -112,10 +112,7 @@ def _walk(data: dict[str, Any], parts: list[str]) -> tuple[Any, Any, Any]:
         where = ".".join(parts[:depth]) or "the top level"
         if isinstance(node, dict):
             if part not in node:
-                import difflib
-
-                close = difflib.get_close_matches(part, sorted(node), n=1)
-                meant = f"did you mean {close[0]}? " if close else ""
+                meant = _did_you_mean(part, sorted(node))
                 raise UserError(
                     f"unknown key '{'.'.join(parts)}'; {meant}valid keys under {where}: "
                     + ", ".join(sorted(node))
@@ -153,11 +150,8 @@ def _describe(err: ValidationError) -> str:
     loc = ".".join(str(p) for p in first["loc"])
     kind = first["type"]
     if kind == "extra_forbidden":
-        import difflib
-
         fields = _fields_at(first["loc"][:-1])
-        close = difflib.get_close_matches(str(first["loc"][-1]), fields, n=1)
-        meant = f"did you mean {close[0]}? " if close else ""
+        meant = _did_you_mean(str(first["loc"][-1]), fields)
         msg = f"{loc}: unknown key; {meant}valid keys here: {', '.join(fields)}"
     elif kind == "missing":
         msg = f"{loc}: required field is missing"
@@ -170,6 +164,13 @@ def _describe(err: ValidationError) -> str:
     if len(errors) > 1:
         msg += f" (and {len(errors) - 1} more)"
     return msg
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    """ "did you mean steps? " for the choice closest to a mistyped key, else "" """
+
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f"did you mean {close[0]}? " if close else ""
 
 
 def _fields_at(loc: tuple[Any, ...]) -> list[str]:

@@ -85,6 +85,17 @@ def kv_gb(recipe: Recipe, sequences: int) -> float:
     return tokens * recipe.arch.kv_bytes_per_token / recipe.layout.generator.tp / GB
 
 
+def generator_weights_gb(recipe: Recipe) -> float:
+    """GB of bf16 weights on each GPU of a generator replica (split over its TP group)."""
+    return 2 * recipe.arch.params / recipe.layout.generator.tp / GB
+
+
+def shared_generator_gb(recipe: Recipe, kv_cache_gb: float) -> float:
+    """GB a generator replica with a fixed KV cache (where it shares its GPUs) holds on each of
+    them: its weights, the cache and the runtime's overhead."""
+    return generator_weights_gb(recipe) + kv_cache_gb + RUNTIME_OVERHEAD_GB
+
+
 def reference_host_gb(recipe: Recipe) -> float:
     """Host memory a reference on the CPU takes: float32 weights (4 bytes a parameter), one
     micro-batch's activations and logits, plus 2 GB."""

@@ -51,10 +51,12 @@ from recipes.errors import DoesNotFit, UserError
 from recipes.memory import (
     ACCELERATOR_BYTES,
     ACCELERATOR_GB,
+    CHECKPOINT_BYTES_PER_PARAM,
     GB,
     estimate_memory,
     host_plan,
     kv_gb,
+    shared_generator_gb,
     trainer_publish_gb,
     trainer_step_bytes,
 )
@@ -64,7 +66,13 @@ from recipes.placements import (
     shared_services,
 )
 from recipes.schema import Recipe
-from recipes.settings import Settings, ipc_buffer_held, plan_settings, push_buffer_bytes
+from recipes.settings import (
+    Settings,
+    call_sequences,
+    ipc_buffer_held,
+    plan_settings,
+    push_buffer_bytes,
+)
 
 GENERATOR_TO_TRAINER_GPUS = 2
 # Plans stop here: 512 nodes of 8 GPUs (a count past this is a typo, not a cluster).
@@ -738,8 +746,7 @@ def _gpu_plan(
     if "generator.kv_cache_gb" in settings.planned and cap and kv and cap >= kv / 2:
         settings, memory, rank0_only = planned(cap)
         training = while_training(recipe, settings, placements, memory)
-        g = recipe.grpo
-        call = max(math.ceil(g.prompts_per_step * g.group_size * g.steps_per_call / replicas), 1)
+        call = call_sequences(recipe, replicas)
         kv_note = (
             f"note: the generator's KV cache is {cap:g} GB, cut from the {kv:g} GB that holds a "
             f"generate call's {call} sequences a replica at once, so that the trainer's step fits "
@@ -776,7 +783,7 @@ def _gpu_plan(
         share=share,
         while_training_gb=training,
         reference_host_gb=_reference_host_gb(recipe),
-        checkpoint_host_gb=round(12 * recipe.arch.params / GB, 1),
+        checkpoint_host_gb=round(CHECKPOINT_BYTES_PER_PARAM * recipe.arch.params / GB, 1),
         reference_step_tflop=_reference_step_tflop(recipe),
         disk=_disk(recipe),
         host=host_plan(recipe, min(gpus, per_node), _reference_host_gb(recipe)),
@@ -873,8 +880,8 @@ def _colocated_plans(recipe: Recipe, gpus: int, accelerator: str) -> list[Plan |
     refusals: list[UserError] = []
     refused: list[Candidate] = []
     for n in _reference_spans(recipe, gpus):
+        spanned = _with_reference_gpus(recipe, n)
         for replicas in range(max(gpus // recipe.layout.generator.tp, 1), 0, -1):
-            spanned = _with_reference_gpus(recipe, n)
             try:
                 plans.append(_colocated_plan(spanned, gpus, accelerator, replicas))
                 break
@@ -941,13 +948,8 @@ def _colocated_plan(recipe: Recipe, gpus: int, accelerator: str, replicas: int) 
 def _generator_gb(recipe: Recipe, settings: Settings, memory: dict[str, float]) -> float:
     """GB a generator replica holds on each of its GPUs: its bf16 weights with the fixed KV
     cache its settings give (where it shares a GPU), else its whole estimate."""
-    from recipes.memory import RUNTIME_OVERHEAD_GB
-
     kv = settings.generator.kv_cache_gb
-    if kv is None:
-        return memory["generator"]
-    weights = 2 * recipe.arch.params / recipe.layout.generator.tp / GB
-    return round(weights + kv + RUNTIME_OVERHEAD_GB, 1)
+    return memory["generator"] if kv is None else round(shared_generator_gb(recipe, kv), 1)
 
 
 def _check_shared_memory(

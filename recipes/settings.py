@@ -44,7 +44,9 @@ from recipes.memory import (
     PLAN_HEADROOM,
     PLAN_TOKENS,
     RUNTIME_OVERHEAD_GB,
+    generator_weights_gb,
     kv_gb,
+    shared_generator_gb,
     trainer_fixed_bytes,
     trainer_memory_plan,
     trainer_token_bytes,
@@ -254,8 +256,7 @@ def _resident_bytes(recipe: Any, services: frozenset[str], kv: float | None) -> 
 
     total = 0.0
     if "generator" in services:
-        weights = 2 * recipe.arch.params / recipe.layout.generator.tp
-        total += weights + (kv or 0.0) * GB + RUNTIME_OVERHEAD_GB * GB
+        total += shared_generator_gb(recipe, kv or 0.0) * GB
     if "reference" in services:
         total += estimate_memory(recipe)["reference"] * GB
     return total
@@ -326,19 +327,22 @@ def _trainer_plan(
     )
 
 
-def _kv_reserve_gb(recipe: Any, replicas: int) -> float:
-    """The generator's KV reserve (recipes/memory.py) per GPU, in GB, rounded up to 0.5."""
+def call_sequences(recipe: Any, replicas: int) -> int:
+    """The sequences a generator replica samples in one generate call (a group at the least)."""
     g = recipe.grpo
-    sequences = max(
+    return max(
         math.ceil(g.prompts_per_step * g.group_size * g.steps_per_call / replicas), g.group_size
     )
-    return math.ceil(kv_gb(recipe, sequences) * 2) / 2
+
+
+def _kv_reserve_gb(recipe: Any, replicas: int) -> float:
+    """The generator's KV reserve (recipes/memory.py) per GPU, in GB, rounded up to 0.5."""
+    return math.ceil(kv_gb(recipe, call_sequences(recipe, replicas)) * 2) / 2
 
 
 def _check_kv(recipe: Any, accelerator: str, kv_gb: float) -> None:
-    arch = recipe.arch
-    weights = 2 * arch.params / recipe.layout.generator.tp / GB
-    need = weights + kv_gb + RUNTIME_OVERHEAD_GB
+    weights = generator_weights_gb(recipe)
+    need = shared_generator_gb(recipe, kv_gb)
     have = ACCELERATOR_BYTES[accelerator] / GB
     if need > have:
         raise DoesNotFit(
