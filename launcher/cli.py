@@ -431,7 +431,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
         raise UserError("forgesky local takes the recipe as NAME, not --recipe")
     from runtime.entry import main as runtime_main
 
-    return runtime_main(["--recipe", args.recipe, *rest], prog=f"{PROG} local")
+    return runtime_main(["--recipe", args.recipe, *rest], prog=f"{PROG} local", named=True)
 
 
 # --- helpers -------------------------------------------------------------------------------

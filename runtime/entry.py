@@ -18,18 +18,18 @@ from runtime.procs.cluster import DEFAULT_WORKER_PORT, check_plan_fits, cluster_
 DEFAULT_JOIN_TIMEOUT_S = 300.0
 
 
-def build_parser(prog: str = "python -m runtime") -> argparse.ArgumentParser:
-    # `forgesky local NAME ...` passes NAME as --recipe: its usage names NAME instead
-    local = prog.endswith(" local")
+def build_parser(prog: str = "python -m runtime", named: bool = False) -> argparse.ArgumentParser:
+    """`named`: the caller takes the recipe as NAME and passes it as --recipe (`forgesky
+    local NAME ...`): the usage names NAME instead."""
     p = OneLineParser(
         prog=prog,
-        usage=f"{prog} NAME [options]" if local else None,
+        usage=f"{prog} NAME [options]" if named else None,
         description="Run GRPO post-training for a recipe on this machine (GPUs if present, else CPU).",
     )
     p.add_argument(
         "--recipe",
         required=True,
-        help=argparse.SUPPRESS if local else "catalog name (forgesky recipes) or a YAML path",
+        help=argparse.SUPPRESS if named else "catalog name (forgesky recipes) or a YAML path",
     )
     p.add_argument(
         "--gpus",
@@ -150,12 +150,12 @@ def _make_user_code_importable(recipe, source: str) -> None:
     sys.path[:0] = [f for f in folders if f not in sys.path]
 
 
-def parse_config(argv: list[str] | None, prog: str = "python -m runtime"):
+def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named: bool = False):
     """Parse arguments into a RunConfig: recipe (with overrides) and its plan."""
     from recipes import apply_overrides, load_recipe, plan
     from runtime.control.config import RunConfig
 
-    args = build_parser(prog).parse_args(argv)
+    args = build_parser(prog, named).parse_args(argv)
     recipe = load_recipe(args.recipe)
     overrides = list(args.overrides)
     if args.steps is not None:
@@ -191,14 +191,16 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime"):
     )
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m runtime") -> int:
+def main(
+    argv: list[str] | None = None, prog: str = "python -m runtime", named: bool = False
+) -> int:
     """Run the controller, or on a worker node serve it; user errors end as one line and
     exit code 2."""
     from runtime.procs.host import stacks_on_signal
 
     stacks_on_signal()  # kill -USR1 PID: this process's stacks; before any thread starts
     try:
-        config = parse_config(argv, prog)
+        config = parse_config(argv, prog, named)
         check_plan_fits(config.plan, config.cluster)
         if not config.plan.cpu:
             from runtime.procs.gpu_check import check_gpus_free, read_gpus

@@ -48,7 +48,7 @@ def out_folder(out: str) -> Path:
         raise UserError(
             f"export: --out {out} is not empty; name a new folder, or remove what is in it"
         )
-    if folder == Path.cwd().resolve() or folder.parent == folder:
+    if folder == Path.cwd().resolve():
         raise UserError(f"export: --out {out} is the working directory; name a folder inside it")
     return folder
 
