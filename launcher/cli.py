@@ -209,9 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(forgesky local NAME --help lists them all)",
     )
     p.add_argument("recipe", metavar="NAME")
-    p.add_argument(
+    rest = p.add_argument(
         "runtime_args", nargs=argparse.REMAINDER, metavar="OPTIONS", help=argparse.SUPPRESS
     )
+    rest.required = False  # none is fine; argparse counts a REMAINDER positional as required
     return parser
 
 

@@ -437,6 +437,15 @@ def test_local_forwards_to_the_runtime_entry(capsys):
     assert "unknown recipe 'no-such'" in err
 
 
+def test_local_without_a_recipe_asks_for_the_recipe_alone(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["local"])
+    err = capsys.readouterr().err.strip()
+    assert done.value.code == 2
+    assert err.startswith("forgesky local: error: the following arguments are required: NAME ")
+    assert "OPTIONS" not in err and len(err.splitlines()) == 1
+
+
 def test_local_refuses_a_second_recipe(capsys):
     code, _, err = run_main(capsys, "local", "tiny", "--recipe", "qwen3-8b")
     assert_user_error(code, err, "NAME")
