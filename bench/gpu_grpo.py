@@ -42,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -52,6 +53,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_memory import GpuSampler, plan_gb_per_gpu, trainer_peaks  # noqa: E402
+
+from runtime.procs.usage import thread_usage  # noqa: E402
 
 OFFLINE = ["model.init=random", "model.tokenizer=builtin:arith", "dataset.path=builtin:arith"]
 # throughput runs of random weights: the recipes' held-out evaluation would measure nothing
@@ -125,6 +128,40 @@ def per(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
+class StepWindow:
+    """Opens the sampler's clock window once a run's metrics file holds `first` records and
+    closes it at `last` (the measured steps), watching the file from a thread of its own."""
+
+    def __init__(self, sampler: GpuSampler, metrics: Path, first: int, last: int, name: str):
+        self.sampler, self.metrics, self.first, self.last, self.name = (
+            sampler, metrics, first, last, name
+        )  # fmt: skip
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                lines = self.metrics.read_bytes().count(b"\n")
+            except OSError:
+                continue
+            self.sampler.clock_window = self.name if self.first <= lines < self.last else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sampler.clock_window = None
+
+
+def engine_thread(rows: list[dict[str, Any]], prefix: str = "") -> dict[str, float | None]:
+    """Means of a generate call's engine-thread figures over `rows` (records or alone's calls)."""
+    return {
+        f"engine_thread_{name}": mean([r[prefix + name] for r in rows if prefix + name in r])
+        for name in ("cpu_s", "voluntary_switches", "involuntary_switches")
+    }
+
+
 def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     """The recipe through the runtime on the plan `forgesky plan NAME --gpus N` gives (the
     same `plan()` `python -m runtime` calls), with only the bench's overrides (random weights,
@@ -142,15 +179,18 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="forgesky-gpu-bench-"))
     sampler = GpuSampler()
     sampler.phase = "run"
+    metrics = run_dir / "metrics.jsonl"
+    # the GPUs' clocks over the measured steps: from the warm-up's last record to the last step's
+    window = StepWindow(sampler, metrics, args.warmup, args.steps, "measured")
     start = time.perf_counter()
     try:
         code = run(RunConfig(recipe=recipe, plan=run_plan, run_dir=run_dir))
         wall = time.perf_counter() - start
-        metrics = run_dir / "metrics.jsonl"
         records = (
             [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
         )
     finally:
+        window.stop()
         sampler.stop()
         if not args.run_dir:
             # Its checkpoint and exported model (12 + 2 bytes a parameter) would fill the disk
@@ -169,6 +209,7 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
         **prediction(recipe, run_plan, summary),
         **summary,
         "memory": memory_against_plan(run_plan, records, sampler.peaks.get("run", {})),
+        "gpu_clocks": sampler.clocks(),
     }
 
 
@@ -300,6 +341,10 @@ def summarize(
         # the same over the engine's own seconds in the call (what `vllm` alone times)
         "engine_s": engine_s,
         "engine_tokens_per_s": per(call_sequences * response_len, engine_s),
+        # what the engine's thread spent in a call besides waiting (runtime.procs.usage): CPU
+        # seconds, and how often it left its core waiting (voluntary) or was pushed off it
+        # (involuntary); `vllm` alone records the same
+        **engine_thread(measured, "generator/engine_thread_"),
         "generator_idle_share": idle_share(measured, generate_s, step_s),
         # publish + the slowest generator's load of the version (the path's latency, a
         # generation in flight not counted), and the publish alone: the trainer's stall
@@ -368,15 +413,26 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     load_gpu_s = gen.load_seconds
     del on_gpu, on_cpu
 
+    usage: list[dict[str, float]] = []
+
     def timed(batch: list[list[int]], n: int, seed: int) -> tuple[float, int]:
-        start = time.perf_counter()
+        start, before = time.perf_counter(), thread_usage()
         out = gen.generate(batch, n, g.max_response_tokens, g.temperature, g.top_p, seed)
-        return time.perf_counter() - start, sum(len(c.response_ids) for c in out)
+        elapsed = time.perf_counter() - start
+        if before is not None:
+            usage.append(dataclasses.asdict(thread_usage().since(before)))
+        return elapsed, sum(len(c.response_ids) for c in out)
 
     per_step = g.prompts_per_step
     timed(prompts[:per_step], g.group_size, 0)  # warm-up
-    calls = [timed(prompts[i * per_step : (i + 1) * per_step], g.group_size, i + 1)
-             for i in range(args.calls)]  # fmt: skip
+    usage.clear()
+    sampler = GpuSampler(clock_window="calls")
+    try:
+        calls = [timed(prompts[i * per_step : (i + 1) * per_step], g.group_size, i + 1)
+                 for i in range(args.calls)]  # fmt: skip
+    finally:
+        sampler.stop()
+    call_usage = list(usage)
     big_s, big_tokens = timed(prompts[:64], 8, 99)  # 512 sequences
     gen.close()
     seconds = sum(s for s, _ in calls)
@@ -391,6 +447,9 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         "calls": args.calls,
         "call_s": seconds / args.calls,
         "generation_tokens_per_s": tokens / seconds,
+        # the engine thread in the timed calls, and the GPUs' clocks meanwhile (as in `grpo`)
+        **engine_thread(call_usage),
+        "gpu_clocks": sampler.clocks(),
         "tokens_per_s_512_sequences": big_tokens / big_s,
         "weight_bytes": nbytes,
         "load_weights_from_cpu_s": load_cpu_s,

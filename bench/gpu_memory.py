@@ -1,5 +1,7 @@
 """GPU memory in use, as nvidia-smi reports it (every process, allocators' caches included),
-sampled in the background while a benchmark runs, its peaks kept by phase."""
+sampled in the background while a benchmark runs, its peaks kept by phase; and, within a window
+the bench names, each GPU's SM clock, power and utilization (a GPU held back by its clocks or
+power cap is told from one whose work came slower)."""
 
 from __future__ import annotations
 
@@ -8,39 +10,94 @@ import threading
 import time
 from typing import Any
 
+_MEMORY = "index,memory.used"
+_WITH_CLOCKS = "index,memory.used,clocks.sm,power.draw,utilization.gpu"
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:  # "[N/A]", "[Not Supported]"
+        return None
+
 
 class GpuSampler:
-    """The largest memory.used (GB) of every GPU, by phase, sampled with nvidia-smi."""
+    """The largest memory.used (GB) of every GPU, by phase, sampled with nvidia-smi; while
+    `clock_window` names a window, each GPU's SM clock (MHz), power (W) and utilization (%)
+    too (`clocks()`: their means and the lowest clock, by window)."""
 
-    def __init__(self, every_s: float = 0.2) -> None:
+    def __init__(self, every_s: float = 0.2, clock_window: str | None = None) -> None:
         self.every_s = every_s
         self.phase = "idle"
+        self.clock_window = clock_window
         self.peaks: dict[str, dict[int, float]] = {}
+        self._samples: dict[str, dict[int, list[tuple[float | None, ...]]]] = {}
+        self._query = _WITH_CLOCKS
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def used(self) -> dict[int, float]:
+    def _smi(self, query: str) -> list[list[str]]:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout
-        rows = (line.split(",") for line in out.strip().splitlines())
-        return {int(i): float(mib) * 2**20 / 1e9 for i, mib in rows}
+        return [[f.strip() for f in line.split(",")] for line in out.strip().splitlines()]
+
+    def used(self) -> dict[int, float]:
+        return {int(row[0]): float(row[1]) * 2**20 / 1e9 for row in self._smi(_MEMORY)}
+
+    def _sample(self) -> list[list[str]]:
+        try:
+            return self._smi(self._query)
+        except subprocess.CalledProcessError:
+            if self._query == _MEMORY:
+                raise
+            self._query = _MEMORY  # a driver without one of the clock fields: memory alone
+            return self._smi(self._query)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                now = self.used()
-            except (OSError, subprocess.CalledProcessError, ValueError):
+                rows = self._sample()
+                now = {int(r[0]): float(r[1]) * 2**20 / 1e9 for r in rows}
+            except (OSError, subprocess.CalledProcessError, ValueError, IndexError):
                 time.sleep(self.every_s)
                 continue
             peaks = self.peaks.setdefault(self.phase, {})
             for gpu, gb in now.items():
                 peaks[gpu] = max(peaks.get(gpu, 0.0), round(gb, 2))
+            window = self.clock_window
+            if window is not None:
+                kept = self._samples.setdefault(window, {})
+                for r in rows:
+                    if len(r) == 5:
+                        kept.setdefault(int(r[0]), []).append(tuple(_number(f) for f in r[2:]))
             time.sleep(self.every_s)
+
+    def clocks(self) -> dict[str, dict[str, dict[str, float | int | None]]]:
+        """By window, by GPU: mean and lowest SM clock (MHz), mean power (W) and utilization
+        (%), over the samples taken in it."""
+
+        def mean(values: list[float | None]) -> float | None:
+            kept = [v for v in values if v is not None]
+            return round(sum(kept) / len(kept), 1) if kept else None
+
+        out: dict[str, dict[str, dict[str, float | int | None]]] = {}
+        for window, gpus in self._samples.items():
+            for gpu, samples in sorted(gpus.items()):
+                sm = [s[0] for s in samples]
+                lowest = [v for v in sm if v is not None]
+                out.setdefault(window, {})[str(gpu)] = {
+                    "samples": len(samples),
+                    "sm_mhz_mean": mean(sm),
+                    "sm_mhz_min": min(lowest) if lowest else None,
+                    "power_w_mean": mean([s[1] for s in samples]),
+                    "utilization_pct_mean": mean([s[2] for s in samples]),
+                }
+        return out
 
     def stop(self) -> None:
         self._stop.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -457,3 +458,108 @@ def test_trl_bench_step_figures_leave_out_the_warmup_and_count_every_gpu(monkeyp
     assert out["step_times_s"] == [10.0, 4.0, 4.0] and out["measured_steps"] == 2
     assert out["step_s"] == 4.0 and out["samples_per_s_per_gpu"] == 16.0
     assert out["tokens_per_s_per_gpu"] == 128 * 605 / 8
+
+
+# --- the GPU sampler (nvidia-smi stands in as a script on PATH) ------------------------------
+
+FAKE_SMI = """#!/bin/sh
+# two GPUs; GPU 1's power is not reported; $REFUSE_CLOCKS: a driver without the clock fields
+case "$1" in
+  *clocks.sm*)
+    [ -n "$REFUSE_CLOCKS" ] && { echo 'Field "clocks.sm" is not a valid field' >&2; exit 2; }
+    echo "0, 1000, $(cat "$CLOCK_FILE"), 500.5, 90"
+    echo "1, 2000, 1755, [N/A], 10" ;;
+  *) echo "0, 1000"; echo "1, 2000" ;;
+esac
+"""
+
+
+@pytest.fixture
+def fake_smi(tmp_path: Path, monkeypatch):
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    clock = tmp_path / "clock"
+    clock.write_text("1980")
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("CLOCK_FILE", str(clock))
+    return clock
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    import time
+
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
+
+
+def test_the_sampler_keeps_clocks_only_inside_its_window(fake_smi: Path):
+    from gpu_memory import GpuSampler
+
+    sampler = GpuSampler(every_s=0.01)
+    try:
+        wait_for(lambda: sampler.peaks.get("idle"))
+        assert sampler.clocks() == {}  # no window named yet
+        sampler.clock_window = "measured"
+        wait_for(lambda: len(sampler._samples.get("measured", {}).get(0, [])) >= 3)
+        fake_smi.write_text("1200")  # GPU 0 slows down inside the window
+        wait_for(lambda: any(s[0] == 1200 for s in sampler._samples["measured"][0]))
+        sampler.clock_window = None
+    finally:
+        sampler.stop()
+    clocks = sampler.clocks()["measured"]
+    assert clocks["0"]["sm_mhz_min"] == 1200
+    assert 1200 < clocks["0"]["sm_mhz_mean"] < 1980
+    assert clocks["0"]["power_w_mean"] == 500.5 and clocks["0"]["utilization_pct_mean"] == 90
+    assert clocks["1"]["power_w_mean"] is None  # [N/A] is no figure, not a zero
+    assert sampler.peaks["idle"] == {
+        0: round(1000 * 2**20 / 1e9, 2),
+        1: round(2000 * 2**20 / 1e9, 2),
+    }
+
+
+def test_without_the_clock_fields_the_sampler_still_takes_memory(fake_smi: Path, monkeypatch):
+    from gpu_memory import GpuSampler
+
+    monkeypatch.setenv("REFUSE_CLOCKS", "1")
+    sampler = GpuSampler(every_s=0.01, clock_window="calls")
+    try:
+        wait_for(lambda: sampler.peaks.get("idle"))
+    finally:
+        sampler.stop()
+    assert sampler.peaks["idle"][1] == round(2000 * 2**20 / 1e9, 2)
+    assert sampler.clocks() == {}
+
+
+def test_the_step_window_covers_the_measured_steps(tmp_path: Path):
+    class Sampler:
+        clock_window = None
+
+    metrics, sampler, seen = tmp_path / "metrics.jsonl", Sampler(), []
+    window = gpu_grpo.StepWindow(sampler, metrics, first=2, last=4, name="measured")
+    try:
+        for lines in range(1, 5):
+            metrics.write_text('{"step": 1}\n' * lines)
+            inside = 2 <= lines < 4
+            wait_for(lambda inside=inside: (sampler.clock_window == "measured") == inside)
+            seen.append(sampler.clock_window)
+    finally:
+        window.stop()
+    assert seen == [None, "measured", "measured", None]
+    assert sampler.clock_window is None
+
+
+def test_engine_thread_means_skip_rows_without_the_figures():
+    rows = [
+        {"generator/engine_thread_cpu_s": 1.0, "generator/engine_thread_voluntary_switches": 10.0},
+        {"generator/engine_thread_cpu_s": 3.0, "generator/engine_thread_voluntary_switches": 30.0},
+        {"time/step_s": 2.0},
+    ]
+    assert gpu_grpo.engine_thread(rows, "generator/engine_thread_") == {
+        "engine_thread_cpu_s": 2.0,
+        "engine_thread_voluntary_switches": 20.0,
+        "engine_thread_involuntary_switches": None,
+    }

@@ -8,6 +8,7 @@ from typing import Any
 from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
+from runtime.procs.usage import thread_usage
 
 
 class GeneratorActor(Actor):
@@ -96,7 +97,7 @@ class GeneratorActor(Actor):
         `n` completions at its own `temperature` (0: greedy), without log-probs."""
         g = self.recipe.grpo
         ids = [self._encode(p) for p in prompts]
-        start = time.perf_counter()
+        start, usage = time.perf_counter(), thread_usage()
         evaluating = n is not None or temperature is not None
         completions = self.backend.generate(
             ids,
@@ -108,6 +109,8 @@ class GeneratorActor(Actor):
             logprobs=not evaluating,
         )
         elapsed = time.perf_counter() - start
+        # the engine's steps run on this thread: what it spent besides waiting on the GPU
+        spent = None if usage is None else thread_usage().since(usage)
         out = []
         for c in completions:
             out.append(
@@ -122,6 +125,8 @@ class GeneratorActor(Actor):
             )
         if out:
             out[0]["time/generate_s"] = elapsed
+            if spent is not None:
+                out[0].update(spent.as_metrics("generator/engine_thread"))
         return out
 
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:

@@ -136,6 +136,9 @@ class Rollouts:
                     engine = out[0].get("time/generate_s") if out else None
                     if engine is not None:
                         self.notes.add("time/engine_s", engine)
+                        for key, value in out[0].items():
+                            if key.startswith("generator/engine_thread_"):
+                                self.notes.add(key, value)  # its CPU and context switches
                     self._generating_s += end - max(start, self._mark)
                     self._calls_ended += 1
                     held = groups_of(prompts, out, g.group_size)
