@@ -9,13 +9,15 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-# torch first, on its own: `pip install torch==2.13.0` takes the CPU wheel; every later install is
+# torch first, on its own: where the package index serves the CPU wheel for `torch==2.13.0` it is
+# taken; on plain PyPI (a CUDA build) `make install TORCH_INDEX=https://download.pytorch.org/whl/cpu`
+# takes the CPU one. Every later install is
 # constrained to it so nothing pulls a CUDA build. torchstore goes in without its stale pins,
 # verl (whose losses the tests compare with ours) without its GPU stack.
 $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints-cpu.txt torch
+	$(PIP) install -q -c constraints-cpu.txt $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
 	$(PIP) install -q -c constraints-cpu.txt -e '.[launch,runtime,dev,peer]'
 	$(PIP) install -q --no-deps torchstore==0.1.2 verl==0.9.1
 	touch $(STAMP)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -165,11 +166,15 @@ def validate(source: str, gpus: int | None, overrides: tuple[str, ...]) -> str:
         minimum_gpus,
         plan,
     )
+    from recipes.planner import unsold_note
 
     recipe = apply_overrides(load_recipe(source), list(overrides))
     check_references(recipe, source)
     count = launch_gpus(recipe) if gpus is None else gpus
     run_plan = plan(recipe, count)
+    note = None if run_plan.cpu else unsold_note(count, run_plan.gpus_per_node)
+    if note:
+        print(f"forgesky: {note}", file=sys.stderr)
     if run_plan.cpu:
         return f"{source}: ok (recipe {recipe.name}, {recipe.model.hf_id}; plans on CPU)"
     need, shared = dedicated_gpus(recipe), minimum_gpus(recipe)

@@ -437,6 +437,19 @@ def test_local_forwards_to_the_runtime_entry(capsys):
     assert "unknown recipe 'no-such'" in err
 
 
+@pytest.mark.parametrize("command", ["plan", "validate"])
+def test_a_count_clouds_do_not_sell_is_planned_with_a_line_saying_so(capsys, command):
+    code, out, err = run_main(capsys, command, "qwen3-8b", "--gpus", "5")
+    assert code == 0
+    assert err.strip() == (
+        "forgesky: note: 5 GPUs a node: VM clouds sell 1, 2, 4 or 8, so only a Kubernetes "
+        "cluster may grant this"
+    )
+    assert "5 x H100" in out
+    code, _, err = run_main(capsys, command, "qwen3-8b")  # the default: a count clouds sell
+    assert code == 0 and err == ""
+
+
 def test_local_without_a_recipe_asks_for_the_recipe_alone(capsys):
     with pytest.raises(SystemExit) as done:
         main(["local"])
