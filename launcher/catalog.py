@@ -140,6 +140,8 @@ def derived_summary(recipe: Any) -> str:
 def copy_recipe(source: str, dest: str, force: bool = False) -> Path:
     """Copy a recipe's YAML (comments and all) to `dest` for editing; returns the new file."""
     src = recipe_source(source)
+    if not dest.strip():
+        raise UserError("cp needs a FILE or folder to copy the recipe to; got a blank one")
     target = Path(dest)
     if dest.endswith(("/", os.sep)) and not target.is_dir():
         raise UserError(f"cannot write into {dest}: no such directory")

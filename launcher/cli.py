@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from launcher.names import RECOVERY_STRATEGIES, WANDB_MODES
+from launcher.names import RECOVERY_STRATEGIES, RENDERED_MARK, WANDB_MODES
 from recipes.errors import OneLineParser, UserError
 
 PROG = "forgesky"
@@ -316,7 +316,28 @@ def _cmd_cp(args: argparse.Namespace) -> int:
     return 0
 
 
+def _writable_task_file(path: str) -> None:
+    """-o FILE: a new file, an empty one or a task file render wrote earlier (rendering again
+    is how another GPU count is had); anything else, a recipe above all, is refused."""
+    from pathlib import Path
+
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"-o {path}: a folder; name a file (e.g. -o {target / 'task.yaml'})")
+    try:
+        head = target.read_text(errors="replace")[:2000] if target.exists() else ""
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    if head.strip() and f"# {RENDERED_MARK}`{PROG} render" not in head:
+        raise UserError(
+            f"-o {path}: the file exists and is not a task {PROG} rendered (a recipe?); "
+            "name another file or remove it first"
+        )
+
+
 def _cmd_render(args: argparse.Namespace) -> int:
+    if args.output:
+        _writable_task_file(args.output)  # before anything is planned or imported
     job, text = _rendered(args)
     if job.recipe.model.gated and not os.environ.get("HF_TOKEN"):
         # nothing is launched here, so no refusal: the file needs the token where it runs

@@ -143,9 +143,6 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
     # with the per-service breakdown.
     gpus = launch_gpus(recipe) if options.gpus is None else options.gpus
     run_plan = plan(recipe, gpus)
-    note = None if run_plan.cpu else unsold_note(gpus, run_plan.gpus_per_node)
-    if note:
-        print(f"forgesky: {note}", file=sys.stderr)
     _check_managed_options(options)
     if options.checkpoint_bucket is not None:
         check_bucket_url(options.checkpoint_bucket)
@@ -179,6 +176,12 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
     if run_plan.num_nodes > 1:
         envs[WORKER_PORT_ENV] = str(WORKER_PORT)
     node_overrides = tuple(o for o in overrides if o.partition("=")[0].strip() != "model.hf_id")
+    # every check passed: a note, not an error (a Kubernetes cluster, which --infra k8s names,
+    # grants any count)
+    on_k8s = (options.infra or "").split("/")[0].lower() in ("k8s", "kubernetes")
+    note = None if run_plan.cpu or on_k8s else unsold_note(gpus, run_plan.gpus_per_node)
+    if note:
+        print(f"forgesky: {note}", file=sys.stderr)
     return Job(
         recipe=recipe,
         plan=run_plan,

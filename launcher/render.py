@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 import sky
+from launcher.names import RENDERED_MARK
 from launcher.options import (
     PROJECT_DIR,
     WORKER_PORT_ENV,
@@ -99,7 +100,7 @@ def header(job: Job, command: str, path: str | None, project: ProjectSource) -> 
             if job.min_gpus < plan.dedicated_gpus
             else "."
         ),
-        f"Written by `{command}`: edit the recipe, not this file.",
+        f"{RENDERED_MARK}`{command}`: edit the recipe, not this file.",
         "",
         "Run from the repository root (workdir: . is synced to every node):"
         if project.kind == "checkout"
@@ -123,7 +124,9 @@ def header(job: Job, command: str, path: str | None, project: ProjectSource) -> 
         f"(secrets are read from your environment){hf}.",
         "GPU counts cannot be templated in SkyPilot YAML: for another count render another file,",
         f"  forgesky render {recipe.name if job.recipe_mount is None else job.recipe_mount[1]}"
-        f" --gpus N{' --managed --spot' if options.managed else ''} -o my.yaml",
+        f" --gpus N{' --managed --spot' if options.managed else ''}"
+        f"{f' --checkpoint-bucket {options.checkpoint_bucket}' if options.checkpoint_bucket else ''}"
+        " -o task.yaml",
     ]
     if not plan.cpu and plan.gpus_per_node not in VM_GPU_COUNTS:
         vm = min(c for c in VM_GPU_COUNTS if c >= plan.gpus_per_node)

@@ -52,6 +52,8 @@ def load_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
     text = os.fspath(name_or_path)
     if isinstance(name_or_path, os.PathLike) or "/" in text or text.endswith((".yaml", ".yml")):
         path = Path(text)
+        if path.is_dir():
+            raise UserError(f"{text} is a folder; name a recipe file in it or a catalog recipe")
         if not path.is_file():
             hint = ""
             if Path(text).stem in list_recipes() and "/" not in text:
@@ -102,6 +104,10 @@ def _load_file(path: Path) -> Recipe:
         raise UserError(f"{source}{_yaml_position(e)}: {_yaml_problem(e)}") from None
     except OSError as e:
         raise UserError(f"cannot read recipe {source}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"{source}: not a YAML text file (byte {e.start} is not UTF-8: {e.object[e.start]:#04x})"
+        ) from None
     return validate_recipe(data, source)
 
 

@@ -12,6 +12,7 @@ backend (vLLM on a GPU, the HF generator on a CPU recipe).
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,8 +230,23 @@ def evaluate(
     return metrics
 
 
+def check_out_file(out: str) -> None:
+    """--out FILE: a new file in a folder that exists (a file already there is not replaced)."""
+    path = Path(out)
+    if not out.strip():
+        raise UserError("eval: --out is blank; name a new file for the metrics (JSON)")
+    if path.exists():
+        raise UserError(f"eval: --out {out} exists; name a new file (nothing is overwritten)")
+    if not path.parent.is_dir():
+        raise UserError(f"eval: --out {out}: the folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"eval: --out {out}: the folder {path.parent} is not writable")
+
+
 def run(source_text: str, recipe_name: str | None, overrides: list[str], out: str | None) -> int:
     """Evaluate SOURCE, print the metrics (and write them to `out`); UserError for mistakes."""
+    if out is not None:
+        check_out_file(out)  # before the evaluation, not after it
     source = resolve_source(source_text)
     recipe = resolve_recipe(source, recipe_name, overrides)
     e = recipe.eval

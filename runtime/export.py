@@ -71,6 +71,8 @@ def run(
     token = hf_token()
     if push_to_hub and token is None:
         raise UserError("export: --push-to-hub needs a Hugging Face token in HF_TOKEN")
+    if push_to_hub:
+        check_repo_id(push_to_hub)
     source = pick_checkpoint(source_text, step)
     from runtime.backends import build
     from runtime.evaluate import load_hf_weights, resolve_recipe
@@ -97,8 +99,23 @@ def run(
     return 0
 
 
+def check_repo_id(repo: str) -> None:
+    """A Hub repository name as the Hub takes it (`owner/name` or `name`), checked offline."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        first = str(e).split(". ")[0]
+        raise UserError(
+            f"export: --push-to-hub {repo!r} is not a Hub repository name: {first}"
+        ) from None
+
+
 def push(folder: Path, repo: str, token: str | None) -> str:
     """Upload the folder to the Hub repository `repo` (made private if it does not exist)."""
+    import httpx
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -108,5 +125,13 @@ def push(folder: Path, repo: str, token: str | None) -> str:
         api.upload_folder(folder_path=str(folder), repo_id=repo, commit_message="forgesky export")
     except HfHubHTTPError as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"export: the Hub refused {repo} ({first})") from None
+        raise UserError(
+            f"export: the Hub refused {repo} ({first}); the model is in {folder}"
+        ) from None
+    except (OSError, httpx.HTTPError) as e:  # no network, DNS, a proxy: the Hub was not reached
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(
+            f"export: could not reach the Hub to push {repo} ({type(e).__name__}: {first}); "
+            f"the model is in {folder}: push it later with `hf upload {repo} {folder}`"
+        ) from None
     return f"https://huggingface.co/{repo}"

@@ -177,6 +177,43 @@ def test_cp_copies_and_refuses_to_overwrite_without_force(capsys, tmp_path):
     assert "steps: 7" not in dest.read_text()
 
 
+def test_cp_to_a_blank_name_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(capsys, "cp", "tiny", " ")
+    assert_user_error(code, err, "blank")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_render_to_a_file_that_is_not_a_rendered_task_is_refused(capsys, tmp_path):
+    recipe = tmp_path / "my.yaml"
+    assert main(["cp", "qwen3-1.7b", str(recipe)]) == 0
+    before = recipe.read_text()
+    capsys.readouterr()
+    # the recipe itself, as the rendered file's hint once suggested: refused, untouched
+    code, _, err = run_main(capsys, "render", str(recipe), "-o", str(recipe))
+    assert_user_error(code, err, "not a task forgesky rendered")
+    assert recipe.read_text() == before
+    code, _, err = run_main(capsys, "render", str(recipe), "-o", str(tmp_path))
+    assert_user_error(code, err, "a folder")
+    # a new file, then the same file again for another GPU count: rendering again is allowed
+    task = tmp_path / "task.yaml"
+    for gpus in ("4", "2"):
+        code, _, err = run_main(capsys, "render", str(recipe), "--gpus", gpus, "-o", str(task))
+        assert code == 0, err
+    assert f"--gpus 2 -o {task}`" in task.read_text()
+    assert "-o task.yaml" in task.read_text()  # the hint names a task file, not the recipe
+
+
+def test_a_recipe_that_is_not_text_or_is_a_folder_gets_one_line(capsys, tmp_path):
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\x00\xff\xfe")
+    for command in ("validate", "plan", "show"):
+        code, _, err = run_main(capsys, command, str(binary))
+        assert_user_error(code, err, "not a YAML text file")
+    code, _, err = run_main(capsys, "plan", str(tmp_path) + "/")
+    assert_user_error(code, err, "is a folder")
+
+
 def test_cp_into_a_directory_keeps_the_name(capsys, tmp_path):
     code, _, _ = run_main(capsys, "cp", "tiny", str(tmp_path))
     assert code == 0

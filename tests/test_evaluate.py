@@ -102,6 +102,8 @@ def test_settings_of_the_evaluation_can_be_overridden(run_dir, tmp_path, capsys)
         ("hf", ["{tmp}/hf", "--recipe", "qwen3-0.6b", *ARITH], "config.json has vocab_size"),
         (None, ["{run}", "--recipe", "tiny", "--set", "eval.samples=2"], "eval.k: pass@4 needs"),
         (None, ["{run}", "--set", "eval.split=dev"], "has no split 'dev'"),
+        (None, ["{run}", "--out", "{tmp}/missing/x.json"], "does not exist"),
+        ("file", ["{run}", "--out", "{tmp}/file"], "exists; name a new file"),
     ],
 )
 def test_bad_sources_are_one_line_and_exit_2(
@@ -128,3 +130,7 @@ def test_bad_sources_are_one_line_and_exit_2(
     assert len(lines) == 1 and lines[0].startswith("forgesky: error: ") and expected in lines[0], (
         err
     )
+    if "--out" in args:
+        assert out == ""  # refused before the evaluation started, not after it
+    if make == "file":
+        assert (tmp_path / "file").read_text() == "x"  # nothing overwritten

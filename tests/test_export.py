@@ -144,10 +144,33 @@ def test_push_to_hub_uploads_the_folder_with_the_token(run_dir, tmp_path, monkey
     assert {"config.json", "generation_config.json", "tokenizer.json"} <= set(upload["files"])
 
 
+def test_a_hub_out_of_reach_leaves_the_export_and_says_so_in_one_line(
+    run_dir, tmp_path, monkeypatch, capsys
+):
+    import httpx
+    import huggingface_hub
+
+    class Offline(_FakeHub):
+        def create_repo(self, *args, **kwargs):
+            raise httpx.ConnectError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Offline)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    out = tmp_path / "m"
+    assert main(["export", str(run_dir), "--out", str(out), "--push-to-hub", "me/tiny"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "could not reach the Hub to push me/tiny (ConnectError" in err[0]
+    assert f"the model is in {out}" in err[0] and (out / "model.safetensors").is_file()
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
         (["{run}", "--out", " "], "--out is blank"),
+        (
+            ["{run}", "--out", "{tmp}/m", "--push-to-hub", "bad repo name!!"],
+            "is not a Hub repository name",
+        ),
         (["{run}", "--out", "{tmp}/m", "--step", "5"], "no committed checkpoint of step 5"),
         (["{run}", "--out", "{tmp}/m", "--push-to-hub", "me/x"], "needs a Hugging Face token"),
         (["{tmp}/nothing", "--out", "{tmp}/m"], "no such file or directory"),
@@ -162,6 +185,8 @@ def test_bad_exports_are_one_line_and_exit_2(
 ):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    if "bad repo name!!" in args:
+        monkeypatch.setenv("HF_TOKEN", "hf_secret")  # the name is what is wrong
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf/config.json").write_text("{}")
     (tmp_path / "hf/model.safetensors").write_bytes(b"")
