@@ -87,7 +87,8 @@ def speeds(accelerator: str, arch: Any) -> Speeds:
     train, ref = r["train_tok_s"] * size, r["reference_tok_s"] * size
     basis = f"{gpu} {key} (measured)"
     if key != name:
-        basis = f"{gpu} {key}, scaled to {arch.params / 1e9:.1f}B parameters"
+        size = f"{arch.params / 1e9:.1f}B" if arch.params >= 1e8 else f"{arch.params / 1e6:.1f}M"
+        basis = f"{gpu} {key}, scaled to {size} parameters"
     if gpu != accelerator:
         gen *= BANDWIDTH_TBS[accelerator] / BANDWIDTH_TBS[gpu]
         compute = PEAK_BF16_TFLOPS[accelerator] / PEAK_BF16_TFLOPS[gpu]

@@ -222,7 +222,7 @@ class Plan:
             )
         if self.predicted_step_s is not None:
             lines.append(
-                f"predicted: {self.predicted_step_s:.1f} s a step at the recipe's maximum lengths "
+                f"predicted: {_seconds(self.predicted_step_s)} s a step at the recipe's maximum lengths "
                 f"(bound by {self.prediction}); forgesky plan --explain weighs the layouts"
             )
         if not self.cpu:
@@ -377,6 +377,14 @@ def launch_gpus(recipe: Recipe) -> int:
     if need > gpn:
         return -(-need // gpn) * gpn
     return next((n for n in SOLD_GPUS_PER_NODE if need <= n <= gpn), need)
+
+
+def _seconds(value: float) -> str:
+    """A step time as `plan` prints it: tenths, two significant digits below a second, and
+    under 0.01 (what the plan keeps, in hundredths) as that."""
+    if value >= 1:
+        return f"{value:.1f}"
+    return f"{value:.2g}" if value > 0 else "under 0.01"
 
 
 def unsold_note(gpus: int, gpus_per_node: int) -> str | None:
