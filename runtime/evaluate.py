@@ -51,7 +51,9 @@ def resolve_source(text: str, command: str = "eval") -> Source:
         step = _step_of(path)
         return Source("checkpoint", path, step, _recorded(path.parent.parent))
     if (path / "checkpoints").is_dir():
-        found = checkpoint.latest(path / "checkpoints")
+        found = checkpoint.latest(
+            path / "checkpoints", advice=f"{command} needs a committed checkpoint that is whole"
+        )
         if found is None:
             raise UserError(
                 f"{command}: run {text} has no committed checkpoint in {path}/checkpoints"

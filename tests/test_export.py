@@ -144,6 +144,27 @@ def test_push_to_hub_uploads_the_folder_with_the_token(run_dir, tmp_path, monkey
     assert {"config.json", "generation_config.json", "tokenizer.json"} <= set(upload["files"])
 
 
+@pytest.mark.parametrize("command", ["export", "eval"])
+def test_a_run_whose_only_checkpoint_is_damaged_gets_one_line_for_its_command(
+    tmp_path, capsys, command
+):
+    from runtime.control import checkpoint
+
+    step = tmp_path / "run/checkpoints/step_000003"
+    step.mkdir(parents=True)
+    (step / "trainer.pt").write_bytes(b"cut")
+    (step / checkpoint.MARKER).write_text(json.dumps({"step": 3, "files": {"trainer.pt": 100}}))
+    argv = [command, str(tmp_path / "run")]
+    if command == "export":
+        argv += ["--out", str(tmp_path / "m")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err  # no warning line before it
+    assert "trainer.pt: checkpoint file is cut short" in err[0]
+    assert f"{command} needs a committed checkpoint that is whole" in err[0]
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_hub_out_of_reach_leaves_the_export_and_says_so_in_one_line(
     run_dir, tmp_path, monkeypatch, capsys
 ):

@@ -117,14 +117,17 @@ def _damage(ckpt: Checkpoint) -> str | None:
     return None
 
 
-def verify(ckpt: Checkpoint) -> None:
+RESUME_ADVICE = "delete that checkpoint directory to resume from an earlier one"
+
+
+def verify(ckpt: Checkpoint, advice: str = RESUME_ADVICE) -> None:
     """Check the marker against the files on disk; a mismatch is a UserError naming the file."""
     damage = _damage(ckpt)
     if damage is not None:
-        raise UserError(f"{damage}; delete that checkpoint directory to resume from an earlier one")
+        raise UserError(f"{damage}; {advice}")
 
 
-def latest(root: Path) -> Checkpoint | None:
+def latest(root: Path, advice: str = RESUME_ADVICE) -> Checkpoint | None:
     """The newest committed checkpoint whose files match its marker.
 
     A newer one that does not match is skipped with a warning: on a bucket mounted with
@@ -132,13 +135,16 @@ def latest(root: Path) -> Checkpoint | None:
     committed checkpoint matches, that is a UserError naming the newest.
     """
     ckpts = committed(root)
+    skipped = []
     for ckpt in reversed(ckpts):
         damage = _damage(ckpt)
         if damage is None:
+            for name, why in skipped:  # said only where an older one is taken instead
+                print(f"forgesky: warning: skipping checkpoint {name}: {why}", file=sys.stderr)
             return ckpt
-        print(f"forgesky: warning: skipping checkpoint {ckpt.path.name}: {damage}", file=sys.stderr)
+        skipped.append((ckpt.path.name, damage))
     if ckpts:
-        verify(ckpts[-1])
+        verify(ckpts[-1], advice)  # none is whole: one line about the newest
     return None
 
 
