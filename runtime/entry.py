@@ -206,6 +206,13 @@ def main(
             from runtime.procs.gpu_check import check_gpus_free, read_gpus
 
             check_gpus_free(config.plan, config.cluster.rank, read_gpus())
+        if not (config.cluster.multi_node and config.cluster.rank > 0):
+            # the controller's outputs: W&B first, as the run dir is created last
+            from runtime.control.metrics import check_wandb_login
+            from runtime.control.run import prepare_run_dir
+
+            check_wandb_login(config.wandb_mode)
+            prepare_run_dir(config)
     except UserError as e:
         print(f"forgesky: error: {e}", file=sys.stderr)  # as the run's other lines say
         return 2

@@ -207,6 +207,27 @@ def plot_curves(records: list[dict[str, Any]], path: str | os.PathLike[str]) -> 
     os.replace(tmp, path)
 
 
+def check_wandb_login(mode: str) -> None:
+    """Refuse W&B online without credentials (WANDB_API_KEY, a `wandb login`), before anything
+    starts: wandb.init would only say so once every service is up."""
+    if mode != "online":
+        return
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return
+    try:
+        # W&B's own look-up (its .netrc, settings file and host), as wandb.init makes it
+        from wandb.apis import InternalApi
+
+        found = InternalApi().api_key
+    except Exception:  # noqa: BLE001 - cannot tell here: wandb.init will say what is wrong
+        return
+    if not found:
+        raise UserError(
+            "W&B online needs WANDB_API_KEY in the environment (or a `wandb login`); export "
+            "it, or use --wandb offline or disabled"
+        )
+
+
 def _start_wandb(
     mode: str,
     project: str,

@@ -6,16 +6,141 @@ import asyncio
 import json
 import os
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from recipes import UserError
+from runtime.control import checkpoint
 from runtime.control.checkpoint import approx_size
 from runtime.control.config import RunConfig
-from runtime.control.startup import start_services
-from runtime.procs.lifecycle import RunLifecycle
+
+# The run's own imports (startup loads torch and Monarch: over a second) are made where used, so
+# that the checks below refuse a bad --run-dir at once.
+if TYPE_CHECKING:
+    from runtime.procs.lifecycle import RunLifecycle
+
+# What run.py records in RUN_DIR/config.json (the recipe, and its plan) has these keys; a
+# model's config.json (Hugging Face's) has none of them.
+RECORD_KEYS = ("name", "model", "grpo", "plan")
+
+
+def recorded_config(recipe: Any, plan: Any) -> dict[str, Any]:
+    """What a run records of itself in RUN_DIR/config.json: the recipe and its plan."""
+    return {**recipe.model_dump(mode="json"), "plan": plan.to_dict()}
+
+
+def write_recorded(run_dir: Path, recorded: dict[str, Any]) -> None:
+    """Write RUN_DIR/config.json whole or not at all (a run killed meanwhile leaves the old)."""
+    path = run_dir / "config.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(recorded, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def is_run_record(data: Any) -> bool:
+    """Whether `data` (a parsed config.json) is what a run records, not a model's config."""
+    return (
+        isinstance(data, dict)
+        and all(key in data for key in RECORD_KEYS)
+        and isinstance(data["model"], dict)
+    )
+
+
+def prepare_run_dir(config: RunConfig) -> None:
+    """Check the run dir before anything starts, then create it. A UserError where it cannot
+    be created or written, where it holds files and is not a run dir (a model folder: the run
+    would write over its config.json), or where it holds checkpoints of another model."""
+    run_dir = config.run_dir
+    where = f"run dir {run_dir}"
+    if run_dir.is_dir():
+        _check_is_run_dir(run_dir)
+        _check_same_model(config)
+        if not os.access(run_dir, os.W_OK | os.X_OK):
+            raise UserError(f"{where}: cannot write to this folder; name another --run-dir")
+        return
+    if run_dir.exists() or run_dir.is_symlink():
+        raise UserError(f"{where} exists and is not a folder; name a new --run-dir")
+    try:
+        run_dir.mkdir(parents=True)
+    except OSError as e:
+        raise UserError(
+            f"{where}: cannot create the folder ({e.strerror or e}); name another --run-dir"
+        ) from None
+
+
+def _read_record(run_dir: Path) -> tuple[bool, Any]:
+    """(whether RUN_DIR/config.json is there, its parsed content or None if unreadable)."""
+    path = run_dir / "config.json"
+    if not path.exists():
+        return False, None
+    try:
+        return True, json.loads(path.read_text())
+    except (OSError, ValueError):
+        return True, None
+
+
+def _check_is_run_dir(run_dir: Path) -> None:
+    """An existing folder is fine empty or as a run dir of this tool (resumed); anything else
+    would have the run's files mixed into it and its config.json overwritten."""
+    if not any(run_dir.iterdir()):
+        return
+    present, data = _read_record(run_dir)
+    if data is not None and not is_run_record(data):
+        raise UserError(
+            f"run dir {run_dir} holds a config.json that is not a forgesky run's (a model "
+            "folder?), which the run would overwrite; name a new or empty --run-dir"
+        )
+    if is_run_record(data):
+        return
+    # config.json cut short (a run killed while writing it) or not written yet: the run's
+    # other outputs say whether this is one
+    if (run_dir / "metrics.jsonl").is_file() or checkpoint.committed(run_dir / "checkpoints"):
+        return
+    what = "an unreadable config.json" if present else "files"
+    raise UserError(
+        f"run dir {run_dir} holds {what} and is not a forgesky run directory (no run "
+        "config.json, metrics.jsonl or checkpoints/); name a new or empty --run-dir, or a "
+        "run directory to resume"
+    )
+
+
+def _shapes(family: Any, size: Any) -> tuple[Any, ...] | None:
+    """What fixes the parameters' shapes of a family and size (None: not a known one)."""
+    from recipes.architectures import architecture
+
+    try:
+        a = architecture(family, size)
+    except (UserError, TypeError):
+        return None
+    fields = (a.vocab_size, a.dim, a.n_layers, a.n_heads, a.n_kv_heads, a.head_dim, a.ffn_dim)
+    return (*fields, a.tie_embeddings, a.qk_norm)
+
+
+def _check_same_model(config: RunConfig) -> None:
+    """A run dir with a committed checkpoint resumes it: refuse a recipe whose model has other
+    parameter shapes than the one the run recorded (the trainer would fail to load it)."""
+    if not checkpoint.committed(config.checkpoint_dir):
+        return
+    _, data = _read_record(config.run_dir)
+    if not is_run_record(data):
+        return  # nothing recorded to compare: the trainer's load says what does not fit
+    old, new = data["model"], config.recipe.model
+    if (old.get("family"), old.get("size")) == (new.family, new.size):
+        return
+    old_shapes = _shapes(old.get("family"), old.get("size"))
+    if old_shapes is not None and old_shapes == _shapes(new.family, new.size):
+        return
+    raise UserError(
+        f"run dir {config.run_dir} holds checkpoints of {old.get('hf_id')} "
+        f"({old.get('family')} {old.get('size')}) and this recipe trains {new.hf_id} "
+        f"({new.family} {new.size}): it cannot resume them; use a new --run-dir"
+    )
 
 
 async def _main(life: RunLifecycle, config: RunConfig) -> None:
     from runtime.control.controller import Controller
     from runtime.control.metrics import MetricsLogger
+    from runtime.control.startup import start_services
 
     recipe = config.recipe
     print(config.plan.describe(), flush=True)
@@ -30,8 +155,8 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     )
     controller = Controller(config, services, life.stopping)
     await controller.prepare()
-    recorded = {**recipe.model_dump(mode="json"), "plan": config.plan.to_dict()}
-    (config.run_dir / "config.json").write_text(json.dumps(recorded, indent=2) + "\n")
+    recorded = recorded_config(recipe, config.plan)
+    write_recorded(config.run_dir, recorded)
     metrics = MetricsLogger(
         config.run_dir,
         wandb_mode=config.wandb_mode,
@@ -70,6 +195,8 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
 
 def run(config: RunConfig) -> int:
     """Run to the end, a stop or a failure; the process exit code."""
+    from runtime.procs.lifecycle import RunLifecycle
+
     config.run_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     life = RunLifecycle("forgesky")
