@@ -6,6 +6,7 @@ them, and the runtime builds TorchTitan models from them, so they live in one ta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,13 @@ class Arch:
         layer = attention + mlp + 2 * d  # two RMSNorm weights per block
         embeddings = self.vocab_size * d * (1 if self.tie_embeddings else 2)
         return self.n_layers * layer + embeddings + d  # final norm
+
+    @property
+    def shapes(self) -> tuple[Any, ...]:
+        """What fixes every parameter's shape: architectures with equal `shapes` take each
+        other's weights (a checkpoint resumes, a model folder loads)."""
+        fields = (self.vocab_size, self.dim, self.n_layers, self.n_heads, self.n_kv_heads)
+        return (*fields, self.head_dim, self.ffn_dim, self.tie_embeddings, self.qk_norm)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -171,3 +179,17 @@ def architecture(family: str, size: str) -> Arch:
     except KeyError:
         known = ", ".join(sizes(family)) or "none"
         raise UserError(f"unknown {family} size '{size}'; known sizes: {known}") from None
+
+
+def same_shapes(recorded: Mapping[str, Any], family: str, size: str) -> bool:
+    """Whether the model a run recorded (its config.json's `model`: family, size) has the
+    parameter shapes of `family` `size`; True where the recorded one is not a known
+    architecture (nothing to compare: loading the weights says what does not fit)."""
+    old_family, old_size = recorded.get("family"), recorded.get("size")
+    if (old_family, old_size) == (family, size):
+        return True
+    try:
+        old = architecture(str(old_family), str(old_size))
+    except UserError:
+        return True
+    return old.shapes == architecture(family, size).shapes

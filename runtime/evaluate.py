@@ -85,6 +85,7 @@ def resolve_recipe(
 
     if recipe is not None:
         base = load_recipe(recipe)
+        _check_recorded_model(source, base, command)  # before any weight is read
     elif source.recorded is not None:
         try:
             data = json.loads(source.recorded.read_text())
@@ -102,6 +103,26 @@ def resolve_recipe(
         )
     # the eval section applies whether or not the run evaluated: enabling it checks it
     return apply_overrides(base, ["eval.enabled=true", *overrides])
+
+
+def _check_recorded_model(source: Source, recipe: Any, command: str) -> None:
+    """--recipe for a run's checkpoint: its model must have the shapes of the one the run
+    recorded (what would not load is said before the weights are read)."""
+    from recipes.architectures import same_shapes
+
+    if source.recorded is None:
+        return
+    try:
+        old = json.loads(source.recorded.read_text()).get("model")
+    except (OSError, ValueError, AttributeError):
+        return  # unreadable: loading the weights says what does not fit
+    new = recipe.model
+    if isinstance(old, dict) and not same_shapes(old, new.family, new.size):
+        raise UserError(
+            f"{command}: the run trained {old.get('hf_id')} ({old.get('family')} "
+            f"{old.get('size')}) and --recipe {recipe.name} is {new.hf_id} ({new.family} "
+            f"{new.size}): its weights do not fit; give a recipe of the run's model"
+        )
 
 
 def load_hf_weights(source: Source, recipe: Any, command: str = "eval") -> dict[str, Any]:

@@ -103,6 +103,7 @@ def test_settings_of_the_evaluation_can_be_overridden(run_dir, tmp_path, capsys)
         (None, ["{run}", "--recipe", "tiny", "--set", "eval.samples=2"], "eval.k: pass@4 needs"),
         (None, ["{run}", "--set", "eval.split=dev"], "has no split 'dev'"),
         (None, ["{run}", "--out", "{tmp}/missing/x.json"], "does not exist"),
+        (None, ["{run}", "--recipe", "tiny-gpu"], "(qwen3 tiny-gpu): its weights do not fit"),
         ("file", ["{run}", "--out", "{tmp}/file"], "exists; name a new file"),
     ],
 )
@@ -130,7 +131,7 @@ def test_bad_sources_are_one_line_and_exit_2(
     assert len(lines) == 1 and lines[0].startswith("forgesky: error: ") and expected in lines[0], (
         err
     )
-    if "--out" in args:
+    if "--out" in args or "tiny-gpu" in args:
         assert out == ""  # refused before the evaluation started, not after it
     if make == "file":
         assert (tmp_path / "file").read_text() == "x"  # nothing overwritten

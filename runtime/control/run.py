@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from recipes import UserError
+from recipes.architectures import same_shapes
 from runtime.control import checkpoint
 from runtime.control.checkpoint import approx_size
 from runtime.control.config import RunConfig
@@ -104,18 +105,6 @@ def _check_is_run_dir(run_dir: Path) -> None:
     )
 
 
-def _shapes(family: Any, size: Any) -> tuple[Any, ...] | None:
-    """What fixes the parameters' shapes of a family and size (None: not a known one)."""
-    from recipes.architectures import architecture
-
-    try:
-        a = architecture(family, size)
-    except (UserError, TypeError):
-        return None
-    fields = (a.vocab_size, a.dim, a.n_layers, a.n_heads, a.n_kv_heads, a.head_dim, a.ffn_dim)
-    return (*fields, a.tie_embeddings, a.qk_norm)
-
-
 def _check_same_model(config: RunConfig) -> None:
     """A run dir with a committed checkpoint resumes it: refuse a recipe whose model has other
     parameter shapes than the one the run recorded (the trainer would fail to load it)."""
@@ -125,10 +114,7 @@ def _check_same_model(config: RunConfig) -> None:
     if not is_run_record(data):
         return  # nothing recorded to compare: the trainer's load says what does not fit
     old, new = data["model"], config.recipe.model
-    if (old.get("family"), old.get("size")) == (new.family, new.size):
-        return
-    old_shapes = _shapes(old.get("family"), old.get("size"))
-    if old_shapes is not None and old_shapes == _shapes(new.family, new.size):
+    if same_shapes(old, new.family, new.size):
         return
     raise UserError(
         f"run dir {config.run_dir} holds checkpoints of {old.get('hf_id')} "
