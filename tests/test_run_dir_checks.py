@@ -226,3 +226,14 @@ def test_a_run_dir_without_a_checkpoint_takes_another_model(tmp_path):
     for ckpt in checkpoint.committed(run / "checkpoints"):
         (ckpt.path / checkpoint.MARKER).unlink()
     check(run, "--set", "model.size=tiny-gpu")
+
+
+def test_a_resume_with_fewer_steps_than_its_checkpoint_reached_is_refused(tmp_path):
+    run = hand_made_run_dir(tmp_path / "run")  # a checkpoint of step 2
+    before = contents(run)
+    result = forgesky_local(tmp_path, "--run-dir", "run", "--steps", "1")
+    assert_refused(result, "is at step 2 already", "1 steps", "raise --steps")
+    assert contents(run) == before
+    # at that step exactly (a managed job restarted after its last checkpoint) it is no error
+    check(run, "--steps", "2")
+    check(run, "--steps", "3")

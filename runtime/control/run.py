@@ -56,6 +56,7 @@ def prepare_run_dir(config: RunConfig) -> None:
     if run_dir.is_dir():
         _check_is_run_dir(run_dir)
         _check_same_model(config)
+        _check_steps_left(config)
         if not os.access(run_dir, os.W_OK | os.X_OK):
             raise UserError(f"{where}: cannot write to this folder; name another --run-dir")
         return
@@ -121,6 +122,20 @@ def _check_same_model(config: RunConfig) -> None:
         f"({old.get('family')} {old.get('size')}) and this recipe trains {new.hf_id} "
         f"({new.family} {new.size}): it cannot resume them; use a new --run-dir"
     )
+
+
+def _check_steps_left(config: RunConfig) -> None:
+    """A resume whose --steps (grpo.steps) is below the step its checkpoint reached has
+    nothing to train: said at once, not after every service has started. (At that step
+    exactly, as a managed job restarted after its last checkpoint is, the run just ends.)"""
+    saved = checkpoint.committed(config.checkpoint_dir)
+    steps = config.recipe.grpo.steps
+    if saved and saved[-1].step > steps:
+        raise UserError(
+            f"run dir {config.run_dir} is at step {saved[-1].step} already and the run is "
+            f"{steps} steps: nothing left to train; raise --steps to go on, or `forgesky "
+            f"export {config.run_dir} --out DIR` for its model"
+        )
 
 
 async def _main(life: RunLifecycle, config: RunConfig) -> None:
