@@ -253,13 +253,28 @@ def evaluate(
     return metrics
 
 
+def _is_eval_result(path: Path) -> bool:
+    """Whether `path` holds what `run` writes with --out (its keys below)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and {"source", "recipe", "eval/prompts"} <= set(data)
+
+
 def check_out_file(out: str) -> None:
-    """--out FILE: a new file in a folder that exists (a file already there is not replaced)."""
+    """--out FILE: a new file in a folder that exists, or the metrics an earlier eval wrote
+    there (evaluating again replaces them); any other file, a recipe say, is not replaced."""
     path = Path(out)
     if not out.strip():
         raise UserError("eval: --out is blank; name a new file for the metrics (JSON)")
-    if path.exists():
-        raise UserError(f"eval: --out {out} exists; name a new file (nothing is overwritten)")
+    if path.is_dir():
+        raise UserError(f"eval: --out {out} is a folder; name a file for the metrics (JSON)")
+    if path.exists() and not _is_eval_result(path):
+        raise UserError(
+            f"eval: --out {out} exists and is not metrics an eval wrote; name a new file "
+            "(nothing is overwritten)"
+        )
     if not path.parent.is_dir():
         raise UserError(f"eval: --out {out}: the folder {path.parent} does not exist")
     if not os.access(path.parent, os.W_OK):

@@ -104,7 +104,8 @@ def test_settings_of_the_evaluation_can_be_overridden(run_dir, tmp_path, capsys)
         (None, ["{run}", "--set", "eval.split=dev"], "has no split 'dev'"),
         (None, ["{run}", "--out", "{tmp}/missing/x.json"], "does not exist"),
         (None, ["{run}", "--recipe", "tiny-gpu"], "(qwen3 tiny-gpu): its weights do not fit"),
-        ("file", ["{run}", "--out", "{tmp}/file"], "exists; name a new file"),
+        ("file", ["{run}", "--out", "{tmp}/file"], "is not metrics an eval wrote"),
+        ("empty", ["{run}", "--out", "{tmp}/empty"], "is a folder"),
     ],
 )
 def test_bad_sources_are_one_line_and_exit_2(

@@ -41,11 +41,15 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left, loss):
     # a generate call's seconds, and the engine's own part of them
     calls = [r for r in rows if "time/generate_s" in r]
     assert calls and all(0 < r["time/engine_s"] <= r["time/generate_s"] for r in calls)
-    # what the engine's thread spent in those seconds: CPU (at most its wall time) and switches
+    # what the engine's thread spent in those seconds: CPU and context switches in every call's
+    # record; the kernel may count CPU by its tick (4 ms at 250 Hz), so a call of a few ms can
+    # read 0 or a tick more than it lasted: over the run, the CPU is there and below the wall
+    names = ("cpu_s", "voluntary_switches", "involuntary_switches")
     for r in calls:
-        assert 0 < r["generator/engine_thread_cpu_s"] <= r["time/engine_s"] + 0.01, r
-        assert r["generator/engine_thread_voluntary_switches"] >= 0, r
-        assert r["generator/engine_thread_involuntary_switches"] >= 0, r
+        assert all(r[f"generator/engine_thread_{n}"] >= 0 for n in names), r
+    cpu = sum(r["generator/engine_thread_cpu_s"] for r in calls)
+    engine = sum(r["time/engine_s"] for r in calls)
+    assert 0 < cpu <= engine + 0.004 * len(calls), (cpu, engine)
     # what each periodic checkpoint (every 20 steps) held the loop up, in the next step's record
     stalls = [r["step"] for r in rows if "time/checkpoint_stall_s" in r]
     assert stalls == [21, 41], stalls

@@ -1,7 +1,9 @@
 """What a thread spent besides wall time: its CPU seconds and how often it left the CPU, by
 choice (waiting for a lock, the GIL, I/O: voluntary switches) or not (another thread or process
 took the core: involuntary). Around a long call on one thread, these tell a call that waited on
-something in its own process from one that was crowded off its core."""
+something in its own process from one that was crowded off its core. A kernel that counts CPU
+time by its tick (4 ms at 250 Hz) samples it: a call of a few milliseconds can read 0 or a tick
+more than it lasted; a generate call of seconds reads true to a percent."""
 
 from __future__ import annotations
 
