@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +158,7 @@ def copy_recipe(source: str, dest: str, force: bool = False) -> Path:
 
 def validate(source: str, gpus: int | None, overrides: tuple[str, ...]) -> str:
     """Load, override and plan a recipe; one line saying it is fine (else UserError)."""
-    from launcher.options import check_references
+    from launcher.options import check_references, say_if_unsold
     from recipes import (
         apply_overrides,
         dedicated_gpus,
@@ -168,15 +167,12 @@ def validate(source: str, gpus: int | None, overrides: tuple[str, ...]) -> str:
         minimum_gpus,
         plan,
     )
-    from recipes.planner import unsold_note
 
     recipe = apply_overrides(load_recipe(source), list(overrides))
     check_references(recipe, source)
     count = launch_gpus(recipe) if gpus is None else gpus
     run_plan = plan(recipe, count)
-    note = None if run_plan.cpu else unsold_note(count, run_plan.gpus_per_node)
-    if note:
-        print(f"forgesky: {note}", file=sys.stderr)
+    say_if_unsold(run_plan, count)
     if run_plan.cpu:
         return f"{source}: ok (recipe {recipe.name}, {recipe.model.hf_id}; plans on CPU)"
     need, shared = dedicated_gpus(recipe), minimum_gpus(recipe)

@@ -282,7 +282,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         check_references(recipe, args.recipe)
     gpus = launch_gpus(recipe) if args.gpus is None else args.gpus
     run_plan = plan(recipe, gpus)
-    _say_if_unsold(run_plan, gpus)
+    from launcher.options import say_if_unsold
+
+    say_if_unsold(run_plan, gpus)  # on stderr: --json stays JSON
     if args.json:
         print(_json(run_plan.to_dict()))
     else:
@@ -290,15 +292,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if args.explain:
             print(run_plan.explain())
     return 0
-
-
-def _say_if_unsold(run_plan: Any, gpus: int) -> None:
-    """On stderr, where a GPU count a node is one VM clouds do not sell (--json stays JSON)."""
-    from recipes.planner import unsold_note
-
-    note = None if run_plan.cpu else unsold_note(gpus, run_plan.gpus_per_node)
-    if note:
-        print(f"{PROG}: {note}", file=sys.stderr)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:

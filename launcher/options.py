@@ -176,12 +176,7 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
     if run_plan.num_nodes > 1:
         envs[WORKER_PORT_ENV] = str(WORKER_PORT)
     node_overrides = tuple(o for o in overrides if o.partition("=")[0].strip() != "model.hf_id")
-    # every check passed: a note, not an error (a Kubernetes cluster, which --infra k8s names,
-    # grants any count)
-    on_k8s = (options.infra or "").split("/")[0].lower() in ("k8s", "kubernetes")
-    note = None if run_plan.cpu or on_k8s else unsold_note(gpus, run_plan.gpus_per_node)
-    if note:
-        print(f"forgesky: {note}", file=sys.stderr)
+    say_if_unsold(run_plan, gpus, options.infra)  # every check passed: a note, not an error
     return Job(
         recipe=recipe,
         plan=run_plan,
@@ -194,6 +189,15 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         node_overrides=node_overrides,
         envs=envs,
     )
+
+
+def say_if_unsold(run_plan: Plan, gpus: int, infra: str | None = None) -> None:
+    """On stderr, where a GPU count a node is one VM clouds do not sell (a Kubernetes cluster,
+    which --infra k8s names, grants any count)."""
+    on_k8s = (infra or "").split("/")[0].lower() in ("k8s", "kubernetes")
+    note = None if run_plan.cpu or on_k8s else unsold_note(gpus, run_plan.gpus_per_node)
+    if note:
+        print(f"forgesky: {note}", file=sys.stderr)
 
 
 def default_name(recipe_name: str) -> str:
