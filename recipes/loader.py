@@ -175,7 +175,8 @@ def _describe(err: ValidationError) -> str:
 def _did_you_mean(word: str, choices: list[str]) -> str:
     """ "did you mean steps? " for the choice closest to a mistyped key, else "" """
 
-    close = difflib.get_close_matches(word, choices, n=1)
+    same_but_case = [c for c in choices if c.lower() == word.lower()]
+    close = same_but_case or difflib.get_close_matches(word, choices, n=1)
     return f"did you mean {close[0]}? " if close else ""
 
 

@@ -373,6 +373,9 @@ def test_override_mistakes():
         "name, reference, resources, trainer, watchdog, weight_sync"
     ) in error_of(apply_overrides, base, ["gpro.steps=3"])
     assert "did you mean grpo?" in error_of(apply_overrides, base, ["gpro.steps=3"])
+    # a key in the wrong case names the key it meant, wherever difflib would not
+    assert "did you mean grpo?" in error_of(apply_overrides, base, ["GRPO.steps=3"])
+    assert "did you mean kl_beta?" in error_of(apply_overrides, base, ["grpo.KL_BETA=1"])
     # a blank value, a section given a value: one line each, saying what to write
     assert error_of(apply_overrides, base, ["grpo.learning_rate="]).endswith(
         "grpo.learning_rate: Input should be a valid number (got no value)"
