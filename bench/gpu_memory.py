@@ -21,6 +21,11 @@ def _number(text: str) -> float | None:
         return None
 
 
+def _memory_gb(rows: list[list[str]]) -> dict[int, float]:
+    """Each GPU's memory.used (MiB in nvidia-smi's rows: index first, memory second) in GB."""
+    return {int(r[0]): float(r[1]) * 2**20 / 1e9 for r in rows}
+
+
 class GpuSampler:
     """The largest memory.used (GB) of every GPU, by phase, sampled with nvidia-smi; while
     `clock_window` names a window, each GPU's SM clock (MHz), power (W) and utilization (%)
@@ -47,7 +52,7 @@ class GpuSampler:
         return [[f.strip() for f in line.split(",")] for line in out.strip().splitlines()]
 
     def used(self) -> dict[int, float]:
-        return {int(row[0]): float(row[1]) * 2**20 / 1e9 for row in self._smi(_MEMORY)}
+        return _memory_gb(self._smi(_MEMORY))
 
     def _sample(self) -> list[list[str]]:
         try:
@@ -62,7 +67,7 @@ class GpuSampler:
         while not self._stop.is_set():
             try:
                 rows = self._sample()
-                now = {int(r[0]): float(r[1]) * 2**20 / 1e9 for r in rows}
+                now = _memory_gb(rows)
             except (OSError, subprocess.CalledProcessError, ValueError, IndexError):
                 time.sleep(self.every_s)
                 continue

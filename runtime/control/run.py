@@ -54,9 +54,10 @@ def prepare_run_dir(config: RunConfig) -> None:
     run_dir = config.run_dir
     where = f"run dir {run_dir}"
     if run_dir.is_dir():
-        _check_is_run_dir(run_dir)
-        _check_same_model(config)
-        _check_steps_left(config)
+        saved = checkpoint.committed(config.checkpoint_dir)  # one look at the folder for all three
+        _check_is_run_dir(run_dir, saved)
+        _check_same_model(config, saved)
+        _check_steps_left(config, saved)
         if not os.access(run_dir, os.W_OK | os.X_OK):
             raise UserError(f"{where}: cannot write to this folder; name another --run-dir")
         return
@@ -81,7 +82,7 @@ def _read_record(run_dir: Path) -> tuple[bool, Any]:
         return True, None
 
 
-def _check_is_run_dir(run_dir: Path) -> None:
+def _check_is_run_dir(run_dir: Path, saved: list[checkpoint.Checkpoint]) -> None:
     """An existing folder is fine empty or as a run dir of this tool (resumed); anything else
     would have the run's files mixed into it and its config.json overwritten."""
     if not any(run_dir.iterdir()):
@@ -96,7 +97,7 @@ def _check_is_run_dir(run_dir: Path) -> None:
         return
     # config.json cut short (a run killed while writing it) or not written yet: the run's
     # other outputs say whether this is one
-    if (run_dir / "metrics.jsonl").is_file() or checkpoint.committed(run_dir / "checkpoints"):
+    if (run_dir / "metrics.jsonl").is_file() or saved:
         return
     what = "an unreadable config.json" if present else "files"
     raise UserError(
@@ -106,10 +107,10 @@ def _check_is_run_dir(run_dir: Path) -> None:
     )
 
 
-def _check_same_model(config: RunConfig) -> None:
+def _check_same_model(config: RunConfig, saved: list[checkpoint.Checkpoint]) -> None:
     """A run dir with a committed checkpoint resumes it: refuse a recipe whose model has other
     parameter shapes than the one the run recorded (the trainer would fail to load it)."""
-    if not checkpoint.committed(config.checkpoint_dir):
+    if not saved:
         return
     _, data = _read_record(config.run_dir)
     if not is_run_record(data):
@@ -124,11 +125,10 @@ def _check_same_model(config: RunConfig) -> None:
     )
 
 
-def _check_steps_left(config: RunConfig) -> None:
+def _check_steps_left(config: RunConfig, saved: list[checkpoint.Checkpoint]) -> None:
     """A resume whose --steps (grpo.steps) is below the step its checkpoint reached has
     nothing to train: said at once, not after every service has started. (At that step
     exactly, as a managed job restarted after its last checkpoint is, the run just ends.)"""
-    saved = checkpoint.committed(config.checkpoint_dir)
     steps = config.recipe.grpo.steps
     if saved and saved[-1].step > steps:
         raise UserError(
