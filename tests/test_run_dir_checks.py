@@ -135,6 +135,10 @@ def test_a_folder_of_other_files_is_refused(tmp_path):
     result = forgesky_local(tmp_path, "--steps", "2", "--run-dir", "notes")
     assert_refused(result, "notes", "not a forgesky run directory")
     assert contents(other) == {"todo.txt": b"mine\n"}
+    # beside a checkpoints/ folder too
+    (other / "checkpoints").mkdir()
+    with pytest.raises(UserError, match="not a forgesky run directory"):
+        check(other)
 
 
 def test_empty_new_and_run_folders_are_accepted(tmp_path):
@@ -157,6 +161,14 @@ def test_empty_new_and_run_folders_are_accepted(tmp_path):
     cut = hand_made_run_dir(tmp_path / "cut", metrics=False)
     (cut / "config.json").write_text('{"name": "tiny", "mod')
     check(cut)
+    # a new run whose checkpoints/ was made beforehand: a link to a folder on a larger disk
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (tmp_path / "big_disk").mkdir()
+    (linked / "checkpoints").symlink_to(tmp_path / "big_disk", target_is_directory=True)
+    check(linked)
+    (tmp_path / "premade" / "checkpoints").mkdir(parents=True)
+    check(tmp_path / "premade")
     # and a whole run dir, resumed with other steps and learning rate (documented)
     run = hand_made_run_dir(tmp_path / "run")
     before = contents(run)
