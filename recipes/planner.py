@@ -1074,7 +1074,9 @@ def _expected_paths(recipe: Recipe, placements: tuple[Placement, ...]) -> tuple[
             continue
         if mode == "store" or not p.gpus:
             paths.append("store" if mode != "push" else "push")
-        elif p.node == trainer.node and p.gpus[0] in trainer.gpus:
+        elif trainer.gpus and p.node == trainer.node and p.gpus[0] == trainer.gpus[0]:
+            # the version's buffer is on trainer rank 0's GPU, and a generator's procs see
+            # only their own GPUs: one that starts on another trainer GPU gets it pushed
             paths.append("ipc")
         else:
             paths.append("push")

@@ -385,7 +385,8 @@ def test_colocated_services_share_every_gpu_of_one_node():
     four = plan(recipe("qwen3-1.7b", "layout.share=all"), 4)
     assert (four.generator_replicas, four.trainer_gpus, four.idle_gpus) == (4, 4, ())
     assert [p.gpus for p in four.placements_of("generator")] == [(0,), (1,), (2,), (3,)]
-    assert four.settings.weight_sync.expected == ("ipc",) * 4
+    # the version is on trainer rank 0's GPU: the generator there opens it, the others get it pushed
+    assert four.settings.weight_sync.expected == ("ipc", "push", "push", "push")
     # the 8B's widest service is its TP2 generator (and FSDP2 trainer), but all of it fits
     # only on 4 H100s (2 H200s)
     eight = recipe("qwen3-8b", "layout.share=all")
@@ -585,11 +586,16 @@ def test_the_plan_says_what_the_trainers_gpus_hold_while_it_steps():
         )
 
     params = load_recipe("qwen3-1.7b").arch.params
-    # on-policy on two GPUs: every service shares both, versions by CUDA IPC, nothing outlives
-    # a publish; a generator on each GPU, the reference on GPU 1
+    # on-policy on two GPUs: every service shares both, a generator on each GPU, the reference
+    # on GPU 1; versions by CUDA IPC to the generator on rank 0's GPU (nothing outlives a
+    # publish) and pushed to the other, from a buffer rank 0 keeps
     on = plan(recipe("qwen3-1.7b", "layout.share=all", "grpo.max_policy_age=0"), 2)
+    assert on.settings.weight_sync.expected == ("ipc", "push")
     assert on.while_training_gb == {
-        "node 0 GPU 0": {"trainer": _gb(step(on)), "generator": on.memory["generator"]},
+        "node 0 GPU 0": {
+            "trainer": _gb(step(on) + 2 * params),
+            "generator": on.memory["generator"],
+        },
         "node 0 GPU 1": {
             "trainer": _gb(step(on)),
             "generator": on.memory["generator"],
