@@ -14,7 +14,8 @@ For each run in RUNS, with today's recipes/memory.py and planner:
 - start-up: the largest `memory/startup_gb` (the weights built and loaded, before any step),
   which must stay below the step's estimate;
 - publish (the CUDA IPC path, whose flat buffer lives from a publish until the generators have
-  loaded it): `trainer_publish_gb` against the largest `memory/publish_gb`;
+  loaded it): `trainer_publish_gb`, plus the push path's buffer where other generators take
+  that path, against the largest `memory/publish_gb`;
 - per GPU: the GB/GPU of the plan the run had (`plan()` at the run's overrides, its services'
   figures added up where they share a GPU), the plan's figure while the trainer steps
   (`while_training`, what `plan` prints, at the run's micro-batch: the step estimate, the
@@ -57,6 +58,8 @@ RUNS = (
     ("gpu_h200x2_2026-11-26c/product_path_llama3.1-8b.json", None, 2, "H200"),
     ("gpu_h100x2_2026-11-26d/product_path_qwen3-1.7b.json", "run_a", 2, "H100"),
     ("gpu_h100x2_2026-11-26d/product_path_qwen3-1.7b.json", "run_b", 1, "H100"),
+    ("gpu_h200x4_2026-11-27/product_path_qwen3-8b_part_b.json", "run_a", 2, "H200"),
+    ("gpu_h200x4_2026-11-27/product_path_qwen3-8b_part_b.json", "run_b", 4, "H200"),
 )
 # The trainer alone (bench/gpu_grpo.py train): one rank, 64 sequences of 2048 tokens, a config
 # a row, each with its peak allocated memory.
@@ -142,7 +145,7 @@ def rows() -> list[dict[str, Any]]:
     from recipes.errors import UserError
     from recipes.memory import ACCELERATOR_BYTES, trainer_publish_gb, trainer_step_bytes
     from recipes.planner import while_training
-    from recipes.settings import ipc_buffer_held
+    from recipes.settings import ipc_buffer_held, push_buffer_bytes
 
     out = []
     for file, name, gpus, accelerator in RUNS:
@@ -206,8 +209,10 @@ def rows() -> list[dict[str, Any]]:
         if refused:
             row["refused_by_todays_plan"] = refused
         if ipc:
+            # beside the push path's buffer where other generators take that path
+            flat = push_buffer_bytes(recipe, sync.transport, sync.expected)
             row["publish_gb"] = _pair(
-                trainer_publish_gb(arch, ranks), peaks.get("memory/publish_gb")
+                trainer_publish_gb(arch, ranks) + flat / GB, peaks.get("memory/publish_gb")
             )
         row["per_gpu_gb"] = {
             "plan": per_gpu,

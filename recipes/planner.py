@@ -730,16 +730,18 @@ def _gpu_plan(
         memory = estimate_memory(recipe, generator_replicas=replicas, trainer_gpus=trainer_gpus)
         # a generator sharing its GPUs holds the fixed KV cache its settings give
         memory["generator"] = _generator_gb(recipe, settings, memory)
-        rank0_only = 0.0  # GB trainer rank 0 holds beyond the other ranks at its peak
         sync = settings.weight_sync
-        if flat := push_buffer_bytes(recipe, sync.transport, sync.expected):
-            memory["trainer"] = round(memory["trainer"] + flat / GB, 1)
+        step = memory["trainer"]  # every rank's
+        # trainer rank 0 alone keeps the push path's buffer (where a generator takes that path)
+        flat = push_buffer_bytes(recipe, sync.transport, sync.expected) / GB
+        memory["trainer"] = round(step + flat, 1)
         if "ipc" in sync.expected:
             # the ipc path's buffer of a version, on trainer rank 0's GPU from a publish until
-            # the generators have loaded it: a peak of its own, beside a step's
-            step = memory["trainer"]
-            memory["trainer"] = max(step, trainer_publish_gb(recipe.arch, trainer_gpus))
-            rank0_only = memory["trainer"] - step
+            # the generators have loaded it: a peak of its own, beside a step's (and beside
+            # the push path's buffer)
+            publish = trainer_publish_gb(recipe.arch, trainer_gpus) + flat
+            memory["trainer"] = max(memory["trainer"], round(publish, 1))
+        rank0_only = memory["trainer"] - step  # GB rank 0 holds beyond the other ranks
         return settings, memory, rank0_only
 
     settings, memory, rank0_only = planned()
