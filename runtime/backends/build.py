@@ -51,15 +51,29 @@ def load_tokenizer(recipe: Any) -> Any:
         return task.tokenizer(model_spec(recipe).vocab_size)
     from transformers import AutoTokenizer
 
+    from runtime.hub import quiet_retries
+
     try:
-        return AutoTokenizer.from_pretrained(name, token=hf_token())
+        with quiet_retries() as failed_requests:
+            return AutoTokenizer.from_pretrained(name, token=hf_token())
     except OSError as e:
+        if failed_requests and recipe.model.init != "random":
+            raise UserError(
+                f"model.tokenizer {name!r}: the Hugging Face Hub could not be reached "
+                f"({failed_requests[0]}) and it is not in the local cache; check the network, "
+                "or set model.tokenizer to a local folder"
+            ) from None
         if recipe.model.init != "random":
             raise
         # A random-weight run needs no download but its tokenizer: say how to do without.
+        why = (
+            f"the Hugging Face Hub could not be reached: {failed_requests[0]}"
+            if failed_requests
+            else str(e).splitlines()[0]
+        )
         raise UserError(
-            f"model.tokenizer {name!r} could not be loaded ({str(e).splitlines()[0]}); a "
-            "random-init run without the Hub can use --set model.tokenizer=builtin:arith"
+            f"model.tokenizer {name!r} could not be loaded ({why}); a random-init run without "
+            "the Hub can use --set model.tokenizer=builtin:arith"
         ) from None
 
 

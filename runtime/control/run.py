@@ -99,7 +99,8 @@ def _check_is_run_dir(run_dir: Path, saved: list[checkpoint.Checkpoint]) -> None
     # other outputs say whether this is one
     if (run_dir / "metrics.jsonl").is_file() or saved:
         return
-    if {p.name for p in run_dir.iterdir()} == {"checkpoints"} and (run_dir / "checkpoints").is_dir():
+    made = run_dir / "checkpoints"
+    if made.is_dir() and [p.name for p in run_dir.iterdir()] == [made.name]:
         return  # a new run whose checkpoints/ was made (or linked to another disk) beforehand
     what = "an unreadable config.json" if present else "files"
     raise UserError(

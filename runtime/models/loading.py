@@ -35,15 +35,29 @@ def snapshot(hf_id: str, token: str | None = None, revision: str | None = None) 
     if local.is_dir():
         return local
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    from runtime.hub import quiet_retries
 
     try:
-        path = snapshot_download(
-            hf_id,
-            revision=revision,
-            token=token,
-            allow_patterns=["*.safetensors", "*.json"],
-        )
+        with quiet_retries() as failed_requests:
+            path = snapshot_download(
+                hf_id,
+                revision=revision,
+                token=token,
+                allow_patterns=["*.safetensors", "*.json"],
+            )
+    except LocalEntryNotFoundError as e:  # no network, and not in the cache
+        why = failed_requests[0] if failed_requests else str(e).splitlines()[0]
+        why = why.removeprefix("Got: ")
+        raise UserError(
+            f"model {hf_id}: the Hugging Face Hub could not be reached ({why}) and the model is "
+            "not in the local cache; check the network, or set model.hf_id to a local folder"
+        ) from None
     except GatedRepoError as e:
         raise UserError(
             f"model {hf_id} is gated: accept its licence on huggingface.co and set HF_TOKEN"

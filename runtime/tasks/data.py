@@ -194,15 +194,23 @@ def load_hf_dataset(
     looks_local = path.startswith(("/", "./", "../", "~")) or local.suffix in _FILE_BUILDERS
     if looks_local and not local.exists():
         raise UserError(f"dataset {path!r}: no such file or directory")
+    from runtime.hub import quiet_retries
+
     try:
-        return datasets.load_dataset(path, config, split=split, cache_dir=cache_dir)
+        with quiet_retries() as failed_requests:
+            return datasets.load_dataset(path, config, split=split, cache_dir=cache_dir)
     except datasets.exceptions.DatasetNotFoundError as e:
         raise UserError(f"dataset {path!r}: not found ({_first_line(e)})") from None
     except (ConnectionError, OSError, RuntimeError) as e:
-        # no network (or the Hub refused): datasets and huggingface_hub raise all of these
+        # no network (or the Hub refused): datasets and huggingface_hub raise all of these;
+        # the first failed request says why better than the error the load ends with
+        if failed_requests:
+            why = f"the Hugging Face Hub could not be reached: {failed_requests[0]}"
+        else:
+            why = f"could not be loaded ({_first_line(e)})"
         raise UserError(
-            f"dataset {path!r}: could not be loaded ({_first_line(e)}); check the network, or "
-            "use a local file"
+            f"dataset {path!r}: {why}; check the network, or use a local file "
+            "(dataset.path=FILE.jsonl)"
         ) from None
     except ValueError as e:
         # Bad split or config names: datasets' message already lists the valid ones.
