@@ -6,15 +6,18 @@ the runtime does (runtime.backends.trainer_state: each rank copies its shards to
 a background thread, then DCP writes them from that copy), and keeps training until the files
 are on disk. Per rank it records:
 
-- step seconds before the write and while it is written;
-- the save call's seconds, and what the first step after it waited for the copy before its
+- step seconds before the writes, and for each of --writes checkpoints one after the other
+  (the first makes the host copy, pinned on a GPU, which the later ones reuse) the steps while
+  it is written and the two after;
+- each save call's seconds, and what the first step after it waited for the copy before its
   optimizer step (`time/checkpoint_staging_wait_s`);
-- write seconds (save call to files on disk) and the bytes written, so GB/s of the disk;
+- each write's seconds (save call to files on disk) and bytes, so GB/s of the disk (a write's
+  files are removed once every rank has them: the disk needs room for one);
 - the largest lateness of a 10 ms timer in another Python thread of the rank (how long that
   thread waited for the interpreter lock: what the training thread's Python waits too).
 
     python bench/checkpoint_overlap.py [--recipe qwen3-8b] [--ranks 2] [--dir /tmp/ckpt_overlap]
-        [--rows 16] [--width 640] [--before 2] [--most 40] [--out bench/results/x.json]
+        [--rows 16] [--width 640] [--before 2] [--most 40] [--writes 2] [--out FILE]
 
 On CPU (`--device cpu`, gloo) it runs the same code on small recipes, for trying it.
 """
@@ -94,42 +97,57 @@ def _rank(rank: int, world: int, port: int, out: str, args: dict[str, Any]) -> N
 
     probe = Lateness()
     before = [step() for _ in range(args["before"])]
-    directory = Path(args["dir"]) / "step"
-    probe.phase = "save call"
-    t0 = time.perf_counter()
-    trainer.save_checkpoint(str(directory))
-    call_s = time.perf_counter() - t0
-    probe.phase = "during"
-    during: list[float] = []
-    written_s = None
     say = print if rank == 0 else (lambda *_, **__: None)
-    say(f"built in {built_s:.1f} s; steps {before}; save call {call_s:.1f} s", flush=True)
-    while len(during) < args["most"]:
-        during.append(step())
-        say(
-            f"step while writing: {during[-1]:.2f} s ({time.perf_counter() - t0:.0f} s)", flush=True
-        )
-        if trainer.checkpoint_written():  # a collective: every rank asks at the same points
+    say(f"built in {built_s:.1f} s; steps {before}", flush=True)
+    writes = []
+    for number in range(1, args["writes"] + 1):
+        directory = Path(args["dir"]) / f"write_{number}"
+        probe.phase = f"save call {number}"
+        waits.clear()
+        t0 = time.perf_counter()
+        trainer.save_checkpoint(str(directory))
+        call_s = time.perf_counter() - t0
+        probe.phase = f"during write {number}"
+        during: list[float] = []
+        written_s = None
+        say(f"write {number}: save call {call_s:.1f} s", flush=True)
+        while len(during) < args["most"]:
+            during.append(step())
+            say(
+                f"step while writing: {during[-1]:.2f} s ({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
+            if trainer.checkpoint_written():  # a collective: every rank asks at the same points
+                written_s = time.perf_counter() - t0
+                break
+        if written_s is None:
+            trainer.checkpoint_written(wait=True)
             written_s = time.perf_counter() - t0
-            break
-    if written_s is None:
-        trainer.checkpoint_written(wait=True)
-        written_s = time.perf_counter() - t0
-    probe.phase = "after"
-    after = [step() for _ in range(2)]
+        probe.phase = f"after write {number}"
+        after = [step() for _ in range(2)]
+        mine = sum(f.stat().st_size for f in directory.rglob(f"__{rank}_*") if f.is_file())
+        writes.append(
+            {
+                "write": number,
+                "save_call_s": round(call_s, 2),
+                "staging_wait_s": [round(x, 2) for x in waits],
+                "step_s_during_write": [round(x, 3) for x in during],
+                "steps_done_during_write": len(during),
+                "write_s": round(written_s, 1),
+                "bytes_written_by_rank": mine,
+                "step_s_after": [round(x, 3) for x in after],
+            }
+        )
+        dist.barrier()
+        if rank == 0:  # a disk that holds one checkpoint of the model holds every write
+            shutil.rmtree(directory, ignore_errors=True)
+        dist.barrier()
     probe.stop()
-    mine = sum(f.stat().st_size for f in directory.rglob(f"__{rank}_*") if f.is_file())
     result = {
         "rank": rank,
         "built_s": round(built_s, 1),
         "step_s_before": [round(x, 3) for x in before],
-        "save_call_s": round(call_s, 2),
-        "staging_wait_s": [round(x, 2) for x in waits],
-        "step_s_during_write": [round(x, 3) for x in during],
-        "steps_done_during_write": len(during),
-        "write_s": round(written_s, 1),
-        "bytes_written_by_rank": mine,
-        "step_s_after": [round(x, 3) for x in after],
+        "writes": writes,
         "timer_lateness_max_s": {k: round(v, 3) for k, v in probe.worst.items()},
     }
     answers: list[Any] = [None] * world
@@ -149,7 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=640)
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--before", type=int, default=2)
-    p.add_argument("--most", type=int, default=40, help="steps at most while the write runs")
+    p.add_argument("--most", type=int, default=40, help="steps at most while a write runs")
+    p.add_argument(
+        "--writes",
+        type=int,
+        default=2,
+        help="checkpoints one after the other: the first makes (and on a GPU pins) the host "
+        "copy, the later ones reuse it",
+    )
     p.add_argument("--out", default="bench/results/checkpoint_overlap.json")
     a = p.parse_args(argv)
 
@@ -165,8 +190,18 @@ def main(argv: list[str] | None = None) -> int:
         _rank, args=(a.ranks, free_port(), str(scratch), args), nprocs=a.ranks, start_method="spawn"
     )
     ranks = json.loads(scratch.read_text())
-    total = sum(r["bytes_written_by_rank"] for r in ranks)
-    write_s = max(r["write_s"] for r in ranks)
+    per_write = []
+    for number in range(a.writes):
+        total = sum(r["writes"][number]["bytes_written_by_rank"] for r in ranks)
+        write_s = max(r["writes"][number]["write_s"] for r in ranks)
+        per_write.append(
+            {
+                "write": number + 1,
+                "checkpoint_bytes": total,
+                "write_s": write_s,
+                "disk_GB_per_s": round(total / write_s / 1e9, 2),
+            }
+        )
     device = torch.cuda.get_device_name(0) if a.device == "cuda" else platform.processor()
     result = {
         "what": "trainer steps while its DCP checkpoint is written (runtime.backends.trainer_state)",
@@ -175,9 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": device,
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "batch": {"rows": a.rows, "width": a.width, "prompt": a.prompt},
-        "checkpoint_bytes": total,
-        "write_s": write_s,
-        "disk_GB_per_s": round(total / write_s / 1e9, 2),
+        "writes": per_write,
         "ranks_detail": ranks,
         "date": time.strftime("%Y-%m-%d"),
     }
