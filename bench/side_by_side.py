@@ -8,6 +8,10 @@ samples/s per GPU = completions a step / step time / GPUs; tokens/s per GPU (pro
 completion) only where the run's JSON counted its tokens.
 
     python bench/side_by_side.py --host NAME --pair ON OURS TRL [--pair ...] --out FILE.json
+    python bench/side_by_side.py --refresh --out FILE.json   # targets only, nothing re-read
+
+Pairs named `on_policy` and `one_step_off_policy` also get the ratio they aim at (TARGETS: 2x
+and 2.5x the tuned TRL per GPU) and how far short of it the run fell.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import re
 import statistics
 from pathlib import Path
 from typing import Any
+
+# forgesky / TRL samples/s per GPU that the speed work aims at, by pair name
+TARGETS = {"on_policy": 2.0, "one_step_off_policy": 2.5}
 
 STEP = re.compile(r"^step (\d+)/(\d+) \|.*\| ([0-9.e+-]+) s/step\s*$")
 
@@ -63,22 +70,42 @@ def load(source: str, warmup: int, completions: int, gpus: int) -> dict[str, Any
     raise SystemExit(f"{source}: expected log:PATH or json:PATH#SECTION")
 
 
+def add_targets(result: dict[str, Any]) -> None:
+    """Each pair with a target gets it and `short_of_target`: the share of the target ratio the
+    run fell short by (0 where it met it)."""
+    for host in result.values():
+        for name, pair in host.get("pairs", {}).items():
+            if name not in TARGETS:
+                continue
+            target = TARGETS[name]
+            ratio = pair["forgesky_over_trl_samples_per_s_per_gpu"]
+            pair["target_forgesky_over_trl"] = target
+            pair["short_of_target"] = round(max(0.0, 1 - ratio / target), 3)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--host", required=True, help="which machine (one host, both systems)")
+    p.add_argument("--host", help="which machine (one host, both systems)")
     p.add_argument("--device", default="NVIDIA H100 80GB HBM3")
-    p.add_argument("--date", required=True)
+    p.add_argument("--date")
     p.add_argument("--versions", default="{}", help="JSON: package versions on the host")
     p.add_argument("--differences", action="append", default=[], help="a setting that differs")
-    p.add_argument(
-        "--pair", nargs=3, action="append", required=True, metavar=("NAME", "OURS", "TRL")
-    )
+    p.add_argument("--pair", nargs=3, action="append", metavar=("NAME", "OURS", "TRL"))
+    p.add_argument("--refresh", action="store_true", help="add the targets to --out, no more")
     p.add_argument("--staleness", action="append", default=[], help="NAME=OURS,TRL (logs)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--completions", type=int, default=128, help="completions a step")
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
+    out = Path(a.out)
+    if a.refresh:
+        result = json.loads(out.read_text())
+        add_targets(result)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    if not (a.host and a.date and a.pair):
+        p.error("--host, --date and at least one --pair are needed (or --refresh)")
     stale = {k: v.split(",") for k, v in (s.split("=", 1) for s in a.staleness)}
     pairs = {}
     for name, ours_src, trl_src in a.pair:
@@ -100,7 +127,6 @@ def main(argv: list[str] | None = None) -> int:
             f"({trl['samples_per_s_per_gpu']}): "
             f"{pairs[name]['forgesky_over_trl_samples_per_s_per_gpu']}x"
         )
-    out = Path(a.out)
     result = json.loads(out.read_text()) if out.exists() else {}
     result[a.host] = {
         "device": a.device,
@@ -110,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings_that_differ": a.differences,
         "pairs": pairs,
     }
+    add_targets(result)
     out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

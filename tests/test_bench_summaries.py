@@ -263,6 +263,41 @@ def test_side_by_side_reads_a_log_and_a_json_section(tmp_path):
     assert pair["trl"]["tokens_per_s_per_gpu"] == 9000
     assert pair["forgesky_over_trl_samples_per_s_per_gpu"] == pytest.approx(1.5, abs=0.01)
     assert ours["policy_staleness_mean"] == 0.0
+    assert "target_forgesky_over_trl" not in pair  # a pair name with no target
+
+
+def test_side_by_side_says_how_far_a_pair_fell_short_of_its_target(tmp_path):
+    import side_by_side
+
+    runs = tmp_path / "runs.json"
+    runs.write_text(
+        json.dumps(
+            {
+                "ours": {"step_s": 5.0, "samples_per_s_per_gpu": 25.6},
+                "trl": {"step_s": 8.0, "samples_per_s_per_gpu": 16.0},
+                "trl_fast": {"step_s": 2.0, "samples_per_s_per_gpu": 8.0},
+            }
+        )
+    )
+    out = tmp_path / "side.json"
+    side_by_side.main(
+        ["--host", "h", "--date", "d", "--out", str(out)]
+        + ["--pair", "on_policy", f"json:{runs}#ours", f"json:{runs}#trl"]
+        + ["--pair", "one_step_off_policy", f"json:{runs}#ours", f"json:{runs}#trl_fast"]
+    )
+    pairs = json.loads(out.read_text())["h"]["pairs"]
+    # 1.6x against 2x: 20 % short; 3.2x against 2.5x: met
+    assert pairs["on_policy"]["target_forgesky_over_trl"] == 2.0
+    assert pairs["on_policy"]["short_of_target"] == 0.2
+    assert pairs["one_step_off_policy"]["target_forgesky_over_trl"] == 2.5
+    assert pairs["one_step_off_policy"]["short_of_target"] == 0.0
+    # --refresh adds them to a file written before they existed, reading nothing else
+    for pair in pairs.values():
+        del pair["target_forgesky_over_trl"], pair["short_of_target"]
+    out.write_text(json.dumps({"h": {"pairs": pairs}}))
+    runs.unlink()
+    assert side_by_side.main(["--refresh", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["h"]["pairs"]["on_policy"]["short_of_target"] == 0.2
 
 
 def test_side_by_side_refuses_a_log_without_measured_steps(tmp_path):
