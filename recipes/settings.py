@@ -233,7 +233,10 @@ def plan_settings(
 def push_buffer_bytes(recipe: Any, transport: str, expected_paths: tuple[str, ...]) -> float:
     """Bytes of the flat bf16 buffer trainer rank 0 keeps beside its shards where a generator
     takes its versions by push: each version goes out from it (the store path streams a block
-    at a time instead)."""
+    at a time instead). Beside the ipc path the push sends the ipc path's buffer of a version
+    and keeps none of its own (runtime/weights/push.py); counted all the same until a GPU run
+    has measured that layout's publish peak without it (qwen3-8b on four ranks, both
+    buffers: 63.8 GB)."""
     if "push" in expected_paths and transport != "store":
         return 2 * recipe.arch.params
     return 0.0

@@ -106,12 +106,23 @@ def test_push_over_gloo_delivers_each_version_to_every_receiver():
                         assert torch.equal(got[name], tensor), (version, name)
         assert source.wait_pushed(60)
         assert source.pushes == 3 and source.last_push_s > 0
+        # alone, the push path keeps its own buffer of a version (reused by the next)
+        entries, _ = flat_layout(state(0))
+        assert source.own_bytes == max(e.offset + e.nbytes for e in entries.values())
     finally:
         source.close()
     for r in receivers:
         r._thread.join(10)
         assert not r._thread.is_alive(), "receiver did not stop at close"
         r.close()
+
+
+def test_a_push_source_of_another_size_is_refused():
+    source = PushSender(torch.device("cpu"), receivers=1)
+    entries, total = flat_layout(state(0))
+    with pytest.raises(ValueError, match="push source of 3 bytes"):
+        source.begin(0, entries, source=torch.zeros(3, dtype=torch.uint8))
+    assert total > 3
 
 
 def test_a_receiver_behind_gets_the_newest_version_and_a_late_one_times_out():
@@ -207,6 +218,7 @@ def test_direct_paths_take_a_version_a_group_at_a_time_and_free_it_once_loaded()
     address, port = publisher.open()["push"]
     receiver = PushReceiver(address, port, 1, 2, torch.device("cpu"))
     ipc = next(s for s in publisher.senders if s.name == "ipc")
+    push = next(s for s in publisher.senders if s.name == "push")
     try:
         for version in range(3):
             sd = state(version)
@@ -223,6 +235,8 @@ def test_direct_paths_take_a_version_a_group_at_a_time_and_free_it_once_loaded()
             with receiver.lock:
                 pushed = views(receiver.buffer, entries)
                 assert all(torch.equal(pushed[n], t) for n, t in sd.items()), version
+            # the push went out of the ipc path's buffer: rank 0 kept no second copy
+            assert push.own_bytes == 0
             publisher.loaded(version)  # every generator has it: the ipc buffer goes
             assert version not in ipc._buffers
         fewer = dict(list(state(3).items())[:1])

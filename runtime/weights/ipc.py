@@ -95,6 +95,10 @@ class IpcSender:
         self._buffers[version] = flat
         return {"direct": {"ipc": export_ipc(flat, self.exports)}}
 
+    def buffer(self, version: int) -> torch.Tensor:
+        """The flat buffer of a finished `version` (the push path sends it too)."""
+        return self._buffers[version]
+
     def stats(self) -> dict[str, float]:
         return {}
 

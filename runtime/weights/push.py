@@ -89,7 +89,8 @@ class PushSender:
     """Trainer rank 0's end: stages each version in one buffer that a thread broadcasts.
 
     `open()` starts the rendezvous store and the thread and returns (address, port); `close()`
-    tells the receivers to stop.
+    tells the receivers to stop. Beside the ipc path, a version is broadcast from the ipc
+    path's buffer of it (`begin(..., source=)`): no buffer of its own, no second copy.
     """
 
     name = "push"
@@ -104,9 +105,10 @@ class PushSender:
         self.timeout = _timedelta(timeout_s)
         self.total = 0
         self._buffer: torch.Tensor | None = None
+        self._source: torch.Tensor | None = None  # a co-sender's filled buffer of the version
         self._entries: dict[str, TensorEntry] = {}
         self._store: dist.TCPStore | None = None
-        self._queue: queue.Queue[tuple[int, Any] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[int, Any, Any] | None] = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
         self._thread: threading.Thread | None = None
@@ -135,8 +137,11 @@ class PushSender:
         self.fill(state)
         return self.finish(version)
 
-    def begin(self, version: int, entries: dict[str, TensorEntry]) -> None:
-        """Wait for the previous push (the buffer is reused), then take `fill`s."""
+    def begin(
+        self, version: int, entries: dict[str, TensorEntry], source: torch.Tensor | None = None
+    ) -> None:
+        """Wait for the previous push (the buffer is reused), then take `fill`s; or, with
+        `source` (the version already laid out in a flat buffer by another path), send that."""
         total = max(e.offset + e.nbytes for e in entries.values())
         self._raise_if_failed()
         t = time.perf_counter()
@@ -144,24 +149,43 @@ class PushSender:
             raise TimeoutError(f"pushing the previous policy version took over {self.timeout}")
         self._raise_if_failed()
         self._waited_s = time.perf_counter() - t
-        if self._buffer is None or self.total != total:
+        if source is not None:
+            if source.numel() != total or source.device != self.device:
+                raise ValueError(
+                    f"a push source of {source.numel()} bytes on {source.device}, expected "
+                    f"{total} on {self.device}"
+                )
+            self._buffer = None  # not needed while another path lays the versions out
+            self.total = total
+        elif self._buffer is None or self.total != total:
             self._buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
             self.total = total
+        self._source = source
         self._entries = entries
 
     def fill(self, group: Mapping[str, torch.Tensor]) -> None:
+        if self._source is not None:
+            return  # the source holds the version already
         assert self._buffer is not None
         fill(self._buffer, {n: self._entries[n] for n in group}, group)
 
     def finish(self, version: int) -> dict[str, Any]:
-        """Hand the filled buffer to the sending thread."""
+        """Hand the filled buffer (or the source) to the sending thread, which holds it until
+        the broadcast is done."""
         ready = None
         if self.device.type == "cuda":
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
+        buffer = self._source if self._source is not None else self._buffer
+        self._source = None
         self._idle.clear()
-        self._queue.put((version, ready))
+        self._queue.put((version, ready, buffer))
         return {"direct": {"push": True}}
+
+    @property
+    def own_bytes(self) -> int:
+        """Bytes of the buffer this sender keeps of its own (0 while it sends a source)."""
+        return 0 if self._buffer is None else self._buffer.numel()
 
     def stats(self) -> dict[str, float]:
         """The last stage's wait for the push before it, and that push's seconds."""
@@ -194,15 +218,15 @@ class PushSender:
                     self._store.set(f"{_ANNOUNCE}{self.pushes + 1}", f"{_STOP}:0")
                     _shutdown(group)
                     return
-                version, ready = item
+                version, ready, buffer = item
                 start = time.perf_counter()
                 if ready is not None:
                     stream.wait_event(ready)
                 self.pushes += 1
                 # Announce first: receivers post their half of the broadcast when they see it.
-                self._store.set(f"{_ANNOUNCE}{self.pushes}", f"{version}:{self.total}")
-                assert self._buffer is not None
-                _broadcast(group, self._buffer, stream)
+                self._store.set(f"{_ANNOUNCE}{self.pushes}", f"{version}:{buffer.numel()}")
+                _broadcast(group, buffer, stream)  # synchronised: the buffer may go after it
+                del item, buffer
                 self.last_push_s = time.perf_counter() - start
                 self._idle.set()
         except BaseException as e:  # noqa: BLE001 - surfaced by the next stage()
