@@ -76,7 +76,9 @@ class RunLifecycle:
         stop_grace: float | None = 300.0,
         failure_grace: float = 1.0,
         failure_shutdown: float = 10.0,
-        peer_grace: float = 5.0,
+        # Monarch reports a killed proc within seconds; on a loaded machine (two cores, a
+        # checkpoint being written) once only after the 5 s this was
+        peer_grace: float = 15.0,
         slow_shutdown_s: float = 5.0,
     ) -> None:
         self.name = name
