@@ -118,10 +118,16 @@ def test_push_over_gloo_delivers_each_version_to_every_receiver():
 
 
 def test_a_push_source_of_another_size_is_refused():
+    class Lender:
+        def buffer(self, version):
+            return torch.zeros(3, dtype=torch.uint8)
+
     source = PushSender(torch.device("cpu"), receivers=1)
+    source.lend_from(Lender())
     entries, total = flat_layout(state(0))
-    with pytest.raises(ValueError, match="push source of 3 bytes"):
-        source.begin(0, entries, source=torch.zeros(3, dtype=torch.uint8))
+    source.begin(0, entries)
+    with pytest.raises(ValueError, match="push of 3 bytes"):
+        source.finish(0)
     assert total > 3
 
 

@@ -89,8 +89,8 @@ class PushSender:
     """Trainer rank 0's end: stages each version in one buffer that a thread broadcasts.
 
     `open()` starts the rendezvous store and the thread and returns (address, port); `close()`
-    tells the receivers to stop. Beside the ipc path, a version is broadcast from the ipc
-    path's buffer of it (`begin(..., source=)`): no buffer of its own, no second copy.
+    tells the receivers to stop. Beside the ipc path (`lend_from`), a version is broadcast
+    from the ipc path's buffer of it: no buffer of its own, no second copy.
     """
 
     name = "push"
@@ -105,7 +105,7 @@ class PushSender:
         self.timeout = _timedelta(timeout_s)
         self.total = 0
         self._buffer: torch.Tensor | None = None
-        self._source: torch.Tensor | None = None  # a co-sender's filled buffer of the version
+        self._lender: Any = None  # a sender whose buffer of each version this one sends
         self._entries: dict[str, TensorEntry] = {}
         self._store: dist.TCPStore | None = None
         self._queue: queue.Queue[tuple[int, Any, Any] | None] = queue.Queue()
@@ -137,11 +137,14 @@ class PushSender:
         self.fill(state)
         return self.finish(version)
 
-    def begin(
-        self, version: int, entries: dict[str, TensorEntry], source: torch.Tensor | None = None
-    ) -> None:
-        """Wait for the previous push (the buffer is reused), then take `fill`s; or, with
-        `source` (the version already laid out in a flat buffer by another path), send that."""
+    def lend_from(self, lender: Any) -> None:
+        """Send `lender.buffer(version)` (filled and finished first) instead of a buffer of
+        this sender's own."""
+        self._lender = lender
+        self._buffer = None
+
+    def begin(self, version: int, entries: dict[str, TensorEntry]) -> None:
+        """Wait for the previous push (the buffer is reused), then take `fill`s."""
         total = max(e.offset + e.nbytes for e in entries.values())
         self._raise_if_failed()
         t = time.perf_counter()
@@ -149,42 +152,37 @@ class PushSender:
             raise TimeoutError(f"pushing the previous policy version took over {self.timeout}")
         self._raise_if_failed()
         self._waited_s = time.perf_counter() - t
-        if source is not None:
-            if source.numel() != total or source.device != self.device:
-                raise ValueError(
-                    f"a push source of {source.numel()} bytes on {source.device}, expected "
-                    f"{total} on {self.device}"
-                )
-            self._buffer = None  # not needed while another path lays the versions out
-            self.total = total
-        elif self._buffer is None or self.total != total:
+        if self._lender is None and (self._buffer is None or self.total != total):
             self._buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
-            self.total = total
-        self._source = source
+        self.total = total
         self._entries = entries
 
     def fill(self, group: Mapping[str, torch.Tensor]) -> None:
-        if self._source is not None:
-            return  # the source holds the version already
+        if self._lender is not None:
+            return  # the lender's buffer holds the version
         assert self._buffer is not None
         fill(self._buffer, {n: self._entries[n] for n in group}, group)
 
     def finish(self, version: int) -> dict[str, Any]:
-        """Hand the filled buffer (or the source) to the sending thread, which holds it until
-        the broadcast is done."""
+        """Hand the filled buffer (or the lender's) to the sending thread, which holds it
+        until the broadcast is done."""
+        buffer = self._buffer if self._lender is None else self._lender.buffer(version)
+        if buffer.numel() != self.total or buffer.device != self.device:
+            raise ValueError(
+                f"a push of {buffer.numel()} bytes on {buffer.device}, expected {self.total} "
+                f"on {self.device}"
+            )
         ready = None
         if self.device.type == "cuda":
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
-        buffer = self._source if self._source is not None else self._buffer
-        self._source = None
         self._idle.clear()
         self._queue.put((version, ready, buffer))
         return {"direct": {"push": True}}
 
     @property
     def own_bytes(self) -> int:
-        """Bytes of the buffer this sender keeps of its own (0 while it sends a source)."""
+        """Bytes of the buffer this sender keeps of its own (0 while it sends a lender's)."""
         return 0 if self._buffer is None else self._buffer.numel()
 
     def stats(self) -> dict[str, float]:

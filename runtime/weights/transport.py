@@ -239,10 +239,11 @@ class Publisher:
         self.entries: dict[str, TensorEntry] | None = None
         self.names: set[str] | None = None  # what `publish_groups` sent first
         # Beside the ipc path the push path sends the ipc path's buffer of each version (one
-        # flat copy of a version on trainer rank 0, not two): ipc goes first.
-        names = [s.name for s in self.senders]
-        self.shared = "ipc" in names and "push" in names
+        # flat copy of a version on trainer rank 0, not two): ipc finishes first.
         self.senders.sort(key=lambda s: s.name != "ipc")
+        by_name = {s.name: s for s in self.senders}
+        if "ipc" in by_name and "push" in by_name:
+            by_name["push"].lend_from(by_name["ipc"])
 
     def set_layout(self, state: Mapping[str, torch.Tensor]) -> None:
         """Fix the flat layout of every version from tensors of the right names, shapes and
@@ -270,11 +271,7 @@ class Publisher:
         stats: dict[str, float] = {}
         for sender in self.senders:
             t = time.perf_counter()
-            if self.shared and sender.name == "push":
-                sender.begin(version, entries, source=self._ipc().buffer(version))
-                part = sender.finish(version)
-            else:
-                part = await sender.stage(version, state, entries)
+            part = await sender.stage(version, state, entries)
             stats[f"stage_{sender.name}_s"] = time.perf_counter() - t
             stats.update(sender.stats())
             for key, value in part.items():
@@ -324,8 +321,7 @@ class Publisher:
         group, never a second whole copy of the version."""
         assert self.entries is not None
         start = time.perf_counter()
-        filling = [s for s in self.senders if not (self.shared and s.name == "push")]
-        for sender in filling:
+        for sender in self.senders:
             sender.begin(version, self.entries)
         names: set[str] = set()
         changed = ValueError("the published state dict changed its tensors between versions")
@@ -333,7 +329,7 @@ class Publisher:
             if not group.keys() <= self.entries.keys():
                 raise changed
             names.update(group)
-            for sender in filling:
+            for sender in self.senders:
                 sender.fill(group)
         if names != set(self.entries):
             raise changed
@@ -343,17 +339,12 @@ class Publisher:
             "direct": {"tensors": {n: tuple(e) for n, e in self.entries.items()}},
         }
         stats: dict[str, float] = {"stage_direct_s": time.perf_counter() - start}
-        for sender in self.senders:  # ipc first: the push sends its buffer
-            if sender not in filling:
-                sender.begin(version, self.entries, source=self._ipc().buffer(version))
+        for sender in self.senders:  # ipc first: a push lent its buffer sends it
             manifest["direct"].update(sender.finish(version)["direct"])
             stats.update(sender.stats())
         await self.store.put_manifest(version, manifest, check=True)
         nbytes = sum(e.nbytes for e in self.entries.values())
         return {"bytes": nbytes, "seconds": time.perf_counter() - start, **stats}
-
-    def _ipc(self) -> Any:
-        return next(s for s in self.senders if s.name == "ipc")
 
     def loaded(self, version: int) -> None:
         """Every generator has loaded `version`: the direct paths let go of its buffers (the
