@@ -16,6 +16,8 @@ def hf_token() -> str | None:
     return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
 
 
+UNREACHABLE = "the Hugging Face Hub could not be reached"  # how a load's line says it
+
 _WHY = re.compile(r"^'(?P<why>.+)' thrown while requesting ")
 
 

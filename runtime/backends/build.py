@@ -51,7 +51,7 @@ def load_tokenizer(recipe: Any) -> Any:
         return task.tokenizer(model_spec(recipe).vocab_size)
     from transformers import AutoTokenizer
 
-    from runtime.hub import quiet_retries
+    from runtime.hub import UNREACHABLE, quiet_retries
 
     try:
         with quiet_retries() as failed_requests:
@@ -59,18 +59,14 @@ def load_tokenizer(recipe: Any) -> Any:
     except OSError as e:
         if failed_requests and recipe.model.init != "random":
             raise UserError(
-                f"model.tokenizer {name!r}: the Hugging Face Hub could not be reached "
-                f"({failed_requests[0]}) and it is not in the local cache; check the network, "
+                f"model.tokenizer {name!r}: {UNREACHABLE} ({failed_requests[0]}) and it is "
+                "not in the local cache; check the network, "
                 "or set model.tokenizer to a local folder"
             ) from None
         if recipe.model.init != "random":
             raise
         # A random-weight run needs no download but its tokenizer: say how to do without.
-        why = (
-            f"the Hugging Face Hub could not be reached: {failed_requests[0]}"
-            if failed_requests
-            else str(e).splitlines()[0]
-        )
+        why = f"{UNREACHABLE}: {failed_requests[0]}" if failed_requests else str(e).splitlines()[0]
         raise UserError(
             f"model.tokenizer {name!r} could not be loaded ({why}); a random-init run without "
             "the Hub can use --set model.tokenizer=builtin:arith"

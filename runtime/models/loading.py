@@ -41,7 +41,7 @@ def snapshot(hf_id: str, token: str | None = None, revision: str | None = None) 
         RepositoryNotFoundError,
     )
 
-    from runtime.hub import quiet_retries
+    from runtime.hub import UNREACHABLE, quiet_retries
 
     try:
         with quiet_retries() as failed_requests:
@@ -55,7 +55,7 @@ def snapshot(hf_id: str, token: str | None = None, revision: str | None = None) 
         why = failed_requests[0] if failed_requests else str(e).splitlines()[0]
         why = why.removeprefix("Got: ")
         raise UserError(
-            f"model {hf_id}: the Hugging Face Hub could not be reached ({why}) and the model is "
+            f"model {hf_id}: {UNREACHABLE} ({why}) and the model is "
             "not in the local cache; check the network, or set model.hf_id to a local folder"
         ) from None
     except GatedRepoError as e:

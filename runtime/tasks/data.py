@@ -194,7 +194,7 @@ def load_hf_dataset(
     looks_local = path.startswith(("/", "./", "../", "~")) or local.suffix in _FILE_BUILDERS
     if looks_local and not local.exists():
         raise UserError(f"dataset {path!r}: no such file or directory")
-    from runtime.hub import quiet_retries
+    from runtime.hub import UNREACHABLE, quiet_retries
 
     try:
         with quiet_retries() as failed_requests:
@@ -205,7 +205,7 @@ def load_hf_dataset(
         # no network (or the Hub refused): datasets and huggingface_hub raise all of these;
         # the first failed request says why better than the error the load ends with
         if failed_requests:
-            why = f"the Hugging Face Hub could not be reached: {failed_requests[0]}"
+            why = f"{UNREACHABLE}: {failed_requests[0]}"
         else:
             why = f"could not be loaded ({_first_line(e)})"
         raise UserError(
