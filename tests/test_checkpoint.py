@@ -150,3 +150,55 @@ def test_the_host_copy_of_the_state_is_made_once_and_reused(tmp_path):
     assert len(copies[0]) == 8 and copies[1] == copies[0]
     saver.close()
     assert trainer_state.read_all(tmp_path / "step_2")["step"] == 2
+
+
+def test_a_host_copy_made_before_training_is_the_one_the_first_write_fills(tmp_path):
+    """`Saver.prepare` makes the host copy before the first optimizer step (the runtime calls
+    it while the first rollouts are generated, so that pinning it on a GPU overlaps no training
+    step). It creates AdamW's moments early; the steps after it are the steps a run without it
+    takes, bit for bit, and the first write copies into the memory it made."""
+    import torch
+
+    from runtime.backends import trainer_state
+
+    def run(prepare: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 8)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (s + 1))
+        saver = trainer_state.Saver()
+        made = []
+        if prepare:
+            saver.prepare(model, optimizer, scheduler, 0)
+            assert saver.staging is not None
+            cache = saver.stager._state_dict_stager._cached_storage_mapping
+        for step in (1, 2, 3):
+            model(torch.randn(4, 16, generator=torch.Generator().manual_seed(step))).pow(
+                2
+            ).sum().backward()
+            saver.staged()
+            if prepare and step == 1:
+                made = sorted(host.data_ptr() for host in cache.values())
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        saver.start(tmp_path / f"prepared_{prepare}", model, optimizer, scheduler, 3)
+        assert saver.written(wait=True)
+        filled = sorted(
+            h.data_ptr() for h in saver.stager._state_dict_stager._cached_storage_mapping.values()
+        )
+        saver.close()
+        return model, optimizer, made, filled
+
+    model, optimizer, made, filled = run(prepare=True)
+    plain_model, plain_optimizer, _, _ = run(prepare=False)
+    # weight, bias, and each one's two moments and step count
+    assert len(made) == 8 and filled == made
+    for p, q in zip(model.parameters(), plain_model.parameters(), strict=True):
+        assert torch.equal(p, q)
+        mine, theirs = optimizer.state[p], plain_optimizer.state[q]
+        assert mine.keys() == theirs.keys()
+        for key in mine:
+            assert torch.equal(mine[key], theirs[key]), key
+    state = trainer_state.read_all(tmp_path / "prepared_True")
+    assert state["step"] == 3 and torch.equal(state["model"]["weight"], model.weight)

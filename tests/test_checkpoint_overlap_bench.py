@@ -1,5 +1,6 @@
 """bench/checkpoint_overlap.py on CPU: the runtime's trainer and checkpoint writer (two gloo
-ranks, the tiny recipe), two writes one after the other, each overlapped by training steps."""
+ranks, the tiny recipe), the host copy made before training as the runtime makes it, then two
+writes one after the other, each overlapped by training steps."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def test_two_writes_each_overlapped_by_steps(tmp_path):
             "--prompt=16",
             f"--dir={scratch}",
             f"--out={out}",
+            "--prepare",
         ],
         capture_output=True,
         text=True,
@@ -35,8 +37,9 @@ def test_two_writes_each_overlapped_by_steps(tmp_path):
     assert [w["write"] for w in result["writes"]] == [1, 2]
     sizes = {w["checkpoint_bytes"] for w in result["writes"]}
     assert len(sizes) == 1 and sizes.pop() > 0  # the same state both times
-    assert len(result["ranks_detail"]) == 2
+    assert len(result["ranks_detail"]) == 2 and result["prepared_before_training"]
     for rank in result["ranks_detail"]:
+        assert rank["prepared"]["call_s"] >= 0 and len(rank["prepared"]["staging_wait_s"]) == 1
         assert len(rank["writes"]) == 2
         for write in rank["writes"]:
             assert write["bytes_written_by_rank"] > 0

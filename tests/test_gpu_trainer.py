@@ -231,3 +231,27 @@ def test_a_checkpoint_copies_the_state_in_the_background_and_holds_its_step(tmp_
     assert trainer.checkpoint_written(wait=True)
     assert trainer._saver.stager is stager
     assert trainer_state.read_all(tmp_path / "two")["step"] == 2
+
+
+def test_a_host_copy_made_before_training_is_pinned_and_the_first_write_fills_it(tmp_path):
+    """The runtime makes the checkpoints' host copy while the first rollouts are generated
+    (`prepare_checkpoint_copy`): pinned host memory, which the first optimizer step waits for
+    and the first checkpoint copies into instead of allocating and pinning its own."""
+    from runtime.backends import trainer_state
+
+    spec = QWEN3_1P7B_2_LAYERS
+    trainer = FSDPTrainer(spec, OptimizerConfig(lr=1e-3), seed=0, device="cuda")
+    tokens, mask = _batch(spec, rows=8, prompt=64, response=192)
+    advantages = torch.tensor([1.0, -1.0] * 4)
+    args = (tokens, mask, advantages, None, None, policy_loss)
+    assert trainer.prepare_checkpoint_copy()
+    stats = trainer.train_step(*args)
+    print(f"the first step waited {stats['time/checkpoint_staging_wait_s']:.3f} s for the copy")
+    cache = trainer._saver.stager._state_dict_stager._cached_storage_mapping
+    made = sorted(host.data_ptr() for host in cache.values())
+    assert made and all(s.is_pinned() for s in cache.values() if s.nbytes() >= 1 << 20)
+    trainer.save_checkpoint(str(tmp_path / "one"))
+    trainer.train_step(*args)
+    assert trainer.checkpoint_written(wait=True)
+    assert sorted(host.data_ptr() for host in cache.values()) == made
+    assert trainer_state.read_all(tmp_path / "one")["step"] == 1

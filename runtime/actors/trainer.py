@@ -170,6 +170,14 @@ class TrainerActor(Actor):
 
     @endpoint
     @ranked
+    async def prepare_checkpoints(self) -> bool:
+        """Start making the host copy that checkpoints are staged into, in the background (on a
+        GPU; runtime.backends.trainer_state.Saver.prepare): whether it started."""
+        prepare = getattr(self.backend, "prepare_checkpoint_copy", None)
+        return bool(prepare is not None and prepare())
+
+    @endpoint
+    @ranked
     async def saved(self, wait: bool) -> bool:
         """Whether the last checkpoint write is on disk on every rank; with `wait`, once it
         is (every rank answers the same)."""

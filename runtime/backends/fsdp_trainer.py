@@ -205,7 +205,13 @@ class FSDPTrainer(trainer_state.Checkpointing):
         """Teacher-forced log-probs `[B, T]` of the current policy (0 off the response)."""
         with torch.no_grad():
             parts = micro_batches(tokens, self.tokens_per_micro_batch)
-            return torch.cat([self._forward(tokens[p], response_mask[p]) for p in parts])
+            out = torch.cat([self._forward(tokens[p], response_mask[p]) for p in parts])
+        if self.world > 1:
+            # FSDP2 leaves the root's weights gathered after a forward without a backward: the
+            # memory of all of them, and parameters the optimizer does not hold (a checkpoint
+            # of the optimizer's state then fails to name them)
+            self.model.reshard()
+        return out
 
     def _my_rows(self, batch: int) -> slice:
         return rank_rows(batch, self.rank, self.world)

@@ -90,6 +90,7 @@ class Saver:
         step: int,
     ) -> None:
         self.written(wait=True)
+        self.staged()  # a copy `prepare` started
         if not _single() and self.group is None:
             # The write's own collectives run in the background thread: a gloo group of their
             # own keeps them apart from the training collectives on the default group.
@@ -111,6 +112,28 @@ class Saver:
         )
         self.staging = getattr(response, "staging_completion", None)
         self.future = getattr(response, "upload_completion", response)
+
+    def prepare(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int) -> None:
+        """Make this rank's host copy of the state now, in the background, so that the first
+        write fills it instead of making it: on a GPU that copy is about 12 bytes a parameter
+        of new, pinned host memory, and making it while training steps run slowed the step it
+        overlapped by ~29 s (qwen3-8b on two H200s, 48 GB a rank). `staged` waits for it like
+        for a write's copy. Before the first optimizer step it creates AdamW's moments
+        (zeros) with step counts of 0, which is what that step would create."""
+        self.staged()
+        if self.stager is None:
+            self.stager = _stager(self.device)
+        fresh = not optimizer.state
+        state = _state(model, optimizer, scheduler, step)
+        if fresh:  # DCP made the moments by an optimizer step at lr 0 on zero gradients
+            for moments in optimizer.state.values():
+                if isinstance(moments.get("step"), torch.Tensor):
+                    moments["step"].zero_()
+                elif "step" in moments:
+                    moments["step"] = 0
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.staging = self.stager.stage(state)
 
     def staged(self) -> float:
         """Wait until the last write's copy of the state is in host memory (this rank's; no
@@ -142,6 +165,7 @@ class Saver:
         """Wait for the last write, then free the host copy (and unpin it)."""
         try:
             self.written(wait=True)
+            self.staged()
         finally:
             if self.stager is not None:
                 self.stager.close()
@@ -252,6 +276,17 @@ class Checkpointing:
         if self._saver is None:
             self._saver = Saver(self.device)
         self._saver.start(directory, self.model, self.optimizer, self.scheduler, self.step)
+
+    def prepare_checkpoint_copy(self) -> bool:
+        """On a GPU, start making the host copy that checkpoints are staged into (`Saver.prepare`)
+        and say so; elsewhere nothing (host memory needs no pinning) and False. Every rank calls
+        it, before the first optimizer step or right after a resume."""
+        if self.device.type != "cuda":
+            return False
+        if self._saver is None:
+            self._saver = Saver(self.device)
+        self._saver.prepare(self.model, self.optimizer, self.scheduler, self.step)
+        return True
 
     def checkpoint_staged(self) -> dict[str, float]:
         """Wait until the last checkpoint's copy of the state is in host memory: called before
