@@ -60,6 +60,8 @@ RUNS = (
     ("gpu_h100x2_2026-11-26d/product_path_qwen3-1.7b.json", "run_b", 1, "H100"),
     ("gpu_h200x4_2026-11-27/product_path_qwen3-8b_part_b.json", "run_a", 2, "H200"),
     ("gpu_h200x4_2026-11-27/product_path_qwen3-8b_part_b.json", "run_b", 4, "H200"),
+    ("gpu_h200x4_2026-11-27b/product_path_llama3.1-8b_part_b.json", "run_a", 2, "H200"),
+    ("gpu_h200x4_2026-11-27b/product_path_llama3.1-8b_part_b.json", "run_b", 4, "H200"),
 )
 # The trainer alone (bench/gpu_grpo.py train): one rank, 64 sequences of 2048 tokens, a config
 # a row, each with its peak allocated memory.

@@ -737,8 +737,8 @@ def _gpu_plan(
         memory["trainer"] = round(step + flat, 1)
         if "ipc" in sync.expected:
             # the ipc path's buffer of a version, on trainer rank 0's GPU from a publish until
-            # the generators have loaded it: a peak of its own, beside a step's (and beside
-            # the push path's buffer)
+            # the generators have loaded it: a peak of its own, beside a step's (a push to
+            # other generators sends from it)
             publish = trainer_publish_gb(recipe.arch, trainer_gpus) + flat
             memory["trainer"] = max(memory["trainer"], round(publish, 1))
         rank0_only = memory["trainer"] - step  # GB rank 0 holds beyond the other ranks

@@ -25,7 +25,8 @@ Planned values:
   reference's GPU (the reference holds less, so this is conservative); 8192 when shared.
 - weight_sync.transport stays "auto" until the run starts: each generator's path then follows
   where it and the trainer are (`plan` shows the path it expects), unless the push path's
-  flat buffer (2 bytes a parameter on trainer rank 0, `push_buffer_bytes`) leaves a trainer on
+  flat buffer (2 bytes a parameter on trainer rank 0 where no generator takes the ipc path,
+  whose buffer the push otherwise sends: `push_buffer_bytes`) leaves a trainer on
   GPUs of its own no micro-batch that fits: then "store", which streams each version a block
   at a time. With the push path the trainer's micro-batch is planned with that buffer taken
   off its GPU.
@@ -231,13 +232,13 @@ def plan_settings(
 
 
 def push_buffer_bytes(recipe: Any, transport: str, expected_paths: tuple[str, ...]) -> float:
-    """Bytes of the flat bf16 buffer trainer rank 0 keeps beside its shards where a generator
-    takes its versions by push: each version goes out from it (the store path streams a block
-    at a time instead). Beside the ipc path the push sends the ipc path's buffer of a version
-    and keeps none of its own (runtime/weights/push.py); counted all the same until a GPU run
-    has measured that layout's publish peak without it (qwen3-8b on four ranks, both
-    buffers: 63.8 GB)."""
-    if "push" in expected_paths and transport != "store":
+    """Bytes of the flat bf16 buffer trainer rank 0 keeps beside its shards where generators
+    take their versions by push alone: each version goes out from it (the store path streams a
+    block at a time instead). Beside the ipc path the push sends the ipc path's buffer of a
+    version and keeps none of its own (runtime/weights/push.py, `lend_from`): nothing more
+    (llama3.1-8b on four H200 ranks, ipc and push: 46.5 GB at a publish, one buffer; qwen3-8b
+    on four, before the push borrowed it: 63.8 GB, two)."""
+    if "push" in expected_paths and "ipc" not in expected_paths and transport != "store":
         return 2 * recipe.arch.params
     return 0.0
 

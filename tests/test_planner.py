@@ -587,13 +587,13 @@ def test_the_plan_says_what_the_trainers_gpus_hold_while_it_steps():
 
     params = load_recipe("qwen3-1.7b").arch.params
     # on-policy on two GPUs: every service shares both, a generator on each GPU, the reference
-    # on GPU 1; versions by CUDA IPC to the generator on rank 0's GPU (nothing outlives a
-    # publish) and pushed to the other, from a buffer rank 0 keeps
+    # on GPU 1; versions by CUDA IPC to the generator on rank 0's GPU and pushed to the other
+    # from the ipc path's buffer: nothing outlives a publish
     on = plan(recipe("qwen3-1.7b", "layout.share=all", "grpo.max_policy_age=0"), 2)
     assert on.settings.weight_sync.expected == ("ipc", "push")
     assert on.while_training_gb == {
         "node 0 GPU 0": {
-            "trainer": _gb(step(on) + 2 * params),
+            "trainer": _gb(step(on)),
             "generator": on.memory["generator"],
         },
         "node 0 GPU 1": {
