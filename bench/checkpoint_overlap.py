@@ -103,7 +103,7 @@ def _rank(rank: int, world: int, port: int, out: str, args: dict[str, Any]) -> N
     say = print if rank == 0 else (lambda *_, **__: None)
     prepared = None
     if args["prepare"]:
-        # what the runtime does before the first rollouts: the host copy made (and on a GPU
+        # what the runtime does at start-up: the host copy made (and on a GPU
         # pinned) in the background; the steps below overlap it
         probe.phase = "prepare"
         t0 = time.perf_counter()

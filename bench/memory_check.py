@@ -14,8 +14,9 @@ For each run in RUNS, with today's recipes/memory.py and planner:
 - start-up: the largest `memory/startup_gb` (the weights built and loaded, before any step),
   which must stay below the step's estimate;
 - publish (the CUDA IPC path, whose flat buffer lives from a publish until the generators have
-  loaded it): `trainer_publish_gb`, plus the push path's buffer where other generators take
-  that path, against the largest `memory/publish_gb`;
+  loaded it): `trainer_publish_gb`, against the largest `memory/publish_gb`; where other
+  generators took the push path in a run from before the push sent the ipc path's buffer
+  (PUSH_BORROWS_IPC_BUFFER), plus the push buffer that run kept;
 - per GPU: the GB/GPU of the plan the run had (`plan()` at the run's overrides, its services'
   figures added up where they share a GPU), the plan's figure while the trainer steps
   (`while_training`, what `plan` prints, at the run's micro-batch: the step estimate, the
@@ -63,6 +64,10 @@ RUNS = (
     ("gpu_h200x4_2026-11-27b/product_path_llama3.1-8b_part_b.json", "run_a", 2, "H200"),
     ("gpu_h200x4_2026-11-27b/product_path_llama3.1-8b_part_b.json", "run_b", 4, "H200"),
 )
+# Runs whose push path sent the ipc path's buffer of a version (runtime/weights/push.py
+# `lend_from`); in the runs before, rank 0 kept a push buffer of its own beside it, and their
+# publish estimate counts it as those runs had it.
+PUSH_BORROWS_IPC_BUFFER = frozenset({"gpu_h200x4_2026-11-27b"})
 # The trainer alone (bench/gpu_grpo.py train): one rank, 64 sequences of 2048 tokens, a config
 # a row, each with its peak allocated memory.
 TRAINER_ALONE = (("gpu_trainer_h200_2026-11-22.json", "trainer_mfu"),)
@@ -211,8 +216,12 @@ def rows() -> list[dict[str, Any]]:
         if refused:
             row["refused_by_todays_plan"] = refused
         if ipc:
-            # beside the push path's buffer where other generators take that path
+            # beside the push path's buffer where other generators take that path alone (or
+            # beside the ipc path, in a run from before the push sent the ipc path's buffer)
             flat = push_buffer_bytes(recipe, sync.transport, sync.expected)
+            if "push" in sync.expected and file.split("/")[0] not in PUSH_BORROWS_IPC_BUFFER:
+                flat = 2 * arch.params
+                row["publish_gb_own_push_buffer"] = round(flat / GB, 1)
             row["publish_gb"] = _pair(
                 trainer_publish_gb(arch, ranks) + flat / GB, peaks.get("memory/publish_gb")
             )

@@ -151,9 +151,6 @@ class FakeServices:
     async def export(self, directory: str, provenance: dict[str, Any]) -> None:
         self.exported.append((directory, dict(provenance)))
 
-    async def prepare_checkpoints(self) -> bool:
-        return False  # a CPU trainer's host copy needs no pinning: made at the first write
-
     async def saved(self, wait: bool) -> bool:
         return True
 

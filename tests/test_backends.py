@@ -326,3 +326,39 @@ def test_linear_schedule_warms_up_then_decays_to_zero_and_survives_a_checkpoint(
     opt = torch.optim.AdamW(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cfg.lr_factor)
     sched.load_state_dict(sched.state_dict())
+
+
+def test_a_resume_refreshes_the_host_copy_made_at_start_up_in_the_same_memory(tmp_path):
+    """A GPU trainer starts its checkpoints' host copy while the other services start
+    (`prepare_checkpoint_copy`); a resume then loads into the same tensors, and the copy is
+    refreshed into the host memory already made (on a GPU: already pinned). The resumed
+    trainer takes the same next step as the one that wrote the checkpoint, and its next
+    checkpoint holds the resumed state's step."""
+    original = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2, warmup_steps=3), seed=0)
+    batch, advantages = _fixed_batch(original)
+    args = (batch.tokens, batch.response_mask, advantages, batch.logprobs, None, policy_loss)
+    original.train_step(*args)
+    original.save_checkpoint(str(tmp_path / "one"))
+    assert original.checkpoint_written(wait=True)
+    expected = original.train_step(*args)
+
+    resumed = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2, warmup_steps=3), seed=99)
+    # what prepare_checkpoint_copy does on a GPU (on a CPU it makes none: nothing to pin)
+    assert resumed.prepare_checkpoint_copy() is False
+    resumed._saver = trainer_state.Saver(resumed.device)
+    resumed._saver.prepare(resumed.model, resumed.optimizer, resumed.scheduler, resumed.step)
+    resumed._saver.staged()
+    cache = resumed._saver.stager._state_dict_stager._cached_storage_mapping
+    made = sorted(host.data_ptr() for host in cache.values())
+    resumed.load_checkpoint(str(tmp_path / "one"))
+    assert resumed.step == 1 and resumed._saver.staging is not None  # the refresh
+    again = resumed.train_step(*args)  # waits for the refreshed copy before its update
+    assert "time/checkpoint_staging_wait_s" in again
+    assert sorted(host.data_ptr() for host in cache.values()) == made
+    assert again["loss"] == expected["loss"] and again["lr"] == expected["lr"]
+    for p, q in zip(original.model.parameters(), resumed.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+    resumed.save_checkpoint(str(tmp_path / "two"))
+    assert resumed.checkpoint_written(wait=True)
+    assert sorted(host.data_ptr() for host in cache.values()) == made
+    assert trainer_state.read_all(tmp_path / "two")["step"] == 2

@@ -154,7 +154,7 @@ def test_the_host_copy_of_the_state_is_made_once_and_reused(tmp_path):
 
 def test_a_host_copy_made_before_training_is_the_one_the_first_write_fills(tmp_path):
     """`Saver.prepare` makes the host copy before the first optimizer step (the runtime calls
-    it while the first rollouts are generated, so that pinning it on a GPU overlaps no training
+    it while the other services start, so that pinning it on a GPU overlaps no training
     step). It creates AdamW's moments early; the steps after it are the steps a run without it
     takes, bit for bit, and the first write copies into the memory it made."""
     import torch

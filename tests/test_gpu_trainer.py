@@ -234,7 +234,7 @@ def test_a_checkpoint_copies_the_state_in_the_background_and_holds_its_step(tmp_
 
 
 def test_a_host_copy_made_before_training_is_pinned_and_the_first_write_fills_it(tmp_path):
-    """The runtime makes the checkpoints' host copy while the first rollouts are generated
+    """The runtime makes the checkpoints' host copy while the other services start
     (`prepare_checkpoint_copy`): pinned host memory, which the first optimizer step waits for
     and the first checkpoint copies into instead of allocating and pinning its own."""
     from runtime.backends import trainer_state

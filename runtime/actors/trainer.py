@@ -42,7 +42,13 @@ class TrainerActor(Actor):
 
         resolve_loss(recipe.grpo.loss)  # a loss of the user's: imported now, not at step 1
         self.backend = build.TrainerConfig(recipe, settings.trainer).build()
+        # The host copy checkpoints are staged into, made (on a GPU: pinned) in the background
+        # while the other services start rather than beside a checkpoint's training steps
+        # (runtime.backends.trainer_state.Saver.prepare).
+        prepare = getattr(self.backend, "prepare_checkpoint_copy", None)
+        copy = bool(prepare is not None and prepare())
         return {
+            "checkpoint_copy": copy,
             "params": spec.num_params(),
             "device": str(build.device()),
             "backend": type(self.backend).__name__,
@@ -167,14 +173,6 @@ class TrainerActor(Actor):
         copy); `saved` says when the files are on disk."""
         with self._phase("checkpoint"):
             self.backend.save_checkpoint(directory)
-
-    @endpoint
-    @ranked
-    async def prepare_checkpoints(self) -> bool:
-        """Start making the host copy that checkpoints are staged into, in the background (on a
-        GPU; runtime.backends.trainer_state.Saver.prepare): whether it started."""
-        prepare = getattr(self.backend, "prepare_checkpoint_copy", None)
-        return bool(prepare is not None and prepare())
 
     @endpoint
     @ranked

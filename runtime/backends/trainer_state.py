@@ -115,11 +115,15 @@ class Saver:
 
     def prepare(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int) -> None:
         """Make this rank's host copy of the state now, in the background, so that the first
-        write fills it instead of making it: on a GPU that copy is about 12 bytes a parameter
-        of new, pinned host memory, and making it while training steps run slowed the step it
-        overlapped by ~29 s (qwen3-8b on two H200s, 48 GB a rank). `staged` waits for it like
-        for a write's copy. Before the first optimizer step it creates AdamW's moments
-        (zeros) with step counts of 0, which is what that step would create."""
+        write fills it instead of making it. On a GPU that copy is about 12 bytes a parameter
+        of new host memory, pinned, and pinning it holds up this process's other CUDA work:
+        qwen3-8b on two H200s (48 GB a rank), a 0.66 s training step took 28.5 s beside the
+        first write and 2.4 s beside the second, which reuses the memory; made before the
+        first step, that step took 23.0 s and the first write's 1.8 s
+        (bench/results/gpu_h200x4_2026-11-27b). The runtime starts it while the other
+        services start. `staged` waits for it like for a write's copy. Before the first
+        optimizer step it creates AdamW's moments (zeros) with step counts of 0, which is what
+        that step would create."""
         self.staged()
         if self.stager is None:
             self.stager = _stager(self.device)
@@ -280,7 +284,7 @@ class Checkpointing:
     def prepare_checkpoint_copy(self) -> bool:
         """On a GPU, start making the host copy that checkpoints are staged into (`Saver.prepare`)
         and say so; elsewhere nothing (host memory needs no pinning) and False. Every rank calls
-        it, before the first optimizer step or right after a resume."""
+        it, before the first optimizer step (a resume then refreshes the copy)."""
         if self.device.type != "cuda":
             return False
         if self._saver is None:
@@ -303,7 +307,13 @@ class Checkpointing:
 
     def load_checkpoint(self, directory: str) -> None:
         """Restore from `directory`, whatever rank count wrote it. Every rank must call it."""
+        if self._saver is not None:
+            self._saver.staged()  # a host copy in the making reads the state being replaced
         if is_legacy(directory):
             self.load_state_dict(read_all(directory))
         else:
             self.step = load(directory, self.model, self.optimizer, self.scheduler)
+        if self._saver is not None and self._saver.stager is not None:
+            # the copy follows the loaded state (the same host memory where the load kept the
+            # tensors it loaded into)
+            self._saver.prepare(self.model, self.optimizer, self.scheduler, self.step)

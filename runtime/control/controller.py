@@ -81,13 +81,6 @@ class Controller:
             print(f"services sharing a GPU take turns: {self.turns.describe()}", flush=True)
         await self.policy.connect()
         await self.policy.publish_and_load(self.version)
-        # The host copy a checkpoint is staged into, made (and on a GPU pinned) while the first
-        # rollouts are generated rather than while a checkpoint's training steps run.
-        if await self.services.prepare_checkpoints():
-            size = approx_size(CHECKPOINT_BYTES_PER_PARAM * self.recipe.arch.params)
-            print(
-                f"making the host copy for checkpoints ({size} over the trainer ranks)", flush=True
-            )
 
     async def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
         size = approx_size(checkpoint.marked_bytes(ckpt))  # `latest` checked the marker

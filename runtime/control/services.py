@@ -158,9 +158,6 @@ class Services:
     async def restore(self, directory: str) -> int:
         return await self.train_call("load", directory)
 
-    async def prepare_checkpoints(self) -> bool:
-        return bool(await self.train_call("prepare_checkpoints"))
-
     async def export(self, directory: str, provenance: dict[str, Any]) -> None:
         await self.train_call("export", directory, provenance)
 

@@ -159,6 +159,16 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
             f"activation checkpointing {ac}",
             flush=True,
         )
+    if info.get("checkpoint_copy"):
+        from recipes.memory import CHECKPOINT_BYTES_PER_PARAM
+        from runtime.control.checkpoint import approx_size
+
+        size = approx_size(CHECKPOINT_BYTES_PER_PARAM * recipe.arch.params)
+        print(
+            f"trainer: its host copy for checkpoints ({size} over its ranks, pinned) was started "
+            "while the other services started",
+            flush=True,
+        )
     return Services(
         life,
         trainer,
