@@ -103,3 +103,60 @@ def test_two_ranks_train_like_one(tmp_path: Path):
     again = single.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS)
     for key in ("loss", "grad_norm"):
         assert abs(again[key] - after[key]) < 1e-5, key
+
+
+def _prepared_rank(rank: int, world: int, port: int, out: str) -> None:
+    """Two ranks: one trainer writes a DCP checkpoint after a step; another makes its host copy
+    first (as a GPU trainer does at start-up), then resumes from that checkpoint."""
+    join_group(rank, world, port)
+    import torch.distributed as dist
+
+    from runtime.backends import trainer_state
+    from runtime.backends.fsdp_trainer import FSDPTrainer
+
+    def trainer(seed: int) -> FSDPTrainer:
+        return FSDPTrainer(
+            SPEC,
+            OptimizerConfig(lr=1e-2),
+            temperature=0.7,
+            seed=seed,
+            device="cpu",
+            compute_dtype=torch.float32,
+            publish_dtype=torch.float32,
+            tokens_per_micro_batch=40,
+        )
+
+    tokens, mask, adv = _batch()
+    first = trainer(1)
+    old = first.logprobs(tokens, mask)
+    first.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS)
+    first.save_checkpoint(str(Path(out).parent / "dcp"))
+    assert first.checkpoint_written(wait=True)
+    resumed = trainer(7)
+    resumed.logprobs(tokens, mask)  # a forward before the copy, as a publish makes one
+    resumed._saver = trainer_state.Saver(resumed.device)
+    resumed._saver.prepare(resumed.model, resumed.optimizer, resumed.scheduler, resumed.step)
+    resumed._saver.staged()
+    cache = resumed._saver.stager._state_dict_stager._cached_storage_mapping
+    made = sorted(host.data_ptr() for host in cache.values())
+    resumed.load_checkpoint(str(Path(out).parent / "dcp"))
+    again = [
+        t.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS) for t in (first, resumed)
+    ]
+    refreshed = sorted(host.data_ptr() for host in cache.values())
+    resumed.save_checkpoint(str(Path(out).parent / "dcp2"))
+    assert resumed.checkpoint_written(wait=True)
+    if rank == 0:
+        torch.save((made, refreshed, again, resumed.step), out)
+    dist.destroy_process_group()
+
+
+def test_a_host_copy_made_before_a_resume_is_refreshed_in_place(tmp_path: Path):
+    """FSDP2 ranks: the checkpoints' host copy made before the resume (a GPU trainer makes it
+    at start-up) is refilled from the loaded state in the same host memory, and the resumed
+    ranks take the step the writing ones take."""
+    made, refreshed, (after, after_resume), step = run_ranks(_prepared_rank, 2, tmp_path)
+    assert made and refreshed == made
+    assert abs(after["loss"] - after_resume["loss"]) < 1e-6
+    assert abs(after["grad_norm"] - after_resume["grad_norm"]) < 1e-5
+    assert step == 2
