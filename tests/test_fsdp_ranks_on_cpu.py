@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from runtime_helpers import join_group, run_ranks, token_batch
@@ -21,23 +22,25 @@ def _batch():
     return token_batch(SPEC.vocab_size, rows=7, width=20, short=7)
 
 
+def trainer(seed: int) -> Any:
+    """A CPU FSDP2 trainer rank of SPEC in fp32 (call after joining the group)."""
+    from runtime.backends.fsdp_trainer import FSDPTrainer
+
+    return FSDPTrainer(
+        SPEC,
+        OptimizerConfig(lr=1e-2),
+        temperature=0.7,
+        seed=seed,
+        device="cpu",
+        compute_dtype=torch.float32,
+        publish_dtype=torch.float32,
+        tokens_per_micro_batch=40,
+    )
+
+
 def _rank(rank: int, world: int, port: int, out: str) -> None:
     join_group(rank, world, port)
     import torch.distributed as dist
-
-    from runtime.backends.fsdp_trainer import FSDPTrainer
-
-    def trainer(seed: int) -> FSDPTrainer:
-        return FSDPTrainer(
-            SPEC,
-            OptimizerConfig(lr=1e-2),
-            temperature=0.7,
-            seed=seed,
-            device="cpu",
-            compute_dtype=torch.float32,
-            publish_dtype=torch.float32,
-            tokens_per_micro_batch=40,
-        )
 
     tokens, mask, adv = _batch()
     first = trainer(1)
@@ -112,19 +115,6 @@ def _prepared_rank(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
     from runtime.backends import trainer_state
-    from runtime.backends.fsdp_trainer import FSDPTrainer
-
-    def trainer(seed: int) -> FSDPTrainer:
-        return FSDPTrainer(
-            SPEC,
-            OptimizerConfig(lr=1e-2),
-            temperature=0.7,
-            seed=seed,
-            device="cpu",
-            compute_dtype=torch.float32,
-            publish_dtype=torch.float32,
-            tokens_per_micro_batch=40,
-        )
 
     tokens, mask, adv = _batch()
     first = trainer(1)
