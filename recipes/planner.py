@@ -200,7 +200,7 @@ class Plan:
             lines.append(
                 f"checkpoints: each write first copies the trainer's state to node 0's memory "
                 f"(~{self.checkpoint_host_gb:.0f} GB"
-                + ("" if self.cpu else ", pinned and kept for the next write")
+                + ("" if self.cpu else ", pinned at start-up and reused by every write")
                 + ") and goes to disk while training goes on"
             )
         if self.host:

@@ -141,8 +141,9 @@ def test_plan_explain_weighs_every_layout(capsys):
     chosen, refused = rows["all"]
     assert chosen.startswith("*") and "generator0 0-1, reference 3, trainer 0-3" in chosen
     assert "generator0 0-1, generator1 2-3, reference 3, trainer 0-3" in refused
-    # GPU 0 the fullest: trainer rank 0 keeps the push path's buffer for generator1
-    assert "while the trainer steps, node 0 GPU 0 would hold trainer" in refused
+    # GPU 3 the fullest: the reference beside a trainer rank and generator1 (the push to
+    # generator1 sends the ipc path's buffer: rank 0 keeps no second one on GPU 0)
+    assert "while the trainer steps, node 0 GPU 3 would hold trainer" in refused
     rows = {share: lines[0] for share, lines in rows.items()}
     assert "needs at least 5 GPUs with GPUs of their own" in rows["none"]
     assert "while the trainer steps, node 0 GPU 3 would hold trainer" in rows["trainer_reference"]
