@@ -139,6 +139,28 @@ def start_monarch() -> None:
             sys.stderr.write("".join(x for x in lines if not x.startswith(_MONARCH_BANNER)))
 
 
+def proc_ended(pid: int) -> str | None:
+    """How process `pid` ended, in the words of Monarch's reports (`killed by SIGKILL`,
+    `exited with code 1`), or `ended` where it is not this process's child to ask; None while it
+    runs. A child is asked without being reaped: whoever waits for it still can."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        try:
+            running = psutil.Process(pid).status() not in (
+                psutil.STATUS_ZOMBIE,
+                psutil.STATUS_DEAD,
+            )
+        except psutil.Error:
+            running = False
+        return None if running else "ended"
+    if info is None:
+        return None
+    if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        return f"killed by {signal.Signals(info.si_status).name}"
+    return f"exited with code {info.si_status}"
+
+
 def kill_descendants(grace: float) -> int:
     """End every process below this one (SIGTERM, then SIGKILL after `grace` s) and reap them.
 

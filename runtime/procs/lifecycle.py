@@ -13,7 +13,8 @@
   stop in reverse order. A second SIGINT kills every child process and exits 130 at once.
 - Any failure (an endpoint raises, a proc dies, Monarch reports a mesh failure) ends the run with
   exit code 1 and one line: `forgesky: reward actor failed: ZeroDivisionError: ... (in f.py:12 g)`.
-  A collective that lost its peer waits `peer_grace` s for the peer's own failure, the root cause.
+  A collective that lost its peer waits `peer_grace` s for the peer's own failure, the root cause
+  (a proc of this machine found ended meanwhile is named after `failure_grace` s).
 - A call unanswered within its `timeout` ends the run too (the controller's watchdog).
 - On every exit path no child process survives and no shared-memory segment of the run remains.
 """
@@ -42,6 +43,7 @@ from runtime.procs.failures import (
 from runtime.procs.host import (
     become_subreaper,
     kill_descendants,
+    proc_ended,
     start_monarch,
     sweep_shared_memory,
 )
@@ -50,6 +52,8 @@ from runtime.procs.mesh import PROBE_SUFFIX, ServiceMesh
 T = TypeVar("T")
 
 FORCED_EXIT_CODE = 130
+# how often a collective that lost its peer looks at this machine's procs meanwhile
+PEER_POLL_S = 0.25
 _FAILED_MESH_STOP_S = 1.0
 
 
@@ -256,9 +260,8 @@ class RunLifecycle:
                 failure = failure_of(e, service)
             if lost_a_peer(failure) and self.failure is None:
                 # A collective whose peer died fails before Monarch reports the death (a
-                # generator killed mid-push): the death, reported within the grace, is the
-                # root cause the run names.
-                await asyncio.wait({self._failed}, timeout=self.peer_grace)
+                # generator killed mid-push): the death is the root cause the run names.
+                await self._await_peer()
             self.fail(failure)
             assert self.failure is not None
             raise self.failure
@@ -270,6 +273,34 @@ class RunLifecycle:
         cause = silence() if silence is not None else f"no answer within {timeout:g} s"
         self.fail(ActorFailure(service, cause))
         raise self.failure  # type: ignore[misc]
+
+    async def _await_peer(self) -> None:
+        """A collective lost its peer: wait up to `peer_grace` s for the peer's own failure.
+        A proc of this machine that has ended meanwhile is that peer: Monarch's report of it
+        (a proc's death, within seconds as a rule) gets `failure_grace` s more, then the
+        proc's own ending, read from the process, is the failure."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.peer_grace
+        while self.failure is None and (left := end - loop.time()) > 0:
+            ended = self._ended_proc()
+            if ended is not None:
+                await asyncio.wait({self._failed}, timeout=min(self.failure_grace, left))
+                self.fail(ended)
+                return
+            await asyncio.wait({self._failed}, timeout=min(PEER_POLL_S, left))
+
+    def _ended_proc(self) -> ActorFailure | None:
+        """The first proc of a running service on this machine that has ended, as its failure
+        (`process killed by SIGKILL (proc 1/2)`), or None."""
+        for mesh in self._meshes:
+            if mesh.stopped or not mesh.local:
+                continue
+            for rank, pid in enumerate(mesh.pids):
+                how = proc_ended(pid)
+                if how is not None:
+                    where = f" (proc {rank}/{len(mesh.pids)})" if len(mesh.pids) > 1 else ""
+                    return ActorFailure(mesh.service, f"process {how}{where}")
+        return None
 
     # --- running and shutting down --------------------------------------------------------------
 

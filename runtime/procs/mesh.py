@@ -116,6 +116,7 @@ class ServiceMesh:
         self.procs = procs
         self.gpus = tuple(tuple(g) for g in gpus)
         self.pids: list[int] = []
+        self.local = False  # its procs run on this machine (children of this process)
         self.stopped = False
         self.failed = False  # set by whoever learns that one of its actors or procs died
         # Given names of the actor meshes: failures name meshes by them, so they must differ
@@ -152,11 +153,13 @@ class ServiceMesh:
         def bootstrap(point: Any) -> Any:
             return base.with_env(envs[point["procs"]])
 
+        local = host is None
         host = this_host() if host is None else host
         proc_mesh = host.spawn_procs(
             per_host={"procs": procs}, name=service, bootstrap_command=bootstrap
         )
         mesh = cls(service, proc_mesh, gpus)
+        mesh.local = local
         mesh._probe = mesh.spawn_actor(ProcProbe, name=service + PROBE_SUFFIX)
         try:
             infos = await mesh.describe()

@@ -1,0 +1,109 @@
+"""A collective that lost its peer (runtime.procs.lifecycle): the peer's death is the run's root
+cause. Monarch reports a dead proc within seconds as a rule; a proc of this machine that has
+ended is read from the process itself, so the run names it without waiting out the grace."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from runtime.procs.failures import ActorFailure
+from runtime.procs.host import proc_ended
+from runtime.procs.lifecycle import RunLifecycle
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+@dataclass
+class Procs:
+    """What the lifecycle reads of a service's mesh: its name, its pids, where they run."""
+
+    service: str
+    pids: list[int] = field(default_factory=list)
+    local: bool = True
+    stopped: bool = False
+
+
+def _ended(proc: subprocess.Popen, within: float = 10.0) -> str:
+    deadline = time.monotonic() + within
+    while (how := proc_ended(proc.pid)) is None:
+        assert time.monotonic() < deadline, "the process did not end"
+        time.sleep(0.01)
+    return how
+
+
+def test_how_a_child_ended_is_read_without_reaping_it():
+    running = subprocess.Popen(SLEEPER)
+    killed = subprocess.Popen(SLEEPER)
+    exited = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    try:
+        killed.send_signal(signal.SIGKILL)
+        assert _ended(killed) == "killed by SIGKILL"
+        assert _ended(exited) == "exited with code 3"
+        assert proc_ended(running.pid) is None
+        # still waitable by whoever started them
+        assert killed.wait(5) == -signal.SIGKILL and exited.wait(5) == 3
+        # reaped, it is no child any more, and gone
+        assert proc_ended(killed.pid) == "ended"
+    finally:
+        running.kill()
+        running.wait()
+
+
+async def _await_peer(life: RunLifecycle, meshes: list[Procs], report: ActorFailure | None = None):
+    life._failed = asyncio.get_running_loop().create_future()
+    life._meshes = meshes  # type: ignore[assignment]
+    if report is not None:  # Monarch's report, a moment after the peer died
+        asyncio.get_running_loop().call_later(0.05, life.fail, report)
+    start = time.monotonic()
+    await life._await_peer()
+    return life.failure, time.monotonic() - start
+
+
+def test_a_peer_of_this_machine_that_ended_is_named_without_waiting_out_the_grace():
+    ranks = [subprocess.Popen(SLEEPER) for _ in range(2)]
+    try:
+        ranks[1].send_signal(signal.SIGKILL)
+        _ended(ranks[1])
+        life = RunLifecycle(peer_grace=60.0, failure_grace=0.2)
+        meshes = [Procs("reward", [ranks[0].pid]), Procs("trainer", [p.pid for p in ranks])]
+        failure, took = asyncio.run(_await_peer(life, meshes))
+        assert str(failure) == "trainer actor failed: process killed by SIGKILL (proc 1/2)"
+        assert took < 5.0, took  # the grace is 60 s
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+
+
+def test_monarchs_report_of_the_peer_comes_first_where_it_comes_in_time():
+    ranks = [subprocess.Popen(SLEEPER) for _ in range(2)]
+    try:
+        ranks[0].send_signal(signal.SIGKILL)
+        _ended(ranks[0])
+        life = RunLifecycle(peer_grace=60.0, failure_grace=2.0)
+        report = ActorFailure("trainer", "process killed by SIGKILL (proc 0/2)")
+        failure, took = asyncio.run(
+            _await_peer(life, [Procs("trainer", [p.pid for p in ranks])], report)
+        )
+        assert failure is report and took < 2.0, took
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+
+
+def test_procs_of_other_machines_or_stopped_services_are_not_read():
+    # their pids mean nothing here (another machine) or they were ended on purpose
+    gone = subprocess.Popen(SLEEPER)
+    gone.kill()
+    gone.wait()
+    life = RunLifecycle(peer_grace=0.6, failure_grace=0.1)
+    meshes = [Procs("generator1", [gone.pid], local=False), Procs("reference", [gone.pid])]
+    meshes[1].stopped = True
+    failure, took = asyncio.run(_await_peer(life, meshes))
+    assert failure is None and 0.5 < took < 3.0, took
