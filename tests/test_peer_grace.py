@@ -5,10 +5,12 @@ ended is read from the process itself, so the run names it without waiting out t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from runtime.procs.failures import ActorFailure
@@ -64,37 +66,35 @@ async def _await_peer(life: RunLifecycle, meshes: list[Procs], report: ActorFail
     return life.failure, time.monotonic() - start
 
 
-def test_a_peer_of_this_machine_that_ended_is_named_without_waiting_out_the_grace():
+@contextlib.contextmanager
+def two_ranks(killed: int) -> Iterator[list[int]]:
+    """Two processes standing for a service's procs, rank `killed` killed (and ended)."""
     ranks = [subprocess.Popen(SLEEPER) for _ in range(2)]
     try:
-        ranks[1].send_signal(signal.SIGKILL)
-        _ended(ranks[1])
-        life = RunLifecycle(peer_grace=60.0, failure_grace=0.2)
-        meshes = [Procs("reward", [ranks[0].pid]), Procs("trainer", [p.pid for p in ranks])]
-        failure, took = asyncio.run(_await_peer(life, meshes))
-        assert str(failure) == "trainer actor failed: process killed by SIGKILL (proc 1/2)"
-        assert took < 5.0, took  # the grace is 60 s
+        ranks[killed].send_signal(signal.SIGKILL)
+        _ended(ranks[killed])
+        yield [p.pid for p in ranks]
     finally:
         for p in ranks:
             p.kill()
             p.wait()
+
+
+def test_a_peer_of_this_machine_that_ended_is_named_without_waiting_out_the_grace():
+    with two_ranks(killed=1) as pids:
+        life = RunLifecycle(peer_grace=60.0, failure_grace=0.2)
+        meshes = [Procs("reward", pids[:1]), Procs("trainer", pids)]
+        failure, took = asyncio.run(_await_peer(life, meshes))
+    assert str(failure) == "trainer actor failed: process killed by SIGKILL (proc 1/2)"
+    assert took < 5.0, took  # the grace is 60 s
 
 
 def test_monarchs_report_of_the_peer_comes_first_where_it_comes_in_time():
-    ranks = [subprocess.Popen(SLEEPER) for _ in range(2)]
-    try:
-        ranks[0].send_signal(signal.SIGKILL)
-        _ended(ranks[0])
+    with two_ranks(killed=0) as pids:
         life = RunLifecycle(peer_grace=60.0, failure_grace=2.0)
         report = ActorFailure("trainer", "process killed by SIGKILL (proc 0/2)")
-        failure, took = asyncio.run(
-            _await_peer(life, [Procs("trainer", [p.pid for p in ranks])], report)
-        )
-        assert failure is report and took < 2.0, took
-    finally:
-        for p in ranks:
-            p.kill()
-            p.wait()
+        failure, took = asyncio.run(_await_peer(life, [Procs("trainer", pids)], report))
+    assert failure is report and took < 2.0, took
 
 
 def test_procs_of_other_machines_or_stopped_services_are_not_read():
