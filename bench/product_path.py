@@ -135,12 +135,15 @@ def step_times(rows: list[dict[str, Any]], after: int = 0) -> list[dict[str, Any
     """The seconds of each step past `after`: the step, its training, and what the checkpoint
     before it held up: the loop (`time/checkpoint_stall_s`: settling the generation in flight)
     and the optimizer step (`time/checkpoint_staging_wait_s`: the state's copy to host memory
-    still going)."""
+    still going); and what the step trained on (its response tokens, their mean length), which
+    a step's memory peak depends on."""
     keys = (
         "time/step_s",
         "time/train_s",
         "time/checkpoint_stall_s",
         "time/checkpoint_staging_wait_s",
+        "response_tokens",
+        "response/len_mean",
     )
     return [
         {"step": r["step"], **{k: r[k] for k in keys if k in r}} for r in rows if r["step"] > after

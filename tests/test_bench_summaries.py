@@ -399,13 +399,23 @@ def test_product_path_times_run_b_by_its_own_steps(monkeypatch):
     rows = [
         {"step": 1, "time/step_s": 11.5, "time/train_s": 3.4, "loss": 0.1},
         {"step": 2, "time/step_s": 1.7, "time/train_s": 0.9},
-        {"step": 3, "time/step_s": 4.6, "time/checkpoint_staging_wait_s": 0.2},
+        {
+            "step": 3,
+            "time/step_s": 4.6,
+            "time/checkpoint_staging_wait_s": 0.2,
+            "response_tokens": 96,
+        },
     ]
     line = "resumed from step 2 (/runs/x/checkpoints/step_000002)"
     assert product_path.resumed_step(line) == 2
     assert product_path.resumed_step(None) == 0
     assert product_path.step_times(rows, product_path.resumed_step(line)) == [
-        {"step": 3, "time/step_s": 4.6, "time/checkpoint_staging_wait_s": 0.2}
+        {
+            "step": 3,
+            "time/step_s": 4.6,
+            "time/checkpoint_staging_wait_s": 0.2,
+            "response_tokens": 96,
+        }
     ]
     assert [r["step"] for r in product_path.step_times(rows)] == [1, 2, 3]
     assert "loss" not in product_path.step_times(rows)[0]
