@@ -107,11 +107,7 @@ def _rank(rank: int, world: int, port: int, out: str, args: dict[str, Any]) -> N
         # pinned) in the background; the steps below overlap it
         probe.phase = "prepare"
         t0 = time.perf_counter()
-        if not trainer.prepare_checkpoint_copy():  # CPU: the same copy, for trying the bench
-            from runtime.backends.trainer_state import Saver
-
-            trainer._saver = Saver(trainer.device)
-            trainer._saver.prepare(trainer.model, trainer.optimizer, trainer.scheduler, 0)
+        trainer.prepare_checkpoint_copy(on_cpu=True)  # CPU: the same copy, to try the bench
         prepared = {"call_s": round(time.perf_counter() - t0, 2)}
         probe.phase = "before"
     before = [step() for _ in range(args["before"])]

@@ -220,7 +220,7 @@ def rows() -> list[dict[str, Any]]:
             # beside the ipc path, in a run from before the push sent the ipc path's buffer)
             flat = push_buffer_bytes(recipe, sync.transport, sync.expected)
             if "push" in sync.expected and file.split("/")[0] not in PUSH_BORROWS_IPC_BUFFER:
-                flat = 2 * arch.params
+                flat = push_buffer_bytes(recipe, sync.transport, ("push",))
                 row["publish_gb_own_push_buffer"] = round(flat / GB, 1)
             row["publish_gb"] = _pair(
                 trainer_publish_gb(arch, ranks) + flat / GB, peaks.get("memory/publish_gb")

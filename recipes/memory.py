@@ -140,6 +140,11 @@ SOFTWARE_DISK_GB = 60.0
 CHECKPOINT_BYTES_PER_PARAM = 12
 
 
+def checkpoint_bytes(arch: Any) -> float:
+    """Bytes of the trainer's part of a checkpoint (and of its host copy) for `arch`."""
+    return CHECKPOINT_BYTES_PER_PARAM * arch.params
+
+
 def disk_plan(recipe: Recipe, *, bucket: bool = False) -> dict[str, float]:
     """GB of node disk a run needs, by what fills it, and "total" (rounded up to 50 GB, at
     least 100): the model download (bf16), the kept checkpoints plus one being written (with a
@@ -152,7 +157,7 @@ def disk_plan(recipe: Recipe, *, bucket: bool = False) -> dict[str, float]:
     local_checkpoints = 2 if bucket else KEPT_CHECKPOINTS + 1
     parts = {
         "model download": 0.0 if recipe.model.init == "random" else bf16,
-        "checkpoints": local_checkpoints * CHECKPOINT_BYTES_PER_PARAM * arch.params / GB,
+        "checkpoints": local_checkpoints * checkpoint_bytes(arch) / GB,
         "exported model": bf16,
         "software": SOFTWARE_DISK_GB,
     }
@@ -176,7 +181,7 @@ def host_plan(
     next write), a reference on the CPU, and the allowance for the processes."""
     arch = architecture(recipe.model.family, recipe.model.size)
     parts = {
-        "checkpoint copy": CHECKPOINT_BYTES_PER_PARAM * arch.params / GB,
+        "checkpoint copy": checkpoint_bytes(arch) / GB,
         "reference on CPU": reference_host_gb or 0.0,
         "processes": BASE_HOST_GB + PROCESS_HOST_GB * gpus_on_node0,
     }

@@ -51,8 +51,8 @@ from recipes.errors import DoesNotFit, UserError
 from recipes.memory import (
     ACCELERATOR_BYTES,
     ACCELERATOR_GB,
-    CHECKPOINT_BYTES_PER_PARAM,
     GB,
+    checkpoint_bytes,
     estimate_memory,
     host_plan,
     kv_gb,
@@ -793,7 +793,7 @@ def _gpu_plan(
         share=share,
         while_training_gb=training,
         reference_host_gb=_reference_host_gb(recipe),
-        checkpoint_host_gb=round(CHECKPOINT_BYTES_PER_PARAM * recipe.arch.params / GB, 1),
+        checkpoint_host_gb=round(checkpoint_bytes(recipe.arch) / GB, 1),
         reference_step_tflop=_reference_step_tflop(recipe),
         disk=_disk(recipe),
         host=host_plan(recipe, min(gpus, per_node), _reference_host_gb(recipe)),

@@ -345,8 +345,7 @@ def test_a_resume_refreshes_the_host_copy_made_at_start_up_in_the_same_memory(tm
     resumed = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2, warmup_steps=3), seed=99)
     # what prepare_checkpoint_copy does on a GPU (on a CPU it makes none: nothing to pin)
     assert resumed.prepare_checkpoint_copy() is False
-    resumed._saver = trainer_state.Saver(resumed.device)
-    resumed._saver.prepare(resumed.model, resumed.optimizer, resumed.scheduler, resumed.step)
+    assert resumed.prepare_checkpoint_copy(on_cpu=True)
     resumed._saver.staged()
     cache = resumed._saver.stager._state_dict_stager._cached_storage_mapping
     made = sorted(host.data_ptr() for host in cache.values())

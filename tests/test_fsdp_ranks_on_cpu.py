@@ -114,8 +114,6 @@ def _prepared_rank(rank: int, world: int, port: int, out: str) -> None:
     join_group(rank, world, port)
     import torch.distributed as dist
 
-    from runtime.backends import trainer_state
-
     tokens, mask, adv = _batch()
     first = trainer(1)
     old = first.logprobs(tokens, mask)
@@ -124,8 +122,7 @@ def _prepared_rank(rank: int, world: int, port: int, out: str) -> None:
     assert first.checkpoint_written(wait=True)
     resumed = trainer(7)
     resumed.logprobs(tokens, mask)  # a forward before the copy, as a publish makes one
-    resumed._saver = trainer_state.Saver(resumed.device)
-    resumed._saver.prepare(resumed.model, resumed.optimizer, resumed.scheduler, resumed.step)
+    assert resumed.prepare_checkpoint_copy(on_cpu=True)
     resumed._saver.staged()
     cache = resumed._saver.stager._state_dict_stager._cached_storage_mapping
     made = sorted(host.data_ptr() for host in cache.values())

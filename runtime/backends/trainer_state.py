@@ -281,11 +281,12 @@ class Checkpointing:
             self._saver = Saver(self.device)
         self._saver.start(directory, self.model, self.optimizer, self.scheduler, self.step)
 
-    def prepare_checkpoint_copy(self) -> bool:
+    def prepare_checkpoint_copy(self, on_cpu: bool = False) -> bool:
         """On a GPU, start making the host copy that checkpoints are staged into (`Saver.prepare`)
-        and say so; elsewhere nothing (host memory needs no pinning) and False. Every rank calls
-        it, before the first optimizer step (a resume then refreshes the copy)."""
-        if self.device.type != "cuda":
+        and say so; elsewhere nothing (host memory needs no pinning) and False, unless `on_cpu`
+        (benches and tests trying it there). Every rank calls it, before the first optimizer
+        step (a resume then refreshes the copy)."""
+        if self.device.type != "cuda" and not on_cpu:
             return False
         if self._saver is None:
             self._saver = Saver(self.device)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recipes.memory import CHECKPOINT_BYTES_PER_PARAM
+from recipes.memory import checkpoint_bytes
 from runtime.control import checkpoint
 from runtime.control.batching import train_batch
 from runtime.control.checkpoint import approx_size
@@ -196,7 +196,7 @@ class Controller:
             )
             return saved[-1].path
         partial = checkpoint.begin(root, self.step)
-        total = CHECKPOINT_BYTES_PER_PARAM * self.recipe.arch.params
+        total = checkpoint_bytes(self.recipe.arch)
         if wait:
             # the run waits for this one (its end, a stop): say what it waits for
             print(

@@ -8,7 +8,9 @@ import functools
 import socket
 from typing import Any
 
+from recipes.memory import checkpoint_bytes
 from recipes.placements import shared_services
+from runtime.control.checkpoint import approx_size
 from runtime.control.config import RunConfig
 from runtime.control.services import Services
 from runtime.control.watchdog import Watchdog
@@ -160,10 +162,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
             flush=True,
         )
     if info.get("checkpoint_copy"):
-        from recipes.memory import CHECKPOINT_BYTES_PER_PARAM
-        from runtime.control.checkpoint import approx_size
-
-        size = approx_size(CHECKPOINT_BYTES_PER_PARAM * recipe.arch.params)
+        size = approx_size(checkpoint_bytes(recipe.arch))
         print(
             f"trainer: its host copy for checkpoints ({size} over its ranks, pinned) was started "
             "while the other services started",
