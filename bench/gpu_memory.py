@@ -1,10 +1,15 @@
 """GPU memory in use, as nvidia-smi reports it (every process, allocators' caches included),
 sampled in the background while a benchmark runs, its peaks kept by phase; and, within a window
 the bench names, each GPU's SM clock, power and utilization (a GPU held back by its clocks or
-power cap is told from one whose work came slower)."""
+power cap is told from one whose work came slower).
+
+Only the GPUs `CUDA_VISIBLE_DEVICES` gives the bench are sampled, numbered as the bench's own
+processes number them (the plan's GPU 0 is the first listed): a run beside it on the host's
+other GPUs is not in its figures."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -19,6 +24,18 @@ def _number(text: str) -> float | None:
         return float(text)
     except ValueError:  # "[N/A]", "[Not Supported]"
         return None
+
+
+def visible_gpus(env: str | None = None) -> dict[int, int] | None:
+    """nvidia-smi's index -> the index a process started with `CUDA_VISIBLE_DEVICES` sees; None
+    when every GPU is visible (unset, or not a list of indices: UUIDs are taken as all)."""
+    text = os.environ.get("CUDA_VISIBLE_DEVICES") if env is None else env
+    if text is None or not text.strip():
+        return None
+    fields = [f.strip() for f in text.split(",") if f.strip()]
+    if not all(f.isdigit() for f in fields):
+        return None
+    return {int(f): i for i, f in enumerate(fields)}
 
 
 def _memory_gb(rows: list[list[str]]) -> dict[int, float]:
@@ -38,6 +55,7 @@ class GpuSampler:
         self.peaks: dict[str, dict[int, float]] = {}
         self._samples: dict[str, dict[int, list[tuple[float | None, ...]]]] = {}
         self._query = _WITH_CLOCKS
+        self._visible = visible_gpus()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -49,7 +67,10 @@ class GpuSampler:
             text=True,
             check=True,
         ).stdout
-        return [[f.strip() for f in line.split(",")] for line in out.strip().splitlines()]
+        rows = [[f.strip() for f in line.split(",")] for line in out.strip().splitlines()]
+        if self._visible is None:
+            return rows
+        return [[str(self._visible[int(r[0])]), *r[1:]] for r in rows if int(r[0]) in self._visible]
 
     def used(self) -> dict[int, float]:
         return _memory_gb(self._smi(_MEMORY))

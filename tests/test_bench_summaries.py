@@ -529,6 +529,7 @@ def fake_smi(tmp_path: Path, monkeypatch):
     clock.write_text("1980")
     monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
     monkeypatch.setenv("CLOCK_FILE", str(clock))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return clock
 
 
@@ -564,6 +565,23 @@ def test_the_sampler_keeps_clocks_only_inside_its_window(fake_smi: Path):
         0: round(1000 * 2**20 / 1e9, 2),
         1: round(2000 * 2**20 / 1e9, 2),
     }
+
+
+def test_the_sampler_sees_only_the_gpus_given_to_the_bench(fake_smi: Path, monkeypatch):
+    from gpu_memory import GpuSampler, visible_gpus
+
+    # A run beside the bench on GPU 0 of the host: the bench was given GPU 1 alone, which its
+    # processes call GPU 0.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    sampler = GpuSampler(every_s=0.01)
+    try:
+        wait_for(lambda: sampler.peaks.get("idle"))
+        assert sampler.used() == {0: 2000 * 2**20 / 1e9}
+    finally:
+        sampler.stop()
+    assert sampler.peaks["idle"] == {0: round(2000 * 2**20 / 1e9, 2)}
+    assert visible_gpus("2,3") == {2: 0, 3: 1}
+    assert visible_gpus("") is None and visible_gpus("GPU-5f1c,GPU-77aa") is None
 
 
 def test_without_the_clock_fields_the_sampler_still_takes_memory(fake_smi: Path, monkeypatch):
