@@ -9,8 +9,11 @@ For each run in RUNS, with today's recipes/memory.py and planner:
 
 - trainer step: `trainer_fixed_bytes + tokens x trainer_token_bytes` at the run's ranks,
   micro-batch and activation checkpointing, plus a version's CUDA IPC buffer where the run was
-  off-policy on the ipc path (what the trainer's memory plan budgets), against the largest
-  `memory/train_gb` the run recorded (trainer rank 0's CUDA allocator in a step);
+  off-policy on the ipc path (what the trainer's memory plan budgets; not in a product run B
+  that trained only the step after its resume: the resumed version is loaded before any
+  generation, and its buffer freed, before that step) and the push path's own buffer where it
+  kept one, against the largest `memory/train_gb` the run recorded (trainer rank 0's CUDA
+  allocator in a step);
 - start-up: the largest `memory/startup_gb` (the weights built and loaded, before any step),
   which must stay below the step's estimate;
 - publish (the CUDA IPC path, whose flat buffer lives from a publish until the generators have
@@ -63,11 +66,13 @@ RUNS = (
     ("gpu_h200x4_2026-11-27/product_path_qwen3-8b_part_b.json", "run_b", 4, "H200"),
     ("gpu_h200x4_2026-11-27b/product_path_llama3.1-8b_part_b.json", "run_a", 2, "H200"),
     ("gpu_h200x4_2026-11-27b/product_path_llama3.1-8b_part_b.json", "run_b", 4, "H200"),
+    ("gpu_h200x4_2026-11-27c/product_path_qwen3-8b_part_b.json", "run_a", 2, "H200"),
+    ("gpu_h200x4_2026-11-27c/product_path_qwen3-8b_part_b.json", "run_b", 4, "H200"),
 )
 # Runs whose push path sent the ipc path's buffer of a version (runtime/weights/push.py
 # `lend_from`); in the runs before, rank 0 kept a push buffer of its own beside it, and their
 # publish estimate counts it as those runs had it.
-PUSH_BORROWS_IPC_BUFFER = frozenset({"gpu_h200x4_2026-11-27b"})
+PUSH_BORROWS_IPC_BUFFER = frozenset({"gpu_h200x4_2026-11-27b", "gpu_h200x4_2026-11-27c"})
 # The trainer alone (bench/gpu_grpo.py train): one rank, 64 sequences of 2048 tokens, a config
 # a row, each with its peak allocated memory.
 TRAINER_ALONE = (("gpu_trainer_h200_2026-11-22.json", "trainer_mfu"),)
@@ -95,6 +100,9 @@ def _run(file: str, name: str | None) -> dict[str, Any]:
         smi = {str(g): gb for g, gb in data["gpu_used_peak_gb"][phase].items()}
         return {
             "recipe": data["recipe"],
+            # run B alone trained only the step after its resume: no generation was in flight
+            # to keep a version's IPC buffer through it (the resumed version is loaded first)
+            "one_step_after_start": name == "run_b" and _steps_after_resume(data) == 1,
             "overrides": list(data["settings_changed"]),
             # the micro-batch and checkpointing the run had (planned by the model of its day)
             "as_run": _as_run(line),
@@ -117,6 +125,17 @@ def _run(file: str, name: str | None) -> dict[str, Any]:
         "peaks": trainer_peaks(run["records"]),
         "nvidia_smi": memory.get("nvidia_smi_peak_gb_per_gpu"),
     }
+
+
+def _steps_after_resume(data: dict[str, Any]) -> int | None:
+    """Steps product_path's run B trained: grpo.steps less the checkpoint it resumed from."""
+    found = dict(
+        item.split("=", 1) for item in data["settings_changed"] if item.startswith("grpo.")
+    )
+    try:
+        return int(found["grpo.steps"]) - int(found["grpo.checkpoint_interval"])
+    except (KeyError, ValueError):
+        return None
 
 
 def _logged_trainer_line(stem: Path, part: str) -> str | None:
@@ -181,7 +200,14 @@ def rows() -> list[dict[str, Any]]:
         ipc = "ipc" in sync.expected
         # off-policy, rank 0 holds a version's CUDA IPC buffer through the next step
         held = ipc_buffer_held(recipe, sync.transport, sync.expected)
-        step += held
+        if run.get("one_step_after_start"):
+            held = 0.0
+        # the push path's own buffer lives from its first version on, steps included (beside
+        # the ipc path, only in runs from before the push sent the ipc path's buffer)
+        own = push_buffer_bytes(recipe, sync.transport, sync.expected)
+        if "push" in sync.expected and file.split("/")[0] not in PUSH_BORROWS_IPC_BUFFER:
+            own = push_buffer_bytes(recipe, sync.transport, ("push",))
+        step += held + own
         peaks = run["peaks"]
         per_gpu = plan_gb_per_gpu(p)
         # the plan's own figure while the trainer steps, at the run's micro-batch
@@ -210,20 +236,16 @@ def rows() -> list[dict[str, Any]]:
             },
             "step_gb": _pair(step / GB, peaks.get("memory/train_gb")),
             "step_gb_ipc_buffer": round(held / GB, 1),
+            "step_gb_push_buffer": round(own / GB, 1),
             "startup_gb_measured": peaks.get("memory/startup_gb"),
             "startup_below_step_estimate": peaks.get("memory/startup_gb", 0.0) < step / GB,
         }
         if refused:
             row["refused_by_todays_plan"] = refused
         if ipc:
-            # beside the push path's buffer where other generators take that path alone (or
-            # beside the ipc path, in a run from before the push sent the ipc path's buffer)
-            flat = push_buffer_bytes(recipe, sync.transport, sync.expected)
-            if "push" in sync.expected and file.split("/")[0] not in PUSH_BORROWS_IPC_BUFFER:
-                flat = push_buffer_bytes(recipe, sync.transport, ("push",))
-                row["publish_gb_own_push_buffer"] = round(flat / GB, 1)
+            # beside the push path's own buffer, where it has one
             row["publish_gb"] = _pair(
-                trainer_publish_gb(arch, ranks) + flat / GB, peaks.get("memory/publish_gb")
+                trainer_publish_gb(arch, ranks) + own / GB, peaks.get("memory/publish_gb")
             )
         row["per_gpu_gb"] = {
             "plan": per_gpu,
