@@ -25,6 +25,7 @@ from recipes import (
     minimum_gpus,
     plan,
 )
+from recipes.memory import disk_errors
 from recipes.names import WORKER_PORT, WORKER_PORT_ENV
 from recipes.planner import unsold_note
 
@@ -146,6 +147,10 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
     _check_managed_options(options)
     if options.checkpoint_bucket is not None:
         check_bucket_url(options.checkpoint_bucket)
+    else:
+        # plan() took the least a node fills (with a bucket); without one, every checkpoint kept
+        for line in disk_errors(recipe, bucket=False):
+            raise UserError(line)
     if options.steps is not None and options.steps < 1:
         raise UserError(f"--steps must be at least 1 (got {options.steps})")
     if options.wandb is not None and options.wandb not in WANDB_MODES:

@@ -165,6 +165,24 @@ def disk_plan(recipe: Recipe, *, bucket: bool = False) -> dict[str, float]:
     return {k: round(v, 1) for k, v in parts.items()} | {"total": float(total)}
 
 
+def disk_errors(recipe: Recipe, *, bucket: bool) -> list[str]:
+    """Where the recipe sets resources.disk_gb: a line if that is less than a node of the run
+    fills (disk_plan's parts, with or without a checkpoint bucket), else nothing."""
+    given = recipe.resources.disk_gb
+    if given == "auto":
+        return []
+    parts = {k: v for k, v in disk_plan(recipe, bucket=bucket).items() if k != "total"}
+    least = math.ceil(sum(parts.values()))
+    if given >= least:
+        return []
+    listed = ", ".join(f"{k} {v:.0f}" for k, v in parts.items() if v)
+    where = "even with a checkpoint bucket" if bucket else "without a checkpoint bucket"
+    return [
+        f"resources.disk_gb {given} is less than the {least} GB a node of {recipe.name} fills "
+        f"{where} ({listed}); set at least {least}, or auto"
+    ]
+
+
 # --- host memory ----------------------------------------------------------------------------------
 
 # Host memory allowed each GPU process (its CUDA context, Python, the loaders' buffers) and the

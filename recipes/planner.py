@@ -53,6 +53,7 @@ from recipes.memory import (
     ACCELERATOR_GB,
     GB,
     checkpoint_bytes,
+    disk_errors,
     estimate_memory,
     host_plan,
     kv_gb,
@@ -210,11 +211,18 @@ class Plan:
                 "for nodes with at least that much"
             )
         if self.disk:
-            parts = ", ".join(f"{k} {v:.0f}" for k, v in self.disk.items() if k != "total")
+            shown = {k: v for k, v in self.disk.items() if k not in ("total", "without a bucket")}
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in shown.items())
+            short = self.disk.get("without a bucket")
             lines.append(
                 f"disk: {self.disk['total']:.0f} GB a node ({parts}; resources.disk_gb)"
                 if parts
-                else f"disk: {self.disk['total']:.0f} GB a node (resources.disk_gb)"
+                else f"disk: {self.disk['total']:.0f} GB a node (resources.disk_gb"
+                + (
+                    f"; enough only with --checkpoint-bucket: a node without one fills {short:.0f})"
+                    if short
+                    else ")"
+                )
             )
         if self.share != "none" and not self.cpu:
             lines.append(
@@ -430,6 +438,9 @@ def plan(
         raise UserError(f"{gpn} GPUs per node: a node has at most {MAX_GPUS_PER_NODE}")
     if nodes is not None and nodes > MAX_GPUS:
         raise UserError(f"{nodes} nodes: a plan takes at most {MAX_GPUS}")
+    # a disk set by hand must hold what the run writes (with a checkpoint bucket, the least)
+    for line in disk_errors(recipe, bucket=True):
+        raise UserError(line)
     if recipe.cpu:
         if gpus != 0:
             raise UserError(
@@ -844,7 +855,12 @@ def _disk(recipe: Recipe) -> dict[str, float]:
     from recipes.memory import disk_plan
 
     given = recipe.resources.disk_gb
-    return {"total": float(given)} if given != "auto" else disk_plan(recipe)
+    if given == "auto":
+        return disk_plan(recipe)
+    # plan() has refused less than a node fills with a bucket; without one it may need more
+    need = disk_plan(recipe)
+    least = math.ceil(sum(v for k, v in need.items() if k != "total"))
+    return {"total": float(given)} | ({"without a bucket": float(least)} if given < least else {})
 
 
 def _reference_step_tflop(recipe: Recipe) -> float | None:

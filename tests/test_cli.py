@@ -424,6 +424,29 @@ def test_bad_names_and_steps(capsys):
     assert_user_error(code, err, "--steps")
 
 
+def test_a_disk_set_too_small_for_the_checkpoints_is_refused(capsys, no_cloud):
+    # qwen3-8b: 393 GB of checkpoints kept on a node without a bucket, 197 with one (the one
+    # being uploaded and the one being written), beside the model, its export and the software
+    code, _, err = run_main(capsys, "plan", "qwen3-8b", "--set", "resources.disk_gb=100")
+    assert_user_error(code, err, "resources.disk_gb 100", "even with a checkpoint bucket", "290")
+    code, _, err = run_main(capsys, "launch", "qwen3-8b", "--set", "resources.disk_gb=300", "--yes")
+    assert_user_error(code, err, "resources.disk_gb 300", "without a checkpoint bucket", "486")
+    assert no_cloud == []
+    # with a bucket 300 GB holds it, and plan says what it takes without one
+    code, out, _ = run_main(capsys, "plan", "qwen3-8b", "--set", "resources.disk_gb=300")
+    assert code == 0 and "enough only with --checkpoint-bucket: a node without one fills 486" in out
+    code, out, _ = run_main(
+        capsys,
+        "render",
+        "qwen3-8b",
+        "--set",
+        "resources.disk_gb=300",
+        "--checkpoint-bucket",
+        "s3://bucket/ckpt",
+    )
+    assert code == 0 and "disk_size: 300" in out
+
+
 def test_unknown_infra(capsys, no_cloud):
     code, _, err = run_main(capsys, "launch", "qwen3-8b", "--infra", "awz", "--yes")
     assert_user_error(code, err, "--infra 'awz'", "aws")
