@@ -271,11 +271,20 @@ class Plan:
         budget = PLAN_HEADROOM * ACCELERATOR_BYTES[self.accelerator] / GB
         if peak <= budget:
             return []
+        larger = [
+            a for a, size in ACCELERATOR_BYTES.items() if size > ACCELERATOR_BYTES[self.accelerator]
+        ]
+        # the trainer runs on node 0 alone: past its GPUs, only a larger GPU holds less a rank
+        remedies = (
+            ["more trainer GPUs on its node (layout.trainer.gpus)"]
+            if self.trainer_gpus < self.gpus_per_node
+            else []
+        ) + ([f"a larger GPU (resources.accelerator: {' or '.join(larger)})"] if larger else [])
         return [
             f"note: the trainer's ~{peak:.0f} GB a rank is above the {budget:.0f} GB "
             f"({PLAN_HEADROOM:.0%} of an {self.accelerator}) its memory plan keeps to, at the "
-            "smallest micro-batch; each rank holds less with more trainer GPUs on its node "
-            "(layout.trainer.gpus) or on a larger GPU (resources.accelerator)"
+            "smallest micro-batch"
+            + (f"; each rank holds less with {' or with '.join(remedies)}" if remedies else "")
         ]
 
     def explain(self) -> str:

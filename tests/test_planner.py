@@ -1,5 +1,6 @@
 """The planner: minimums, the extra-GPU rule, nodes, CPU plans, and invariants over many layouts."""
 
+import dataclasses
 import functools
 import json
 
@@ -691,3 +692,17 @@ def test_node_0s_host_memory_holds_the_checkpoint_copy_and_the_processes():
     assert p.host["total"] % 16 == 0 and p.host["total"] >= copy + 80
     assert f"host memory: {p.host['total']:.0f} GB on node 0" in p.describe()
     assert plan(recipe("tiny"), 0).host == {}  # a CPU run: its own processes only
+
+
+def test_a_tight_trainer_note_offers_only_what_can_be_done():
+    # qwen3-32b on two nodes of H100s: the trainer already has every GPU of node 0 (it runs
+    # there alone), so only a larger GPU holds less a rank
+    p = plan(load_recipe("qwen3-32b"), 16)
+    assert p.trainer_gpus == p.gpus_per_node == 8
+    (note,) = p._tight_trainer()
+    assert "resources.accelerator: H200" in note and "layout.trainer.gpus" not in note
+    # a trainer on part of its node hears of both
+    fewer = dataclasses.replace(p, trainer_gpus=4)
+    (note,) = fewer._tight_trainer()
+    assert "layout.trainer.gpus" in note and "H200" in note
+    assert plan(load_recipe("qwen3-32b"), 16, accelerator="H200")._tight_trainer() == []
