@@ -73,6 +73,13 @@ RUNS = (
 # `lend_from`); in the runs before, rank 0 kept a push buffer of its own beside it, and their
 # publish estimate counts it as those runs had it.
 PUSH_BORROWS_IPC_BUFFER = frozenset({"gpu_h200x4_2026-11-27b", "gpu_h200x4_2026-11-27c"})
+# Runs whose publishes gathered a whole version at once somewhere: versions piling up on-policy
+# (qwen3-8b_4), and a resumed run's first publish laying out the flat buffer from the gathered
+# version (before the layout came from the trainer's meta tensors). Their publish peaks are
+# above today's estimate, which counts a group at a time.
+PUBLISH_GATHERED_WHOLE = frozenset(
+    {"gpu_h200x2_2026-11-26/qwen3-8b_4.json", "gpu_h200x2_2026-11-26b/product_path_qwen3-8b.json"}
+)
 # The trainer alone (bench/gpu_grpo.py train): one rank, 64 sequences of 2048 tokens, a config
 # a row, each with its peak allocated memory.
 TRAINER_ALONE = (("gpu_trainer_h200_2026-11-22.json", "trainer_mfu"),)
@@ -247,6 +254,8 @@ def rows() -> list[dict[str, Any]]:
             row["publish_gb"] = _pair(
                 trainer_publish_gb(arch, ranks) + own / GB, peaks.get("memory/publish_gb")
             )
+            if file in PUBLISH_GATHERED_WHOLE:
+                row["publish_gathered_a_whole_version"] = True
         row["per_gpu_gb"] = {
             "plan": per_gpu,
             "plan_with_trainer_step": at_step,

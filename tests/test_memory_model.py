@@ -111,6 +111,18 @@ def test_the_committed_memory_check_is_todays_model():
     assert committed == {"model": "recipes/memory.py", "runs": rows}
 
 
+def test_the_publish_estimate_covers_every_publish_that_streamed_a_group_at_a_time():
+    rows = [r for r in _memory_check().rows() if "publish_gb" in r]
+    assert len(rows) >= 10
+    for row in rows:
+        publish = row["publish_gb"]
+        if row.get("publish_gathered_a_whole_version"):
+            # what the streaming publish fixed: above today's estimate, as the README says
+            assert publish["estimate"] < publish["measured"], row
+        else:
+            assert publish["estimate"] >= publish["measured"], row
+
+
 def test_the_trainer_estimate_covers_every_measured_step_and_start_up():
     # H100 runs in the loop: one and two ranks, with and without activation checkpointing,
     # compiled and eager; the trainer alone on an H200 at four micro-batches. The model may be high (it plans with headroom); below a measured peak, a plan that
