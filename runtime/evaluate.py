@@ -125,8 +125,11 @@ def _check_recorded_model(source: Source, recipe: Any, command: str) -> None:
         )
 
 
-def load_hf_weights(source: Source, recipe: Any, command: str = "eval") -> dict[str, Any]:
-    """The model's weights under HF names, checked against the recipe's architecture."""
+def load_hf_weights(
+    source: Source, recipe: Any, command: str = "eval", dtype: Any = None
+) -> dict[str, Any]:
+    """The model's weights under HF names, checked against the recipe's architecture; a DCP
+    checkpoint's parameters read into `dtype` (default fp32, as they were trained)."""
     from runtime.backends import build
     from runtime.models.hf import from_hf, to_hf
     from runtime.models.loading import check_config, load_hf_state_dict
@@ -147,7 +150,7 @@ def load_hf_weights(source: Source, recipe: Any, command: str = "eval") -> dict[
             _check_fit(
                 trainer_state.saved_shapes(source.path), _expected(spec, fused=True), where, recipe
             )
-        titan = trainer_state.model_weights(source.path, spec)
+        titan = trainer_state.model_weights(source.path, spec, *([dtype] if dtype else []))
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error

@@ -76,11 +76,12 @@ def run(
     source = pick_checkpoint(source_text, step)
     from runtime.backends import build
     from runtime.evaluate import load_hf_weights, resolve_recipe
-    from runtime.models.export import write_hf_model
+    from runtime.models.export import DTYPES, write_hf_model
 
     recipe = resolve_recipe(source, recipe_name, [], command="export")
     print(f"exporting step {source.step} of {source.path.parent.parent} to {out}", flush=True)
-    weights = load_hf_weights(source, recipe, command="export")
+    # read in the dtype the folder is written in: 2 bytes a parameter in host memory for bf16
+    weights = load_hf_weights(source, recipe, command="export", dtype=DTYPES[recipe.model.dtype])
     folder = write_hf_model(
         weights,
         build.model_spec(recipe),

@@ -244,3 +244,34 @@ def test_weights_that_are_views_into_one_buffer_export(tmp_path):
     got = AutoModelForCausalLM.from_pretrained(folder).state_dict()
     for key, value in state.items():
         torch.testing.assert_close(got[key], value, atol=0, rtol=0)
+
+
+def test_a_bf16_export_reads_the_checkpoint_straight_into_bf16(run_dir, tmp_path):
+    # the fp32 parameters are rounded as they are read (2 bytes a parameter in host memory),
+    # to the same numbers a cast of the fp32 model gives
+    spec = build.model_spec(load_recipe("tiny"))
+    path = run_dir / "checkpoints/step_000007"
+    fp32 = trainer_state.model_weights(path, spec)
+    bf16 = trainer_state.model_weights(path, spec, torch.bfloat16)
+    assert fp32.keys() == bf16.keys()
+    params = {k for k, v in bf16.items() if v.dtype == torch.bfloat16}
+    assert len(params) >= len(fp32) - 2  # all but the RoPE tables
+    for key in params:
+        assert torch.equal(bf16[key], fp32[key].to(torch.bfloat16)), key
+    # `forgesky export` of a run whose recipe exports bf16 writes those numbers
+    bf16_run = tmp_path / "run"
+    bf16_run.mkdir()
+    recorded = json.loads((run_dir / "config.json").read_text())
+    recorded["model"]["dtype"] = "bfloat16"
+    (bf16_run / "config.json").write_text(json.dumps(recorded))
+    (bf16_run / "checkpoints").symlink_to(run_dir / "checkpoints")
+    assert main(["export", str(bf16_run), "--out", str(tmp_path / "m")]) == 0
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype="auto").state_dict()
+    from runtime.models.hf import to_hf
+
+    want = to_hf({k: v.to(torch.bfloat16) for k, v in fp32.items()}, spec)
+    compared = [key for key in got if key in want]
+    assert len(compared) >= len(want) - 1  # a tied output projection is the embedding
+    for key in compared:
+        assert torch.equal(got[key], want[key]), key
+    assert {v.dtype for v in got.values() if v.is_floating_point()} == {torch.bfloat16}

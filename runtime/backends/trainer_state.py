@@ -235,9 +235,13 @@ def saved_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def model_weights(directory: str | Path, spec: Any) -> dict[str, torch.Tensor]:
+def model_weights(
+    directory: str | Path, spec: Any, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """The policy's weights in a checkpoint, as a one-process model of `spec` holds them: full
-    fp32 CPU tensors under TorchTitan's checkpoint names (q/k/v split), for export and eval."""
+    CPU tensors under TorchTitan's checkpoint names (q/k/v split), for export and eval. The
+    parameters are read straight into `dtype` (the checkpoint's fp32 rounded as it is read): an
+    export in bf16 holds 2 bytes a parameter, not the fp32 model and a bf16 copy of it."""
     directory = Path(directory)
     if is_legacy(directory):
         state = torch.load(
@@ -246,7 +250,11 @@ def model_weights(directory: str | Path, spec: Any) -> dict[str, torch.Tensor]:
         return dict(state["model"])
     from runtime.models.titan import materialize, meta_model
 
-    model = materialize(meta_model(spec), "cpu")
+    model = meta_model(spec)
+    if dtype != torch.float32:
+        for param in model.parameters():  # on meta: no storage yet, a tied one converted once
+            param.data = param.data.to(dtype)
+    model = materialize(model, "cpu")
     params = dict(model.named_parameters())
     with torch.no_grad():
         dcp.load({"model": params}, checkpoint_id=str(directory / TRAINER_DIR), no_dist=True)
