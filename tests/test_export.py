@@ -196,6 +196,7 @@ def test_a_hub_out_of_reach_leaves_the_export_and_says_so_in_one_line(
         (["{run}", "--out", "{tmp}/m", "--push-to-hub", "me/x"], "needs a Hugging Face token"),
         (["{tmp}/nothing", "--out", "{tmp}/m"], "no such file or directory"),
         (["{tmp}/hf", "--out", "{tmp}/m"], "is a model folder already"),
+        (["{tmp}/empty", "--out", "{tmp}/m"], "no committed checkpoint"),
         (["{run}", "--out", "{tmp}/hf"], "--out {tmp}/hf is not empty"),
         (["{run}", "--out", "{run}"], "is not empty"),
         (["{run}", "--out", "{tmp}/hf/config.json"], "is a file"),
@@ -211,6 +212,9 @@ def test_bad_exports_are_one_line_and_exit_2(
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf/config.json").write_text("{}")
     (tmp_path / "hf/model.safetensors").write_bytes(b"")
+    # a run that never committed a checkpoint: its recipe, and one write cut short
+    (tmp_path / "empty/checkpoints/step_000002.partial").mkdir(parents=True)
+    (tmp_path / "empty/config.json").write_text((run_dir / "config.json").read_text())
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
     argv = ["export", *(a.format(run=run_dir, tmp=tmp_path) for a in args)]
     assert main(argv) == 2
