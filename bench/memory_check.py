@@ -16,6 +16,9 @@ For each run in RUNS, with today's recipes/memory.py and planner:
   allocator in a step);
 - start-up: the largest `memory/startup_gb` (the weights built and loaded, before any step),
   which must stay below the step's estimate;
+- checkpoint: what a rank holds whatever the micro-batch (`trainer_fixed_bytes`) and the push
+  path's own buffer, against the largest `memory/checkpoint_gb` (the step that
+  started a write: its state copied to host memory, nothing gathered);
 - publish (the CUDA IPC path, whose flat buffer lives from a publish until the generators have
   loaded it): `trainer_publish_gb`, against the largest `memory/publish_gb`; where other
   generators took the push path in a run from before the push sent the ipc path's buffer
@@ -176,7 +179,12 @@ def rows() -> list[dict[str, Any]]:
 
     from recipes import apply_overrides, load_recipe, plan
     from recipes.errors import UserError
-    from recipes.memory import ACCELERATOR_BYTES, trainer_publish_gb, trainer_step_bytes
+    from recipes.memory import (
+        ACCELERATOR_BYTES,
+        trainer_fixed_bytes,
+        trainer_publish_gb,
+        trainer_step_bytes,
+    )
     from recipes.planner import while_training
     from recipes.settings import ipc_buffer_held, push_buffer_bytes
 
@@ -247,6 +255,14 @@ def rows() -> list[dict[str, Any]]:
             "startup_gb_measured": peaks.get("memory/startup_gb"),
             "startup_below_step_estimate": peaks.get("memory/startup_gb", 0.0) < step / GB,
         }
+        if "memory/checkpoint_gb" in peaks:
+            # a checkpoint write copies the sharded state to host memory: what a rank holds
+            # whatever the micro-batch, beside the push path's own buffer (the runs measured
+            # no IPC buffer left by then: the generators had loaded the version)
+            row["checkpoint_gb"] = _pair(
+                (trainer_fixed_bytes(arch, ranks, ckpt) + own) / GB,
+                peaks["memory/checkpoint_gb"],
+            )
         if refused:
             row["refused_by_todays_plan"] = refused
         if ipc:

@@ -123,6 +123,13 @@ def test_the_publish_estimate_covers_every_publish_that_streamed_a_group_at_a_ti
             assert publish["estimate"] >= publish["measured"], row
 
 
+def test_the_checkpoint_estimate_covers_every_measured_checkpoint():
+    rows = [r for r in _memory_check().rows() if "checkpoint_gb" in r]
+    assert len(rows) >= 5  # 1.7B on one and two ranks, both 8B models on two
+    for row in rows:
+        assert row["checkpoint_gb"]["estimate"] >= row["checkpoint_gb"]["measured"], row
+
+
 def test_the_trainer_estimate_covers_every_measured_step_and_start_up():
     # H100 runs in the loop: one and two ranks, with and without activation checkpointing,
     # compiled and eager; the trainer alone on an H200 at four micro-batches. The model may be high (it plans with headroom); below a measured peak, a plan that
