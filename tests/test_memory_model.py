@@ -1,5 +1,6 @@
 """The memory model against the models themselves: every catalog model built at full size on the
-meta device (no storage), its exact parameter count and the exact shard each GPU holds, compared
+meta device (no storage), its exact parameter count and the exact shard each GPU holds (FSDP2's
+own sharding of the meta model, through the trainer's code, with a fake process group), compared
 with what `recipes/memory.py` estimates for every recipe at its minimum and at 8 GPUs."""
 
 from __future__ import annotations
@@ -86,6 +87,61 @@ def test_every_gpu_estimate_covers_its_exact_shard(name: str):
         assert max(p.memory.values()) <= limit, (gpus, p.memory)
         checked += 1
     assert checked >= 1
+
+
+_FSDP2_SHARDS = """
+import json, sys, types
+import torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from recipes import load_recipe
+from runtime.backends import build
+from runtime.backends.fsdp_trainer import FSDPTrainer
+from runtime.models.titan import meta_model
+out = []
+for name, world in json.loads(sys.argv[1]):
+    for rank in (0, world - 1):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+        model = meta_model(build.model_spec(load_recipe(name)))
+        # the trainer's own sharding (FSDP2 per block and at the root), on meta
+        owner = types.SimpleNamespace(
+            model=model, device=torch.device("cpu"), world=world, compute_dtype=torch.bfloat16
+        )
+        FSDPTrainer._shard(owner)
+        local = sum(p._local_tensor.numel() for p in model.parameters())
+        out.append([name, world, rank, local])
+        dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+def test_fsdp2_shards_every_catalog_model_as_the_estimates_count():
+    """FSDP2 itself, through the trainer's `_shard`, on the meta model of every catalog recipe at
+    the trainer ranks of its plans (a fake process group: no storage, no peers): rank 0 holds
+    exactly the ceil-chunked shard `fsdp_shard` counts, the last rank no more."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cases = sorted(
+        {(name, p.trainer_gpus) for name in GPU_RECIPES for _, p in _plans(load_recipe(name))}
+    )
+    assert any(ranks > 1 for _, ranks in cases)
+    done = subprocess.run(
+        [sys.executable, "-c", _FSDP2_SHARDS, json.dumps(cases)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(seen) == 2 * len(cases)
+    for name, world, rank, local in seen:
+        counted = sum(fsdp_shard(s, world) for s in shapes(load_recipe(name)))
+        if rank == 0:
+            assert local == counted, (name, world)
+        else:
+            assert local <= counted, (name, world, rank)
 
 
 # --- against what GPU runs measured (bench/memory_check.py, bench/results/memory_model_check.json)
