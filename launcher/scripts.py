@@ -20,6 +20,9 @@ RUNTIME_STACK: tuple[str, ...] = (
 # Its metadata pins torch==2.9.0 and torchmonarch==0.1.2; runtime/compat/torchstore.py bridges
 # the difference, so it goes in without dependencies.
 TORCHSTORE = "torchstore==0.1.2"
+# The uv the node uses to sync the lock: the one tests/test_node_stack.py re-resolves it with
+# (pyproject's dev extra), pinned so a node does not take a later one that reads the lock otherwise.
+UV = "uv==0.13.9"
 VENV = "$HOME/forgesky-venv"
 # Exit code of a node run stopped by a signal before it ended (sysexits' EX_TEMPFAIL): a managed
 # job recovers on it (job_recovery.recover_on_exit_codes) however many restarts errors allow.
@@ -55,7 +58,7 @@ def setup_script(project: str = CHECKOUT_REQUIREMENT) -> str:
             [
                 "set -euo pipefail",
                 "# uv installs the CUDA stack in about a minute where pip takes several.",
-                "python3 -m pip install --quiet --upgrade uv",
+                f"python3 -m pip install --quiet {UV}",
                 "# uv's standalone Python: node images often ship an older one.",
                 f'[ -x "{VENV}/bin/python" ] || python3 -m uv venv --python {PYTHON_VERSION} "{VENV}"',
                 "# Exactly the tested stack: every package pinned (launcher/node-stack.txt, mounted",

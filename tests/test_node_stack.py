@@ -40,3 +40,14 @@ def test_the_lock_holds_the_cuda_libraries_torch_loads():
     overrides = lock.overrides()
     toolkit = next(o for o in overrides if o.startswith("cuda-toolkit"))
     assert toolkit.startswith("cuda-toolkit[") and "cufile" in toolkit, toolkit
+
+
+def test_the_node_syncs_the_lock_with_the_uv_that_resolves_it_here():
+    import tomllib
+    from importlib.metadata import version
+
+    from launcher.scripts import UV
+
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert UV in dev["dev"]  # the uv the test above resolves with
+    assert f"uv=={version('uv')}" == UV
