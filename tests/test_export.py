@@ -60,6 +60,23 @@ def test_a_trained_model_reloads_in_transformers_with_the_runtimes_logits(
         torch.testing.assert_close(
             hf(input_ids=tokens).logits, trainer.model(tokens), atol=1e-5, rtol=0
         )
+    # the same model through a DCP checkpoint, read back the way `forgesky export` reads one
+    trainer.save_checkpoint(str(tmp_path / "ckpt"))
+    trainer.checkpoint_written(wait=True)
+    from runtime.models.hf import to_hf
+
+    again = write_hf_model(
+        to_hf(trainer_state.model_weights(tmp_path / "ckpt", spec), spec),
+        spec,
+        tmp_path / "from_checkpoint",
+        tokenizer=tok,
+        dtype="float32",
+    )
+    hf_again = AutoModelForCausalLM.from_pretrained(again).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            hf_again(input_ids=tokens).logits, hf(input_ids=tokens).logits, atol=0, rtol=0
+        )
     reloaded = AutoTokenizer.from_pretrained(folder)
     assert reloaded("1+1")["input_ids"] == tok("1+1")["input_ids"]
     generation = json.loads((folder / "generation_config.json").read_text())
