@@ -1,11 +1,12 @@
 """Trainer -> generator weight transfer between two procs, on the runtime's own paths.
 
-    python bench/weight_push.py [--model qwen3-1.7b] [--versions 5] [--paths push,ipc]
+    python bench/weight_push.py [--model qwen3-1.7b] [--versions 5] [--paths push,ipc,store]
     python bench/weight_push.py --device cpu --model tiny      # the same code over gloo
 
 One proc plays trainer rank 0 (a `PushSender` or `IpcSender` of runtime/weights/), the other a
 generator (`PushReceiver` for "push", `open_ipc` for "ipc"). On a GPU machine "push" puts them on GPUs 0
-and 1 (NCCL), "ipc" both on GPU 0. Weights: the model's HF state dict in bf16 (the architecture
+and 1 (NCCL), "ipc" both on GPU 0; "store" (`run_store`) publishes into TorchStore from GPU 0 in
+this process, as a run's controller does, and fetches into GPU 1. Weights: the model's HF state dict in bf16 (the architecture
 from the recipe catalog, random values). Each version is staged, moved and checked on the
 receiving side (a checksum of every tensor against the trainer's); the first version (NCCL set-up)
 is left out of the averages. Reported per path: seconds and GB/s of staging (copy into the flat
@@ -204,6 +205,80 @@ def run_path(model: str, path: str, versions: int, device: str) -> dict[str, Any
     return summarize(path, result)
 
 
+def run_store(model: str, versions: int, device: str) -> dict[str, Any]:
+    """The store path as a run takes it (the path of the recipes too large for a flat buffer on
+    rank 0): each version handed to the runtime's `Publisher` a tensor at a time (a sharded
+    trainer's gathered groups), written to TorchStore bucket by bucket from the trainer's
+    device, then fetched into the generator's preallocated tensors (GPU 1 where there are two,
+    else the trainer's) and checked tensor by tensor. This process is the controller that
+    owns the store, as in a run; the storage volume is a proc of its own. Reported as the
+    other paths: stage = the publish (into the store), transfer = the same, load = the fetch,
+    end to end = both."""
+    import asyncio
+
+    import torch
+
+    from runtime.weights.store import start_store, stop_store
+    from runtime.weights.transport import Publisher
+
+    source = _device(device)
+    target = source
+    if source.type == "cuda" and torch.cuda.device_count() > 1:
+        target = torch.device("cuda", 1)
+    state = _weights(model, source, seed=0)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+
+    async def go() -> list[dict[str, Any]]:
+        store = await start_store()
+        publisher = Publisher(store, ["store"], source)
+        into = {n: torch.empty_like(t, device=target) for n, t in state.items()}
+        rows = []
+        try:
+            for version in range(versions):
+                with torch.no_grad():
+                    for t in state.values():
+                        t.add_(1.0 / 64)
+                sums = _checksums(state)
+                if source.type == "cuda":
+                    torch.cuda.synchronize(source)
+                start = time.perf_counter()
+                await publisher.publish_groups(version, ({n: t} for n, t in state.items()))
+                published = time.perf_counter()
+                got, _ = await store.fetch(version, into=into)
+                if target.type == "cuda":
+                    torch.cuda.synchronize(target)
+                done = time.perf_counter()
+                wrong = [k for k, v in _checksums(got).items() if abs(v - sums[k]) > 1e-6]
+                if wrong:
+                    raise RuntimeError(
+                        f"version {version}: {len(wrong)} tensors differ ({wrong[0]})"
+                    )
+                print(
+                    f"  version {version}: publish {published - start:.3f} s, fetch "
+                    f"{done - published:.3f} s ({nbytes / 1e9:.2f} GB)",
+                    flush=True,
+                )
+                rows.append(
+                    {
+                        "version": version,
+                        "bytes": nbytes,
+                        "stage_s": published - start,
+                        "transfer_s": published - start,
+                        "end_to_end_s": done - start,
+                        "load_s": done - published,
+                    }
+                )
+                if version:
+                    await publisher.drop(version - 1)  # a run keeps the last ones only
+        finally:
+            publisher.close()
+            await stop_store(store)
+        return rows
+
+    rows = asyncio.run(go())
+    return summarize("store", {"rows": rows, "tensors": len(state)})
+
+
 def summarize(path: str, result: dict[str, Any]) -> dict[str, Any]:
     rows = result["rows"]
     steady = rows[1:] or rows
@@ -240,7 +315,7 @@ def main() -> int:
         help="catalog recipe whose model to move, or synthetic:<bytes>:<tensors> (bf16)",
     )
     p.add_argument("--versions", type=int, default=5)
-    p.add_argument("--paths", default="push,ipc")
+    p.add_argument("--paths", default="push,ipc", help="of push, ipc and store")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None)
     p.add_argument("--out", default=None, help="merge the result into this JSON")
     args = p.parse_args()
@@ -255,7 +330,10 @@ def main() -> int:
         if path == "ipc" and device != "cuda":
             print("ipc: needs a GPU, skipped", flush=True)
             continue
-        r = run_path(args.model, path, args.versions, device)
+        if path == "store":
+            r = run_store(args.model, args.versions, device)
+        else:
+            r = run_path(args.model, path, args.versions, device)
         results.append(r)
         print(
             f"{args.model} {path}: {r['bytes'] / 1e9:.2f} GB in {r['tensors']} tensors; "

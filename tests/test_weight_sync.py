@@ -199,6 +199,19 @@ def test_weight_push_bench_between_two_procs_over_gloo():
     assert result["transfer_s"] > 0 and result["end_to_end_s"] >= result["transfer_s"] * 0.5
 
 
+def test_weight_push_bench_takes_the_store_path_a_tensor_at_a_time():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import weight_push
+
+    # TorchStore started here, its storage volume a proc; every tensor of every version fetched
+    # back and checked (a wrong one raises)
+    result = weight_push.run_store("tiny", versions=3, device="cpu")
+    assert result["path"] == "store" and result["versions"] == 3 and result["tensors"] > 10
+    assert 0 < result["stage_s"] <= result["end_to_end_s"] and result["load_s"] > 0
+
+
 class _Manifests:
     """The one store call a publish over direct paths alone makes: the version's manifest."""
 
