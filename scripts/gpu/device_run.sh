@@ -160,9 +160,10 @@ case "$mode" in
     exit "$status"
     ;;
   push)
-    # The direct weight paths: GPU tests (NCCL push between GPUs 0 and 1, CUDA IPC on GPU 0, a
-    # TP=2 vLLM engine loading from a flat buffer), then bench/weight_push.py for each model
-    # named in $@ (default qwen3-1.7b qwen3-8b).
+    # The weight paths: GPU tests (NCCL push between GPUs 0 and 1, CUDA IPC on GPU 0, the store
+    # path from GPU tensors, a TP=2 vLLM engine loading from a flat buffer), then
+    # bench/weight_push.py (push, ipc, store) for each model named in $@ (default qwen3-1.7b
+    # qwen3-8b).
     install && check
     mkdir -p /tmp/bench
     status=0
@@ -170,7 +171,7 @@ case "$mode" in
       tests/test_gpu_weight_sync.py tests/test_gpu_trainer_ranks.py tests/test_gpu_vllm_tp.py 2>&1 |
       tee "$out/gpu_tests_weight_sync$tag.log" || status=$?
     for model in ${@:-qwen3-1.7b qwen3-8b}; do
-      python3 bench/weight_push.py --model "$model" --out "$json" 2>&1 |
+      python3 bench/weight_push.py --model "$model" --paths push,ipc,store --out "$json" 2>&1 |
         tee -a "$out/bench_push$tag.log" || status=$?
     done
     cp "$json" "$out/" 2>/dev/null || true
