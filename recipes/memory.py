@@ -191,15 +191,23 @@ PROCESS_HOST_GB = 8.0
 BASE_HOST_GB = 16.0
 
 
+def export_host_bytes(recipe: Recipe) -> float:
+    """Bytes of the model trainer rank 0 gathers into host memory to write the HF folder at the
+    end of a run, in the dtype it writes (beside the checkpoint copy, which is kept)."""
+    return (2 if recipe.model.dtype == "bfloat16" else 4) * recipe.arch.params
+
+
 def host_plan(
     recipe: Recipe, gpus_on_node0: int, reference_host_gb: float | None = None
 ) -> dict[str, float]:
     """GB of node 0's host memory a run needs, by what fills it, and "total" (rounded up to 16
     GB): the copy of the trainer's state a checkpoint write stages there (pinned, kept for the
-    next write), a reference on the CPU, and the allowance for the processes."""
+    next write), the model gathered for the export at the end, a reference on the CPU, and the
+    allowance for the processes."""
     arch = architecture(recipe.model.family, recipe.model.size)
     parts = {
         "checkpoint copy": checkpoint_bytes(arch) / GB,
+        "export": export_host_bytes(recipe) / GB,
         "reference on CPU": reference_host_gb or 0.0,
         "processes": BASE_HOST_GB + PROCESS_HOST_GB * gpus_on_node0,
     }

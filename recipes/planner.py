@@ -55,6 +55,7 @@ from recipes.memory import (
     checkpoint_bytes,
     disk_errors,
     estimate_memory,
+    export_host_bytes,
     host_plan,
     kv_gb,
     shared_generator_gb,
@@ -121,6 +122,8 @@ class Plan:
     reference_host_gb: float | None = None  # a reference on the CPU: host memory it takes
     # a checkpoint write stages the trainer's shards (12 bytes a parameter) in node 0's memory
     checkpoint_host_gb: float | None = None
+    # at the end trainer rank 0 gathers the model there for its export (beside that copy)
+    export_host_gb: float | None = None
     reference_step_tflop: float | None = None  # and the forward work it does a step
     disk: dict[str, float] = field(default_factory=dict, hash=False)  # GB a node, by use
     host: dict[str, float] = field(default_factory=dict, hash=False)  # node 0's memory, by use
@@ -814,6 +817,7 @@ def _gpu_plan(
         while_training_gb=training,
         reference_host_gb=_reference_host_gb(recipe),
         checkpoint_host_gb=round(checkpoint_bytes(recipe.arch) / GB, 1),
+        export_host_gb=round(export_host_bytes(recipe) / GB, 1),
         reference_step_tflop=_reference_step_tflop(recipe),
         disk=_disk(recipe),
         host=host_plan(recipe, min(gpus, per_node), _reference_host_gb(recipe)),

@@ -488,6 +488,10 @@ def test_checkpoint_writes_need_the_hosts_memory_for_their_staged_copy():
     check_plan_fits(p, Cluster(), available_bytes=int(200e9))
     with pytest.raises(UserError, match=r"stages the trainer's state \(~98 GB\) in host memory"):
         check_plan_fits(p, Cluster(), available_bytes=int(64e9))
+    # the model gathered for the export at the end needs room beside the copy (bf16: 16 GB)
+    assert p.export_host_gb == pytest.approx(2 * p_params("qwen3-8b") / 1e9, abs=0.1)
+    with pytest.raises(UserError, match=r"for its export at the end \(~16 GB\)"):
+        check_plan_fits(p, Cluster(), available_bytes=int(105e9))
     # with a CPU reference both count
     both = plan(recipe("qwen3-1.7b", "layout.reference.device=cpu"), 2)
     need = (both.reference_host_gb + both.checkpoint_host_gb) * 1e9
@@ -537,7 +541,7 @@ def test_a_trainer_above_its_memory_headroom_is_named():
     # micro-batch within 90 % of the GPU; the plan says so instead of showing only the figure
     tight = plan(recipe("qwen3-32b"), 16).describe()
     assert "note: the trainer's ~84 GB a rank is above the 77 GB (90% of an H100)" in tight
-    assert "layout.trainer.gpus" in tight
+    assert "resources.accelerator: H200" in tight  # its node's 8 GPUs are the trainer's already
     assert "note: the trainer" not in plan(recipe("qwen3-14b"), 8).describe()
     assert "note: the trainer" not in plan(recipe("qwen3-1.7b"), 3).describe()
 

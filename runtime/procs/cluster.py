@@ -111,12 +111,13 @@ def cluster_from_env(environ: Mapping[str, str] | None = None, port: int | None 
 
 def check_plan_fits(plan: Any, cluster: Cluster, available_bytes: int | None = None) -> None:
     """Raise UserError unless the plan uses exactly the cluster's nodes and node 0 has the host
-    memory the plan needs (a reference on the CPU, checkpoint writes staged in memory;
-    `available_bytes`: this host's, by default)."""
+    memory the plan needs (a reference on the CPU, checkpoint writes staged in memory, the model
+    gathered for the export at the end; `available_bytes`: this host's, by default)."""
     if plan.num_nodes != cluster.nodes:
         _wrong_nodes(plan, cluster)
     reference = getattr(plan, "reference_host_gb", None) or 0.0
     staged = getattr(plan, "checkpoint_host_gb", None) or 0.0
+    export = getattr(plan, "export_host_gb", None) or 0.0
     if (reference or staged) and cluster.rank == 0:
         if available_bytes is None:
             import psutil
@@ -128,11 +129,12 @@ def check_plan_fits(plan: Any, cluster: Cluster, available_bytes: int | None = N
                 f"layout.reference.device cpu: the reference needs ~{reference:.0f} GB of host "
                 f"memory and {free}; put it on a GPU (layout.reference.device=gpu) or disable it"
             )
-        if (reference + staged) * 1e9 > available_bytes:
+        if (reference + staged + export) * 1e9 > available_bytes:
             also = f" beside the CPU reference's ~{reference:.0f} GB" if reference else ""
             raise UserError(
                 f"checkpoints: each write stages the trainer's state (~{staged:.0f} GB) in host "
-                f"memory{also} and {free}; use a node with more memory"
+                f"memory, and the model is gathered there for its export at the end "
+                f"(~{export:.0f} GB){also}, and {free}; use a node with more memory"
             )
 
 
