@@ -3,6 +3,7 @@ all ranks. On CPU `--set trainer.ranks=2` runs two gloo ranks through the real r
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -73,6 +74,11 @@ def test_tiny_run_on_two_trainer_ranks_checkpoints_and_resumes(tmp_path: Path):
     assert code == 0, out
     assert "resumed from step 4" in out
     assert "weights reach the generators by: push" in out
+    # each service says when it is up, between `starting services` and `services ready`
+    started, ready = out.index("starting services"), out.index("services ready")
+    for service in ("trainer", "generator0", "reward"):
+        line = re.search(rf"^  {service} ready \((\d+\.\d) s\)$", out, re.M)
+        assert line and started < line.start() < ready, service
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert rows[-1]["policy_version"] == 6

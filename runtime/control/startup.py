@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
+import time
 from typing import Any
 
 from recipes.memory import checkpoint_bytes
@@ -86,6 +87,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     busy = len(ranks) + len(gens) + len(ref_ranks) + plan.reward_procs
     threads = max(1, available_cores() // busy)
 
+    began = time.perf_counter()
     reward_host = hosts.host_of("reward", _placements(plan, "reward"))
     # All procs start at once: each spends seconds importing torch and the model code.
     spawns = [
@@ -136,16 +138,24 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     rewards = [r.model_dump() for r in recipe.dataset.rewards]
     setups = [
         # every trainer rank joins the group
-        life.call("trainer", trainer.setup.call(recipe, settings, store)),
+        _ready("trainer", life.call("trainer", trainer.setup.call(recipe, settings, store)), began),
         *(
-            life.call(f"generator{p.replica}", g.setup.call_one(recipe, settings, store))
+            _ready(
+                f"generator{p.replica}",
+                life.call(f"generator{p.replica}", g.setup.call_one(recipe, settings, store)),
+                began,
+            )
             for p, g in zip(gens, generators, strict=True)
         ),
-        life.call("reward", reward.setup.call(rewards)),
+        _ready("reward", life.call("reward", reward.setup.call(rewards)), began),
     ]
     if reference is not None:
         # every reference rank joins its group
-        setups.append(life.call("reference", reference.setup.call(recipe, settings)))
+        setups.append(
+            _ready(
+                "reference", life.call("reference", reference.setup.call(recipe, settings)), began
+            )
+        )
     answers = await asyncio.gather(*setups)
     info = next(value for _, value in answers[0].items())
     # the generators' tokenizer pads batches (the controller loads none of its own)
@@ -178,6 +188,14 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
         pad_id,
         watchdog=Watchdog(recipe.watchdog, places=_places(plan)),
     )
+
+
+async def _ready(service: str, setup: Any, began: float) -> Any:
+    """`setup`'s answer, with a line when it comes: which services are up while the slowest
+    (a vLLM engine compiling, a large model loading) still starts."""
+    answer = await setup
+    print(f"  {service} ready ({time.perf_counter() - began:.1f} s)", flush=True)
+    return answer
 
 
 def _places(plan: Any) -> dict[str, str]:
