@@ -239,11 +239,17 @@ def run_store(model: str, versions: int, device: str) -> dict[str, Any]:
                     for t in state.values():
                         t.add_(1.0 / 64)
                 sums = _checksums(state)
+                extra = None
                 if source.type == "cuda":
                     torch.cuda.synchronize(source)
+                    torch.cuda.reset_peak_memory_stats(source)
+                    base = torch.cuda.memory_allocated(source)
                 start = time.perf_counter()
                 await publisher.publish_groups(version, ({n: t} for n, t in state.items()))
                 published = time.perf_counter()
+                if source.type == "cuda":
+                    # what the publish allocated on the trainer's GPU beside its weights
+                    extra = torch.cuda.max_memory_allocated(source) - base
                 got, _ = await store.fetch(version, into=into)
                 if target.type == "cuda":
                     torch.cuda.synchronize(target)
@@ -266,6 +272,7 @@ def run_store(model: str, versions: int, device: str) -> dict[str, Any]:
                         "transfer_s": published - start,
                         "end_to_end_s": done - start,
                         "load_s": done - published,
+                        "publish_gpu_extra_bytes": extra,
                     }
                 )
                 if version:

@@ -34,9 +34,13 @@ def test_the_store_path_streams_a_version_from_gpu_tensors():
     # into GPU 1 (or 0), checked tensor by tensor; its seconds a GB go to the log
     result = weight_push.run_store("qwen3-1.7b", versions=3, device="cuda")
     assert result["versions"] == 3 and result["bytes"] > 3e9
+    # streamed: the publish never held a second copy of the version on the trainer's GPU
+    extra = max(r["publish_gpu_extra_bytes"] for r in result["rows"])
+    assert extra < 0.5 * result["bytes"], (extra, result["bytes"])
     print(
         f"store path: publish {result['stage_s']:.2f} s, fetch {result['load_s']:.2f} s, "
-        f"{result['bytes'] / 1e9 / result['end_to_end_s']:.2f} GB/s end to end"
+        f"{result['bytes'] / 1e9 / result['end_to_end_s']:.2f} GB/s end to end, "
+        f"{extra / 1e9:.2f} GB allocated on GPU 0 beside the weights"
     )
 
 

@@ -210,6 +210,7 @@ def test_weight_push_bench_takes_the_store_path_a_tensor_at_a_time():
     result = weight_push.run_store("tiny", versions=3, device="cpu")
     assert result["path"] == "store" and result["versions"] == 3 and result["tensors"] > 10
     assert 0 < result["stage_s"] <= result["end_to_end_s"] and result["load_s"] > 0
+    assert all(r["publish_gpu_extra_bytes"] is None for r in result["rows"])  # no GPU here
 
 
 class _Manifests:
