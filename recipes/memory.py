@@ -191,10 +191,19 @@ PROCESS_HOST_GB = 8.0
 BASE_HOST_GB = 16.0
 
 
+# The export's safetensors files: at most this many bytes each (runtime.models.export).
+EXPORT_FILE_BYTES = 5 * 10**9
+
+
 def export_host_bytes(recipe: Recipe) -> float:
-    """Bytes of the model trainer rank 0 gathers into host memory to write the HF folder at the
-    end of a run, in the dtype it writes (beside the checkpoint copy, which is kept)."""
-    return (2 if recipe.model.dtype == "bfloat16" else 4) * recipe.arch.params
+    """Bytes trainer rank 0 holds in host memory while it writes the HF folder at the end of a
+    run (beside the checkpoint copy, which is kept), in the dtype it writes: the weights of the
+    file being filled and the gathered group in hand (the largest: the embedding and the output
+    projection), or the whole model where that is less."""
+    arch = recipe.arch
+    size = 2 if recipe.model.dtype == "bfloat16" else 4
+    outside = arch.vocab_size * arch.dim * (1 if arch.tie_embeddings else 2)
+    return size * min(arch.params, EXPORT_FILE_BYTES / size + outside)
 
 
 def host_plan(
@@ -202,8 +211,8 @@ def host_plan(
 ) -> dict[str, float]:
     """GB of node 0's host memory a run needs, by what fills it, and "total" (rounded up to 16
     GB): the copy of the trainer's state a checkpoint write stages there (pinned, kept for the
-    next write), the model gathered for the export at the end, a reference on the CPU, and the
-    allowance for the processes."""
+    next write), what the export at the end holds there (a file at a time), a reference on the
+    CPU, and the allowance for the processes."""
     arch = architecture(recipe.model.family, recipe.model.size)
     parts = {
         "checkpoint copy": checkpoint_bytes(arch) / GB,

@@ -122,7 +122,7 @@ class Plan:
     reference_host_gb: float | None = None  # a reference on the CPU: host memory it takes
     # a checkpoint write stages the trainer's shards (12 bytes a parameter) in node 0's memory
     checkpoint_host_gb: float | None = None
-    # at the end trainer rank 0 gathers the model there for its export (beside that copy)
+    # at the end trainer rank 0 writes the export from there, a file at a time (beside that copy)
     export_host_gb: float | None = None
     reference_step_tflop: float | None = None  # and the forward work it does a step
     disk: dict[str, float] = field(default_factory=dict, hash=False)  # GB a node, by use

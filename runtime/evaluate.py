@@ -49,6 +49,13 @@ def resolve_source(text: str, command: str = "eval") -> Source:
                 f"{command}: checkpoint {text} was never committed (no {checkpoint.MARKER})"
             )
         step = _step_of(path)
+        # its files against its marker: one cut short is named before anything is read
+        found = next((c for c in checkpoint.committed(path.parent) if c.path == path), None)
+        if found is not None:
+            try:
+                checkpoint.verify(found, f"{command} needs a committed checkpoint that is whole")
+            except UserError as e:
+                raise UserError(f"{command}: {e}") from None
         return Source("checkpoint", path, step, _recorded(path.parent.parent))
     if (path / "checkpoints").is_dir():
         found = checkpoint.latest(
@@ -153,12 +160,76 @@ def load_hf_weights(
         titan = trainer_state.model_weights(source.path, spec, *([dtype] if dtype else []))
     except UserError:
         raise
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
-        raise UserError(f"{command}: checkpoint {source.path} cannot be read ({first})") from None
+    except _unreadable() as e:  # noqa: BLE001 - any unreadable file is the same user error
+        raise UserError(
+            f"{command}: checkpoint {source.path} cannot be read ({_first(e)})"
+        ) from None
     if legacy:
         _check_fit(_shapes(titan), _expected(spec, fused=False), where, recipe)
     return to_hf(dict(titan), spec)
+
+
+def hf_weight_groups(source: Source, recipe: Any, command: str, dtype: Any) -> tuple[Any, Any]:
+    """`load_hf_weights` a group at a time, for an export: (the HF names and shapes as meta
+    tensors in the order they come, the groups). A DCP checkpoint is checked against the
+    recipe first, then read one block at a time into `dtype`; anything else is read whole."""
+    from runtime.backends import build, trainer_state
+    from runtime.models.hf import to_hf
+
+    if source.kind == "hf" or trainer_state.is_legacy(source.path):
+        whole = load_hf_weights(source, recipe, command, dtype)
+        return {k: v.to("meta") for k, v in whole.items()}, iter([whole])
+    spec = build.model_spec(recipe)
+    where = f"{command}: the weights in {source.path}"
+
+    def unreadable(e: BaseException) -> UserError:
+        return UserError(f"{command}: checkpoint {source.path} cannot be read ({_first(e)})")
+
+    try:
+        # names and shapes from the metadata first: a wrong --recipe reads nothing
+        _check_fit(
+            trainer_state.saved_shapes(source.path), _expected(spec, fused=True), where, recipe
+        )
+        layout, groups = trainer_state.model_weight_groups(source.path, spec, dtype)
+    except UserError:
+        raise
+    except _unreadable() as e:  # noqa: BLE001 - any unreadable file is the same user error
+        raise unreadable(e) from None
+    by_group: dict[str, dict[str, Any]] = {}
+    for name, meta in layout.items():
+        key = ".".join(name.split(".")[:2]) if name.startswith("layers.") else ""
+        by_group.setdefault(key, {})[name] = meta
+    hf_layout = {k: v for part in by_group.values() for k, v in to_hf(part, spec).items()}
+
+    def hf_groups() -> Any:
+        try:
+            for group in groups:
+                yield to_hf(group, spec)
+        except UserError:
+            raise
+        except _unreadable() as e:  # noqa: BLE001 - a file that fails half-way is the same error
+            raise unreadable(e) from None
+
+    return hf_layout, hf_groups()
+
+
+def _first(e: BaseException) -> str:
+    """The first sentence of what went wrong; under DCP's CheckpointException, the error of
+    the read that failed (an EOFError for a file cut short)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        e = getattr(inner, "exc", inner) if not isinstance(inner, BaseException) else inner
+    text = str(e).strip().splitlines()
+    return (text[0].split(". ")[0] if text else "") or type(e).__name__
+
+
+def _unreadable() -> tuple[type[BaseException], ...]:
+    """What reading a damaged checkpoint raises: any error, and DCP's CheckpointException,
+    which is a BaseException."""
+    from torch.distributed.checkpoint import CheckpointException
+
+    return (Exception, CheckpointException)
 
 
 def _shapes(tensors: dict[str, Any]) -> dict[str, tuple[int, ...]]:

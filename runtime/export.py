@@ -18,22 +18,37 @@ from recipes import UserError
 
 def pick_checkpoint(source_text: str, step: int | None) -> Any:
     """The checkpoint SOURCE and `--step` name (runtime.evaluate.Source)."""
-    from runtime.control import checkpoint
-    from runtime.evaluate import Source, resolve_source
+    from runtime.evaluate import resolve_source
 
+    path = Path(source_text).expanduser()
+    if step is not None and (path / "checkpoints").is_dir():
+        # the named step alone: a newer damaged one is none of this export's business
+        config = path / "config.json"
+        return _committed_step(path, step, config if config.is_file() else None)
     source = resolve_source(source_text, command="export")
     if source.kind == "hf":
         raise UserError(f"export: {source_text} is a model folder already; give a run directory")
     if step is None or step == source.step:
         return source
-    run_dir = source.path.parent.parent
+    return _committed_step(source.path.parent.parent, step, source.recorded)
+
+
+def _committed_step(run_dir: Path, step: int, recorded: Path | None) -> Any:
+    """Checkpoint `step` of `run_dir`, committed and whole, or a UserError saying why not."""
+    from runtime.control import checkpoint
+    from runtime.evaluate import Source
+
     found = {c.step: c for c in checkpoint.committed(run_dir / "checkpoints")}
     if step not in found:
         have = ", ".join(map(str, sorted(found))) or "none"
         raise UserError(
             f"export: no committed checkpoint of step {step} in {run_dir} (have {have})"
         )
-    return Source("checkpoint", found[step].path, step, source.recorded)
+    try:
+        checkpoint.verify(found[step], advice="export needs a committed checkpoint that is whole")
+    except UserError as e:
+        raise UserError(f"export: {e}") from None
+    return Source("checkpoint", found[step].path, step, recorded)
 
 
 def out_folder(out: str) -> Path:
@@ -75,15 +90,19 @@ def run(
         check_repo_id(push_to_hub)
     source = pick_checkpoint(source_text, step)
     from runtime.backends import build
-    from runtime.evaluate import load_hf_weights, resolve_recipe
-    from runtime.models.export import DTYPES, write_hf_model
+    from runtime.evaluate import hf_weight_groups, resolve_recipe
+    from runtime.models.export import DTYPES, write_hf_model_groups
 
     recipe = resolve_recipe(source, recipe_name, [], command="export")
     print(f"exporting step {source.step} of {source.path.parent.parent} to {out}", flush=True)
-    # read in the dtype the folder is written in: 2 bytes a parameter in host memory for bf16
-    weights = load_hf_weights(source, recipe, command="export", dtype=DTYPES[recipe.model.dtype])
-    folder = write_hf_model(
-        weights,
+    # read a block at a time, in the dtype the folder is written in, each safetensors file
+    # written as it fills: host memory holds a file's weights, whatever the model's size
+    layout, groups = hf_weight_groups(
+        source, recipe, command="export", dtype=DTYPES[recipe.model.dtype]
+    )
+    folder = write_hf_model_groups(
+        groups,
+        layout,
         build.model_spec(recipe),
         folder,
         tokenizer=build.load_tokenizer(recipe),

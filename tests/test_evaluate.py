@@ -97,7 +97,11 @@ def test_settings_of_the_evaluation_can_be_overridden(run_dir, tmp_path, capsys)
         ("empty", ["{tmp}/empty"], "is neither a run directory"),
         ("partial", ["{tmp}/run/checkpoints/step_000003"], "was never committed"),
         ("no-ckpt", ["{tmp}/run"], "has no committed checkpoint"),
-        ("damaged", ["{tmp}/run/checkpoints/step_000003", "--recipe", "tiny"], "cannot be read"),
+        (
+            "damaged",
+            ["{tmp}/run/checkpoints/step_000003", "--recipe", "tiny"],
+            "unreadable checkpoint marker",
+        ),
         ("hf", ["{tmp}/hf"], "a model folder needs --recipe"),
         ("hf", ["{tmp}/hf", "--recipe", "qwen3-0.6b", *ARITH], "config.json has vocab_size"),
         (None, ["{run}", "--recipe", "tiny", "--set", "eval.samples=2"], "eval.k: pass@4 needs"),

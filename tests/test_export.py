@@ -296,3 +296,84 @@ def test_a_bf16_export_reads_the_checkpoint_straight_into_bf16(run_dir, tmp_path
     for key in compared:
         assert torch.equal(got[key], want[key]), key
     assert {v.dtype for v in got.values() if v.is_floating_point()} == {torch.bfloat16}
+
+
+def test_an_export_handed_over_a_group_at_a_time_writes_each_file_as_it_fills(tmp_path):
+    from runtime.models.export import write_hf_model_groups
+    from runtime.models.hf import to_hf
+
+    spec = SPECS["llama3-untied"]
+    trainer = TitanTrainer(spec, OptimizerConfig(lr=1e-3))
+    whole = trainer.hf_state_dict()
+    tok = char_tokenizer(spec.vocab_size)
+    one = write_hf_model(whole, spec, tmp_path / "one", tokenizer=tok, dtype="float32")
+    # the blocks one after another, as a sharded trainer gathers them; files of ~1/4 the model
+    titan = {k: v.detach() for k, v in trainer.model.state_dict().items()}
+    blocks = sorted({k.split(".")[1] for k in titan if k.startswith("layers.")}, key=int)
+    parts = [{k: v for k, v in titan.items() if not k.startswith("layers.")}]
+    parts += [{k: v for k, v in titan.items() if k.startswith(f"layers.{b}.")} for b in blocks]
+    layout = {
+        k: torch.empty(v.shape, dtype=v.dtype, device="meta")
+        for part in parts
+        for k, v in to_hf(part, spec).items()
+    }
+    total = sum(t.numel() * 4 for t in layout.values())
+    out = tmp_path / "many"
+    seen: list[set[str]] = []
+
+    def groups():
+        for part in parts:
+            seen.append({p.name for p in out.with_name("many.partial").glob("*.safetensors")})
+            yield to_hf(part, spec)
+
+    many = write_hf_model_groups(
+        groups(), layout, spec, out, tokenizer=tok, dtype="float32", max_shard_bytes=total // 4
+    )
+    files = sorted(p.name for p in many.glob("*.safetensors"))
+    assert len(files) >= 4 and files[0].endswith(f"-of-{len(files):05d}.safetensors")
+    index = json.loads((many / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(files)
+    assert index["metadata"]["total_size"] == total
+    # each file was on disk before the last groups were asked for: never the whole model held
+    assert 0 < len(seen[-1]) < len(files)
+    a = AutoModelForCausalLM.from_pretrained(one).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(many).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_export_missing_a_tensor_of_its_layout_leaves_nothing(tmp_path):
+    from runtime.models.export import write_hf_model_groups
+
+    spec = SPECS["qwen3"]
+    whole = TitanTrainer(spec, OptimizerConfig(lr=1e-3)).hf_state_dict()
+    layout = {k: v.to("meta") for k, v in whole.items()}
+    short = {k: v for k, v in whole.items() if k != "model.norm.weight"}
+    with pytest.raises(ValueError, match="never came, e.g. 'model.norm.weight'"):
+        write_hf_model_groups([short], layout, spec, tmp_path / "m", tokenizer=char_tokenizer(128))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["cut short", "overwritten"])
+def test_an_export_of_a_damaged_checkpoint_is_one_line_and_writes_nothing(
+    run_dir, tmp_path, capsys, how
+):
+    # cut short: its marker's sizes no longer hold, said before anything is read; overwritten
+    # (sizes whole): the read fails half-way through the streamed export
+    import shutil
+
+    damaged = tmp_path / "run"
+    shutil.copytree(run_dir, damaged)
+    for f in (damaged / "checkpoints/step_000007/trainer").glob("*.distcp"):
+        size = f.stat().st_size
+        f.write_bytes(f.read_bytes()[:64] if how == "cut short" else bytes(size))
+    out = tmp_path / "m"
+    for source in (
+        [str(damaged), "--step", "7"],
+        [str(damaged / "checkpoints/step_000007")],
+    ):
+        assert main(["export", *source, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("forgesky: error: export: "), err
+        expected = "is cut short or damaged" if how == "cut short" else "cannot be read"
+        assert expected in err[0], err
+        assert not out.exists() and not list(tmp_path.glob("*.partial"))

@@ -100,8 +100,9 @@ def test_launch_builds_a_cluster_task(monkeypatch, capsys, env):
     assert all(r.disk_size == 500 and not r.use_spot for r in task.resources)
     # node 0's memory: the checkpoint's staging copy (12 bytes a parameter, 98 GB) and an
     # allowance for 8 GPU processes and the rest (80 GB), to 16 GB
-    # checkpoint copy 98 + export 16 + processes 80, rounded up to 16 GB
-    assert all(r.memory == "208+" for r in task.resources)
+    # checkpoint copy 98 + export 7.5 (a file's weights and a group) + processes 80, rounded
+    # up to 16 GB
+    assert all(r.memory == "192+" for r in task.resources)
     assert all(r.job_recovery is None for r in task.resources)
     assert task.num_nodes == 1
     assert task.workdir == str(PROJECT_DIR)

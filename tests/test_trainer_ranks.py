@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from runtime_helpers import NOISE, finish, leftover_processes, metrics, start
 
 from recipes import UserError, apply_overrides, architecture, load_recipe, plan
@@ -82,6 +83,17 @@ def test_tiny_run_on_two_trainer_ranks_checkpoints_and_resumes(tmp_path: Path):
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert rows[-1]["policy_version"] == 6
+    # the model the two ranks exported at the end, a gathered group at a time, holds the last
+    # checkpoint's weights
+    from transformers import AutoModelForCausalLM
+
+    from runtime.models.hf import to_hf
+
+    want = to_hf(trainer_state.model_weights(run_dir / "checkpoints/step_000006", spec), spec)
+    got = AutoModelForCausalLM.from_pretrained(run_dir / "model").state_dict()
+    compared = [k for k in want if k in got]
+    assert len(compared) >= len(want) - 1
+    assert all(torch.equal(got[k], want[k]) for k in compared)
     time.sleep(0.5)
     assert leftover_processes(again.pid) == []
 

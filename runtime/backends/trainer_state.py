@@ -15,6 +15,7 @@ from __future__ import annotations
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +260,68 @@ def model_weights(
     with torch.no_grad():
         dcp.load({"model": params}, checkpoint_id=str(directory / TRAINER_DIR), no_dist=True)
     return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def model_weight_groups(
+    directory: str | Path, spec: Any, dtype: torch.dtype = torch.float32
+) -> tuple[dict[str, torch.Tensor], Iterator[dict[str, torch.Tensor]]]:
+    """`model_weights` a group at a time: (every tensor's name and shape as meta tensors, in
+    the order the groups come; the groups: the tensors outside the blocks, then each block),
+    each group read from the checkpoint into `dtype` when it is asked for and given up before
+    the next, so an export of any size holds one block (a legacy checkpoint, memory-mapped,
+    is split after one read)."""
+    directory = Path(directory)
+    if is_legacy(directory):
+        whole = model_weights(directory, spec, dtype)
+        layout = {k: torch.empty(v.shape, dtype=dtype, device="meta") for k, v in whole.items()}
+        return layout, iter([whole])
+    from runtime.models.titan import meta_model
+
+    model = meta_model(spec)
+    outside = torch.nn.ModuleDict({n: m for n, m in model.named_children() if n != "layers"})
+    groups = [("", outside), *((f"layers.{i}.", b) for i, b in model.layers.items())]
+    layout: dict[str, torch.Tensor] = {}
+    for prefix, module in groups:
+        buffers = {prefix + n for n, _ in module.named_buffers()}  # RoPE tables: not stored
+        layout.update(
+            {
+                k: torch.empty(v.shape, dtype=dtype, device="meta")
+                for k, v in module.state_dict(prefix=prefix).items()
+                if k not in buffers
+            }
+        )
+
+    def read() -> Iterator[dict[str, torch.Tensor]]:
+        for prefix, module in groups:
+            # every alias of a parameter (a tied embedding is also the output projection)
+            aliases: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+            named: dict[str, torch.nn.Parameter] = {}
+            for name, param in module.named_parameters(prefix=prefix.rstrip(".")):
+                named[name] = param
+            for owner in module.modules():
+                for leaf, param in owner.named_parameters(recurse=False):
+                    aliases.setdefault(id(param), []).append((owner, leaf))
+            loaded = {n: torch.empty(p.shape, dtype=dtype) for n, p in named.items()}
+            with torch.no_grad():
+                dcp.load(
+                    {"model": loaded}, checkpoint_id=str(directory / TRAINER_DIR), no_dist=True
+                )
+            for name, param in named.items():
+                real = torch.nn.Parameter(loaded[name], requires_grad=False)
+                for owner, leaf in aliases[id(param)]:
+                    setattr(owner, leaf, real)
+            part = {
+                k: v.detach()
+                for k, v in module.state_dict(prefix=prefix).items()
+                if v.device.type != "meta"  # RoPE tables: computed, not stored
+            }
+            yield part
+            del part, loaded
+            for param in named.values():  # back to meta: the block's memory goes
+                for owner, leaf in aliases[id(param)]:
+                    setattr(owner, leaf, param)
+
+    return layout, read()
 
 
 def read_all(directory: str | Path) -> dict[str, Any]:

@@ -9,18 +9,23 @@ when complete, so a folder that exists is whole.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
-import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from recipes.memory import EXPORT_FILE_BYTES
 from runtime.models.hf import hf_config
 from runtime.models.spec import ModelSpec
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+# Safetensors files of at most this many bytes, as transformers and the Hub shard them (the
+# host-memory plan counts one file's weights for the export).
+SHARD_BYTES = EXPORT_FILE_BYTES
 
 
 def write_hf_model(
@@ -32,12 +37,44 @@ def write_hf_model(
     dtype: str = "bfloat16",
     temperature: float = 1.0,
     top_p: float = 1.0,
-    max_shard_size: str | int = "5GB",
+    max_shard_bytes: int = SHARD_BYTES,
     provenance: dict[str, Any] | None = None,
 ) -> Path:
     """Write HF-named weights (`hf_state`, any dtype, any device) and everything a loader needs
     into `folder` (replaced if it exists); returns it."""
-    from huggingface_hub import save_torch_state_dict
+    layout = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in hf_state.items()}
+    return write_hf_model_groups(
+        [hf_state],
+        layout,
+        spec,
+        folder,
+        tokenizer=tokenizer,
+        dtype=dtype,
+        temperature=temperature,
+        top_p=top_p,
+        max_shard_bytes=max_shard_bytes,
+        provenance=provenance,
+    )
+
+
+def write_hf_model_groups(
+    groups: Iterable[dict[str, torch.Tensor]],
+    layout: dict[str, torch.Tensor],
+    spec: ModelSpec,
+    folder: str | Path,
+    *,
+    tokenizer: Any,
+    dtype: str = "bfloat16",
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_shard_bytes: int = SHARD_BYTES,
+    provenance: dict[str, Any] | None = None,
+) -> Path:
+    """`write_hf_model` from weights handed over a group at a time (a gathered block, a block
+    read from a checkpoint): `layout` names every tensor with its shape (meta tensors do), in
+    the order the groups bring them, which fixes the files before any weight arrives; each file
+    is written as soon as its last tensor has come. In that order nothing holds more than one
+    file's weights and the group in hand, whatever the model's size."""
     from transformers import GenerationConfig
 
     folder = Path(folder)
@@ -46,19 +83,41 @@ def write_hf_model(
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
     target = DTYPES[dtype]
-    weights = {k: _own(v.detach().to("cpu", target)) for k, v in hf_state.items()}
-    if spec.tie_embeddings:
-        weights.pop("lm_head.weight", None)  # tied: the embedding is the output projection
-    # its INFO line ("Model weights successfully saved to ...partial!") names a folder that is
-    # renamed a moment later; the run prints where the model is. (Its logger is named by the
-    # module's file path.)
-    hub_log = logging.getLogger(sys.modules[save_torch_state_dict.__module__].__file__)
-    level = hub_log.level
-    hub_log.setLevel(max(level, logging.WARNING))
+    names = [n for n in layout if not (spec.tie_embeddings and n == "lm_head.weight")]
+    shards = _shards({n: layout[n].numel() * target.itemsize for n in names}, max_shard_bytes)
+    files = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    where = {name: i for i, shard in enumerate(shards) for name in shard}
     try:
-        save_torch_state_dict(weights, partial, max_shard_size=max_shard_size)
-    finally:
-        hub_log.setLevel(level)
+        pending: list[dict[str, torch.Tensor]] = [{} for _ in shards]
+        for group in groups:
+            for name, tensor in group.items():
+                if name not in where:
+                    if spec.tie_embeddings and name == "lm_head.weight":
+                        continue  # tied: the embedding is the output projection
+                    raise ValueError(f"{name!r} is not in the model's layout")
+                i = where[name]
+                pending[i][name] = _own(tensor.detach().to("cpu", target))
+                if len(pending[i]) == len(shards[i]):
+                    _save(pending[i], partial / files[i])
+                    pending[i] = {}
+        absent = [
+            n for n, i in where.items() if not (partial / files[i]).exists() and n not in pending[i]
+        ]
+        if absent:
+            raise ValueError(f"{len(absent)} tensors of the layout never came, e.g. {absent[0]!r}")
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # no half-written folder left behind
+        raise
+    if len(files) > 1:
+        index = {
+            "metadata": {"total_size": sum(layout[n].numel() * target.itemsize for n in names)},
+            "weight_map": {n: files[where[n]] for n in names},
+        }
+        (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     ids = _token_ids(tokenizer)
     config = hf_config(spec, **ids)
     config.dtype = target
@@ -75,6 +134,25 @@ def write_hf_model(
         shutil.rmtree(folder)
     partial.rename(folder)
     return folder
+
+
+def _shards(sizes: dict[str, int], most: int) -> list[list[str]]:
+    """Names in files of at most `most` bytes, in order (a larger tensor has a file alone)."""
+    shards: list[list[str]] = [[]]
+    held = 0
+    for name, size in sizes.items():
+        if shards[-1] and held + size > most:
+            shards.append([])
+            held = 0
+        shards[-1].append(name)
+        held += size
+    return shards
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def _own(t: torch.Tensor) -> torch.Tensor:

@@ -111,8 +111,8 @@ def cluster_from_env(environ: Mapping[str, str] | None = None, port: int | None 
 
 def check_plan_fits(plan: Any, cluster: Cluster, available_bytes: int | None = None) -> None:
     """Raise UserError unless the plan uses exactly the cluster's nodes and node 0 has the host
-    memory the plan needs (a reference on the CPU, checkpoint writes staged in memory, the model
-    gathered for the export at the end; `available_bytes`: this host's, by default)."""
+    memory the plan needs (a reference on the CPU, checkpoint writes staged in memory, the
+    export at the end writing a file at a time; `available_bytes`: this host's, by default)."""
     if plan.num_nodes != cluster.nodes:
         _wrong_nodes(plan, cluster)
     reference = getattr(plan, "reference_host_gb", None) or 0.0
@@ -133,7 +133,7 @@ def check_plan_fits(plan: Any, cluster: Cluster, available_bytes: int | None = N
             also = f" beside the CPU reference's ~{reference:.0f} GB" if reference else ""
             raise UserError(
                 f"checkpoints: each write stages the trainer's state (~{staged:.0f} GB) in host "
-                f"memory, and the model is gathered there for its export at the end "
+                f"memory, the export at the end holds a file of the model there at a time "
                 f"(~{export:.0f} GB){also}, and {free}; use a node with more memory"
             )
 
