@@ -91,7 +91,7 @@ def run(
     source = pick_checkpoint(source_text, step)
     from runtime.backends import build
     from runtime.evaluate import hf_weight_groups, resolve_recipe
-    from runtime.models.export import DTYPES, write_hf_model_groups
+    from runtime.models.export import DTYPES
 
     recipe = resolve_recipe(source, recipe_name, [], command="export")
     print(f"exporting step {source.step} of {source.path.parent.parent} to {out}", flush=True)
@@ -100,17 +100,8 @@ def run(
     layout, groups = hf_weight_groups(
         source, recipe, command="export", dtype=DTYPES[recipe.model.dtype]
     )
-    folder = write_hf_model_groups(
-        groups,
-        layout,
-        build.model_spec(recipe),
-        folder,
-        tokenizer=build.load_tokenizer(recipe),
-        dtype=recipe.model.dtype,
-        temperature=recipe.grpo.temperature,
-        top_p=recipe.grpo.top_p,
-        provenance={"recipe": recipe.name, "step": source.step, "checkpoint": str(source.path)},
-    )
+    provenance = {"recipe": recipe.name, "step": source.step, "checkpoint": str(source.path)}
+    folder = build.write_model(recipe, groups, layout, folder, provenance)
     files = sorted(p.name for p in folder.iterdir())
     print(f"wrote {folder}: {', '.join(files)}", flush=True)
     if push_to_hub:

@@ -187,42 +187,22 @@ class TrainerActor(Actor):
         """Write the policy as a Hugging Face model folder (runtime.models.export): the gather
         is on every rank, a group at a time; rank 0 writes each safetensors file as soon as its
         groups have come, so its host memory holds one file's weights, not the model."""
-        from runtime.models.export import write_hf_model, write_hf_model_groups
-
-        r = self.recipe
         groups = getattr(self.backend, "hf_groups", None)
-        if groups is None:  # the one-process CPU trainer: the whole model at once
-            with self._phase("export"):
-                write_hf_model(
-                    self.backend.hf_state_dict(),
-                    build.model_spec(r),
-                    directory,
-                    tokenizer=build.load_tokenizer(r),
-                    dtype=r.model.dtype,
-                    temperature=r.grpo.temperature,
-                    top_p=r.grpo.top_p,
-                    provenance=provenance,
-                )
-            return
         with self._phase("export"):
-            # every rank alike: FSDP2's first state_dict of a module (its lazy init) joins the
-            # ranks' group, so one rank alone would take the gathers out of step
-            layout = self.backend.hf_layout()
-            if self._rank() != 0:
-                for _ in groups():  # every rank joins each group's gather
-                    pass
-                return
-            write_hf_model_groups(
-                groups(),
-                layout,
-                build.model_spec(r),
-                directory,
-                tokenizer=build.load_tokenizer(r),
-                dtype=r.model.dtype,
-                temperature=r.grpo.temperature,
-                top_p=r.grpo.top_p,
-                provenance=provenance,
-            )
+            if groups is None:  # the one-process CPU trainer: the whole model at once
+                state = self.backend.hf_state_dict()
+                layout = {k: v.to("meta") for k, v in state.items()}
+                source = iter([state])
+            else:
+                # every rank alike: FSDP2's first state_dict of a module (its lazy init) joins
+                # the ranks' group, so one rank alone would take the gathers out of step
+                layout = self.backend.hf_layout()
+                if self._rank() != 0:
+                    for _ in groups():  # every rank joins each group's gather
+                        pass
+                    return
+                source = groups()
+            build.write_model(self.recipe, source, layout, directory, provenance)
 
     @endpoint
     @ranked

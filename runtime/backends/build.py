@@ -81,6 +81,30 @@ def initial_weights(recipe: Any, spec: ModelSpec) -> WeightSource | None:
     return weight_source(recipe.model.hf_id, spec, token=hf_token())
 
 
+def write_model(
+    recipe: Any,
+    groups: Any,
+    layout: Mapping[str, torch.Tensor],
+    folder: Any,
+    provenance: dict[str, Any],
+) -> Any:
+    """The recipe's policy as a Hugging Face folder (runtime.models.export), from its weights
+    under HF names a group at a time, with the recipe's tokenizer, dtype and sampling."""
+    from runtime.models.export import write_hf_model_groups
+
+    return write_hf_model_groups(
+        groups,
+        dict(layout),
+        model_spec(recipe),
+        folder,
+        tokenizer=load_tokenizer(recipe),
+        dtype=recipe.model.dtype,
+        temperature=recipe.grpo.temperature,
+        top_p=recipe.grpo.top_p,
+        provenance=provenance,
+    )
+
+
 def eos_ids(tokenizer: Any) -> list[int]:
     ids = tokenizer.eos_token_id
     return list(ids) if isinstance(ids, (list, tuple)) else [ids]
