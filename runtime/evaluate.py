@@ -132,11 +132,8 @@ def _check_recorded_model(source: Source, recipe: Any, command: str) -> None:
         )
 
 
-def load_hf_weights(
-    source: Source, recipe: Any, command: str = "eval", dtype: Any = None
-) -> dict[str, Any]:
-    """The model's weights under HF names, checked against the recipe's architecture; a DCP
-    checkpoint's parameters read into `dtype` (default fp32, as they were trained)."""
+def load_hf_weights(source: Source, recipe: Any, command: str = "eval") -> dict[str, Any]:
+    """The model's weights under HF names, checked against the recipe's architecture."""
     from runtime.backends import build
     from runtime.models.hf import from_hf, to_hf
     from runtime.models.loading import check_config, load_hf_state_dict
@@ -157,7 +154,7 @@ def load_hf_weights(
             _check_fit(
                 trainer_state.saved_shapes(source.path), _expected(spec, fused=True), where, recipe
             )
-        titan = trainer_state.model_weights(source.path, spec, *([dtype] if dtype else []))
+        titan = trainer_state.model_weights(source.path, spec)
     except UserError:
         raise
     except _unreadable() as e:  # noqa: BLE001 - any unreadable file is the same user error
@@ -172,12 +169,13 @@ def load_hf_weights(
 def hf_weight_groups(source: Source, recipe: Any, command: str, dtype: Any) -> tuple[Any, Any]:
     """`load_hf_weights` a group at a time, for an export: (the HF names and shapes as meta
     tensors in the order they come, the groups). A DCP checkpoint is checked against the
-    recipe first, then read one block at a time into `dtype`; anything else is read whole."""
+    recipe first, then read one block at a time into `dtype`; anything else is read whole (the
+    writer casts it)."""
     from runtime.backends import build, trainer_state
     from runtime.models.hf import to_hf
 
     if source.kind == "hf" or trainer_state.is_legacy(source.path):
-        whole = load_hf_weights(source, recipe, command, dtype)
+        whole = load_hf_weights(source, recipe, command)
         return {k: v.to("meta") for k, v in whole.items()}, iter([whole])
     spec = build.model_spec(recipe)
     where = f"{command}: the weights in {source.path}"
@@ -195,11 +193,7 @@ def hf_weight_groups(source: Source, recipe: Any, command: str, dtype: Any) -> t
         raise
     except _unreadable() as e:  # noqa: BLE001 - any unreadable file is the same user error
         raise unreadable(e) from None
-    by_group: dict[str, dict[str, Any]] = {}
-    for name, meta in layout.items():
-        key = ".".join(name.split(".")[:2]) if name.startswith("layers.") else ""
-        by_group.setdefault(key, {})[name] = meta
-    hf_layout = {k: v for part in by_group.values() for k, v in to_hf(part, spec).items()}
+    hf_layout = {k: v for part in layout for k, v in to_hf(part, spec).items()}
 
     def hf_groups() -> Any:
         try:

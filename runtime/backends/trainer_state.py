@@ -236,13 +236,9 @@ def saved_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def model_weights(
-    directory: str | Path, spec: Any, dtype: torch.dtype = torch.float32
-) -> dict[str, torch.Tensor]:
+def model_weights(directory: str | Path, spec: Any) -> dict[str, torch.Tensor]:
     """The policy's weights in a checkpoint, as a one-process model of `spec` holds them: full
-    CPU tensors under TorchTitan's checkpoint names (q/k/v split), for export and eval. The
-    parameters are read straight into `dtype` (the checkpoint's fp32 rounded as it is read): an
-    export in bf16 holds 2 bytes a parameter, not the fp32 model and a bf16 copy of it."""
+    fp32 CPU tensors under TorchTitan's checkpoint names (q/k/v split), for export and eval."""
     directory = Path(directory)
     if is_legacy(directory):
         state = torch.load(
@@ -251,11 +247,7 @@ def model_weights(
         return dict(state["model"])
     from runtime.models.titan import materialize, meta_model
 
-    model = meta_model(spec)
-    if dtype != torch.float32:
-        for param in model.parameters():  # on meta: no storage yet, a tied one converted once
-            param.data = param.data.to(dtype)
-    model = materialize(model, "cpu")
+    model = materialize(meta_model(spec), "cpu")
     params = dict(model.named_parameters())
     with torch.no_grad():
         dcp.load({"model": params}, checkpoint_id=str(directory / TRAINER_DIR), no_dist=True)
@@ -264,26 +256,25 @@ def model_weights(
 
 def model_weight_groups(
     directory: str | Path, spec: Any, dtype: torch.dtype = torch.float32
-) -> tuple[dict[str, torch.Tensor], Iterator[dict[str, torch.Tensor]]]:
-    """`model_weights` a group at a time: (every tensor's name and shape as meta tensors, in
+) -> tuple[list[dict[str, torch.Tensor]], Iterator[dict[str, torch.Tensor]]]:
+    """`model_weights` a group at a time: (each group's names and shapes as meta tensors, in
     the order the groups come; the groups: the tensors outside the blocks, then each block),
-    each group read from the checkpoint into `dtype` when it is asked for and given up before
-    the next, so an export of any size holds one block (a legacy checkpoint, memory-mapped,
-    is split after one read)."""
+    each group's parameters read from the checkpoint straight into `dtype` when it is asked
+    for and given up before the next, so an export of any size holds one block (a legacy
+    checkpoint, memory-mapped, comes as one group)."""
     directory = Path(directory)
     if is_legacy(directory):
-        whole = model_weights(directory, spec, dtype)
-        layout = {k: torch.empty(v.shape, dtype=dtype, device="meta") for k, v in whole.items()}
-        return layout, iter([whole])
+        whole = model_weights(directory, spec)
+        return [{k: v.to("meta") for k, v in whole.items()}], iter([whole])
     from runtime.models.titan import meta_model
 
     model = meta_model(spec)
     outside = torch.nn.ModuleDict({n: m for n, m in model.named_children() if n != "layers"})
     groups = [("", outside), *((f"layers.{i}.", b) for i, b in model.layers.items())]
-    layout: dict[str, torch.Tensor] = {}
+    layout = []
     for prefix, module in groups:
         buffers = {prefix + n for n, _ in module.named_buffers()}  # RoPE tables: not stored
-        layout.update(
+        layout.append(
             {
                 k: torch.empty(v.shape, dtype=dtype, device="meta")
                 for k, v in module.state_dict(prefix=prefix).items()

@@ -29,32 +29,12 @@ SHARD_BYTES = EXPORT_FILE_BYTES
 
 
 def write_hf_model(
-    hf_state: dict[str, torch.Tensor],
-    spec: ModelSpec,
-    folder: str | Path,
-    *,
-    tokenizer: Any,
-    dtype: str = "bfloat16",
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_shard_bytes: int = SHARD_BYTES,
-    provenance: dict[str, Any] | None = None,
+    hf_state: dict[str, torch.Tensor], spec: ModelSpec, folder: str | Path, **options: Any
 ) -> Path:
     """Write HF-named weights (`hf_state`, any dtype, any device) and everything a loader needs
-    into `folder` (replaced if it exists); returns it."""
+    into `folder` (replaced if it exists); returns it. `options`: `write_hf_model_groups`'."""
     layout = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in hf_state.items()}
-    return write_hf_model_groups(
-        [hf_state],
-        layout,
-        spec,
-        folder,
-        tokenizer=tokenizer,
-        dtype=dtype,
-        temperature=temperature,
-        top_p=top_p,
-        max_shard_bytes=max_shard_bytes,
-        provenance=provenance,
-    )
+    return write_hf_model_groups([hf_state], layout, spec, folder, **options)
 
 
 def write_hf_model_groups(
