@@ -61,8 +61,9 @@ SYNC_SOURCES = {
 }
 # What a figure's reader should know about its run.
 SYNC_NOTES = {
-    "store": "measured 2026-11-21, when the store took one key a parameter; not measured since "
-    "it streams a block at a time",
+    "store": "measured 2026-11-21, when the store took one key a parameter; in a run not "
+    "measured since it streams a block at a time; alone (bench/weight_push.py, qwen3-1.7b, two "
+    "H200s, gpu_h200x2_2026-11-27d) it took 3.11 s a GB end to end",
 }
 # The runs `--compare` predicts: qwen3-1.7b on the layouts plan() gives at 1, 2 and 3 GPUs
 # (layout.share all, trainer_reference and none), and two that change steps_per_call and

@@ -237,7 +237,8 @@ def run_b(args: list[str], run_dir: Path, log: Path, every: int, make_room: bool
     try:
         resumed = run.wait_line(r"^resumed from step", timeout=900)
         if make_room:
-            run.wait_line(rf"^step {every + 1}/", timeout=900)
+            # The state is read once "resumed from step" is printed: the disk gets its room
+            # back before the next write starts.
             old = run_dir / "checkpoints" / f"step_{every:06d}"
             shutil.rmtree(old)
             removed = old.name

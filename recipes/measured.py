@@ -52,7 +52,7 @@ MEASURED = {
             "source": "bench/results/gpu_grpo_h200x4_2026-11-22.json#grpo_3gpu (3.44 GB)"
         },
         "store": {
-            "note": "measured 2026-11-21, when the store took one key a parameter; not measured since it streams a block at a time",
+            "note": "measured 2026-11-21, when the store took one key a parameter; in a run not measured since it streams a block at a time; alone (bench/weight_push.py, qwen3-1.7b, two H200s, gpu_h200x2_2026-11-27d) it took 3.11 s a GB end to end",
             "s_per_gb": 3.91994,
             "source": "bench/results/gpu_grpo_h100.json#grpo (3.44 GB)"
         }

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -202,3 +203,74 @@ def test_a_host_copy_made_before_training_is_the_one_the_first_write_fills(tmp_p
             assert torch.equal(mine[key], theirs[key]), key
     state = trainer_state.read_all(tmp_path / "prepared_True")
     assert state["step"] == 3 and torch.equal(state["model"]["weight"], model.weight)
+
+
+class SmallDisk:
+    """os.statvfs for a disk of `capacity` bytes (1-byte blocks) holding what is under
+    `root`; `capacity` 0: a filesystem that gives no size (some bucket mounts)."""
+
+    def __init__(self, root, capacity):
+        self.root, self.capacity = root, capacity
+
+    def __call__(self, path):
+        free = max(0, self.capacity - checkpoint.bytes_under(self.root))
+        return os.statvfs_result((1, 1, self.capacity, free, free, 0, 0, 0, 0, 255))
+
+
+def test_a_short_disk_loses_older_checkpoints_first_and_never_the_newest(tmp_path, monkeypatch):
+    """Before a write the controller asks for room: older committed checkpoints go, oldest
+    first, until the next fits; the newest (what a resume reads) stays even where the room is
+    still short, and the caller is told how much is free."""
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        partial = checkpoint.begin(root, step)
+        (partial / "weights").write_bytes(b"x" * 1000)
+        checkpoint.commit(root, partial, step, keep=3)
+    each = checkpoint.bytes_under(root / "step_000001")  # its file and its marker
+    monkeypatch.setattr(checkpoint.os, "statvfs", SmallDisk(root, capacity=5000))
+    assert checkpoint.make_room(root, need=1500) == (5000 - 3 * each, [])
+    free, deleted = checkpoint.make_room(root, need=2500)
+    assert [c.step for c in deleted] == [1] and free == 5000 - 2 * each
+    assert [c.step for c in checkpoint.committed(root)] == [2, 3]
+    free, deleted = checkpoint.make_room(root, need=5000)
+    assert [c.step for c in deleted] == [2] and free == 5000 - each
+    assert [c.step for c in checkpoint.committed(root)] == [3], "the newest is never deleted"
+    monkeypatch.setattr(checkpoint.os, "statvfs", SmallDisk(root, capacity=0))
+    assert checkpoint.make_room(root, need=1e15) == (None, [])
+    monkeypatch.undo()
+    assert checkpoint.free_bytes(tmp_path / "not" / "made" / "yet") > 0  # its nearest parent's
+
+
+def test_a_checkpoint_write_that_fails_names_the_disk_error(tmp_path):
+    """DCP's writer threads fail on a full disk with torch.save's "unexpected pos" raised over
+    the OSError: the trainer's error names the OSError and the folder. Here the disk is a
+    file-size limit (RLIMIT_FSIZE) of 64 KiB on a 4 MB weight: EFBIG, as real as ENOSPC."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        f"""
+        import resource, signal, torch
+        from runtime.backends import trainer_state
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+        model = torch.nn.Linear(1024, 1024)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+        saver = trainer_state.Saver()
+        saver.start({str(tmp_path / "step_1")!r}, model, optimizer, scheduler, 1)
+        try:
+            saver.written(wait=True)
+        except OSError as e:
+            print("ERRNO", e.errno, e)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    ).stdout
+    import errno
+
+    line = next(x for x in out.splitlines() if x.startswith("ERRNO"))
+    assert line.startswith(f"ERRNO {errno.EFBIG} "), out
+    assert f"checkpoint write to {tmp_path / 'step_1' / 'trainer'} failed: File too large" in line

@@ -14,7 +14,7 @@ from recipes import apply_overrides, load_recipe, plan
 from runtime.control.batching import collate_groups, train_batch
 from runtime.control.buffer import Group
 from runtime.control.config import RunConfig
-from runtime.control.controller import Controller
+from runtime.control.controller import Controller, room_warning
 from runtime.tasks.data import PromptSource
 
 ROWS = [{"question": f"prompt {i}", "answer": str(i)} for i in range(40)]
@@ -155,6 +155,50 @@ def test_a_checkpoint_with_groups_in_flight_resumes_where_it_stood(tmp_path):
     assert len(everything) == len(set(everything)) == 32
     order = [p.id for p in source(cfg).take(40)]
     assert everything == order[: len(everything)]  # one generator: calls take prompts in order
+
+
+def test_a_disk_without_room_for_a_checkpoint_skips_it_and_the_run_goes_on(
+    tmp_path, monkeypatch, capsys
+):
+    """A checkpoint the disk cannot hold (after older ones are deleted) is not started: a
+    write that fills the disk half-way ends the run with nothing resumable. The run trains on
+    with a warning for each skipped write, so that its end still writes the model; once the
+    disk has room again the next checkpoint is written."""
+    import os
+
+    from recipes.memory import checkpoint_bytes
+    from runtime.control import checkpoint
+
+    cfg = config(tmp_path, "grpo.checkpoint_interval=2", "grpo.steps=6")
+    need = checkpoint_bytes(cfg.recipe.arch)
+    room = {"free": int(need * 0.5)}
+
+    def disk(path):
+        return os.statvfs_result((1, 1, 10 * need, room["free"], room["free"], 0, 0, 0, 0, 255))
+
+    monkeypatch.setattr(checkpoint.os, "statvfs", disk)
+    # what run.py says at start-up, before the services start
+    assert room_warning(cfg.checkpoint_dir, need) == (
+        f"forgesky: warning: {cfg.checkpoint_dir} has room for "
+        f"{checkpoint.approx_size(need * 0.5).lstrip('~')} of checkpoints and one needs "
+        f"{checkpoint.approx_size(need)}: checkpoints are skipped while it has no room (free "
+        "that disk, or give the run a larger one: resources.disk_gb)"
+    )
+    controller = asyncio.run(run(cfg, FakeServices()))
+    assert controller.step == 6 and checkpoint.committed(cfg.checkpoint_dir) == []
+    warnings = [x for x in capsys.readouterr().err.splitlines() if "not written" in x]
+    size = checkpoint.approx_size(need)
+    assert len(warnings) == 3, warnings
+    for step, warning in zip((2, 4, 6), warnings, strict=True):
+        start = f"forgesky: warning: checkpoint of step {step} not written: {cfg.checkpoint_dir}"
+        assert warning.startswith(start), warning
+    assert f"has {checkpoint.approx_size(need * 0.5).lstrip('~')} free" in warnings[0]
+    assert f"a checkpoint needs {size}" in warnings[0] and "resources.disk_gb" in warnings[0]
+    room["free"] = 10 * need
+    assert room_warning(cfg.checkpoint_dir, need) is None
+    cfg = config(tmp_path, "grpo.checkpoint_interval=2", "grpo.steps=8")
+    asyncio.run(run(cfg, FakeServices()))
+    assert [c.step for c in checkpoint.committed(cfg.checkpoint_dir)][-1] == 8
 
 
 def test_resume_refuses_a_checkpoint_whose_parts_disagree(tmp_path):

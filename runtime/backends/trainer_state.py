@@ -12,10 +12,12 @@ parameter-name keyed form. A checkpoint folder from before DCP (one `trainer.pt`
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,8 @@ class Saver:
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device or torch.device("cpu")
         self.future: Any = None
+        self.folder = ""  # where the write in flight goes
+        self.files: _FilesWithErrors | None = None  # its files, with what failed writing them
         self.staging: Any = None
         self.group: Any = None
         # One stager for the run: its host copy of the state is kept between writes and, on a
@@ -103,16 +107,19 @@ class Saver:
             # step's last kernels (the optimizer's) must be done before it reads the state
             torch.cuda.current_stream(self.device).synchronize()
         folder = str(Path(directory) / TRAINER_DIR)
+        writer = dcp.FileSystemWriter(folder, thread_count=WRITE_THREADS)
+        writer.fs = self.files = _FilesWithErrors()
         response = dcp.async_save(
             _state(model, optimizer, scheduler, step),
             checkpoint_id=folder,
-            storage_writer=dcp.FileSystemWriter(folder, thread_count=WRITE_THREADS),
+            storage_writer=writer,
             process_group=self.group,
             async_stager=self.stager,
             no_dist=_single(),
         )
         self.staging = getattr(response, "staging_completion", None)
         self.future = getattr(response, "upload_completion", response)
+        self.folder = folder
 
     def prepare(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int) -> None:
         """Make this rank's host copy of the state now, in the background, so that the first
@@ -162,9 +169,29 @@ class Saver:
             done = bool(flag.item())
         if done and self.future is not None:
             self.staged()
-            self.future.result()
-            self.future = None
+            future, self.future = self.future, None
+            try:
+                future.result()
+            except BaseException as e:
+                self._failed(e)
+                raise
+            # DCP's own writer threads end on an error without telling its caller (torch
+            # 2.11-2.13: their files are left out of the metadata, and the write "succeeds")
+            if self.files is not None and self.files.errors:
+                self._failed(self.files.errors[0])
         return done
+
+    def _failed(self, error: BaseException) -> None:
+        """Raise what went wrong writing `self.folder`, by the OSError under `error` where
+        there is one (a full disk fails torch.save with "unexpected pos" over ENOSPC)."""
+        cause = _os_error(error)
+        if cause is not None:
+            raise OSError(
+                cause.errno, f"checkpoint write to {self.folder} failed: {cause.strerror}"
+            ) from error
+        raise RuntimeError(
+            f"checkpoint write to {self.folder} failed: {type(error).__name__}: {error}"
+        ) from error
 
     def close(self) -> None:
         """Wait for the last write, then free the host copy (and unpin it)."""
@@ -175,6 +202,44 @@ class Saver:
             if self.stager is not None:
                 self.stager.close()
                 self.stager = None
+
+
+class _FilesWithErrors(dcp.filesystem.FileSystem):
+    """DCP's local files, keeping every error raised while one of them was open for writing
+    (in DCP's writer threads too, where nothing else sees it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[BaseException] = []
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        try:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+        except BaseException as e:
+            self.errors.append(e)
+            raise
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The first OSError with an errno in `error` and its causes and contexts."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno:
+            return e
+        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
+        # DCP's CheckpointException keeps each rank's error (with its traceback) by rank
+        for failure in (getattr(e, "failures", None) or {}).values():
+            failure = failure[0] if isinstance(failure, tuple) and failure else failure
+            if isinstance(failure, BaseException):
+                todo.append(failure)
+    return None
 
 
 def _stager(device: torch.device) -> Any:

@@ -162,6 +162,48 @@ def prune(root: Path, keep: int) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def free_bytes(root: Path) -> int | None:
+    """Bytes this user may still write on the filesystem that holds `root` (or would hold it:
+    its nearest existing parent); None where the filesystem gives no size (some bucket mounts
+    report 0 blocks), so that nothing is refused on a number that means nothing."""
+    where = root
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return None
+    if st.f_blocks == 0:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def make_room(root: Path, need: float) -> tuple[int | None, list[Checkpoint]]:
+    """Delete committed checkpoints older than the newest, oldest first, until `need` bytes
+    are free under `root` (the newest, which a resume reads, is never deleted); the bytes free
+    after and the checkpoints deleted."""
+    free = free_bytes(root)
+    deleted: list[Checkpoint] = []
+    for old in committed(root)[:-1]:
+        if free is None or free >= need:
+            break
+        (old.path / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(old.path, ignore_errors=True)
+        deleted.append(old)
+        free = free_bytes(root)
+    return free, deleted
+
+
+def room(root: Path) -> int | None:
+    """Bytes the next checkpoint under `root` may fill: what is free, and what `make_room`
+    would free (every committed checkpoint but the newest); None where the filesystem gives
+    no size."""
+    free = free_bytes(root)
+    if free is None:
+        return None
+    return free + sum(bytes_under(c.path) for c in committed(root)[:-1])
+
+
 def approx_size(nbytes: float) -> str:
     """`~21 GB`, `~3.4 GB`, `~12 MB`: a size for a progress line."""
     if nbytes >= 10e9:

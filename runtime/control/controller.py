@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -181,10 +182,13 @@ class Controller:
 
     # --- checkpoints and shutdown ---------------------------------------------------------------
 
-    async def save_checkpoint(self, wait: bool = True) -> Path:
+    async def save_checkpoint(self, wait: bool = True) -> Path | None:
         """Checkpoint this step: the trainer stages its state and writes it in the background
         while training goes on; the directory is committed once every file is on disk (at
-        once with `wait`, else at a later step boundary: `commit_written`)."""
+        once with `wait`, else at a later step boundary: `commit_written`). Where the disk
+        cannot hold it even after deleting the older checkpoints (never the newest), the
+        write is skipped with a warning (None): the run goes on, and its end still writes
+        the model."""
         root = self.config.checkpoint_dir
         await self.commit_written(wait=True)  # one write in flight at a time
         saved = checkpoint.committed(root)
@@ -195,8 +199,10 @@ class Controller:
                 f"checkpoint step {self.step} -> {saved[-1].path} (already committed)", flush=True
             )
             return saved[-1].path
-        partial = checkpoint.begin(root, self.step)
         total = checkpoint_bytes(self.recipe.arch)
+        if not self._room_for(root, total):
+            return None
+        partial = checkpoint.begin(root, self.step)
         if wait:
             # the run waits for this one (its end, a stop): say what it waits for
             print(
@@ -232,6 +238,30 @@ class Controller:
             finally:
                 reporter.cancel()
         return root / checkpoint.step_dir_name(self.step)
+
+    def _room_for(self, root: Path, total: float) -> bool:
+        """Whether the disk under `root` holds a checkpoint of `total` bytes, after deleting
+        older checkpoints where that makes the room; if not, a warning says what is missing."""
+        need = total * (1 + ROOM_MARGIN)
+        free, deleted = checkpoint.make_room(root, need)
+        for old in deleted:
+            print(
+                f"checkpoint {old.path.name} deleted early: the disk had no room for step "
+                f"{self.step}'s",
+                flush=True,
+            )
+        if free is None or free >= need:
+            return True
+        newest = checkpoint.committed(root)
+        kept = f"; the newest kept is {newest[-1].path.name}" if newest else ""
+        print(
+            f"forgesky: warning: checkpoint of step {self.step} not written: {root} has "
+            f"{approx_size(free).lstrip('~')} free and a checkpoint needs {approx_size(total)}"
+            f"{kept} ({ROOM_ADVICE})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
 
     async def commit_written(self, wait: bool = False) -> None:
         """Commit the checkpoint being written if the trainer's files are on disk (with
@@ -270,6 +300,26 @@ class Controller:
         await self.policy.drain()
         await self.policy.close()
 
+
+ROOM_ADVICE = "free that disk, or give the run a larger one: resources.disk_gb"
+
+
+def room_warning(root: Path, total: float) -> str | None:
+    """At start-up: a warning where the disk under `root` cannot hold the next checkpoint of
+    `total` bytes, even after deleting the older ones (None where it can, or cannot say)."""
+    room = checkpoint.room(root)
+    if room is None or room >= total * (1 + ROOM_MARGIN):
+        return None
+    return (
+        f"forgesky: warning: {root} has room for {approx_size(room).lstrip('~')} of "
+        f"checkpoints and one needs {approx_size(total)}: checkpoints are skipped while it "
+        f"has no room ({ROOM_ADVICE})"
+    )
+
+
+# What a checkpoint's write needs free beyond its estimated size (the controller's own state,
+# the DCP metadata, the estimate's error).
+ROOM_MARGIN = 0.02
 
 # How often a checkpoint the run waits for says how much of it is on disk.
 WRITE_PROGRESS_S = 20.0

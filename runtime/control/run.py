@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from recipes import UserError
 from recipes.architectures import same_shapes
+from recipes.memory import checkpoint_bytes
 from runtime.control import checkpoint
 from runtime.control.checkpoint import approx_size
 from runtime.control.config import RunConfig
@@ -142,12 +144,15 @@ def _check_steps_left(config: RunConfig, saved: list[checkpoint.Checkpoint]) -> 
 
 
 async def _main(life: RunLifecycle, config: RunConfig) -> None:
-    from runtime.control.controller import Controller
+    from runtime.control.controller import Controller, room_warning
     from runtime.control.metrics import MetricsLogger
     from runtime.control.startup import start_services
 
     recipe = config.recipe
     print(config.plan.describe(), flush=True)
+    warning = room_warning(config.checkpoint_dir, checkpoint_bytes(recipe.arch))
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     start = time.perf_counter()
     services = ["weight store", "trainer", "generator"]
     services += ["reference"] if config.plan.reference_enabled else []
