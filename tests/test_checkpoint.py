@@ -227,8 +227,15 @@ def test_a_short_disk_loses_older_checkpoints_first_and_never_the_newest(tmp_pat
         (partial / "weights").write_bytes(b"x" * 1000)
         checkpoint.commit(root, partial, step, keep=3)
     each = checkpoint.bytes_under(root / "step_000001")  # its file and its marker
+    cut_off = root / "step_000004.partial"  # a write a crash cut off
+    cut_off.mkdir()
+    (cut_off / "weights").write_bytes(b"x" * 600)
     monkeypatch.setattr(checkpoint.os, "statvfs", SmallDisk(root, capacity=5000))
+    assert checkpoint.room(root) == 5000 - each
+    assert checkpoint.make_room(root, need=1000) == (5000 - 3 * each - 600, [])
+    assert cut_off.exists(), "nothing is deleted where there is room"
     assert checkpoint.make_room(root, need=1500) == (5000 - 3 * each, [])
+    assert not cut_off.exists(), "a cut-off write goes before any committed checkpoint"
     free, deleted = checkpoint.make_room(root, need=2500)
     assert [c.step for c in deleted] == [1] and free == 5000 - 2 * each
     assert [c.step for c in checkpoint.committed(root)] == [2, 3]

@@ -179,10 +179,15 @@ def free_bytes(root: Path) -> int | None:
 
 
 def make_room(root: Path, need: float) -> tuple[int | None, list[Checkpoint]]:
-    """Delete committed checkpoints older than the newest, oldest first, until `need` bytes
-    are free under `root` (the newest, which a resume reads, is never deleted); the bytes free
-    after and the checkpoints deleted."""
+    """Called with no write in flight: delete what is left of cut-off writes (`.partial`
+    folders), then committed checkpoints older than the newest, oldest first, until `need`
+    bytes are free under `root` (the newest, which a resume reads, is never deleted); the bytes
+    free after and the committed checkpoints deleted."""
     free = free_bytes(root)
+    if free is not None and free < need and root.is_dir():
+        for partial in root.glob("step_*.partial"):
+            shutil.rmtree(partial, ignore_errors=True)
+        free = free_bytes(root)
     deleted: list[Checkpoint] = []
     for old in committed(root)[:-1]:
         if free is None or free >= need:
@@ -196,12 +201,13 @@ def make_room(root: Path, need: float) -> tuple[int | None, list[Checkpoint]]:
 
 def room(root: Path) -> int | None:
     """Bytes the next checkpoint under `root` may fill: what is free, and what `make_room`
-    would free (every committed checkpoint but the newest); None where the filesystem gives
-    no size."""
+    would free (cut-off writes, every committed checkpoint but the newest); None where the
+    filesystem gives no size."""
     free = free_bytes(root)
     if free is None:
         return None
-    return free + sum(bytes_under(c.path) for c in committed(root)[:-1])
+    cut_off = sum(bytes_under(p) for p in root.glob("step_*.partial")) if root.is_dir() else 0
+    return free + cut_off + sum(bytes_under(c.path) for c in committed(root)[:-1])
 
 
 def approx_size(nbytes: float) -> str:
