@@ -94,6 +94,7 @@ def run(
     from runtime.models.export import DTYPES
 
     recipe = resolve_recipe(source, recipe_name, [], command="export")
+    check_room(folder, model_bytes(recipe), what=f"export: --out {out}")
     print(f"exporting step {source.step} of {source.path.parent.parent} to {out}", flush=True)
     # read a block at a time, in the dtype the folder is written in, each safetensors file
     # written as it fills: host memory holds a file's weights, whatever the model's size
@@ -108,6 +109,35 @@ def run(
         url = push(folder, push_to_hub, token)
         print(f"pushed to {url}", flush=True)
     return 0
+
+
+def model_bytes(recipe: Any) -> int:
+    """What a recipe's model takes on disk in its dtype's safetensors (the config and the
+    tokenizer files aside)."""
+    width = 2 if recipe.model.dtype == "bfloat16" else 4
+    return width * recipe.arch.params
+
+
+# What a model folder needs free beyond its weights (index, config, tokenizer files).
+ROOM_MARGIN_BYTES = 100e6
+
+
+def room_short(folder: Path, nbytes: float) -> str | None:
+    """Where the filesystem that would hold `folder` has no room for `nbytes` of model: what
+    is free and what is needed, for a message; None where it has, or gives no size."""
+    from runtime.control.checkpoint import approx_size, free_bytes
+
+    free = free_bytes(folder)
+    if free is None or free >= nbytes + ROOM_MARGIN_BYTES:
+        return None
+    return f"has {approx_size(free).lstrip('~')} free and the model needs {approx_size(nbytes)}"
+
+
+def check_room(folder: Path, nbytes: float, *, what: str) -> None:
+    """A UserError where the model cannot fit: found before anything is read or written."""
+    short = room_short(folder, nbytes)
+    if short:
+        raise UserError(f"{what} {short}; name a folder on a disk with room")
 
 
 def check_repo_id(repo: str) -> None:

@@ -378,3 +378,39 @@ def test_an_export_of_a_damaged_checkpoint_is_one_line_and_writes_nothing(
         expected = "is cut short or damaged" if how == "cut short" else "cannot be read"
         assert expected in err[0], err
         assert not out.exists() and not list(tmp_path.glob("*.partial"))
+
+
+def test_a_disk_without_room_for_the_model_is_one_line_and_writes_nothing(
+    run_dir, tmp_path, capsys, monkeypatch
+):
+    """`forgesky export` to a disk that cannot hold the model is refused before anything is
+    read; at the end of a run the same shortage is a warning naming `forgesky export`, and
+    the run does not start a write that would fill the disk."""
+    import os
+
+    from runtime.control.config import RunConfig
+    from runtime.control.run import model_room_warning
+    from runtime.export import model_bytes
+
+    recipe = load_recipe("tiny")
+    need = model_bytes(recipe)
+
+    def disk(path):  # a disk with a tenth of the model's size free
+        return os.statvfs_result((1, 1, 10 * need, need // 10, need // 10, 0, 0, 0, 0, 255))
+
+    monkeypatch.setattr(os, "statvfs", disk)
+    out = tmp_path / "m"
+    assert main(["export", str(run_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"forgesky: error: export: --out {out} has "), err
+    assert "free and the model needs" in err[0] and "disk with room" in err[0]
+    assert not out.exists()
+    config = RunConfig(recipe=recipe, plan=None, run_dir=tmp_path / "run")
+    warning = model_room_warning(config)
+    assert warning is not None and warning.startswith(
+        f"forgesky: warning: the model is not written: {tmp_path / 'run'} has "
+    )
+    assert f"forgesky export {tmp_path / 'run'} --out DIR" in warning
+    monkeypatch.undo()
+    assert model_room_warning(config) is None

@@ -147,6 +147,7 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     from runtime.control.controller import Controller, room_warning
     from runtime.control.metrics import MetricsLogger
     from runtime.control.startup import start_services
+    from runtime.export import model_bytes
 
     recipe = config.recipe
     print(config.plan.describe(), flush=True)
@@ -186,20 +187,36 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     if controller.step > (controller.resumed_from or 0) or life.stopping.is_set():
         await controller.save_checkpoint()
     finished = controller.step >= recipe.grpo.steps
-    if finished:
-        model = config.run_dir / "model"
+    model = config.run_dir / "model"
+    no_room = model_room_warning(config) if finished else None
+    if no_room:
+        print(no_room, file=sys.stderr, flush=True)
+    elif finished:
         provenance = {
             "recipe": recipe.name,
             "step": controller.step,
             "run_dir": str(config.run_dir),
         }
-        width = 2 if recipe.model.dtype == "bfloat16" else 4
-        size = approx_size(width * recipe.arch.params)
+        size = approx_size(model_bytes(recipe))
         print(f"writing the model ({size} of {recipe.model.dtype} safetensors) ...", flush=True)
         await controller.services.export(str(model), provenance)
         print(f"model -> {model} (Hugging Face format: transformers, vLLM)", flush=True)
     status = "finished" if finished else "stopped"
     print(f"{status} at step {controller.step}; outputs in {config.run_dir}", flush=True)
+
+
+def model_room_warning(config: RunConfig) -> str | None:
+    """At the end of a run: a warning where RUN_DIR/model would not fit on its disk (the
+    model is then not written; the run's last checkpoint still holds it)."""
+    from runtime.export import model_bytes, room_short
+
+    short = room_short(config.run_dir / "model", model_bytes(config.recipe))
+    if short is None:
+        return None
+    return (
+        f"forgesky: warning: the model is not written: {config.run_dir} {short} "
+        f"(`forgesky export {config.run_dir} --out DIR` writes it from the last checkpoint)"
+    )
 
 
 def run(config: RunConfig) -> int:
