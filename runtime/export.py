@@ -89,12 +89,14 @@ def run(
     if push_to_hub:
         check_repo_id(push_to_hub)
     source = pick_checkpoint(source_text, step)
-    from runtime.backends import build
-    from runtime.evaluate import hf_weight_groups, resolve_recipe
-    from runtime.models.export import DTYPES
+    from runtime.evaluate import resolve_recipe
 
     recipe = resolve_recipe(source, recipe_name, [], command="export")
     check_room(folder, model_bytes(recipe), what=f"export: --out {out}")
+    from runtime.backends import build  # torch: after every check that can refuse
+    from runtime.evaluate import hf_weight_groups
+    from runtime.models.export import DTYPES
+
     print(f"exporting step {source.step} of {source.path.parent.parent} to {out}", flush=True)
     # read a block at a time, in the dtype the folder is written in, each safetensors file
     # written as it fills: host memory holds a file's weights, whatever the model's size
