@@ -149,7 +149,7 @@ def disk_plan(recipe: Recipe, *, bucket: bool = False) -> dict[str, float]:
     """GB of node disk a run needs, by what fills it, and "total" (rounded up to 50 GB, at
     least 100): the model download (bf16), the kept checkpoints plus one being written (with a
     checkpoint bucket, the one being uploaded plus the one being written stay local), the
-    exported model (bf16) and the software."""
+    exported model (in `model.dtype`) and the software."""
     from recipes.names import KEPT_CHECKPOINTS
 
     arch = architecture(recipe.model.family, recipe.model.size)
@@ -158,7 +158,7 @@ def disk_plan(recipe: Recipe, *, bucket: bool = False) -> dict[str, float]:
     parts = {
         "model download": 0.0 if recipe.model.init == "random" else bf16,
         "checkpoints": local_checkpoints * checkpoint_bytes(arch) / GB,
-        "exported model": bf16,
+        "exported model": model_file_bytes(recipe) / GB,
         "software": SOFTWARE_DISK_GB,
     }
     total = max(100, math.ceil(sum(parts.values()) / 50) * 50)
@@ -195,13 +195,19 @@ BASE_HOST_GB = 16.0
 EXPORT_FILE_BYTES = 5 * 10**9
 
 
+def model_file_bytes(recipe: Recipe) -> int:
+    """Bytes of the recipe's model in safetensors of its dtype (`model.dtype`): the exported
+    folder's weights."""
+    return (2 if recipe.model.dtype == "bfloat16" else 4) * recipe.arch.params
+
+
 def export_host_bytes(recipe: Recipe) -> float:
     """Bytes trainer rank 0 holds in host memory while it writes the HF folder at the end of a
     run (beside the checkpoint copy, which is kept), in the dtype it writes: the weights of the
     file being filled and the gathered group in hand (the largest: the embedding and the output
     projection), or the whole model where that is less."""
     arch = recipe.arch
-    size = 2 if recipe.model.dtype == "bfloat16" else 4
+    size = model_file_bytes(recipe) / arch.params
     outside = arch.vocab_size * arch.dim * (1 if arch.tie_embeddings else 2)
     return size * min(arch.params, EXPORT_FILE_BYTES / size + outside)
 

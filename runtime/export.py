@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes import UserError
+from recipes.memory import model_file_bytes
 
 
 def pick_checkpoint(source_text: str, step: int | None) -> Any:
@@ -92,7 +93,7 @@ def run(
     from runtime.evaluate import resolve_recipe
 
     recipe = resolve_recipe(source, recipe_name, [], command="export")
-    check_room(folder, model_bytes(recipe), what=f"export: --out {out}")
+    check_room(folder, model_file_bytes(recipe), what=f"export: --out {out}")
     from runtime.backends import build  # torch: after every check that can refuse
     from runtime.evaluate import hf_weight_groups
     from runtime.models.export import DTYPES
@@ -111,13 +112,6 @@ def run(
         url = push(folder, push_to_hub, token)
         print(f"pushed to {url}", flush=True)
     return 0
-
-
-def model_bytes(recipe: Any) -> int:
-    """What a recipe's model takes on disk in its dtype's safetensors (the config and the
-    tokenizer files aside)."""
-    width = 2 if recipe.model.dtype == "bfloat16" else 4
-    return width * recipe.arch.params
 
 
 # What a model folder needs free beyond its weights (index, config, tokenizer files).

@@ -388,12 +388,12 @@ def test_a_disk_without_room_for_the_model_is_one_line_and_writes_nothing(
     the run does not start a write that would fill the disk."""
     import os
 
+    from recipes.memory import model_file_bytes
     from runtime.control.config import RunConfig
     from runtime.control.run import model_room_warning
-    from runtime.export import model_bytes
 
     recipe = load_recipe("tiny")
-    need = model_bytes(recipe)
+    need = model_file_bytes(recipe)
 
     def disk(path):  # a disk with a tenth of the model's size free
         return os.statvfs_result((1, 1, 10 * need, need // 10, need // 10, 0, 0, 0, 0, 255))

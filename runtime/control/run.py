@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from recipes import UserError
 from recipes.architectures import same_shapes
-from recipes.memory import checkpoint_bytes
+from recipes.memory import checkpoint_bytes, model_file_bytes
 from runtime.control import checkpoint
 from runtime.control.checkpoint import approx_size
 from runtime.control.config import RunConfig
@@ -147,7 +147,6 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     from runtime.control.controller import Controller, room_warning
     from runtime.control.metrics import MetricsLogger
     from runtime.control.startup import start_services
-    from runtime.export import model_bytes
 
     recipe = config.recipe
     print(config.plan.describe(), flush=True)
@@ -197,7 +196,7 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
             "step": controller.step,
             "run_dir": str(config.run_dir),
         }
-        size = approx_size(model_bytes(recipe))
+        size = approx_size(model_file_bytes(recipe))
         print(f"writing the model ({size} of {recipe.model.dtype} safetensors) ...", flush=True)
         await controller.services.export(str(model), provenance)
         print(f"model -> {model} (Hugging Face format: transformers, vLLM)", flush=True)
@@ -208,9 +207,9 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
 def model_room_warning(config: RunConfig) -> str | None:
     """At the end of a run: a warning where RUN_DIR/model would not fit on its disk (the
     model is then not written; the run's last checkpoint still holds it)."""
-    from runtime.export import model_bytes, room_short
+    from runtime.export import room_short
 
-    short = room_short(config.run_dir / "model", model_bytes(config.recipe))
+    short = room_short(config.run_dir / "model", model_file_bytes(config.recipe))
     if short is None:
         return None
     return (
