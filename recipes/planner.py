@@ -117,8 +117,10 @@ class Plan:
     accelerator: str = "H100"
     minimum_gpus: int = 0
     settings: Settings | None = field(default=None, hash=False, compare=True)
-    # which services share GPUs and take turns on them: none, trainer_reference or all
+    # which services share GPUs: none, trainer_reference or all; and how (layout.sharing): in
+    # turns, or with their calls at once
     share: str = "none"
+    sharing: str = "turns"
     reference_host_gb: float | None = None  # a reference on the CPU: host memory it takes
     # a checkpoint write stages the trainer's shards (12 bytes a parameter) in node 0's memory
     checkpoint_host_gb: float | None = None
@@ -228,9 +230,9 @@ class Plan:
                 )
             )
         if self.share != "none" and not self.cpu:
-            lines.append(
-                f"layout.share {self.share}: {SHARE_WORDS[self.share]}; GB/GPU adds up per GPU"
-            )
+            who, turns = SHARE_WORDS[self.share]
+            how = CONCURRENT_WORDS if self.sharing == "concurrent" else turns
+            lines.append(f"layout.share {self.share}: {who}{how}; GB/GPU adds up per GPU")
         if self.predicted_step_s is not None:
             lines.append(
                 f"predicted: {_seconds(self.predicted_step_s)} s a step at the recipe's maximum lengths "
@@ -340,11 +342,18 @@ class Plan:
         return "-"
 
 
+# (who shares, how: layout.sharing turns, concurrent)
 SHARE_WORDS = {
-    "trainer_reference": "the generators have GPUs of their own, the trainer and the reference "
-    "share the rest and take turns (score, train)",
-    "all": "every service shares every GPU and they take turns (sample, score, train)",
+    "trainer_reference": (
+        "the generators have GPUs of their own, the trainer and the reference share the rest",
+        " and take turns (score, train)",
+    ),
+    "all": ("every service shares every GPU", " and they take turns (sample, score, train)"),
 }
+CONCURRENT_WORDS = (
+    ", their calls at once (layout.sharing concurrent: for a node that runs NVIDIA MPS; the "
+    "predicted step and the memory check count turns)"
+)
 # Ties go to the layout with fewer services sharing (fewer turns, fewer fixed caches).
 SHARE_ORDER = ("none", "trainer_reference", "all")
 
@@ -814,6 +823,7 @@ def _gpu_plan(
         accelerator=accelerator,
         settings=settings,
         share=share,
+        sharing=recipe.layout.sharing,
         while_training_gb=training,
         reference_host_gb=_reference_host_gb(recipe),
         checkpoint_host_gb=round(checkpoint_bytes(recipe.arch) / GB, 1),
@@ -1147,6 +1157,7 @@ def _cpu_plan(recipe: Recipe, nodes: int) -> Plan:
         accelerator="cpu",
         minimum_gpus=0,
         settings=settings,
+        sharing=recipe.layout.sharing,
     )
 
 

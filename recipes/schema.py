@@ -283,12 +283,22 @@ class RewardLayout(_Strict):
 Share = Literal["auto", "none", "trainer_reference", "all"]
 
 
+# How services placed on one GPU use it: turns (one GPU call at a time: a generate call, a
+# scoring, a train step with its publish, a weight load; runtime/control/turns.py), or
+# concurrent (their calls run at once). Processes on one GPU are time-sliced by the driver, which
+# measured slower than turns on an H200; concurrent is for nodes that run NVIDIA MPS, under
+# which their kernels can run side by side (the node must start it). The predicted step and
+# the memory check count turns: at once, a scoring's activations can meet a train step's.
+Sharing = Literal["turns", "concurrent"]
+
+
 class Layout(_Strict):
     generator: GeneratorLayout = GeneratorLayout()
     reference: ReferenceLayout = ReferenceLayout()
     trainer: TrainerLayout = TrainerLayout()
     reward: RewardLayout = RewardLayout()
     share: Share = "auto"
+    sharing: Sharing = "turns"
 
 
 class Resources(_Strict):

@@ -201,6 +201,34 @@ def test_a_disk_without_room_for_a_checkpoint_skips_it_and_the_run_goes_on(
     assert [c.step for c in checkpoint.committed(cfg.checkpoint_dir)][-1] == 8
 
 
+@pytest.mark.parametrize("sharing", ["turns", "concurrent"])
+def test_services_on_one_gpu_take_turns_unless_sharing_is_concurrent(tmp_path, capsys, sharing):
+    """layout.sharing turns: a generate call, a scoring and a train step on one GPU hold its
+    lock in turn (their records count the turns); concurrent: no lock, no turns, and the
+    start-up line says the calls go at once."""
+    import dataclasses
+
+    cfg = config(tmp_path, "grpo.steps=4", f"layout.sharing={sharing}")
+    on_gpu0 = tuple(
+        dataclasses.replace(p, gpus=(0,)) if p.service != "reward" else p
+        for p in cfg.plan.placements
+    )
+    assert cfg.plan.sharing == sharing
+    cfg = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, placements=on_gpu0))
+    services = FakeServices(generate_s=0.02, reference_s=0.02)
+    controller = asyncio.run(run(cfg, services))
+    assert controller.step == 4
+    rows = controller.metrics.records
+    out = capsys.readouterr().out
+    units = "generator0 + reference + trainer (node 0 GPU 0)"
+    if sharing == "turns":
+        assert f"services sharing a GPU take turns: {units}" in out
+        assert all(r["gpu/turns_trainer"] == 1 for r in rows)
+    else:
+        assert f"services sharing a GPU call it at once (layout.sharing concurrent): {units}" in out
+        assert not any(k.startswith("gpu/") for r in rows for k in r)
+
+
 def test_resume_refuses_a_checkpoint_whose_parts_disagree(tmp_path):
     cfg = config(tmp_path, "grpo.max_policy_age=0", "grpo.steps=2")
     asyncio.run(run(cfg, FakeServices()))

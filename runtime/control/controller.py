@@ -45,7 +45,12 @@ class Controller:
         self.pending_checkpoint: tuple[Path, int] | None = None
         self.wandb_run_id: str | None = None
         self.progress = Progress(services.generators)
+        # layout.sharing concurrent: services on one GPU call it at once (no turns)
         self.turns = GpuTurns(config.plan.placements)
+        self.concurrent = config.plan.sharing == "concurrent" and bool(self.turns)
+        if self.concurrent:
+            self.shared_gpus = self.turns.describe()
+            self.turns = GpuTurns(())
         self.notes = Notes()
         self.rollouts: Rollouts | None = None
         self.evaluator: Evaluator | None = None
@@ -80,6 +85,12 @@ class Controller:
             await self._restore(ckpt)
         if self.turns:
             print(f"services sharing a GPU take turns: {self.turns.describe()}", flush=True)
+        elif self.concurrent:
+            print(
+                "services sharing a GPU call it at once (layout.sharing concurrent): "
+                f"{self.shared_gpus}",
+                flush=True,
+            )
         await self.policy.connect()
         await self.policy.publish_and_load(self.version)
 
