@@ -71,11 +71,20 @@ RUNS = (
     ("gpu_h200x4_2026-11-27b/product_path_llama3.1-8b_part_b.json", "run_b", 4, "H200"),
     ("gpu_h200x4_2026-11-27c/product_path_qwen3-8b_part_b.json", "run_a", 2, "H200"),
     ("gpu_h200x4_2026-11-27c/product_path_qwen3-8b_part_b.json", "run_b", 4, "H200"),
+    ("gpu_h200x2_2026-11-27d/product_path_qwen3-8b_part_a.json", "run_a", 2, "H200"),
+    ("gpu_h200_2026-11-27e/product_path_qwen3-1.7b.json", None, 1, "H200"),
 )
 # Runs whose push path sent the ipc path's buffer of a version (runtime/weights/push.py
 # `lend_from`); in the runs before, rank 0 kept a push buffer of its own beside it, and their
 # publish estimate counts it as those runs had it.
-PUSH_BORROWS_IPC_BUFFER = frozenset({"gpu_h200x4_2026-11-27b", "gpu_h200x4_2026-11-27c"})
+PUSH_BORROWS_IPC_BUFFER = frozenset(
+    {
+        "gpu_h200x4_2026-11-27b",
+        "gpu_h200x4_2026-11-27c",
+        "gpu_h200x2_2026-11-27d",
+        "gpu_h200_2026-11-27e",
+    }
+)
 # Runs whose publishes gathered a whole version at once somewhere: versions piling up on-policy
 # (qwen3-8b_4), and a resumed run's first publish laying out the flat buffer from the gathered
 # version (before the layout came from the trainer's meta tensors). Their publish peaks are
