@@ -231,7 +231,7 @@ class Plan:
             )
         if self.share != "none" and not self.cpu:
             who, turns = SHARE_WORDS[self.share]
-            how = CONCURRENT_WORDS if self.sharing == "concurrent" else turns
+            how = MPS_WORDS if self.sharing == "mps" else turns
             lines.append(f"layout.share {self.share}: {who}{how}; GB/GPU adds up per GPU")
         if self.predicted_step_s is not None:
             lines.append(
@@ -350,9 +350,9 @@ SHARE_WORDS = {
     ),
     "all": ("every service shares every GPU", " and they take turns (sample, score, train)"),
 }
-CONCURRENT_WORDS = (
-    ", their calls at once (layout.sharing concurrent: for a node that runs NVIDIA MPS; the "
-    "predicted step and the memory check count turns)"
+MPS_WORDS = (
+    ", their calls at once under NVIDIA MPS (layout.sharing mps; the predicted step and the "
+    "memory check count turns)"
 )
 # Ties go to the layout with fewer services sharing (fewer turns, fewer fixed caches).
 SHARE_ORDER = ("none", "trainer_reference", "all")

@@ -284,12 +284,12 @@ Share = Literal["auto", "none", "trainer_reference", "all"]
 
 
 # How services placed on one GPU use it: turns (one GPU call at a time: a generate call, a
-# scoring, a train step with its publish, a weight load; runtime/control/turns.py), or
-# concurrent (their calls run at once). Processes on one GPU are time-sliced by the driver, which
-# measured slower than turns on an H200; concurrent is for nodes that run NVIDIA MPS, under
-# which their kernels can run side by side (the node must start it). The predicted step and
-# the memory check count turns: at once, a scoring's activations can meet a train step's.
-Sharing = Literal["turns", "concurrent"]
+# scoring, a train step with its publish, a weight load; runtime/control/turns.py), or mps
+# (their calls at once, as clients of an NVIDIA MPS daemon the run starts on its node:
+# runtime/procs/mps.py; without MPS, processes on one GPU are time-sliced, which measured slower
+# than turns). The predicted step and the memory check count turns: at once, a scoring's
+# activations can meet a train step's.
+Sharing = Literal["turns", "mps"]
 
 
 class Layout(_Strict):

@@ -12,6 +12,7 @@ from pathlib import Path
 from recipes import UserError
 from recipes.errors import OneLineParser
 from runtime.procs.cluster import DEFAULT_WORKER_PORT, check_plan_fits, cluster_from_env
+from runtime.procs.mps import control_binary, uses_mps
 
 # SkyPilot starts `run` on all nodes at once, after setup finished on every node; this covers
 # imports on a slow node, not provisioning.
@@ -206,6 +207,8 @@ def main(
             from runtime.procs.gpu_check import check_gpus_free, read_gpus
 
             check_gpus_free(config.plan, config.cluster.rank, read_gpus())
+        if uses_mps(config.plan) and config.cluster.rank == 0:
+            control_binary()  # where the node has none: one line, nothing started
         if not (config.cluster.multi_node and config.cluster.rank > 0):
             # the controller's outputs: W&B first, as the run dir is created last
             from runtime.control.metrics import check_wandb_login

@@ -201,11 +201,11 @@ def test_a_disk_without_room_for_a_checkpoint_skips_it_and_the_run_goes_on(
     assert [c.step for c in checkpoint.committed(cfg.checkpoint_dir)][-1] == 8
 
 
-@pytest.mark.parametrize("sharing", ["turns", "concurrent"])
-def test_services_on_one_gpu_take_turns_unless_sharing_is_concurrent(tmp_path, capsys, sharing):
+@pytest.mark.parametrize("sharing", ["turns", "mps"])
+def test_services_on_one_gpu_take_turns_unless_they_share_it_under_mps(tmp_path, capsys, sharing):
     """layout.sharing turns: a generate call, a scoring and a train step on one GPU hold its
-    lock in turn (their records count the turns); concurrent: no lock, no turns, and the
-    start-up line says the calls go at once."""
+    lock in turn (their records count the turns); mps: no lock, no turns, and the start-up
+    line says the calls go at once."""
     import dataclasses
 
     cfg = config(tmp_path, "grpo.steps=4", f"layout.sharing={sharing}")
@@ -225,7 +225,8 @@ def test_services_on_one_gpu_take_turns_unless_sharing_is_concurrent(tmp_path, c
         assert f"services sharing a GPU take turns: {units}" in out
         assert all(r["gpu/turns_trainer"] == 1 for r in rows)
     else:
-        assert f"services sharing a GPU call it at once (layout.sharing concurrent): {units}" in out
+        line = "services sharing a GPU call it at once under NVIDIA MPS (layout.sharing mps)"
+        assert f"{line}: {units}" in out
         assert not any(k.startswith("gpu/") for r in rows for k in r)
 
 

@@ -45,9 +45,9 @@ class Controller:
         self.pending_checkpoint: tuple[Path, int] | None = None
         self.wandb_run_id: str | None = None
         self.progress = Progress(services.generators)
-        # layout.sharing concurrent: services on one GPU call it at once (no turns)
+        # layout.sharing mps: services on one GPU call it at once (no turns)
         self.turns = GpuTurns(config.plan.placements)
-        self.concurrent = config.plan.sharing == "concurrent" and bool(self.turns)
+        self.concurrent = config.plan.sharing == "mps" and bool(self.turns)
         if self.concurrent:
             self.shared_gpus = self.turns.describe()
             self.turns = GpuTurns(())
@@ -87,7 +87,7 @@ class Controller:
             print(f"services sharing a GPU take turns: {self.turns.describe()}", flush=True)
         elif self.concurrent:
             print(
-                "services sharing a GPU call it at once (layout.sharing concurrent): "
+                "services sharing a GPU call it at once under NVIDIA MPS (layout.sharing mps): "
                 f"{self.shared_gpus}",
                 flush=True,
             )

@@ -17,7 +17,23 @@ from runtime.control.services import Services
 from runtime.control.watchdog import Watchdog
 from runtime.procs.lifecycle import RunLifecycle
 from runtime.procs.mesh import available_cores
+from runtime.procs.mps import uses_mps
 from runtime.procs.spawn import spawn_service
+
+
+def _start_mps(life: RunLifecycle) -> dict[str, str]:
+    """layout.sharing mps: a control daemon of the run's own, stopped after the procs (which
+    are registered later, so stopped first); its clients' environment."""
+    from runtime.procs.mps import start_daemon
+
+    daemon = start_daemon()
+
+    async def stop() -> None:
+        await asyncio.to_thread(daemon.stop)
+
+    life.register("mps daemon", stop)
+    print(f"NVIDIA MPS daemon started for the services sharing a GPU ({daemon.folder})", flush=True)
+    return daemon.env
 
 
 def _placements(plan: Any, service: str) -> list[Any]:
@@ -70,11 +86,13 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     # Services that share a GPU take turns: the caching allocator grows and shrinks segments
     # so one's freed memory serves the next (fixed segments fragment across the turns).
     shared = shared_services(plan.placements)
+    mps_env = _start_mps(life) if uses_mps(plan) else {}
 
     def gpu_env(service: str, env: dict[str, str] | None = None) -> dict[str, str]:
         extra = dict(env or {})
         if service in shared:
             extra.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+            extra.update(mps_env)  # layout.sharing mps: the services sharing a GPU are clients
         return extra
 
     # a failure one trainer or reference proc reports names that proc's GPU

@@ -1,0 +1,112 @@
+"""NVIDIA MPS for the services that share a GPU (`layout.sharing: mps`).
+
+Processes that share a GPU are time-sliced by the driver: their kernels do not run side by
+side, which is why such services take turns by default (runtime/control/turns.py). Under the
+Multi-Process Service the kernels of several processes can share the GPU's SMs. A run with
+`layout.sharing: mps` starts a control daemon of its own on the controller's node (where the
+plan puts every shared GPU), with its pipe and log folders in a fresh temporary folder, before
+any service proc starts; the procs of the services that share a GPU get that folder in their
+environment (`CUDA_MPS_PIPE_DIRECTORY`), so they, and only they, become MPS clients. At
+shutdown, after the procs, the daemon is told to quit and the folder is removed. A controller
+killed with SIGKILL leaves its daemon running: `echo quit | CUDA_MPS_PIPE_DIRECTORY=FOLDER/pipe
+nvidia-cuda-mps-control` with the folder its start-up line named.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipes import UserError
+
+CONTROL = "nvidia-cuda-mps-control"
+# How long the daemon may take to start, and to quit with its server after the last client.
+START_TIMEOUT_S = 30.0
+QUIT_TIMEOUT_S = 30.0
+
+
+def uses_mps(plan: Any) -> bool:
+    """Whether a run of `plan` starts an MPS daemon: layout.sharing mps where services share
+    a GPU."""
+    from recipes.placements import shared_services
+
+    return plan.sharing == "mps" and bool(shared_services(plan.placements))
+
+
+def control_binary() -> str:
+    """The control program's path; a UserError where this node has none."""
+    found = shutil.which(CONTROL)
+    if found is None:
+        raise UserError(
+            f"layout.sharing mps: {CONTROL} is not on this node's PATH (it comes with NVIDIA's "
+            "driver utilities); install them, or set layout.sharing=turns"
+        )
+    return found
+
+
+@dataclass
+class MpsDaemon:
+    """A control daemon this run started: its folder, and the environment of its clients."""
+
+    binary: str
+    folder: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.folder / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.folder / "log"),
+        }
+
+    def _control(self, *args: str, stdin: str | None = None, timeout: float) -> str:
+        done = subprocess.run(
+            [self.binary, *args],
+            input=stdin,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            what = " ".join(args) or "quit"
+            raise RuntimeError(
+                f"{CONTROL} ({what}) exited {done.returncode}" + (f": {said[-1]}" if said else "")
+            )
+        return done.stdout
+
+    def stop(self) -> None:
+        """Tell the daemon to quit (its server goes once its clients have), then remove the
+        folder. Safe to call twice."""
+        if not self.folder.exists():
+            return
+        try:
+            self._control(stdin="quit\n", timeout=QUIT_TIMEOUT_S)
+            deadline = time.monotonic() + QUIT_TIMEOUT_S
+            # the daemon removes its control pipe as it exits
+            while (self.folder / "pipe" / "control").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def start_daemon() -> MpsDaemon:
+    """Start a control daemon in a folder of its own; its clients' environment is `.env`."""
+    binary = control_binary()
+    folder = Path(tempfile.mkdtemp(prefix="forgesky-mps-"))
+    daemon = MpsDaemon(binary, folder)
+    for sub in ("pipe", "log"):
+        (folder / sub).mkdir()
+    try:
+        daemon._control("-d", timeout=START_TIMEOUT_S)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return daemon

@@ -1,0 +1,111 @@
+"""layout.sharing mps: the run's own MPS control daemon, started before the procs of the
+services that share a GPU and stopped after them. The control program is NVIDIA's; here a
+stand-in on PATH records what the runtime asks of it (this machine has no GPU driver)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from runtime_helpers import NOISE, ROOT
+
+from recipes import UserError
+from runtime.procs import mps
+
+# What the stand-in does: `-d` starts "the daemon" (its control pipe appears), `quit` on stdin
+# stops it (the pipe goes); each call is a line in $FAKE_MPS_LOG with the pipe folder it got.
+STAND_IN = """#!/bin/sh
+if [ -n "$FAKE_MPS_FAIL" ]; then echo "cannot start: $FAKE_MPS_FAIL" >&2; exit 1; fi
+if [ "$1" = "-d" ]; then
+  echo "start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >> "$FAKE_MPS_LOG"
+  touch "$CUDA_MPS_PIPE_DIRECTORY/control"
+  exit 0
+fi
+read command
+echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "$FAKE_MPS_LOG"
+rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+"""
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    program = folder / mps.CONTROL
+    program.write_text(STAND_IN)
+    program.chmod(program.stat().st_mode | stat.S_IXUSR)
+    log = tmp_path / "mps.log"
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_MPS_LOG", str(log))
+    return log
+
+
+def test_a_node_without_the_control_program_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(UserError) as err:
+        mps.control_binary()
+    assert str(err.value) == (
+        "layout.sharing mps: nvidia-cuda-mps-control is not on this node's PATH (it comes "
+        "with NVIDIA's driver utilities); install them, or set layout.sharing=turns"
+    )
+
+
+def test_the_daemon_runs_in_a_folder_of_its_own_and_quits(stand_in):
+    daemon = mps.start_daemon()
+    pipe, logs = daemon.env["CUDA_MPS_PIPE_DIRECTORY"], daemon.env["CUDA_MPS_LOG_DIRECTORY"]
+    assert Path(pipe).parent == daemon.folder and Path(logs).parent == daemon.folder
+    assert (Path(pipe) / "control").exists()
+    daemon.stop()
+    assert stand_in.read_text().splitlines() == [f"start {pipe} {logs}", f"quit {pipe}"]
+    assert not daemon.folder.exists()
+    daemon.stop()  # twice: nothing more asked of the daemon
+    assert len(stand_in.read_text().splitlines()) == 2
+
+
+def test_a_daemon_that_does_not_start_names_what_the_program_said(stand_in, monkeypatch):
+    monkeypatch.setenv("FAKE_MPS_FAIL", "no GPU")
+    with pytest.raises(RuntimeError) as err:
+        mps.start_daemon()
+    assert str(err.value) == "nvidia-cuda-mps-control (-d) exited 1: cannot start: no GPU"
+
+
+def test_only_a_plan_whose_services_share_a_gpu_uses_mps():
+    from recipes import apply_overrides, load_recipe, plan
+
+    recipe = apply_overrides(load_recipe("qwen3-1.7b"), ["layout.sharing=mps"])
+    assert mps.uses_mps(plan(recipe, 1, accelerator="H200"))  # every service on the one GPU
+    own = apply_overrides(recipe, ["layout.share=none"])
+    assert not mps.uses_mps(plan(own, 3, accelerator="H200"))  # a GPU each: no client
+    turns = apply_overrides(recipe, ["layout.sharing=turns"])
+    assert not mps.uses_mps(plan(turns, 1, accelerator="H200"))
+
+
+@pytest.mark.slow
+def test_a_run_with_services_on_one_gpu_starts_and_stops_its_daemon(tmp_path, stand_in):
+    """Real procs: `tiny` with generator, reference and trainer placed on GPU index 0 (on this
+    CPU host the index only sets CUDA_VISIBLE_DEVICES), layout.sharing mps."""
+    run_dir = tmp_path / "run"
+    args = [sys.executable, str(ROOT / "tests/shared_gpu_app.py"), str(run_dir)]
+    for o in ("grpo.steps=3", "grpo.checkpoint_interval=0", "layout.sharing=mps"):
+        args += ["--set", o]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for word in NOISE:
+        assert word not in out, f"{word!r} in output:\n{out}"
+    started = next(x for x in out.splitlines() if x.startswith("NVIDIA MPS daemon started"))
+    folder = started.split("(")[1].rstrip(")")
+    assert out.index(started) < out.index("services ready")
+    assert (
+        "services sharing a GPU call it at once under NVIDIA MPS (layout.sharing mps): "
+        "generator0 + reference + trainer (node 0 GPU 0)" in out
+    )
+    pipe = f"{folder}/pipe"
+    assert stand_in.read_text().splitlines() == [f"start {pipe} {folder}/log", f"quit {pipe}"]
+    assert not Path(folder).exists()
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 3 and "gpu/turns" not in rows[-1]
