@@ -342,7 +342,7 @@ class Plan:
         return "-"
 
 
-# (who shares, how: layout.sharing turns, concurrent)
+# (who shares, how: layout.sharing turns or mps)
 SHARE_WORDS = {
     "trainer_reference": (
         "the generators have GPUs of their own, the trainer and the reference share the rest",
