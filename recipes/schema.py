@@ -287,8 +287,8 @@ Share = Literal["auto", "none", "trainer_reference", "all"]
 # scoring, a train step with its publish, a weight load; runtime/control/turns.py), or mps
 # (their calls at once, as clients of an NVIDIA MPS daemon the run starts on its node:
 # runtime/procs/mps.py; without MPS, processes on one GPU are time-sliced, which measured slower
-# than turns). The predicted step and the memory check count turns: at once, a scoring's
-# activations can meet a train step's.
+# than turns). The predicted step counts turns; the memory check adds up every service's
+# working memory on a GPU either way.
 Sharing = Literal["turns", "mps"]
 
 
