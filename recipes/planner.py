@@ -351,8 +351,7 @@ SHARE_WORDS = {
     "all": ("every service shares every GPU", " and they take turns (sample, score, train)"),
 }
 MPS_WORDS = (
-    ", their calls at once under NVIDIA MPS (layout.sharing mps; the predicted step counts "
-    "turns)"
+    ", their calls at once under NVIDIA MPS (layout.sharing mps; the predicted step counts turns)"
 )
 # Ties go to the layout with fewer services sharing (fewer turns, fewer fixed caches).
 SHARE_ORDER = ("none", "trainer_reference", "all")
