@@ -29,6 +29,21 @@ LIFECYCLE_NOISE = (
 )
 
 
+def run_on_one_gpu(run_dir: Path, overrides: list[str] | tuple[str, ...]) -> str:
+    """`tests/shared_gpu_app.py`: the tiny recipe with generator, reference and trainer placed
+    on GPU index 0 (on a CPU host the index only sets CUDA_VISIBLE_DEVICES); its output, after
+    checking that it exited 0 and printed no error noise."""
+    args = [sys.executable, str(ROOT / "tests/shared_gpu_app.py"), str(run_dir)]
+    for o in overrides:
+        args += ["--set", o]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for word in NOISE:
+        assert word not in out, f"{word!r} in output:\n{out}"
+    return out
+
+
 def shm_entries() -> set[str]:
     shm = Path("/dev/shm")
     return {p.name for p in shm.iterdir()} if shm.is_dir() else set()

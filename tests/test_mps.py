@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from runtime_helpers import NOISE, ROOT
+from runtime_helpers import run_on_one_gpu
 
 from recipes import UserError
 from runtime.procs import mps
@@ -89,14 +87,9 @@ def test_a_run_with_services_on_one_gpu_starts_and_stops_its_daemon(tmp_path, st
     """Real procs: `tiny` with generator, reference and trainer placed on GPU index 0 (on this
     CPU host the index only sets CUDA_VISIBLE_DEVICES), layout.sharing mps."""
     run_dir = tmp_path / "run"
-    args = [sys.executable, str(ROOT / "tests/shared_gpu_app.py"), str(run_dir)]
-    for o in ("grpo.steps=3", "grpo.checkpoint_interval=0", "layout.sharing=mps"):
-        args += ["--set", o]
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    for word in NOISE:
-        assert word not in out, f"{word!r} in output:\n{out}"
+    out = run_on_one_gpu(
+        run_dir, ["grpo.steps=3", "grpo.checkpoint_interval=0", "layout.sharing=mps"]
+    )
     started = next(x for x in out.splitlines() if x.startswith("NVIDIA MPS daemon started"))
     folder = started.split("(")[1].rstrip(")")
     assert out.index(started) < out.index("services ready")

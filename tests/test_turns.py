@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from runtime_helpers import NOISE, ROOT
+from runtime_helpers import run_on_one_gpu
 
 from recipes import UserError, apply_overrides, estimate_memory, load_recipe, plan
 from runtime.control.turns import GpuTurns, shared_gpus
@@ -173,15 +171,9 @@ def test_steps_per_call_grows_the_generators_kv_reserve():
 def test_a_run_on_one_shared_gpu_takes_turns_and_two_step_calls_stay_fresh(tmp_path: Path):
     """Real procs, `tiny` with generator, reference and trainer placed on GPU index 0."""
     run_dir = tmp_path / "run"
-    overrides = ["grpo.steps=8", "grpo.steps_per_call=2", "grpo.checkpoint_interval=0"]
-    args = [sys.executable, str(ROOT / "tests/shared_gpu_app.py"), str(run_dir)]
-    for o in overrides:
-        args += ["--set", o]
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    for word in NOISE:
-        assert word not in out, f"{word!r} in output:\n{out}"
+    out = run_on_one_gpu(
+        run_dir, ["grpo.steps=8", "grpo.steps_per_call=2", "grpo.checkpoint_interval=0"]
+    )
     assert "services sharing a GPU take turns: generator0 + reference + trainer" in out
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 9))
