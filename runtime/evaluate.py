@@ -158,9 +158,7 @@ def load_hf_weights(source: Source, recipe: Any, command: str = "eval") -> dict[
     except UserError:
         raise
     except _unreadable() as e:  # noqa: BLE001 - any unreadable file is the same user error
-        raise UserError(
-            f"{command}: checkpoint {source.path} cannot be read ({_first(e)})"
-        ) from None
+        raise _cannot_read(command, source, e) from None
     if legacy:
         _check_fit(_shapes(titan), _expected(spec, fused=False), where, recipe)
     return to_hf(dict(titan), spec)
@@ -179,10 +177,6 @@ def hf_weight_groups(source: Source, recipe: Any, command: str, dtype: Any) -> t
         return {k: v.to("meta") for k, v in whole.items()}, iter([whole])
     spec = build.model_spec(recipe)
     where = f"{command}: the weights in {source.path}"
-
-    def unreadable(e: BaseException) -> UserError:
-        return UserError(f"{command}: checkpoint {source.path} cannot be read ({_first(e)})")
-
     try:
         # names and shapes from the metadata first: a wrong --recipe reads nothing
         _check_fit(
@@ -192,7 +186,7 @@ def hf_weight_groups(source: Source, recipe: Any, command: str, dtype: Any) -> t
     except UserError:
         raise
     except _unreadable() as e:  # noqa: BLE001 - any unreadable file is the same user error
-        raise unreadable(e) from None
+        raise _cannot_read(command, source, e) from None
     hf_layout = {k: v for part in layout for k, v in to_hf(part, spec).items()}
 
     def hf_groups() -> Any:
@@ -202,18 +196,23 @@ def hf_weight_groups(source: Source, recipe: Any, command: str, dtype: Any) -> t
         except UserError:
             raise
         except _unreadable() as e:  # noqa: BLE001 - a file that fails half-way is the same error
-            raise unreadable(e) from None
+            raise _cannot_read(command, source, e) from None
 
     return hf_layout, hf_groups()
+
+
+def _cannot_read(command: str, source: Source, e: BaseException) -> UserError:
+    return UserError(f"{command}: checkpoint {source.path} cannot be read ({_first(e)})")
 
 
 def _first(e: BaseException) -> str:
     """The first sentence of what went wrong; under DCP's CheckpointException, the error of
     the read that failed (an EOFError for a file cut short)."""
-    failures = getattr(e, "failures", None)
-    if isinstance(failures, dict) and failures:
-        inner = next(iter(failures.values()))
-        e = getattr(inner, "exc", inner) if not isinstance(inner, BaseException) else inner
+    from torch.distributed.checkpoint import CheckpointException
+
+    from runtime.backends.trainer_state import error_chain
+
+    e = next((x for x in error_chain(e) if not isinstance(x, CheckpointException)), e)
     text = str(e).strip().splitlines()
     return (text[0].split(". ")[0] if text else "") or type(e).__name__
 

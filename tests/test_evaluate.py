@@ -140,3 +140,18 @@ def test_bad_sources_are_one_line_and_exit_2(
         assert out == ""  # refused before the evaluation started, not after it
     if make == "file":
         assert (tmp_path / "file").read_text() == "x"  # nothing overwritten
+
+
+def test_a_dcp_read_that_fails_is_named_by_the_error_under_it():
+    """DCP's CheckpointException keeps each rank's error as (error, traceback): the one line
+    names the error (here a file cut short), not that pair."""
+    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+    from runtime.evaluate import _first
+
+    try:
+        raise EOFError("Ran out of input")
+    except EOFError as cut:
+        failed = CheckpointException("read_data", {0: _wrap_exception(cut)})
+    assert _first(failed) == "Ran out of input"
+    assert _first(ValueError("shape mismatch. more words")) == "shape mismatch"

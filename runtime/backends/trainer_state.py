@@ -222,8 +222,9 @@ class _FilesWithErrors(dcp.filesystem.FileSystem):
             raise
 
 
-def _os_error(error: BaseException) -> OSError | None:
-    """The first OSError with an errno in `error` and its causes and contexts."""
+def error_chain(error: BaseException) -> Iterator[BaseException]:
+    """`error`, then what lies under it, breadth first: the errors DCP's CheckpointException
+    keeps by rank (each as (error, traceback)), then causes and contexts."""
     seen: set[int] = set()
     todo = [error]
     while todo:
@@ -231,15 +232,17 @@ def _os_error(error: BaseException) -> OSError | None:
         if id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno:
-            return e
-        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
-        # DCP's CheckpointException keeps each rank's error (with its traceback) by rank
+        yield e
         for failure in (getattr(e, "failures", None) or {}).values():
             failure = failure[0] if isinstance(failure, tuple) and failure else failure
             if isinstance(failure, BaseException):
                 todo.append(failure)
-    return None
+        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The first OSError with an errno in `error_chain(error)`."""
+    return next((e for e in error_chain(error) if isinstance(e, OSError) and e.errno), None)
 
 
 def _stager(device: torch.device) -> Any:
