@@ -28,6 +28,7 @@ from runtime.control.progress import Notes, Progress
 from runtime.control.rollouts import Rollouts
 from runtime.control.state import ControllerState
 from runtime.control.turns import GpuTurns
+from runtime.procs.mps import uses_mps
 
 
 class Controller:
@@ -45,12 +46,10 @@ class Controller:
         self.pending_checkpoint: tuple[Path, int] | None = None
         self.wandb_run_id: str | None = None
         self.progress = Progress(services.generators)
-        # layout.sharing mps: services on one GPU call it at once (no turns)
-        self.turns = GpuTurns(config.plan.placements)
-        self.concurrent = config.plan.sharing == "mps" and bool(self.turns)
-        if self.concurrent:
-            self.shared_gpus = self.turns.describe()
-            self.turns = GpuTurns(())
+        turns = GpuTurns(config.plan.placements)
+        # layout.sharing mps: services on one GPU call it at once; no turns, only their names
+        self.mps_gpus = turns.describe() if uses_mps(config.plan) else ""
+        self.turns = GpuTurns(()) if self.mps_gpus else turns
         self.notes = Notes()
         self.rollouts: Rollouts | None = None
         self.evaluator: Evaluator | None = None
@@ -85,10 +84,10 @@ class Controller:
             await self._restore(ckpt)
         if self.turns:
             print(f"services sharing a GPU take turns: {self.turns.describe()}", flush=True)
-        elif self.concurrent:
+        elif self.mps_gpus:
             print(
                 "services sharing a GPU call it at once under NVIDIA MPS (layout.sharing mps): "
-                f"{self.shared_gpus}",
+                f"{self.mps_gpus}",
                 flush=True,
             )
         await self.policy.connect()

@@ -186,7 +186,6 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     if controller.step > (controller.resumed_from or 0) or life.stopping.is_set():
         await controller.save_checkpoint()
     finished = controller.step >= recipe.grpo.steps
-    model = config.run_dir / "model"
     no_room = model_room_warning(config) if finished else None
     if no_room:
         print(no_room, file=sys.stderr, flush=True)
@@ -198,6 +197,7 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
         }
         size = approx_size(model_file_bytes(recipe))
         print(f"writing the model ({size} of {recipe.model.dtype} safetensors) ...", flush=True)
+        model = config.run_dir / "model"
         await controller.services.export(str(model), provenance)
         print(f"model -> {model} (Hugging Face format: transformers, vLLM)", flush=True)
     status = "finished" if finished else "stopped"
