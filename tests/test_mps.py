@@ -14,19 +14,38 @@ from runtime_helpers import run_on_one_gpu
 from recipes import UserError
 from runtime.procs import mps
 
-# What the stand-in does: `-d` starts "the daemon" (its control pipe appears), `quit` on stdin
-# stops it (the pipe goes); each call is a line in $FAKE_MPS_LOG with the pipe folder it got.
+# What the stand-in does, as NVIDIA's does: `-d` starts "the daemon" (a process of its own, its
+# pid in the pipe folder's pid file, its control socket beside it) and returns; `quit` on stdin
+# returns at once and the daemon ends a moment later, removing its pid file (the control file
+# stays, as the real one's socket does); with FAKE_MPS_STUCK the daemon ignores quit. Each call
+# is a line in $FAKE_MPS_LOG with the pipe folder it got.
 STAND_IN = """#!/bin/sh
 if [ -n "$FAKE_MPS_FAIL" ]; then echo "cannot start: $FAKE_MPS_FAIL" >&2; exit 1; fi
+pid_file="$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
 if [ "$1" = "-d" ]; then
   echo "start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >> "$FAKE_MPS_LOG"
+  sleep 600 </dev/null >/dev/null 2>&1 &
+  echo $! > "$pid_file"
   touch "$CUDA_MPS_PIPE_DIRECTORY/control"
   exit 0
 fi
 read command
 echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "$FAKE_MPS_LOG"
-rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+if [ -z "$FAKE_MPS_STUCK" ]; then
+  daemon=$(cat "$pid_file")
+  (sleep 0.5; kill "$daemon"; rm -f "$pid_file") </dev/null >/dev/null 2>&1 &
+fi
 """
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a child of a stand-in that exited: a zombie until reaped by init, not running
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
 
 
 @pytest.fixture
@@ -56,12 +75,33 @@ def test_the_daemon_runs_in_a_folder_of_its_own_and_quits(stand_in):
     daemon = mps.start_daemon()
     pipe, logs = daemon.env["CUDA_MPS_PIPE_DIRECTORY"], daemon.env["CUDA_MPS_LOG_DIRECTORY"]
     assert Path(pipe).parent == daemon.folder and Path(logs).parent == daemon.folder
-    assert (Path(pipe) / "control").exists()
+    pid = daemon.pid()
+    assert pid is not None and alive(pid)
     daemon.stop()
+    # stop returned because the daemon's process ended, not because its socket went
+    assert not alive(pid)
     assert stand_in.read_text().splitlines() == [f"start {pipe} {logs}", f"quit {pipe}"]
     assert not daemon.folder.exists()
     daemon.stop()  # twice: nothing more asked of the daemon
     assert len(stand_in.read_text().splitlines()) == 2
+
+
+def test_a_daemon_that_does_not_quit_is_named_and_its_folder_goes(stand_in, monkeypatch):
+    monkeypatch.setenv("FAKE_MPS_STUCK", "1")
+    monkeypatch.setattr(mps, "QUIT_TIMEOUT_S", 0.5)
+    daemon = mps.start_daemon()
+    pid = daemon.pid()
+    assert pid is not None
+    try:
+        with pytest.raises(RuntimeError) as err:
+            daemon.stop()
+        assert str(err.value) == (
+            f"the MPS control daemon (pid {pid}) is still running 0.5 s after quit; "
+            f"`kill {pid}` ends it"
+        )
+        assert not daemon.folder.exists()
+    finally:
+        os.kill(pid, 9)
 
 
 def test_a_daemon_that_does_not_start_names_what_the_program_said(stand_in, monkeypatch):

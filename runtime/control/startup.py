@@ -24,14 +24,15 @@ from runtime.procs.spawn import spawn_service
 def _start_mps(life: RunLifecycle) -> dict[str, str]:
     """layout.sharing mps: a control daemon of the run's own, stopped after the procs (which
     are registered later, so stopped first); its clients' environment."""
-    from runtime.procs.mps import start_daemon
+    from runtime.procs.mps import QUIT_TIMEOUT_S, start_daemon
 
     daemon = start_daemon()
 
     async def stop() -> None:
         await asyncio.to_thread(daemon.stop)
 
-    life.register("mps daemon", stop)
+    # its own limit first (the quit, then the wait), so that its own error is what is said
+    life.register("mps daemon", stop, timeout=2 * QUIT_TIMEOUT_S + 5)
     print(f"NVIDIA MPS daemon started for the services sharing a GPU ({daemon.folder})", flush=True)
     return daemon.env
 

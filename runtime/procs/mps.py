@@ -7,9 +7,12 @@ Multi-Process Service the kernels of several processes can share the GPU's SMs. 
 plan puts every shared GPU), with its pipe and log folders in a fresh temporary folder, before
 any service proc starts; the procs of the services that share a GPU get that folder in their
 environment (`CUDA_MPS_PIPE_DIRECTORY`), so they, and only they, become MPS clients. At
-shutdown, after the procs, the daemon is told to quit and the folder is removed. A controller
-killed with SIGKILL leaves its daemon running: `echo quit | CUDA_MPS_PIPE_DIRECTORY=FOLDER/pipe
-nvidia-cuda-mps-control` with the folder its start-up line named.
+shutdown, after the procs, the daemon is told to quit; the run waits for its process to end
+(the daemon writes its pid to `nvidia-cuda-mps-control.pid` in the pipe folder and removes that
+file as it exits; its control socket stays behind, so the socket says nothing), then removes the
+folder. A controller killed with SIGKILL leaves its daemon running: `echo quit |
+CUDA_MPS_PIPE_DIRECTORY=FOLDER/pipe nvidia-cuda-mps-control` with the folder its start-up line
+named.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Any
 from recipes import UserError
 
 CONTROL = "nvidia-cuda-mps-control"
+# Where the daemon keeps its pid, in its pipe folder, while it runs.
+PID_FILE = "nvidia-cuda-mps-control.pid"
 # How long the daemon may take to start, and to quit with its server after the last client.
 START_TIMEOUT_S = 30.0
 QUIT_TIMEOUT_S = 30.0
@@ -82,17 +87,35 @@ class MpsDaemon:
             )
         return done.stdout
 
+    def pid(self) -> int | None:
+        """The daemon's pid while its pid file is there and names a live process."""
+        try:
+            pid = int((self.folder / "pipe" / PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        # an exited daemon nobody has reaped yet (state Z) is not running
+        return None if stat.rsplit(")", 1)[1].split()[0] == "Z" else pid
+
     def stop(self) -> None:
-        """Tell the daemon to quit (its server goes once its clients have), then remove the
-        folder. Safe to call twice."""
+        """Tell the daemon to quit (its server goes once its clients have), wait for its
+        process to end, then remove the folder. Safe to call twice. A daemon still running
+        after QUIT_TIMEOUT_S is an error that names its pid."""
         if not self.folder.exists():
             return
         try:
             self._control(stdin="quit\n", timeout=QUIT_TIMEOUT_S)
             deadline = time.monotonic() + QUIT_TIMEOUT_S
-            # the daemon removes its control pipe as it exits
-            while (self.folder / "pipe" / "control").exists() and time.monotonic() < deadline:
+            while (pid := self.pid()) is not None and time.monotonic() < deadline:
                 time.sleep(0.1)
+            if pid is not None:
+                raise RuntimeError(
+                    f"the MPS control daemon (pid {pid}) is still running {QUIT_TIMEOUT_S:g} s "
+                    f"after quit; `kill {pid}` ends it"
+                )
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)
 
