@@ -121,6 +121,8 @@ class Plan:
     # turns, or with their calls at once
     share: str = "none"
     sharing: str = "turns"
+    # under MPS, the services held below all of a GPU's SMs, with their share (%)
+    mps_sm_percent: tuple[tuple[str, int], ...] = ()
     reference_host_gb: float | None = None  # a reference on the CPU: host memory it takes
     # a checkpoint write stages the trainer's shards (12 bytes a parameter) in node 0's memory
     checkpoint_host_gb: float | None = None
@@ -231,7 +233,11 @@ class Plan:
             )
         if self.share != "none" and not self.cpu:
             who, turns = SHARE_WORDS[self.share]
-            how = MPS_WORDS if self.sharing == "mps" else turns
+            how = turns
+            if self.sharing == "mps":
+                held = ", ".join(f"{name} {pct} %" for name, pct in self.mps_sm_percent)
+                held = f"; SMs: {held} (layout.mps_sm_percent)" if held else ""
+                how = MPS_WORDS.format(held=held)
             lines.append(f"layout.share {self.share}: {who}{how}; GB/GPU adds up per GPU")
         if self.predicted_step_s is not None:
             lines.append(
@@ -351,7 +357,8 @@ SHARE_WORDS = {
     "all": ("every service shares every GPU", " and they take turns (sample, score, train)"),
 }
 MPS_WORDS = (
-    ", their calls at once under NVIDIA MPS (layout.sharing mps; the predicted step counts turns)"
+    ", their calls at once under NVIDIA MPS (layout.sharing mps{held}; the predicted step counts "
+    "turns)"
 )
 # Ties go to the layout with fewer services sharing (fewer turns, fewer fixed caches).
 SHARE_ORDER = ("none", "trainer_reference", "all")
@@ -508,11 +515,24 @@ def plan(
         fits, key=lambda pc: (round(pc[1].step_s or 0.0, 3), SHARE_ORDER.index(pc[1].share))
     )
     candidates = tuple(dataclasses.replace(c, chosen=p is best) for p, c in weighed)
+    _check_mps_shares(recipe, best)
     return dataclasses.replace(
         best,
         minimum_gpus=minimum_gpus(recipe, accelerator),
         candidates=candidates if share == "auto" else (),
     )
+
+
+def _check_mps_shares(recipe: Recipe, chosen: Plan) -> None:
+    """A share of the SMs is for a service that shares a GPU (an MPS client): one on GPUs of
+    its own in the chosen layout would not use it."""
+    shared = shared_services(chosen.placements)
+    for name, _ in chosen.mps_sm_percent:
+        if name not in shared:
+            raise UserError(
+                f"layout.mps_sm_percent.{name}: the {name} has GPUs of its own in this plan "
+                f"(layout.share {chosen.share}); only services that share a GPU run under MPS"
+            )
 
 
 def _too_few(recipe: Recipe, gpus: int, accelerator: str) -> str:
@@ -823,6 +843,7 @@ def _gpu_plan(
         settings=settings,
         share=share,
         sharing=recipe.layout.sharing,
+        mps_sm_percent=recipe.layout.mps_sm_percent.limited(),
         while_training_gb=training,
         reference_host_gb=_reference_host_gb(recipe),
         checkpoint_host_gb=round(checkpoint_bytes(recipe.arch) / GB, 1),
@@ -1157,6 +1178,7 @@ def _cpu_plan(recipe: Recipe, nodes: int) -> Plan:
         minimum_gpus=0,
         settings=settings,
         sharing=recipe.layout.sharing,
+        mps_sm_percent=recipe.layout.mps_sm_percent.limited(),
     )
 
 

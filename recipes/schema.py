@@ -292,6 +292,21 @@ Share = Literal["auto", "none", "trainer_reference", "all"]
 Sharing = Literal["turns", "mps"]
 
 
+class MpsSmPercent(_Strict):
+    """Under layout.sharing mps, the share of the GPU's SMs each service's kernels may use (in
+    %: NVIDIA MPS's active thread percentage, set for that service's procs). 100 is all of them,
+    as without a limit; less leaves the others room, e.g. the generator's decode beside the
+    trainer's step."""
+
+    generator: int = Field(default=100, ge=1, le=100)
+    reference: int = Field(default=100, ge=1, le=100)
+    trainer: int = Field(default=100, ge=1, le=100)
+
+    def limited(self) -> tuple[tuple[str, int], ...]:
+        """The services held below 100 %, with their share."""
+        return tuple((name, pct) for name, pct in self.model_dump().items() if pct < 100)
+
+
 class Layout(_Strict):
     generator: GeneratorLayout = GeneratorLayout()
     reference: ReferenceLayout = ReferenceLayout()
@@ -299,6 +314,7 @@ class Layout(_Strict):
     reward: RewardLayout = RewardLayout()
     share: Share = "auto"
     sharing: Sharing = "turns"
+    mps_sm_percent: MpsSmPercent = MpsSmPercent()
 
 
 class Resources(_Strict):
@@ -547,6 +563,13 @@ def _consistency_errors(r: Recipe) -> list[str]:
                 f"{path}: {tp} exceeds resources.gpus_per_node {r.resources.gpus_per_node}; "
                 "a tensor-parallel group must sit on one node"
             )
+    limited = lay.mps_sm_percent.limited()
+    if limited and lay.sharing != "mps":
+        name = limited[0][0]
+        errors.append(
+            f"layout.mps_sm_percent.{name}: a share of the SMs applies under layout.sharing mps "
+            "(services calling a GPU at once); with turns each call has the whole GPU"
+        )
     t = lay.trainer
     if r.cpu and t.gpus != 1:
         errors.append(

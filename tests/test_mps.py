@@ -122,13 +122,48 @@ def test_only_a_plan_whose_services_share_a_gpu_uses_mps():
     assert not mps.uses_mps(plan(turns, 1, accelerator="H200"))
 
 
+def test_a_share_of_the_sms_is_planned_shown_and_refused_where_it_would_do_nothing():
+    from recipes import apply_overrides, load_recipe, plan
+
+    recipe = load_recipe("qwen3-1.7b")
+    held = ["layout.sharing=mps", "layout.mps_sm_percent.trainer=40"]
+    one = plan(apply_overrides(recipe, held), 1, accelerator="H200")
+    assert one.mps_sm_percent == (("trainer", 40),)
+    assert (
+        "their calls at once under NVIDIA MPS (layout.sharing mps; SMs: trainer 40 % "
+        "(layout.mps_sm_percent); the predicted step counts turns)" in one.describe()
+    )
+    # with turns each call has the whole GPU: a share would do nothing
+    with pytest.raises(UserError) as err:
+        apply_overrides(recipe, ["layout.mps_sm_percent.trainer=40"])
+    assert str(err.value).endswith(
+        "layout.mps_sm_percent.trainer: a share of the SMs applies under layout.sharing mps "
+        "(services calling a GPU at once); with turns each call has the whole GPU"
+    )
+    # two GPUs one step off-policy: the generator on a GPU of its own is no MPS client
+    own = apply_overrides(recipe, ["layout.sharing=mps", "layout.mps_sm_percent.generator=60"])
+    with pytest.raises(UserError) as err:
+        plan(own, 2, accelerator="H200")
+    assert str(err.value) == (
+        "layout.mps_sm_percent.generator: the generator has GPUs of its own in this plan "
+        "(layout.share trainer_reference); only services that share a GPU run under MPS"
+    )
+
+
 @pytest.mark.slow
 def test_a_run_with_services_on_one_gpu_starts_and_stops_its_daemon(tmp_path, stand_in):
     """Real procs: `tiny` with generator, reference and trainer placed on GPU index 0 (on this
     CPU host the index only sets CUDA_VISIBLE_DEVICES), layout.sharing mps."""
     run_dir = tmp_path / "run"
     out = run_on_one_gpu(
-        run_dir, ["grpo.steps=3", "grpo.checkpoint_interval=0", "layout.sharing=mps"]
+        run_dir,
+        [
+            "grpo.steps=3",
+            "grpo.checkpoint_interval=0",
+            "layout.sharing=mps",
+            "layout.mps_sm_percent.trainer=50",
+            "layout.mps_sm_percent.reference=30",
+        ],
     )
     started = next(x for x in out.splitlines() if x.startswith("NVIDIA MPS daemon started"))
     folder = started.split("(")[1].rstrip(")")
@@ -136,6 +171,11 @@ def test_a_run_with_services_on_one_gpu_starts_and_stops_its_daemon(tmp_path, st
     assert (
         "services sharing a GPU call it at once under NVIDIA MPS (layout.sharing mps): "
         "generator0 + reference + trainer (node 0 GPU 0)" in out
+    )
+    # each proc says what it found in its environment as it started
+    assert (
+        "SMs each service may use under NVIDIA MPS (layout.mps_sm_percent): trainer 50 %, "
+        "generator0 100 %, reference 30 %" in out
     )
     pipe = f"{folder}/pipe"
     assert stand_in.read_text().splitlines() == [f"start {pipe} {folder}/log", f"quit {pipe}"]

@@ -8,6 +8,7 @@ from typing import Any
 from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
+from runtime.procs.mps import client_sm_percent
 from runtime.procs.usage import thread_usage
 
 
@@ -34,6 +35,7 @@ class GeneratorActor(Actor):
             "device": str(build.device()),
             "backend": type(self.backend).__name__,
             "pad_id": build.pad_id(self.tokenizer),  # the controller pads batches with it
+            "mps_sm_percent": client_sm_percent(),
         }
 
     @endpoint

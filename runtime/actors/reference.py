@@ -10,6 +10,7 @@ from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
 from runtime.procs.failures import ranked
+from runtime.procs.mps import client_sm_percent
 
 
 class ReferenceActor(Actor):
@@ -21,7 +22,11 @@ class ReferenceActor(Actor):
     async def setup(self, recipe: Any, settings: Any) -> dict[str, Any]:
         """Build the frozen model (`settings`: the plan's recipes.settings.Settings)."""
         self.backend = build.ReferenceConfig(recipe, settings.reference).build()
-        return {"device": str(build.device()), "backend": type(self.backend).__name__}
+        return {
+            "device": str(build.device()),
+            "backend": type(self.backend).__name__,
+            "mps_sm_percent": client_sm_percent(),
+        }
 
     @endpoint
     @ranked

@@ -17,6 +17,7 @@ from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
 from runtime.procs.failures import ranked
+from runtime.procs.mps import client_sm_percent
 
 
 class TrainerActor(Actor):
@@ -55,6 +56,7 @@ class TrainerActor(Actor):
             "ranks": getattr(self.backend, "world", 1),
             "tokens_per_micro_batch": getattr(self.backend, "tokens_per_micro_batch", None),
             "activation_checkpointing": getattr(self.backend, "activation_checkpointing", None),
+            "mps_sm_percent": client_sm_percent(),
         }
 
     @endpoint

@@ -17,7 +17,7 @@ from runtime.control.services import Services
 from runtime.control.watchdog import Watchdog
 from runtime.procs.lifecycle import RunLifecycle
 from runtime.procs.mesh import available_cores
-from runtime.procs.mps import uses_mps
+from runtime.procs.mps import SM_PERCENT_ENV, uses_mps
 from runtime.procs.spawn import spawn_service
 
 
@@ -88,12 +88,16 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     # so one's freed memory serves the next (fixed segments fragment across the turns).
     shared = shared_services(plan.placements)
     mps_env = _start_mps(life) if uses_mps(plan) else {}
+    sm_percent = dict(plan.mps_sm_percent)
 
     def gpu_env(service: str, env: dict[str, str] | None = None) -> dict[str, str]:
         extra = dict(env or {})
         if service in shared:
             extra.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-            extra.update(mps_env)  # layout.sharing mps: the services sharing a GPU are clients
+            if mps_env:  # layout.sharing mps: the services sharing a GPU are clients
+                extra.update(mps_env)
+                if service in sm_percent:  # layout.mps_sm_percent: read as CUDA starts
+                    extra[SM_PERCENT_ENV] = str(sm_percent[service])
         return extra
 
     # a failure one trainer or reference proc reports names that proc's GPU
@@ -190,6 +194,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
             f"activation checkpointing {ac}",
             flush=True,
         )
+    _say_sm_shares(answers, gens, reference is not None)
     if info.get("checkpoint_copy"):
         size = approx_size(checkpoint_bytes(recipe.arch))
         print(
@@ -207,6 +212,21 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
         pad_id,
         watchdog=Watchdog(recipe.watchdog, places=_places(plan)),
     )
+
+
+def _say_sm_shares(answers: list[Any], gens: list[Any], with_reference: bool) -> None:
+    """layout.mps_sm_percent: the share of the SMs each MPS client found set as it started."""
+    said = {"trainer": next(value for _, value in answers[0].items())}
+    said |= {f"generator{p.replica}": a for p, a in zip(gens, answers[1:], strict=False)}
+    if with_reference:
+        said["reference"] = next(value for _, value in answers[-1].items())
+    shares = {name: answer.get("mps_sm_percent") for name, answer in said.items()}
+    if any(shares.values()):
+        words = ", ".join(f"{name} {pct or 100} %" for name, pct in shares.items())
+        print(
+            f"SMs each service may use under NVIDIA MPS (layout.mps_sm_percent): {words}",
+            flush=True,
+        )
 
 
 async def _ready(service: str, setup: Any, began: float) -> Any:

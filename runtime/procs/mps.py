@@ -31,9 +31,17 @@ from recipes import UserError
 CONTROL = "nvidia-cuda-mps-control"
 # Where the daemon keeps its pid, in its pipe folder, while it runs.
 PID_FILE = "nvidia-cuda-mps-control.pid"
+# A client's share of the GPU's SMs (%), read by CUDA as the proc starts (layout.mps_sm_percent).
+SM_PERCENT_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 # How long the daemon may take to start, and to quit with its server after the last client.
 START_TIMEOUT_S = 30.0
 QUIT_TIMEOUT_S = 30.0
+
+
+def client_sm_percent() -> int | None:
+    """This proc's share of its GPU's SMs as an MPS client; None where it has no limit."""
+    value = os.environ.get(SM_PERCENT_ENV)
+    return int(value) if value else None
 
 
 def uses_mps(plan: Any) -> bool:
