@@ -515,7 +515,7 @@ def plan(
         fits, key=lambda pc: (round(pc[1].step_s or 0.0, 3), SHARE_ORDER.index(pc[1].share))
     )
     candidates = tuple(dataclasses.replace(c, chosen=p is best) for p, c in weighed)
-    _check_mps_shares(recipe, best)
+    _check_mps_shares(best)
     return dataclasses.replace(
         best,
         minimum_gpus=minimum_gpus(recipe, accelerator),
@@ -523,7 +523,7 @@ def plan(
     )
 
 
-def _check_mps_shares(recipe: Recipe, chosen: Plan) -> None:
+def _check_mps_shares(chosen: Plan) -> None:
     """A share of the SMs is for a service that shares a GPU (an MPS client): one on GPUs of
     its own in the chosen layout would not use it."""
     shared = shared_services(chosen.placements)
