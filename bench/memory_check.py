@@ -16,9 +16,9 @@ For each run in RUNS, with today's recipes/memory.py and planner:
   allocator in a step);
 - start-up: the largest `memory/startup_gb` (the weights built and loaded, before any step),
   which must stay below the step's estimate;
-- checkpoint: what a rank holds whatever the micro-batch (`trainer_fixed_bytes`) and the push
-  path's own buffer, against the largest `memory/checkpoint_gb` (the step that
-  started a write: its state copied to host memory, nothing gathered);
+- checkpoint: what a rank holds between steps (`trainer_checkpoint_bytes`) and the push path's
+  own buffer, against the largest `memory/checkpoint_gb` (the step that started a write: its
+  state copied to host memory, nothing gathered);
 - publish (the CUDA IPC path, whose flat buffer lives from a publish until the generators have
   loaded it): `trainer_publish_gb`, against the largest `memory/publish_gb`; where other
   generators took the push path in a run from before the push sent the ipc path's buffer
@@ -192,7 +192,7 @@ def rows() -> list[dict[str, Any]]:
     from recipes.errors import UserError
     from recipes.memory import (
         ACCELERATOR_BYTES,
-        trainer_fixed_bytes,
+        trainer_checkpoint_bytes,
         trainer_publish_gb,
         trainer_step_bytes,
     )
@@ -271,7 +271,7 @@ def rows() -> list[dict[str, Any]]:
             # whatever the micro-batch, beside the push path's own buffer (the runs measured
             # no IPC buffer left by then: the generators had loaded the version)
             row["checkpoint_gb"] = _pair(
-                (trainer_fixed_bytes(arch, ranks, ckpt) + own) / GB,
+                (trainer_checkpoint_bytes(arch, ranks) + own) / GB,
                 peaks["memory/checkpoint_gb"],
             )
         if refused:
