@@ -205,7 +205,11 @@ def main(
         check_plan_fits(config.plan, config.cluster)
         if not config.plan.cpu:
             from runtime.procs.gpu_check import check_gpus_free, read_gpus
+            from runtime.procs.mps import reap_left_daemons
 
+            # an MPS daemon a killed run left holds the GPUs through its server
+            for line in reap_left_daemons():
+                print(f"forgesky: {line}", flush=True)
             check_gpus_free(config.plan, config.cluster.rank, read_gpus())
         if uses_mps(config.plan) and config.cluster.rank == 0:
             control_binary()  # where the node has none: one line, nothing started

@@ -104,6 +104,36 @@ def test_a_daemon_that_does_not_quit_is_named_and_its_folder_goes(stand_in, monk
         os.kill(pid, 9)
 
 
+def test_a_daemon_a_killed_run_left_is_stopped_by_the_next_and_live_runs_keep_theirs(
+    stand_in, tmp_path, monkeypatch
+):
+    import subprocess
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    left = mps.start_daemon()
+    ours = mps.start_daemon()  # a run still going: its controller (this process) is alive
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (left.folder / mps.OWNER_FILE).write_text(f"{gone.pid} 1\n")
+    creating = tmp_path / "tmp" / f"{mps.PREFIX}creating"  # a folder without its owner yet
+    creating.mkdir()
+    left_pid, ours_pid = left.pid(), ours.pid()
+    assert left_pid is not None and ours_pid is not None
+    try:
+        said = mps.reap_left_daemons()
+        assert said == [
+            f"stopped an NVIDIA MPS daemon an earlier run left running (pid {left_pid}, its "
+            f"controller {gone.pid} gone; {left.folder})"
+        ]
+        assert not alive(left_pid) and not left.folder.exists()
+        assert alive(ours_pid) and ours.folder.exists() and creating.exists()
+        assert mps.reap_left_daemons() == []
+    finally:
+        ours.stop()
+
+
 def test_a_daemon_that_does_not_start_names_what_the_program_said(stand_in, monkeypatch):
     monkeypatch.setenv("FAKE_MPS_FAIL", "no GPU")
     with pytest.raises(RuntimeError) as err:

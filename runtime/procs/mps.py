@@ -10,9 +10,10 @@ environment (`CUDA_MPS_PIPE_DIRECTORY`), so they, and only they, become MPS clie
 shutdown, after the procs, the daemon is told to quit; the run waits for its process to end
 (the daemon writes its pid to `nvidia-cuda-mps-control.pid` in the pipe folder and removes that
 file as it exits; its control socket stays behind, so the socket says nothing), then removes the
-folder. A controller killed with SIGKILL leaves its daemon running: `echo quit |
-CUDA_MPS_PIPE_DIRECTORY=FOLDER/pipe nvidia-cuda-mps-control` with the folder its start-up line
-named.
+folder. A controller killed with SIGKILL leaves its daemon running, and the daemon's server
+holds a context on the GPUs: the next run on that node (a resume, say) stops it before it looks
+at the GPUs (`reap_left_daemons`: the folder names the controller that started it, by pid and
+start time, and that process is gone).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 # A client's share of the GPU's SMs (%), read by CUDA as the proc starts (layout.mps_sm_percent).
 SM_PERCENT_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+# The folders of the daemons runs start, in the temporary folder; each names its controller.
+PREFIX = "forgesky-mps-"
+OWNER_FILE = "controller"
 # How long the daemon may take to start, and to quit with its server after the last client.
 START_TIMEOUT_S = 30.0
 QUIT_TIMEOUT_S = 30.0
@@ -128,13 +132,52 @@ class MpsDaemon:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def _started(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot), which tells it from a later process
+    given the same pid; None where there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def reap_left_daemons() -> list[str]:
+    """Stop the daemons earlier runs on this node started and left running (their controller
+    killed); a line for each. Daemons of runs still going are left alone."""
+    said = []
+    binary = shutil.which(CONTROL)
+    for folder in sorted(Path(tempfile.gettempdir()).glob(f"{PREFIX}*")):
+        try:
+            pid, started = (folder / OWNER_FILE).read_text().split()
+        except (OSError, ValueError):
+            continue  # not (yet) a run's folder
+        if _started(int(pid)) == started:
+            continue  # its run is still going
+        daemon = MpsDaemon(binary or CONTROL, folder)
+        left = daemon.pid()
+        if left is not None and binary is not None:
+            try:
+                daemon.stop()
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+                said.append(f"an NVIDIA MPS daemon an earlier run left running did not stop: {e}")
+                continue
+            said.append(
+                f"stopped an NVIDIA MPS daemon an earlier run left running (pid {left}, its "
+                f"controller {pid} gone; {folder})"
+            )
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+    return said
+
+
 def start_daemon() -> MpsDaemon:
     """Start a control daemon in a folder of its own; its clients' environment is `.env`."""
     binary = control_binary()
-    folder = Path(tempfile.mkdtemp(prefix="forgesky-mps-"))
+    folder = Path(tempfile.mkdtemp(prefix=PREFIX))
     daemon = MpsDaemon(binary, folder)
     for sub in ("pipe", "log"):
         (folder / sub).mkdir()
+    (folder / OWNER_FILE).write_text(f"{os.getpid()} {_started(os.getpid())}\n")
     try:
         daemon._control("-d", timeout=START_TIMEOUT_S)
     except BaseException:
