@@ -87,6 +87,11 @@ COMPARE = (
     # the same two plans on a fourth two-H100 host, beside TRL at its largest micro-batch
     ("gpu_h100x2_2026-11-26g/side_by_side_g.json", "grpo_2gpu_on_policy"),
     ("gpu_h100x2_2026-11-26g/side_by_side_g.json", "grpo_2gpu_off_policy"),
+    # the one-GPU plan on an H200 beside TRL, both modes, and one step off-policy again on
+    # another H200 with vLLM's compile cache warm (services taking turns: what the model counts)
+    ("gpu_h200x4_2026-11-27/side_by_side_1on.json", "grpo_1gpu_on_policy"),
+    ("gpu_h200x4_2026-11-27/side_by_side_1off.json", "grpo_1gpu_off_policy"),
+    ("gpu_h200_2026-11-27f/side_by_side_turns2.json", "grpo_1gpu_off_policy"),
 )
 # COMPARE runs the model misses by more than 15 %, and what the run's own figures show it gets
 # wrong; the check test holds each of them outside 15 % (so a better model has to take it off
