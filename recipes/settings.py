@@ -9,7 +9,10 @@ round, and a setting that cannot fit is refused with its memory arithmetic.
 Planned values:
 - generator.backend: vllm on GPUs, hf (transformers) on CPU.
 - generator.kv_cache_gb / gpu_memory_utilization: a generator with GPUs to itself lets vLLM
-  profile its memory and take 0.85 of the GPU; one that shares a GPU with another service gets
+  profile its memory and take 0.85 of the GPU, less where it takes the push path: the buffer it
+  receives each version into (2 bytes a parameter, on its first GPU) and 3 GB must stay free
+  beside vLLM (qwen3-8b on an H100: 0.77; where vLLM would then not hold its weights and one
+  group's KV cache, "auto" plans the store path); one that shares a GPU with another service gets
   a fixed KV cache (the memory model's reserve, recipes/memory.py) and must find 0.05 of the
   GPU free at start (profiling would count the neighbours' memory as its own).
 - trainer.ranks: one process per trainer GPU (1 on CPU).
@@ -199,6 +202,33 @@ def plan_settings(
             transport = pick("weight_sync", "transport", "store")
             expected_paths = tuple("store" for _ in expected_paths)
             flat = 0.0
+    receive = 0.0 if cpu or kv is not None else push_receive_bytes(recipe, expected_paths)
+    if receive:
+        room = _share_beside(accelerator, receive)
+        least = _least_share(recipe, accelerator)
+        if "generator.gpu_memory_utilization" not in planned and share > room:
+            raise DoesNotFit(
+                f"generator.gpu_memory_utilization: {share:g} of an {accelerator} leaves "
+                f"{(1 - share) * ACCELERATOR_BYTES[accelerator] / GB:.1f} GB beside vLLM, and "
+                f"the push path receives each version into a {receive / GB:.1f} GB buffer on "
+                f"the generator's first GPU (with {RUNTIME_OVERHEAD_GB:.0f} GB for the "
+                f"process): set it to at most {room:g}, or weight_sync.transport=store"
+            )
+        if room < least and transport == "auto":
+            # vLLM would not hold its weights and one group's KV cache beside the buffer
+            transport = pick("weight_sync", "transport", "store")
+            expected_paths = tuple("store" for _ in expected_paths)
+            flat = 0.0
+        elif room < least:
+            raise DoesNotFit(
+                f"weight_sync.transport push: a {receive / GB:.1f} GB receive buffer on the "
+                f"generator's first GPU leaves vLLM {room:g} of an {accelerator}, less than the "
+                f"{least:g} its weights and one group's KV cache need; use "
+                "weight_sync.transport=store"
+            )
+        elif "generator.gpu_memory_utilization" in planned and share > room:
+            share = room
+            generator = GeneratorSettings(backend, share, kv, gen.enforce_eager)
     reserve = flat
     if not cpu and "trainer" in shared:
         # what stays on the trainer's GPUs through its turn: the others' weights and caches
@@ -241,6 +271,27 @@ def push_buffer_bytes(recipe: Any, transport: str, expected_paths: tuple[str, ..
     if "push" in expected_paths and "ipc" not in expected_paths and transport != "store":
         return 2 * recipe.arch.params
     return 0.0
+
+
+def push_receive_bytes(recipe: Any, expected_paths: tuple[str, ...]) -> float:
+    """Bytes of the flat bf16 buffer a generator taking the push path receives each version
+    into, on the first GPU of its group, beside vLLM (runtime/weights/push.py)."""
+    return 2 * recipe.arch.params if "push" in expected_paths else 0.0
+
+
+def _share_beside(accelerator: str, receive: float) -> float:
+    """The largest share of the GPU (two decimals) vLLM may take and leave `receive` bytes and
+    the process's overhead free."""
+    total = ACCELERATOR_BYTES[accelerator]
+    return math.floor((total - receive - RUNTIME_OVERHEAD_GB * GB) / total * 100) / 100
+
+
+def _least_share(recipe: Any, accelerator: str) -> float:
+    """The share of the GPU vLLM needs at the least: its weights, one group's KV cache and
+    the runtime's overhead."""
+    group = kv_gb(recipe, recipe.grpo.group_size)
+    need = generator_weights_gb(recipe) + group + RUNTIME_OVERHEAD_GB
+    return math.ceil(need * GB / ACCELERATOR_BYTES[accelerator] * 100) / 100
 
 
 def ipc_buffer_held(recipe: Any, transport: str, expected_paths: tuple[str, ...]) -> float:

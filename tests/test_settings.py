@@ -232,3 +232,60 @@ def test_plan_shows_and_records_every_setting():
     assert recorded["trainer"]["compile"] is False
     assert recorded["generator"]["backend"] == "vllm"
     assert "trainer.compile" not in recorded["planned"]
+
+
+def test_a_generator_taking_the_push_path_leaves_room_for_the_buffer_it_receives_into():
+    # qwen3-8b on 8 H100s: two TP2 generators on GPUs of their own take each version by push
+    # into a 16.4 GB buffer on their first GPU: vLLM at 0.85 would leave 12.8 GB there
+    r = load_recipe("qwen3-8b")
+    s = plan(r, 8, accelerator="H100").settings
+    assert s.weight_sync.expected == ("push", "push")
+    assert s.generator.gpu_memory_utilization == 0.77  # (85.5 - 16.4 - 3) / 85.5, rounded down
+    assert "generator.gpu_memory_utilization" in s.planned
+    # an H200 leaves room at 0.85; a generator on the ipc path receives nothing of its own
+    assert plan(r, 8, accelerator="H200").settings.generator.gpu_memory_utilization == 0.85
+    one = recipe("qwen3-1.7b")
+    assert plan(one, 3, accelerator="H100").settings.generator.gpu_memory_utilization == 0.85
+    # a share the recipe sets is kept, and refused where the buffer does not fit beside it
+    # (with layout.share auto the planner then takes a layout whose generators share GPUs)
+    with pytest.raises(UserError) as err:
+        plan(recipe("qwen3-8b", "generator.gpu_memory_utilization=0.85"), 8, accelerator="H100")
+    assert str(err.value) == (
+        "generator.gpu_memory_utilization: 0.85 of an H100 leaves 12.8 GB beside vLLM, and the "
+        "push path receives each version into a 16.4 GB buffer on the generator's first GPU "
+        "(with 3 GB for the process): set it to at most 0.77, or weight_sync.transport=store"
+    )
+    kept = recipe("qwen3-8b", "generator.gpu_memory_utilization=0.7")
+    assert plan(kept, 8, accelerator="H100").settings.generator.gpu_memory_utilization == 0.7
+
+
+def test_the_push_path_gives_way_to_the_store_where_vllm_would_not_fit_beside_its_buffer():
+    # qwen3-32b with TP1 generators of 64 sequences a group on H200s: a 65.5 GB buffer beside
+    # 65.5 GB of weights and a group's 34 GB KV cache does not fit one GPU
+    def settings(*overrides: str):
+        r = recipe(
+            "qwen3-32b",
+            "resources.accelerator=H200",
+            "layout.generator.tp=1",
+            "grpo.group_size=64",
+            "grpo.prompts_per_step=1",
+            *overrides,
+        )
+        return plan_settings(
+            r,
+            accelerator="H200",
+            shared=frozenset(),
+            trainer_gpus=16,
+            generator_replicas=1,
+            expected_paths=("push",),
+        )
+
+    s = settings()
+    assert s.weight_sync.transport == "store" and s.weight_sync.expected == ("store",)
+    assert s.generator.gpu_memory_utilization == 0.85
+    with pytest.raises(UserError) as err:
+        settings("weight_sync.transport=push")
+    assert str(err.value).startswith(
+        "weight_sync.transport push: a 65.5 GB receive buffer on the generator's first GPU "
+        "leaves vLLM 0.54 of an H200, less than the "
+    )
