@@ -1,11 +1,14 @@
 """Trainer -> generator weight transfer between two procs, on the runtime's own paths.
 
     python bench/weight_push.py [--model qwen3-1.7b] [--versions 5] [--paths push,ipc,store]
+    python bench/weight_push.py --paths push,push_groups      # the push whole, then by groups
     python bench/weight_push.py --device cpu --model tiny      # the same code over gloo
 
 One proc plays trainer rank 0 (a `PushSender` or `IpcSender` of runtime/weights/), the other a
-generator (`PushReceiver` for "push", `open_ipc` for "ipc"). On a GPU machine "push" puts them on GPUs 0
-and 1 (NCCL), "ipc" both on GPU 0; "store" (`run_store`) publishes into TorchStore from GPU 0 in
+generator (`PushReceiver` for "push" and "push_groups", `open_ipc` for "ipc"). "push_groups" is
+`weight_sync.push_buffer groups`: each transformer block's tensors (and those outside the blocks)
+handed to the sender as a group, broadcast as they come, no staging buffer. On a GPU machine the
+push paths put them on GPUs 0 and 1 (NCCL), "ipc" both on GPU 0; "store" (`run_store`) publishes into TorchStore from GPU 0 in
 this process, as a run's controller does, and fetches into GPU 1. Weights: the model's HF state dict in bf16 (the architecture
 from the recipe catalog, random values). Each version is staged, moved and checked on the
 receiving side (a checksum of every tensor against the trainer's); the first version (NCCL set-up)
@@ -28,6 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+PUSH_PATHS = ("push", "push_groups")
 
 
 def _weights(model: str, device: Any, seed: int) -> dict[str, Any]:
@@ -88,8 +92,11 @@ def _trainer(args: dict[str, Any], to_gen: Any, from_gen: Any, results: Any) -> 
 
     device = _device(args["device"])
     state = _weights(args["model"], device, seed=0)
-    push = args["path"] == "push"
+    push = args["path"] in PUSH_PATHS
     source = PushSender(device, receivers=1) if push else IpcSender(device)
+    groups = args["path"] == "push_groups"
+    if groups:
+        source.stream_groups()
     to_gen.put(source.open())
     entries, _ = flat_layout(state)
     plain = {n: tuple(e) for n, e in entries.items()}
@@ -102,7 +109,13 @@ def _trainer(args: dict[str, Any], to_gen: Any, from_gen: Any, results: Any) -> 
                 t.add_(1.0 / 64)
         sums = _checksums(state)
         start = time.perf_counter()
-        direct = asyncio.run(source.stage(version, state, entries))["direct"]
+        if groups:
+            source.begin(version, entries)
+            for group in _blocks(state):
+                source.fill(group)
+            direct = source.finish(version)["direct"]
+        else:
+            direct = asyncio.run(source.stage(version, state, entries))["direct"]
         staged_s = time.perf_counter() - start
         if push:
             source.wait_pushed(600)
@@ -133,8 +146,25 @@ def _trainer(args: dict[str, Any], to_gen: Any, from_gen: Any, results: Any) -> 
     results.put({"rows": rows, "tensors": len(state)})
 
 
+def _blocks(state: dict[str, Any]) -> Any:
+    """`state` in groups of consecutive tensors, one per transformer block (`layers.N.`) and
+    one for each run of tensors outside the blocks: what a sharded trainer gathers at a time."""
+    group: dict[str, Any] = {}
+    key = None
+    for name, tensor in state.items():
+        parts = name.split(".")
+        block = parts[parts.index("layers") + 1] if "layers" in parts[:-1] else None
+        if group and block != key:
+            yield group
+            group = {}
+        key = block
+        group[name] = tensor
+    if group:
+        yield group
+
+
 def _generator(args: dict[str, Any], from_trainer: Any, to_trainer: Any) -> None:
-    _pin_gpu(1 if args["path"] == "push" else 0)
+    _pin_gpu(1 if args["path"] in PUSH_PATHS else 0)
     import torch
 
     from runtime.weights.flat import entries_of, views
@@ -144,7 +174,7 @@ def _generator(args: dict[str, Any], from_trainer: Any, to_trainer: Any) -> None
     device = _device(args["device"])
     receiver = None
     address = from_trainer.get(timeout=600)
-    if args["path"] == "push":
+    if args["path"] in PUSH_PATHS:
         receiver = PushReceiver(*address, 1, 2, device)
     while True:
         item = from_trainer.get(timeout=600)
@@ -322,7 +352,7 @@ def main() -> int:
         help="catalog recipe whose model to move, or synthetic:<bytes>:<tensors> (bf16)",
     )
     p.add_argument("--versions", type=int, default=5)
-    p.add_argument("--paths", default="push,ipc", help="of push, ipc and store")
+    p.add_argument("--paths", default="push,ipc", help="of push, push_groups, ipc and store")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None)
     p.add_argument("--out", default=None, help="merge the result into this JSON")
     args = p.parse_args()
@@ -331,8 +361,8 @@ def main() -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     results = []
     for path in args.paths.split(","):
-        if path == "push" and device == "cuda" and torch.cuda.device_count() < 2:
-            print("push: needs 2 GPUs, skipped", flush=True)
+        if path in PUSH_PATHS and device == "cuda" and torch.cuda.device_count() < 2:
+            print(f"{path}: needs 2 GPUs, skipped", flush=True)
             continue
         if path == "ipc" and device != "cuda":
             print("ipc: needs a GPU, skipped", flush=True)

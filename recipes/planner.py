@@ -71,6 +71,7 @@ from recipes.schema import Recipe
 from recipes.settings import (
     Settings,
     call_sequences,
+    check_push_buffer,
     ipc_buffer_held,
     plan_settings,
     push_buffer_bytes,
@@ -474,7 +475,10 @@ def plan(
                 f"{recipe.name} runs on CPU (resources.accelerator: cpu) and takes 0 GPUs, "
                 f"got {gpus}; leave --gpus out (forgesky local {recipe.name} runs it here)"
             )
-        return _cpu_plan(recipe, nodes or 1)
+        cpu = _cpu_plan(recipe, nodes or 1)
+        if cpu.settings is not None:
+            check_push_buffer(recipe, cpu.settings.weight_sync)
+        return cpu
     accepted = [recipe.resources.accelerator, *recipe.resources.alternatives]
     accelerator = accelerator or recipe.resources.accelerator
     if accelerator not in accepted:
@@ -516,6 +520,8 @@ def plan(
     )
     candidates = tuple(dataclasses.replace(c, chosen=p is best) for p, c in weighed)
     _check_mps_shares(best)
+    if best.settings is not None:
+        check_push_buffer(recipe, best.settings.weight_sync)
     return dataclasses.replace(
         best,
         minimum_gpus=minimum_gpus(recipe, accelerator),
@@ -784,7 +790,7 @@ def _gpu_plan(
         sync = settings.weight_sync
         step = memory["trainer"]  # every rank's
         # trainer rank 0 alone keeps the push path's buffer (where a generator takes that path)
-        flat = push_buffer_bytes(recipe, sync.transport, sync.expected) / GB
+        flat = push_buffer_bytes(recipe, sync.transport, sync.expected, sync.push_buffer) / GB
         memory["trainer"] = round(step + flat, 1)
         if "ipc" in sync.expected:
             # the ipc path's buffer of a version, on trainer rank 0's GPU from a publish until
@@ -870,7 +876,7 @@ def while_training(
         recipe.arch, t.ranks, t.tokens_per_micro_batch, t.activation_checkpointing, t.compile
     )
     rank0 = ipc_buffer_held(recipe, sync.transport, sync.expected) + push_buffer_bytes(
-        recipe, sync.transport, sync.expected
+        recipe, sync.transport, sync.expected, sync.push_buffer
     )
     trainer = next(p for p in placements if p.service == "trainer")
     out: dict[str, dict[str, float]] = {}

@@ -396,6 +396,11 @@ class WeightSyncSettings(_Strict):
     # auto: CUDA IPC on the trainer's GPU, NCCL push to other GPUs, TorchStore on CPU;
     # store: always TorchStore; push: also on CPU (over gloo)
     transport: Literal["auto", "store", "push"] = "auto"
+    # where generators take the push path alone, how a version leaves trainer rank 0: version
+    # (staged whole in one buffer beside its shards, sent while it trains on), groups (each
+    # group's tensors sent as they are gathered, one group in flight: no copy of a version),
+    # or auto: version where the trainer holds that buffer, else the store path
+    push_buffer: Literal["auto", "version", "groups"] = "auto"
     # a weight-push collective whose peer died fails after this many seconds
     timeout_s: float = Field(default=300.0, gt=0)
 

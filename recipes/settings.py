@@ -90,6 +90,8 @@ class ReferenceSettings:
 class WeightSyncSettings:
     transport: str
     timeout_s: float
+    # version | groups where generators take the push path alone; none elsewhere
+    push_buffer: str = "none"
     expected: tuple[str, ...] = ()  # the path each generator should take (plan display)
 
 
@@ -119,6 +121,8 @@ class Settings:
             parts = []
             for key, value in asdict(getattr(self, section)).items():
                 if key in ("peak_gb", "note", "expected") or (cpu and key in _GPU_ONLY):
+                    continue
+                if key == "push_buffer" and value == "none":
                     continue
                 if key == "kv_cache_gb" and value is None:
                     value = "profiled"
@@ -195,7 +199,7 @@ def plan_settings(
     ranks = pick("trainer", "ranks", 1 if cpu else trainer_gpus)
     sync = recipe.weight_sync
     transport, reserve, held = sync.transport, 0.0, 0.0
-    flat = 0.0 if cpu else push_buffer_bytes(recipe, transport, expected_paths)
+    flat = 0.0 if cpu else push_buffer_bytes(recipe, transport, expected_paths, sync.push_buffer)
     if flat and "trainer" not in shared:
         room = ACCELERATOR_BYTES[accelerator] - flat
         if transport == "auto" and trainer_memory_plan(recipe.arch, ranks, room) is None:
@@ -214,17 +218,16 @@ def plan_settings(
                 f"the generator's first GPU (with {RUNTIME_OVERHEAD_GB:.0f} GB for the "
                 f"process): set it to at most {room:g}, or weight_sync.transport=store"
             )
-        if room < least and transport == "auto":
+        if room < least and transport == "auto" and sync.push_buffer == "auto":
             # vLLM would not hold its weights and one group's KV cache beside the buffer
             transport = pick("weight_sync", "transport", "store")
             expected_paths = tuple("store" for _ in expected_paths)
             flat = 0.0
         elif room < least:
             raise DoesNotFit(
-                f"weight_sync.transport push: a {receive / GB:.1f} GB receive buffer on the "
-                f"generator's first GPU leaves vLLM {room:g} of an {accelerator}, less than the "
-                f"{least:g} its weights and one group's KV cache need; use "
-                "weight_sync.transport=store"
+                f"the push path: a {receive / GB:.1f} GB receive buffer on the generator's "
+                f"first GPU leaves vLLM {room:g} of an {accelerator}, less than the {least:g} its "
+                "weights and one group's KV cache need; use weight_sync.transport=store"
             )
         elif "generator.gpu_memory_utilization" in planned and share > room:
             share = room
@@ -257,20 +260,58 @@ def plan_settings(
         tokens_per_micro_batch=pick("reference", "tokens_per_micro_batch", ref_tokens),
         compile=pick("reference", "compile", ref_gpu),
     )
-    weight_sync = WeightSyncSettings(transport, sync.timeout_s, expected_paths)
+    push_buffer = _push_buffer(recipe, transport, expected_paths)
+    if sync.push_buffer == "auto" and push_buffer != "none":
+        planned.append("weight_sync.push_buffer")
+    weight_sync = WeightSyncSettings(
+        transport, sync.timeout_s, push_buffer=push_buffer, expected=expected_paths
+    )
     return Settings(generator, trainer, reference, weight_sync, tuple(planned))
 
 
-def push_buffer_bytes(recipe: Any, transport: str, expected_paths: tuple[str, ...]) -> float:
+def pushes_alone(transport: str, expected_paths: tuple[str, ...]) -> bool:
+    """Whether generators take the push path with no ipc path beside it (whose buffer of a
+    version the push otherwise sends)."""
+    return "push" in expected_paths and "ipc" not in expected_paths and transport != "store"
+
+
+def push_buffer_bytes(
+    recipe: Any, transport: str, expected_paths: tuple[str, ...], push_buffer: str = "auto"
+) -> float:
     """Bytes of the flat bf16 buffer trainer rank 0 keeps beside its shards where generators
-    take their versions by push alone: each version goes out from it (the store path streams a
-    block at a time instead). Beside the ipc path the push sends the ipc path's buffer of a
-    version and keeps none of its own (runtime/weights/push.py, `lend_from`): nothing more
-    (llama3.1-8b on four H200 ranks, ipc and push: 46.5 GB at a publish, one buffer; qwen3-8b
-    on four, before the push borrowed it: 63.8 GB, two)."""
-    if "push" in expected_paths and "ipc" not in expected_paths and transport != "store":
+    take their versions by push alone: each version goes out from it (the store path, and the
+    push a group at a time, `weight_sync.push_buffer groups`, stream a block at a time
+    instead). Beside the ipc path the push sends the ipc path's buffer of a version and keeps
+    none of its own (runtime/weights/push.py, `lend_from`): nothing more (llama3.1-8b on four
+    H200 ranks, ipc and push: 46.5 GB at a publish, one buffer; qwen3-8b on four, before the
+    push borrowed it: 63.8 GB, two)."""
+    if pushes_alone(transport, expected_paths) and push_buffer != "groups":
         return 2 * recipe.arch.params
     return 0.0
+
+
+def _push_buffer(recipe: Any, transport: str, expected_paths: tuple[str, ...]) -> str:
+    """weight_sync.push_buffer as planned: version or groups where generators take the push
+    path alone (auto: version), none elsewhere (`check_push_buffer` refuses one set there)."""
+    given = recipe.weight_sync.push_buffer
+    if pushes_alone(transport, expected_paths):
+        return "version" if given == "auto" else given
+    return "none"
+
+
+def check_push_buffer(recipe: Any, sync: WeightSyncSettings) -> None:
+    """A push_buffer the recipe sets where the chosen plan has no push alone would do
+    nothing: one line."""
+    given = recipe.weight_sync.push_buffer
+    if given == "auto" or sync.push_buffer != "none":
+        return
+    why = (
+        "the push path sends the ipc path's buffer of each version in this plan (a generator "
+        "on trainer rank 0's GPU)"
+        if "ipc" in sync.expected and "push" in sync.expected
+        else "no generator takes the push path in this plan"
+    )
+    raise UserError(f"weight_sync.push_buffer {given}: {why}; leave it auto")
 
 
 def push_receive_bytes(recipe: Any, expected_paths: tuple[str, ...]) -> float:

@@ -286,6 +286,34 @@ def test_the_push_path_gives_way_to_the_store_where_vllm_would_not_fit_beside_it
     with pytest.raises(UserError) as err:
         settings("weight_sync.transport=push")
     assert str(err.value).startswith(
-        "weight_sync.transport push: a 65.5 GB receive buffer on the generator's first GPU "
-        "leaves vLLM 0.54 of an H200, less than the "
+        "the push path: a 65.5 GB receive buffer on the generator's first GPU leaves vLLM "
+        "0.54 of an H200, less than the "
+    )
+
+
+def test_a_push_a_group_at_a_time_keeps_no_version_on_the_trainer_and_is_refused_elsewhere():
+    # qwen3-14b on 8 H100s: a whole version beside trainer rank 0's shards leaves it no
+    # micro-batch, so auto takes the store path; a group at a time keeps none on the trainer
+    r = load_recipe("qwen3-14b")
+    store = plan(r, 8, accelerator="H100")
+    assert store.settings.weight_sync.expected == ("store",)
+    assert store.settings.weight_sync.push_buffer == "none"
+    groups = plan(apply_overrides(r, ["weight_sync.push_buffer=groups"]), 8, accelerator="H100")
+    sync = groups.settings.weight_sync
+    assert (sync.expected, sync.push_buffer) == (("push",), "groups")
+    assert "weight_sync.push_buffer" not in groups.settings.planned  # set, not planned
+    # the trainer's GPUs hold the same as with the store path (no buffer of a version) ...
+    assert groups.while_training_gb == store.while_training_gb
+    # ... the generator leaves room for the 29.6 GB it receives into, and a version is
+    # predicted to move in well under a second instead of the store's minutes
+    assert groups.settings.generator.gpu_memory_utilization == 0.61
+    assert groups.predicted_step_s < store.predicted_step_s / 5
+    assert "push_buffer groups (expected: push)" in "\n".join(groups.settings.describe())
+    # where the push path goes out whole anyway (auto: version), or is not taken at all
+    assert plan(recipe("qwen3-1.7b"), 3).settings.weight_sync.push_buffer == "version"
+    with pytest.raises(UserError) as err:
+        plan(apply_overrides(load_recipe("qwen3-1.7b"), ["weight_sync.push_buffer=groups"]), 1)
+    assert str(err.value) == (
+        "weight_sync.push_buffer groups: no generator takes the push path in this plan; leave "
+        "it auto"
     )

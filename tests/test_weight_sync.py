@@ -117,6 +117,76 @@ def test_push_over_gloo_delivers_each_version_to_every_receiver():
         r.close()
 
 
+def test_a_push_a_group_at_a_time_delivers_each_version_and_keeps_no_copy_of_it():
+    """weight_sync.push_buffer groups: each group's tensors are broadcast as they come (the
+    layout announced first), each receiver takes them into their places in its buffer."""
+    source = PushSender(torch.device("cpu"), receivers=2)
+    source.stream_groups()
+    address, port = source.open()
+    receivers = [PushReceiver(address, port, r, 3, torch.device("cpu")) for r in (1, 2)]
+    try:
+        for version in range(3):
+            sd = state(version)
+            entries, _ = flat_layout(sd)
+            source.begin(version, entries)
+            for group in _groups(sd):  # a tensor at a time, each a fresh copy
+                source.fill(group)
+                assert source.own_bytes == 0  # no buffer of a version on the sending side
+            assert source.finish(version) == {"direct": {"push": True}}
+            for r in receivers:
+                assert r.wait_for(version, timeout=60) == version
+                with r.lock:
+                    got = views(r.buffer, entries)
+                    for name, tensor in sd.items():
+                        assert torch.equal(got[name], tensor), (version, name)
+        assert source.wait_pushed(60)
+        assert source.pushes == 3 and source.last_push_s > 0
+    finally:
+        source.close()
+    for r in receivers:
+        r._thread.join(10)
+        assert not r._thread.is_alive(), "receiver did not stop at close"
+        r.close()
+    # groups out of the layout's order, or a version missing some, are refused (a sender not
+    # opened: nothing goes out)
+    lone = PushSender(torch.device("cpu"), receivers=1)
+    lone.stream_groups()
+    entries, _ = flat_layout(state(3))
+    lone.begin(3, entries)
+    with pytest.raises(ValueError, match="in the layout's order"):
+        lone.fill({"proj.weight": state(3)["proj.weight"]})
+    with pytest.raises(ValueError, match="got 0 of the version's 4 tensors"):
+        lone.finish(3)
+
+
+def test_a_publisher_streams_a_push_alone_a_group_at_a_time():
+    import asyncio
+
+    store = _Manifests()
+    publisher = Publisher(store, ["push"], torch.device("cpu"), push_groups=True)
+    address, port = publisher.open()["push"]
+    receiver = PushReceiver(address, port, 1, 2, torch.device("cpu"))
+    push = publisher.senders[0]
+    try:
+        publisher.set_layout({k: v.to("meta") for k, v in state(0).items()})
+        for version in range(2):
+            sd = state(version)
+            stats = asyncio.run(publisher.publish_groups(version, _groups(sd)))
+            assert "stage_direct_s" in stats and push.groups and push.own_bytes == 0
+            assert set(store.manifests[version]["direct"]) == {"tensors", "push"}
+            assert receiver.wait_for(version, timeout=60) == version
+            entries, _ = flat_layout(sd)
+            with receiver.lock:
+                got = views(receiver.buffer, entries)
+                assert all(torch.equal(got[n], t) for n, t in sd.items()), version
+        # beside the ipc path the push sends that path's buffer: a whole version
+        both = Publisher(_Manifests(), ["ipc", "push"], torch.device("cpu"), push_groups=True)
+        assert not next(s for s in both.senders if s.name == "push").groups
+    finally:
+        publisher.close()
+        receiver.close()
+
+
 def test_a_push_source_of_another_size_is_refused():
     class Lender:
         def buffer(self, version):
@@ -169,15 +239,19 @@ def test_changed_tensors_between_versions_are_refused():
 
 
 @pytest.mark.slow
-def test_tiny_run_with_pushed_weights(tmp_path: Path):
+@pytest.mark.parametrize("buffer", ["version", "groups"])
+def test_tiny_run_with_pushed_weights(tmp_path: Path, buffer: str):
     run_dir = tmp_path / "run"
     proc = start(
         ["--recipe", "tiny", "--run-dir", str(run_dir), "--set", "grpo.steps=12"]
-        + ["--set", "weight_sync.transport=push"],
+        + ["--set", "weight_sync.transport=push", "--set", f"weight_sync.push_buffer={buffer}"]
+        # groups: two gloo trainer ranks, whose sharded weights are gathered a group at a time
+        + (["--set", "trainer.ranks=2"] if buffer == "groups" else []),
     )
     code, out = finish(proc, timeout=600)
     assert code == 0, out
-    assert "weights reach the generators by: push" in out
+    how = " (the push a group at a time, as the trainer gathers it)" if buffer == "groups" else ""
+    assert f"weights reach the generators by: push{how}\n" in out
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 13))
     assert all(r["time/push_s"] > 0 for r in rows[1:]), [r.get("time/push_s") for r in rows]
@@ -187,14 +261,15 @@ def test_tiny_run_with_pushed_weights(tmp_path: Path):
     assert all(r["generator/busy_share"] > 0 for r in rows[1:])
 
 
-def test_weight_push_bench_between_two_procs_over_gloo():
+@pytest.mark.parametrize("path", ["push", "push_groups"])
+def test_weight_push_bench_between_two_procs_over_gloo(path: str):
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import weight_push
 
     # Two spawned procs; every tensor of every version is checked on the receiving side.
-    result = weight_push.run_path("tiny", "push", versions=3, device="cpu")
+    result = weight_push.run_path("tiny", path, versions=3, device="cpu")
     assert result["versions"] == 3 and result["tensors"] > 10
     assert result["transfer_s"] > 0 and result["end_to_end_s"] >= result["transfer_s"] * 0.5
 

@@ -114,8 +114,11 @@ class TrainerActor(Actor):
             return {}
         if self.publisher is not None:
             self.publisher.close()
-        timeout_s = self.settings.weight_sync.timeout_s
-        self.publisher = Publisher(self.store, paths, build.device(), timeout_s, ipc_opens)
+        sync = self.settings.weight_sync
+        groups = sync.push_buffer == "groups"
+        self.publisher = Publisher(
+            self.store, paths, build.device(), sync.timeout_s, ipc_opens, push_groups=groups
+        )
         return self.publisher.open()
 
     @endpoint

@@ -53,8 +53,10 @@ class Controller:
         self.notes = Notes()
         self.rollouts: Rollouts | None = None
         self.evaluator: Evaluator | None = None
-        mode = config.plan.settings.weight_sync.transport
-        self.policy = PolicySync(services, self.progress, self.turns, mode)
+        sync = config.plan.settings.weight_sync
+        self.policy = PolicySync(
+            services, self.progress, self.turns, sync.transport, groups=sync.push_buffer == "groups"
+        )
 
     @property
     def version(self) -> int:

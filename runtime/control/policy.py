@@ -18,10 +18,17 @@ from runtime.weights import transport
 
 class PolicySync:
     def __init__(
-        self, services: ServiceHandles, progress: Progress, turns: GpuTurns, mode: str
+        self,
+        services: ServiceHandles,
+        progress: Progress,
+        turns: GpuTurns,
+        mode: str,
+        *,
+        groups: bool = False,
     ) -> None:
         self.services = services
         self.progress = progress
+        self.groups = groups  # weight_sync.push_buffer groups
         self.turns = turns
         self.mode = mode  # the recipe's weight_sync.transport
         self.paths: list[str] = ["store"] * services.generators
@@ -45,7 +52,10 @@ class PolicySync:
             )
         )
         if any(p != "store" for p in self.paths):
-            print(f"weights reach the generators by: {', '.join(self.paths)}", flush=True)
+            how = ""
+            if self.groups and "push" in self.paths and "ipc" not in self.paths:
+                how = " (the push a group at a time, as the trainer gathers it)"
+            print(f"weights reach the generators by: {', '.join(self.paths)}{how}", flush=True)
 
     async def publish_and_load(self, version: int) -> None:
         """Publish `version` and load it on every generator now (the start of a run)."""

@@ -4,7 +4,11 @@ a flat buffer of its own, in the background, while it keeps sampling.
 Trainer rank 0 and the push generators form one process group outside `torch.distributed`'s
 default one (NCCL between GPUs, gloo on CPU) that rendezvous through a `TCPStore` on the
 trainer. On each publish the trainer copies the weights into one flat staging buffer and a
-sender thread broadcasts it; each generator's receiver thread takes it into its buffer. The
+sender thread broadcasts it; each generator's receiver thread takes it into its buffer. Where
+that staging buffer would not fit beside the trainer (`weight_sync.push_buffer groups`), the
+sender broadcasts each group's tensors as the trainer gathers them instead, one group in flight
+while the next is gathered, and each receiver takes them into their places in its buffer (the
+version's layout is announced first); the trainer holds no copy of a version. The
 generator's load is then on-GPU copies (a TP>1 generator's workers open the buffer by CUDA
 IPC). A generator that is behind loads the newest version it has received, never an older one
 than asked for. Every collective carries the recipe's `weight_sync.timeout_s`: a peer that
@@ -116,6 +120,15 @@ class PushSender:
         self._waited_s = 0.0
         self.last_push_s = 0.0
         self.pushes = 0
+        self._announced = 0
+        # weight_sync.push_buffer groups: each group's tensors broadcast as they come, in the
+        # layout's order (`_order`, from `_next`), one group in flight (`_group_sent`)
+        self.groups = False
+        self._order: list[str] = []
+        self._next = 0
+        self._group_sent = threading.Event()
+        self._group_sent.set()
+        self._started = 0.0
 
     def open(self) -> tuple[str, int]:
         self._store = dist.TCPStore(
@@ -137,6 +150,13 @@ class PushSender:
         self.fill(state)
         return self.finish(version)
 
+    def stream_groups(self) -> None:
+        """Broadcast each group as it is filled instead of staging the whole version."""
+        if self._lender is not None:
+            raise ValueError("a push that sends the ipc path's buffer has a whole version")
+        self.groups = True
+        self._buffer = None
+
     def lend_from(self, lender: Any) -> None:
         """Send `lender.buffer(version)` (filled and finished first) instead of a buffer of
         this sender's own."""
@@ -152,20 +172,63 @@ class PushSender:
             raise TimeoutError(f"pushing the previous policy version took over {self.timeout}")
         self._raise_if_failed()
         self._waited_s = time.perf_counter() - t
-        if self._lender is None and (self._buffer is None or self.total != total):
-            self._buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
         self.total = total
         self._entries = entries
+        if self.groups:
+            # the layout first: each receiver then takes the tensors into their places
+            self._order = sorted(entries, key=lambda n: entries[n].offset)
+            self._next = 0
+            places = ";".join(f"{entries[n].offset},{entries[n].nbytes}" for n in self._order)
+            self._idle.clear()
+            self._put(("announce", f"{version}:{total}:{places}"))
+            return
+        if self._lender is None and (self._buffer is None or self.total != self._size()):
+            self._buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
+
+    def _size(self) -> int:
+        return 0 if self._buffer is None else self._buffer.numel()
 
     def fill(self, group: Mapping[str, torch.Tensor]) -> None:
+        if self.groups:
+            self._send_group(group)
+            return
         if self._lender is not None:
             return  # the lender's buffer holds the version
         assert self._buffer is not None
         fill(self._buffer, {n: self._entries[n] for n in group}, group)
 
+    def _send_group(self, group: Mapping[str, torch.Tensor]) -> None:
+        """Hand a group's tensors to the sending thread, in the announced order, once the
+        group before has gone (its tensors are kept until then, none copied)."""
+        names = self._order[self._next : self._next + len(group)]
+        if set(names) != set(group):
+            raise ValueError(
+                "a push a group at a time takes the groups in the layout's order; got "
+                f"{sorted(group)[:3]} where {names[:3]} come next"
+            )
+        self._next += len(names)
+        if not self._group_sent.wait(self.timeout.total_seconds()):
+            raise TimeoutError(f"pushing a group of the policy version took over {self.timeout}")
+        self._raise_if_failed()
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        tensors = [group[n].detach().contiguous().view(-1).view(torch.uint8) for n in names]
+        self._group_sent.clear()
+        self._put(("group", ready, tensors))
+
     def finish(self, version: int) -> dict[str, Any]:
         """Hand the filled buffer (or the lender's) to the sending thread, which holds it
-        until the broadcast is done."""
+        until the broadcast is done; a push a group at a time has sent every group."""
+        if self.groups:
+            if self._next != len(self._order):
+                raise ValueError(
+                    f"a push a group at a time got {self._next} of the version's "
+                    f"{len(self._order)} tensors"
+                )
+            self._put(("done", version))
+            return {"direct": {"push": True}}
         buffer = self._buffer if self._lender is None else self._lender.buffer(version)
         if buffer.numel() != self.total or buffer.device != self.device:
             raise ValueError(
@@ -177,13 +240,19 @@ class PushSender:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
         self._idle.clear()
-        self._queue.put((version, ready, buffer))
+        self._put(("announce", f"{version}:{buffer.numel()}"))
+        self._put(("whole", ready, buffer))
+        self._put(("done", version))
         return {"direct": {"push": True}}
+
+    def _put(self, item: tuple[Any, ...]) -> None:
+        self._queue.put(item)
 
     @property
     def own_bytes(self) -> int:
-        """Bytes of the buffer this sender keeps of its own (0 while it sends a lender's)."""
-        return 0 if self._buffer is None else self._buffer.numel()
+        """Bytes of the buffer this sender keeps of its own (0 while it sends a lender's, or
+        a group at a time)."""
+        return self._size()
 
     def stats(self) -> dict[str, float]:
         """The last stage's wait for the push before it, and that push's seconds."""
@@ -213,23 +282,36 @@ class PushSender:
             while True:
                 item = self._queue.get()
                 if item is None:
-                    self._store.set(f"{_ANNOUNCE}{self.pushes + 1}", f"{_STOP}:0")
+                    self._announce(f"{_STOP}:0")
                     _shutdown(group)
                     return
-                version, ready, buffer = item
-                start = time.perf_counter()
-                if ready is not None:
-                    stream.wait_event(ready)
-                self.pushes += 1
-                # Announce first: receivers post their half of the broadcast when they see it.
-                self._store.set(f"{_ANNOUNCE}{self.pushes}", f"{version}:{buffer.numel()}")
-                _broadcast(group, buffer, stream)  # synchronised: the buffer may go after it
-                del item, buffer
-                self.last_push_s = time.perf_counter() - start
-                self._idle.set()
+                kind = item[0]
+                if kind == "announce":
+                    # receivers post their half of the broadcasts when they see it
+                    self._started = time.perf_counter()
+                    self._announce(item[1])
+                elif kind in ("whole", "group"):
+                    _, ready, payload = item
+                    if ready is not None:
+                        stream.wait_event(ready)
+                    for tensor in [payload] if kind == "whole" else payload:
+                        _broadcast(group, tensor, stream)  # synchronised: it may go after
+                    del item, payload
+                    if kind == "group":
+                        self._group_sent.set()
+                else:  # done: the version has reached every receiver
+                    self.pushes += 1
+                    self.last_push_s = time.perf_counter() - self._started
+                    self._idle.set()
         except BaseException as e:  # noqa: BLE001 - surfaced by the next stage()
             self._error = e
+            self._group_sent.set()
             self._idle.set()
+
+    def _announce(self, what: str) -> None:
+        assert self._store is not None
+        self._announced += 1
+        self._store.set(f"{_ANNOUNCE}{self._announced}", what)
 
     def close(self, timeout: float = 30.0) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -273,15 +355,21 @@ class PushReceiver:
         self._thread = threading.Thread(target=self._receive_loop, name="weight-recv", daemon=True)
         self._thread.start()
 
-    def _next_announcement(self, seq: int) -> tuple[int, int] | None:
+    def _next_announcement(self, seq: int) -> tuple[int, int, list[tuple[int, int]]] | None:
+        """The next version announced: (version, total bytes, the (offset, bytes) places its
+        broadcasts fill: the whole buffer, or each tensor where it comes a group at a time)."""
         key = f"{_ANNOUNCE}{seq}"
         # Polled (a blocking wait with a timeout logs a warning per timeout); the first checks
         # come quickly, later ones every 20 ms: a push takes at least that long to move.
         delay = 0.001
         while not self._stop.is_set():
             if self._store.check([key]):
-                version, total = self._store.get(key).decode().split(":")
-                return int(version), int(total)
+                version, total, *places = self._store.get(key).decode().split(":")
+                size = int(total)
+                if not places:
+                    return int(version), size, [(0, size)]
+                pairs = [p.split(",") for p in places[0].split(";") if p]
+                return int(version), size, [(int(o), int(n)) for o, n in pairs]
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
         return None
@@ -300,13 +388,14 @@ class PushReceiver:
                 if announced is None or announced[0] == _STOP:
                     _shutdown(group)
                     return
-                version, total = announced
+                version, total, places = announced
                 with self.lock:
                     start = time.perf_counter()
                     if self.buffer is None or self.buffer.numel() != total:
                         self.buffer = None
                         self.buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
-                    _broadcast(group, self.buffer, stream)
+                    for offset, nbytes in places:
+                        _broadcast(group, self.buffer[offset : offset + nbytes], stream)
                     self.last_receive_s = time.perf_counter() - start
                     self.version = version
                 with self._changed:

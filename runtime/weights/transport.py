@@ -219,9 +219,11 @@ class Publisher:
         device: Any,
         timeout_s: float = 300.0,
         ipc_opens: list[int] | None = None,
+        push_groups: bool = False,
     ) -> None:
         """`paths`: each generator's path; `ipc_opens`: each generator's `Endpoint.ipc_opens`
-        (1 each if not given)."""
+        (1 each if not given); `push_groups`: a push alone sends each group as it is handed
+        over (`weight_sync.push_buffer groups`) instead of staging the whole version."""
         self.store = store
         self.paths = list(paths)
         opens = list(ipc_opens) if ipc_opens is not None else [1] * len(self.paths)
@@ -244,6 +246,8 @@ class Publisher:
         by_name = {s.name: s for s in self.senders}
         if "ipc" in by_name and "push" in by_name:
             by_name["push"].lend_from(by_name["ipc"])
+        elif push_groups and "push" in by_name:
+            by_name["push"].stream_groups()
 
     def set_layout(self, state: Mapping[str, torch.Tensor]) -> None:
         """Fix the flat layout of every version from tensors of the right names, shapes and
