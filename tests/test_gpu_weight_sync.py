@@ -17,8 +17,11 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="push between GPUs needs two")
-def test_nccl_push_between_two_gpus():
-    result = weight_push.run_path("qwen3-1.7b", "push", versions=3, device="cuda")
+@pytest.mark.parametrize("path", ["push", "push_groups"])
+def test_nccl_push_between_two_gpus(path: str):
+    # push_groups: each block's tensors broadcast as handed over (weight_sync.push_buffer
+    # groups), no staging buffer of a version
+    result = weight_push.run_path("qwen3-1.7b", path, versions=3, device="cuda")
     assert result["versions"] == 3 and result["bytes"] > 3e9
     assert result["transfer_s"] > 0
 
