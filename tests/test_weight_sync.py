@@ -89,15 +89,28 @@ def test_connections_give_each_push_receiver_its_rank():
     assert links == [("10.0.0.1", 7, 1, 3), None, (0, 1), ("10.0.0.1", 7, 2, 3)]
 
 
-def test_push_over_gloo_delivers_each_version_to_every_receiver():
+@pytest.mark.parametrize("groups", [False, True], ids=["version", "groups"])
+def test_push_over_gloo_delivers_each_version_to_every_receiver(groups: bool):
+    """Whole versions from one staging buffer, or (weight_sync.push_buffer groups) each
+    group's tensors broadcast as they come, the layout announced first: each receiver takes
+    them into their places in its buffer."""
     source = PushSender(torch.device("cpu"), receivers=2)
+    if groups:
+        source.stream_groups()
     address, port = source.open()
     receivers = [PushReceiver(address, port, r, 3, torch.device("cpu")) for r in (1, 2)]
     try:
         for version in range(3):
             sd = state(version)
-            assert stage(source, version, sd) == {"direct": {"push": True}}
             entries, _ = flat_layout(sd)
+            if groups:
+                source.begin(version, entries)
+                for group in _groups(sd):  # a tensor at a time, each a fresh copy
+                    source.fill(group)
+                    assert source.own_bytes == 0  # no buffer of a version on the sending side
+                assert source.finish(version) == {"direct": {"push": True}}
+            else:
+                assert stage(source, version, sd) == {"direct": {"push": True}}
             for r in receivers:
                 assert r.wait_for(version, timeout=60) == version
                 with r.lock:
@@ -106,9 +119,10 @@ def test_push_over_gloo_delivers_each_version_to_every_receiver():
                         assert torch.equal(got[name], tensor), (version, name)
         assert source.wait_pushed(60)
         assert source.pushes == 3 and source.last_push_s > 0
-        # alone, the push path keeps its own buffer of a version (reused by the next)
+        # alone and whole, the push path keeps its own buffer of a version (reused by the next)
         entries, _ = flat_layout(state(0))
-        assert source.own_bytes == max(e.offset + e.nbytes for e in entries.values())
+        whole = max(e.offset + e.nbytes for e in entries.values())
+        assert source.own_bytes == (0 if groups else whole)
     finally:
         source.close()
     for r in receivers:
@@ -117,36 +131,7 @@ def test_push_over_gloo_delivers_each_version_to_every_receiver():
         r.close()
 
 
-def test_a_push_a_group_at_a_time_delivers_each_version_and_keeps_no_copy_of_it():
-    """weight_sync.push_buffer groups: each group's tensors are broadcast as they come (the
-    layout announced first), each receiver takes them into their places in its buffer."""
-    source = PushSender(torch.device("cpu"), receivers=2)
-    source.stream_groups()
-    address, port = source.open()
-    receivers = [PushReceiver(address, port, r, 3, torch.device("cpu")) for r in (1, 2)]
-    try:
-        for version in range(3):
-            sd = state(version)
-            entries, _ = flat_layout(sd)
-            source.begin(version, entries)
-            for group in _groups(sd):  # a tensor at a time, each a fresh copy
-                source.fill(group)
-                assert source.own_bytes == 0  # no buffer of a version on the sending side
-            assert source.finish(version) == {"direct": {"push": True}}
-            for r in receivers:
-                assert r.wait_for(version, timeout=60) == version
-                with r.lock:
-                    got = views(r.buffer, entries)
-                    for name, tensor in sd.items():
-                        assert torch.equal(got[name], tensor), (version, name)
-        assert source.wait_pushed(60)
-        assert source.pushes == 3 and source.last_push_s > 0
-    finally:
-        source.close()
-    for r in receivers:
-        r._thread.join(10)
-        assert not r._thread.is_alive(), "receiver did not stop at close"
-        r.close()
+def test_a_push_a_group_at_a_time_takes_the_groups_in_the_layouts_order():
     # groups out of the layout's order, or a version missing some, are refused (a sender not
     # opened: nothing goes out)
     lone = PushSender(torch.device("cpu"), receivers=1)
