@@ -232,6 +232,7 @@ def prediction(recipe: Any, run_plan: Any, summary: dict[str, Any]) -> dict[str,
     """The planner's predicted step at the run's measured lengths, and the measured one over it
     (the check of recipes/costs.py), with the layouts the planner weighed."""
     from recipes.costs import predict_step
+    from recipes.planner import sync_paths
 
     if not summary.get("step_s"):
         return {}
@@ -240,7 +241,7 @@ def prediction(recipe: Any, run_plan: Any, summary: dict[str, Any]) -> dict[str,
         run_plan.accelerator,
         run_plan.placements,
         trainer_checkpointing=run_plan.settings.trainer.activation_checkpointing,
-        transports=run_plan.settings.weight_sync.expected,
+        transports=sync_paths(run_plan.settings.weight_sync),
         prompt_tokens=summary["prompt_tokens_mean"],
         response_tokens=summary["response_tokens_mean"],
     )

@@ -529,6 +529,13 @@ def plan(
     )
 
 
+def sync_paths(sync: Any) -> tuple[str, ...]:
+    """Each generator's weight path as the cost model names it: `push_groups` for the push a
+    group at a time."""
+    groups = sync.push_buffer == "groups"
+    return tuple("push_groups" if p == "push" and groups else p for p in sync.expected)
+
+
 def _check_mps_shares(chosen: Plan) -> None:
     """A share of the SMs is for a service that shares a GPU (an MPS client): one on GPUs of
     its own in the chosen layout would not use it."""
@@ -828,7 +835,7 @@ def _gpu_plan(
         accelerator,
         placements,
         trainer_checkpointing=settings.trainer.activation_checkpointing,
-        transports=settings.weight_sync.expected,
+        transports=sync_paths(settings.weight_sync),
     )
     return Plan(
         recipe_name=recipe.name,

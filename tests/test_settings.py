@@ -308,6 +308,10 @@ def test_a_push_a_group_at_a_time_keeps_no_version_on_the_trainer_and_is_refused
     # predicted to move in well under a second instead of the store's minutes
     assert groups.settings.generator.gpu_memory_utilization == 0.61
     assert groups.predicted_step_s < store.predicted_step_s / 5
+    assert (
+        "weight sync by push: a group at a time (weight_sync.push_buffer groups) predicted at "
+        "the whole push's rate, not measured"
+    ) in groups.prediction
     assert "push_buffer groups (expected: push)" in "\n".join(groups.settings.describe())
     # where the push path goes out whole anyway (auto: version), or is not taken at all
     assert plan(recipe("qwen3-1.7b"), 3).settings.weight_sync.push_buffer == "version"
