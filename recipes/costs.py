@@ -186,6 +186,6 @@ def predict_step(
     basis = s.basis
     notes = {_sync_path(path)["note"] for path in transports} - {""}
     if notes:
-        paths = "/".join(sorted({p.replace("_groups", "") for p in transports}))
+        paths = "/".join(sorted({p.removesuffix("_groups") for p in transports}))
         basis += f"; weight sync by {paths}: {'; '.join(sorted(notes))}"
     return StepEstimate(seconds, busy, work, bound, basis)

@@ -200,12 +200,15 @@ def plan_settings(
     sync = recipe.weight_sync
     transport, reserve, held = sync.transport, 0.0, 0.0
     flat = 0.0 if cpu else push_buffer_bytes(recipe, transport, expected_paths, sync.push_buffer)
+
+    def by_store() -> tuple[str, tuple[str, ...], float]:
+        """Where "auto" gives way to the store: transport, each generator's path, no buffer."""
+        return pick("weight_sync", "transport", "store"), ("store",) * len(expected_paths), 0.0
+
     if flat and "trainer" not in shared:
         room = ACCELERATOR_BYTES[accelerator] - flat
         if transport == "auto" and trainer_memory_plan(recipe.arch, ranks, room) is None:
-            transport = pick("weight_sync", "transport", "store")
-            expected_paths = tuple("store" for _ in expected_paths)
-            flat = 0.0
+            transport, expected_paths, flat = by_store()
     receive = 0.0 if cpu or kv is not None else push_receive_bytes(recipe, expected_paths)
     if receive:
         room = _share_beside(accelerator, receive)
@@ -220,9 +223,7 @@ def plan_settings(
             )
         if room < least and transport == "auto" and sync.push_buffer == "auto":
             # vLLM would not hold its weights and one group's KV cache beside the buffer
-            transport = pick("weight_sync", "transport", "store")
-            expected_paths = tuple("store" for _ in expected_paths)
-            flat = 0.0
+            transport, expected_paths, flat = by_store()
         elif room < least:
             raise DoesNotFit(
                 f"the push path: a {receive / GB:.1f} GB receive buffer on the generator's "

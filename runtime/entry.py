@@ -12,7 +12,7 @@ from pathlib import Path
 from recipes import UserError
 from recipes.errors import OneLineParser
 from runtime.procs.cluster import DEFAULT_WORKER_PORT, check_plan_fits, cluster_from_env
-from runtime.procs.mps import control_binary, uses_mps
+from runtime.procs.mps import control_binary, reap_left_daemons, uses_mps
 
 # SkyPilot starts `run` on all nodes at once, after setup finished on every node; this covers
 # imports on a slow node, not provisioning.
@@ -205,7 +205,6 @@ def main(
         check_plan_fits(config.plan, config.cluster)
         if not config.plan.cpu:
             from runtime.procs.gpu_check import check_gpus_free, read_gpus
-            from runtime.procs.mps import reap_left_daemons
 
             # an MPS daemon a killed run left holds the GPUs through its server
             for line in reap_left_daemons():

@@ -105,12 +105,9 @@ class MpsDaemon:
             pid = int((self.folder / "pipe" / PID_FILE).read_text().strip())
         except (OSError, ValueError):
             return None
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return None
+        stat = _stat(pid)
         # an exited daemon nobody has reaped yet (state Z) is not running
-        return None if stat.rsplit(")", 1)[1].split()[0] == "Z" else pid
+        return None if stat is None or stat[0] == "Z" else pid
 
     def stop(self) -> None:
         """Tell the daemon to quit (its server goes once its clients have), wait for its
@@ -132,13 +129,20 @@ class MpsDaemon:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command (state first); None where there is no
+    such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def _started(pid: int) -> str | None:
     """A process's start time (clock ticks since boot), which tells it from a later process
     given the same pid; None where there is no such process."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    stat = _stat(pid)
+    return stat[19] if stat is not None and len(stat) > 19 else None
 
 
 def reap_left_daemons() -> list[str]:

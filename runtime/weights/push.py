@@ -180,7 +180,7 @@ class PushSender:
             self._next = 0
             places = ";".join(f"{entries[n].offset},{entries[n].nbytes}" for n in self._order)
             self._idle.clear()
-            self._put(("announce", f"{version}:{total}:{places}"))
+            self._queue.put(("announce", f"{version}:{total}:{places}"))
             return
         if self._lender is None and (self._buffer is None or self.total != self._size()):
             self._buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
@@ -216,7 +216,7 @@ class PushSender:
             ready.record(torch.cuda.current_stream(self.device))
         tensors = [group[n].detach().contiguous().view(-1).view(torch.uint8) for n in names]
         self._group_sent.clear()
-        self._put(("group", ready, tensors))
+        self._queue.put(("group", ready, tensors))
 
     def finish(self, version: int) -> dict[str, Any]:
         """Hand the filled buffer (or the lender's) to the sending thread, which holds it
@@ -227,7 +227,7 @@ class PushSender:
                     f"a push a group at a time got {self._next} of the version's "
                     f"{len(self._order)} tensors"
                 )
-            self._put(("done", version))
+            self._queue.put(("done", version))
             return {"direct": {"push": True}}
         buffer = self._buffer if self._lender is None else self._lender.buffer(version)
         if buffer.numel() != self.total or buffer.device != self.device:
@@ -240,13 +240,10 @@ class PushSender:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
         self._idle.clear()
-        self._put(("announce", f"{version}:{buffer.numel()}"))
-        self._put(("whole", ready, buffer))
-        self._put(("done", version))
+        self._queue.put(("announce", f"{version}:{buffer.numel()}"))
+        self._queue.put(("whole", ready, buffer))
+        self._queue.put(("done", version))
         return {"direct": {"push": True}}
-
-    def _put(self, item: tuple[Any, ...]) -> None:
-        self._queue.put(item)
 
     @property
     def own_bytes(self) -> int:
