@@ -51,6 +51,20 @@ def test_plan_gpus_map_through_the_hosts_visible_gpus(monkeypatch):
         proc_env("trainer", 0, (2,), 1)
 
 
+def test_an_mps_client_names_its_gpus_as_the_runs_daemon_numbers_them(monkeypatch):
+    # The run's MPS daemon sees the run's GPUs (CUDA_VISIBLE_DEVICES=2,3) as 0 and 1 and its
+    # clients name them so: a client given "3" would find no GPU (a run beside another on a
+    # shared host, 2026-11-27).
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    mps = {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/forgesky-mps-x/pipe"}
+    assert proc_env("generator", 0, (1,), 1, mps)["CUDA_VISIBLE_DEVICES"] == "1"
+    assert proc_env("trainer", 0, (0, 1), 1, mps)["CUDA_VISIBLE_DEVICES"] == "0,1"
+    with pytest.raises(ValueError, match="uses GPU 2 but CUDA_VISIBLE_DEVICES=2,3 lists 2"):
+        proc_env("trainer", 0, (2,), 1, mps)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert proc_env("generator", 0, (1,), 1, mps)["CUDA_VISIBLE_DEVICES"] == "1"
+
+
 def test_gpus_go_through_the_gpus_argument_not_env():
     with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
         proc_env("generator", 0, (0,), 1, {"CUDA_VISIBLE_DEVICES": "5"})

@@ -24,6 +24,7 @@ if [ -n "$FAKE_MPS_FAIL" ]; then echo "cannot start: $FAKE_MPS_FAIL" >&2; exit 1
 pid_file="$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
 if [ "$1" = "-d" ]; then
   echo "start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >> "$FAKE_MPS_LOG"
+  echo "sees ${CUDA_VISIBLE_DEVICES-all} $CUDA_DEVICE_ORDER" >> "$FAKE_MPS_LOG"
   sleep 600 </dev/null >/dev/null 2>&1 &
   echo $! > "$pid_file"
   touch "$CUDA_MPS_PIPE_DIRECTORY/control"
@@ -71,7 +72,8 @@ def test_a_node_without_the_control_program_is_one_line(tmp_path, monkeypatch):
     )
 
 
-def test_the_daemon_runs_in_a_folder_of_its_own_and_quits(stand_in):
+def test_the_daemon_runs_in_a_folder_of_its_own_and_quits(stand_in, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     daemon = mps.start_daemon()
     pipe, logs = daemon.env["CUDA_MPS_PIPE_DIRECTORY"], daemon.env["CUDA_MPS_LOG_DIRECTORY"]
     assert Path(pipe).parent == daemon.folder and Path(logs).parent == daemon.folder
@@ -80,10 +82,12 @@ def test_the_daemon_runs_in_a_folder_of_its_own_and_quits(stand_in):
     daemon.stop()
     # stop returned because the daemon's process ended, not because its socket went
     assert not alive(pid)
-    assert stand_in.read_text().splitlines() == [f"start {pipe} {logs}", f"quit {pipe}"]
+    # it sees every GPU (the run was given them all), numbered as nvidia-smi numbers them
+    said = [f"start {pipe} {logs}", "sees all PCI_BUS_ID", f"quit {pipe}"]
+    assert stand_in.read_text().splitlines() == said
     assert not daemon.folder.exists()
     daemon.stop()  # twice: nothing more asked of the daemon
-    assert len(stand_in.read_text().splitlines()) == 2
+    assert len(stand_in.read_text().splitlines()) == 3
 
 
 def test_a_daemon_that_does_not_quit_is_named_and_its_folder_goes(stand_in, monkeypatch):
@@ -181,9 +185,13 @@ def test_a_share_of_the_sms_is_planned_shown_and_refused_where_it_would_do_nothi
 
 
 @pytest.mark.slow
-def test_a_run_with_services_on_one_gpu_starts_and_stops_its_daemon(tmp_path, stand_in):
+def test_a_run_with_services_on_one_gpu_starts_and_stops_its_daemon(
+    tmp_path, stand_in, monkeypatch
+):
     """Real procs: `tiny` with generator, reference and trainer placed on GPU index 0 (on this
-    CPU host the index only sets CUDA_VISIBLE_DEVICES), layout.sharing mps."""
+    CPU host the index only sets CUDA_VISIBLE_DEVICES), layout.sharing mps, the run given the
+    host's GPU 1 (a run beside another on a shared host)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     run_dir = tmp_path / "run"
     out = run_on_one_gpu(
         run_dir,
@@ -208,7 +216,9 @@ def test_a_run_with_services_on_one_gpu_starts_and_stops_its_daemon(tmp_path, st
         "generator0 100 %, reference 30 %" in out
     )
     pipe = f"{folder}/pipe"
-    assert stand_in.read_text().splitlines() == [f"start {pipe} {folder}/log", f"quit {pipe}"]
+    # the daemon sees the run's GPU (its clients see it as 0: tests/test_mesh.py)
+    said = [f"start {pipe} {folder}/log", "sees 1 PCI_BUS_ID", f"quit {pipe}"]
+    assert stand_in.read_text().splitlines() == said
     assert not Path(folder).exists()
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 3 and "gpu/turns" not in rows[-1]

@@ -30,6 +30,7 @@ from monarch.actor import (
 
 from runtime.procs.failures import PROCS_ENV, RANK_ENV, ActorFailure, root_cause
 from runtime.procs.host import RUN_ID_ENV, host_gpu_ids, start_monarch
+from runtime.procs.mps import PIPE_ENV
 
 T = TypeVar("T")
 
@@ -82,7 +83,13 @@ def proc_env(
     env.update(extra)
     # PCI bus order makes the indices match nvidia-smi, which is what placements are written in.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(host_gpu_ids(gpus))
+    names = host_gpu_ids(gpus)  # also checks that the run was given these GPUs
+    if PIPE_ENV in extra:
+        # An MPS client sees the GPUs of its control daemon renumbered from 0, and a host name
+        # would miss (NVIDIA's MPS docs). The run's daemon sees the GPUs the run was given, in
+        # the order the plan numbers them, so the plan's own indices name the client's GPUs.
+        names = [str(g) for g in gpus]
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(names)
     env[SERVICE_ENV] = service
     env[RANK_ENV] = str(rank)
     env[PROCS_ENV] = str(procs)

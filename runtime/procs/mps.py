@@ -32,6 +32,8 @@ from recipes import UserError
 CONTROL = "nvidia-cuda-mps-control"
 # Where the daemon keeps its pid, in its pipe folder, while it runs.
 PID_FILE = "nvidia-cuda-mps-control.pid"
+# What makes a CUDA process a client of a given daemon: the folder of its pipes.
+PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 # A client's share of the GPU's SMs (%), read by CUDA as the proc starts (layout.mps_sm_percent).
 SM_PERCENT_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 # The folders of the daemons runs start, in the temporary folder; each names its controller.
@@ -77,7 +79,7 @@ class MpsDaemon:
     @property
     def env(self) -> dict[str, str]:
         return {
-            "CUDA_MPS_PIPE_DIRECTORY": str(self.folder / "pipe"),
+            PIPE_ENV: str(self.folder / "pipe"),
             "CUDA_MPS_LOG_DIRECTORY": str(self.folder / "log"),
         }
 
@@ -85,7 +87,10 @@ class MpsDaemon:
         done = subprocess.run(
             [self.binary, *args],
             input=stdin,
-            env={**os.environ, **self.env},
+            # The daemon sees the GPUs this run was given (the controller's CUDA_VISIBLE_DEVICES)
+            # in PCI bus order, as nvidia-smi and the plan number them; its clients see the
+            # same GPUs renumbered from 0 (runtime.procs.mesh.proc_env).
+            env={**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", **self.env},
             capture_output=True,
             text=True,
             timeout=timeout,
