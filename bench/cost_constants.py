@@ -58,6 +58,10 @@ SYNC_SOURCES = {
     "push": ("gpu_grpo_h200x4_2026-11-22.json", "grpo_3gpu"),
     "ipc": ("gpu_grpo_1gpu_h200_2026-11-23.json", "grpo_1gpu_turns"),
     "store": ("gpu_grpo_h100.json", "grpo"),
+    # the push a group at a time (weight_sync.push_buffer groups), its generator on a GPU of
+    # its own (layout.share trainer_reference set by hand: the two-GPU plan's generator sits
+    # beside trainer rank 0 and takes the ipc path)
+    "push_groups": ("gpu_h200x2_2026-11-27g/side_by_side_groups.json", "grpo_2gpu_off_policy"),
 }
 # What a figure's reader should know about its run.
 SYNC_NOTES = {
@@ -92,6 +96,11 @@ COMPARE = (
     ("gpu_h200x4_2026-11-27/side_by_side_1on.json", "grpo_1gpu_on_policy"),
     ("gpu_h200x4_2026-11-27/side_by_side_1off.json", "grpo_1gpu_off_policy"),
     ("gpu_h200_2026-11-27f/side_by_side_turns2.json", "grpo_1gpu_off_policy"),
+    # the two-GPU layout with the generator on a GPU of its own (layout.share
+    # trainer_reference), one step off-policy, its versions pushed a group at a time and then
+    # whole, one after the other on one host with two H200s
+    ("gpu_h200x2_2026-11-27g/side_by_side_groups.json", "grpo_2gpu_off_policy"),
+    ("gpu_h200x2_2026-11-27g/side_by_side_version.json", "grpo_2gpu_off_policy"),
 )
 # COMPARE runs the model misses by more than 15 %, and what the run's own figures show it gets
 # wrong; the check test holds each of them outside 15 % (so a better model has to take it off
@@ -108,6 +117,12 @@ MISSES = {
         "64-sequence calls 2.42-2.81 s of engine time (12.3 k tokens/s each, host E 15.8 k), "
         "the two-rank trainer 1.60-1.99 s (MFU 0.27, host E 0.33), publish + load 0.30 s, and "
         "waits for a GPU's turn up to 0.76 s a step the model does not count"
+    ),
+    ("gpu_h200x2_2026-11-27g/side_by_side_version.json", "grpo_2gpu_off_policy"): (
+        "the generator's 128-sequence calls took 3.52 s of engine time (18.6 k tokens/s) where "
+        "the run before it on the same host and layout took 2.59 s (25.3 k) and the model "
+        "2.55 s: the generator, alone on its GPU, set the pace; the trainer (1.90 s) and the "
+        "weight sync (0.09 s) ran as predicted"
     ),
 }
 
@@ -257,7 +272,7 @@ def compare() -> list[dict[str, Any]]:
             trainer_checkpointing=bool(checkpointing(run)),
             prompt_tokens=run["prompt_tokens_mean"],
             response_tokens=run["response_tokens_mean"],
-            transports=_paths(placements),
+            transports=_paths(placements, run),
         )
         row = {
             "run": f"bench/results/{file}#{name}",
@@ -273,11 +288,14 @@ def compare() -> list[dict[str, Any]]:
     return rows
 
 
-def _paths(placements: Any) -> tuple[str, ...]:
-    """The path each generator took: CUDA IPC beside the trainer, else NCCL push."""
+def _paths(placements: Any, run: dict[str, Any]) -> tuple[str, ...]:
+    """The path each generator took: CUDA IPC beside the trainer, else NCCL push (a group at
+    a time where the run's settings say weight_sync.push_buffer groups)."""
     trainer = next(p for p in placements if p.service == "trainer")
+    sync = (run.get("settings") or {}).get("weight_sync") or {}
+    push = "push_groups" if sync.get("push_buffer") == "groups" else "push"
     return tuple(
-        "ipc" if set(p.gpus) & set(trainer.gpus) else "push"
+        "ipc" if set(p.gpus) & set(trainer.gpus) else push
         for p in placements
         if p.service == "generator"
     )

@@ -74,6 +74,8 @@ RUNS = (
     ("gpu_h200x2_2026-11-27d/product_path_qwen3-8b_part_a.json", "run_a", 2, "H200"),
     ("gpu_h200_2026-11-27e/product_path_qwen3-1.7b.json", None, 1, "H200"),
     ("gpu_h200_2026-11-27f/product_path_1gpu.json", None, 1, "H200"),
+    ("gpu_h200x2_2026-11-27g/product_path_qwen3-8b_part_b.json", "run_a", 2, "H200"),
+    ("gpu_h200x2_2026-11-27g/product_path_qwen3-8b_part_b.json", "run_b", 2, "H200"),
 )
 # Runs whose push path sent the ipc path's buffer of a version (runtime/weights/push.py
 # `lend_from`); in the runs before, rank 0 kept a push buffer of its own beside it, and their
@@ -85,6 +87,7 @@ PUSH_BORROWS_IPC_BUFFER = frozenset(
         "gpu_h200x2_2026-11-27d",
         "gpu_h200_2026-11-27e",
         "gpu_h200_2026-11-27f",
+        "gpu_h200x2_2026-11-27g",
     }
 )
 # Runs whose publishes gathered a whole version at once somewhere: versions piling up on-policy

@@ -104,17 +104,7 @@ def speeds(accelerator: str, arch: Any) -> Speeds:
     )
 
 
-# The push a group at a time (weight_sync.push_buffer groups) has no measurement of its own
-# yet: predicted at the whole-version push's rate, and said so.
-PUSH_GROUPS_NOTE = (
-    "a group at a time (weight_sync.push_buffer groups) predicted at the whole push's rate, "
-    "not measured"
-)
-
-
 def _sync_path(path: str) -> dict[str, Any]:
-    if path == "push_groups":
-        return {**MEASURED["sync"]["push"], "note": PUSH_GROUPS_NOTE}
     return MEASURED["sync"][path]
 
 

@@ -51,6 +51,11 @@ MEASURED = {
             "s_per_gb": 0.01553,
             "source": "bench/results/gpu_grpo_h200x4_2026-11-22.json#grpo_3gpu (3.44 GB)"
         },
+        "push_groups": {
+            "note": "",
+            "s_per_gb": 0.06472,
+            "source": "bench/results/gpu_h200x2_2026-11-27g/side_by_side_groups.json#grpo_2gpu_off_policy (3.44 GB)"
+        },
         "store": {
             "note": "measured 2026-11-21, when the store took one key a parameter; in a run not measured since it streams a block at a time; alone (bench/weight_push.py, qwen3-1.7b, two H200s, gpu_h200x2_2026-11-27d) it took 3.11 s a GB end to end",
             "s_per_gb": 3.91994,

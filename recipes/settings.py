@@ -27,12 +27,14 @@ Planned values:
 - reference.tokens_per_micro_batch: the trainer memory plan of a one-rank trainer on the
   reference's GPU (the reference holds less, so this is conservative); 8192 when shared.
 - weight_sync.transport stays "auto" until the run starts: each generator's path then follows
-  where it and the trainer are (`plan` shows the path it expects), unless the push path's
-  flat buffer (2 bytes a parameter on trainer rank 0 where no generator takes the ipc path,
-  whose buffer the push otherwise sends: `push_buffer_bytes`) leaves a trainer on
-  GPUs of its own no micro-batch that fits: then "store", which streams each version a block
-  at a time. With the push path the trainer's micro-batch is planned with that buffer taken
-  off its GPU.
+  where it and the trainer are (`plan` shows the path it expects). Where generators take the
+  push path alone, weight_sync.push_buffer "version" sends each version from a flat buffer
+  (2 bytes a parameter on trainer rank 0: `push_buffer_bytes`), with the trainer's
+  micro-batch planned with that buffer taken off its GPU; where that buffer leaves a trainer
+  on GPUs of its own no micro-batch that fits, "groups": each group's tensors go out as the
+  trainer gathers them, with no buffer on the trainer (a third slower on two H200s, still a
+  fraction of a second). "store" (a version streamed a block at a time) where a generator
+  cannot hold its own receive buffer beside vLLM.
 """
 
 from __future__ import annotations
@@ -205,10 +207,17 @@ def plan_settings(
         """Where "auto" gives way to the store: transport, each generator's path, no buffer."""
         return pick("weight_sync", "transport", "store"), ("store",) * len(expected_paths), 0.0
 
+    buffer = sync.push_buffer
     if flat and "trainer" not in shared:
         room = ACCELERATOR_BYTES[accelerator] - flat
         if transport == "auto" and trainer_memory_plan(recipe.arch, ranks, room) is None:
-            transport, expected_paths, flat = by_store()
+            if buffer == "version":
+                raise DoesNotFit(
+                    f"weight_sync.push_buffer version: a whole version ({flat / GB:.1f} GB) "
+                    f"beside trainer rank 0's shards leaves it no micro-batch that fits an "
+                    f"{accelerator}; leave it auto (a group at a time, no buffer on the trainer)"
+                )
+            buffer, flat = "groups", 0.0  # no whole version beside the trainer
     receive = 0.0 if cpu or kv is not None else push_receive_bytes(recipe, expected_paths)
     if receive:
         room = _share_beside(accelerator, receive)
@@ -261,7 +270,7 @@ def plan_settings(
         tokens_per_micro_batch=pick("reference", "tokens_per_micro_batch", ref_tokens),
         compile=pick("reference", "compile", ref_gpu),
     )
-    push_buffer = _push_buffer(recipe, transport, expected_paths)
+    push_buffer = _push_buffer(buffer, transport, expected_paths)
     if sync.push_buffer == "auto" and push_buffer != "none":
         planned.append("weight_sync.push_buffer")
     weight_sync = WeightSyncSettings(
@@ -291,10 +300,10 @@ def push_buffer_bytes(
     return 0.0
 
 
-def _push_buffer(recipe: Any, transport: str, expected_paths: tuple[str, ...]) -> str:
-    """weight_sync.push_buffer as planned: version or groups where generators take the push
-    path alone (auto: version), none elsewhere (`check_push_buffer` refuses one set there)."""
-    given = recipe.weight_sync.push_buffer
+def _push_buffer(given: str, transport: str, expected_paths: tuple[str, ...]) -> str:
+    """weight_sync.push_buffer as planned from `given` (the recipe's, or groups where a
+    version's buffer would not fit): version or groups where generators take the push path
+    alone (auto: version), none elsewhere (`check_push_buffer` refuses one set there)."""
     if pushes_alone(transport, expected_paths):
         return "version" if given == "auto" else given
     return "none"

@@ -156,9 +156,9 @@ def test_every_gpu_recipe_fits_h100_at_its_minimum(name):
     assert set(memory) == services
     assert all(0 < gb <= ACCELERATOR_GB["H100"] for gb in memory.values()), memory
     p = plan(apply_overrides(r, ["layout.share=none"]), dedicated_gpus(r))
-    # the trainer also holds the push path's flat bf16 buffer where it pushes
-    direct = "push" in p.settings.weight_sync.expected
-    buffer = 2 * r.arch.params / 1e9 if direct else 0.0
+    # the trainer also holds the push path's flat bf16 buffer where it pushes a whole version
+    whole = p.settings.weight_sync.push_buffer == "version"
+    buffer = 2 * r.arch.params / 1e9 if whole else 0.0
     assert p.memory == {**memory, "trainer": round(memory["trainer"] + buffer, 1)}
     assert p.memory["trainer"] <= ACCELERATOR_GB["H100"] and not p.idle_gpus
 
