@@ -291,6 +291,8 @@ def test_train_batch_has_group_relative_advantages_and_the_step_metrics():
     adv = batch["advantages"].view(2, 3)
     assert adv.mean(dim=1).abs().max() < 1e-6 and adv[0, 0] > adv[0, 2] > adv[0, 1]
     assert info["policy/staleness_mean"] == 1.5 and info["reward/mean"] == pytest.approx(0.5)
+    # mean lengths: 3 prompt tokens, completions of 2, 0 and 1 tokens
+    assert (info["prompt/len_mean"], info["response/len_mean"]) == (3.0, 1.0)
     dr, _ = train_batch(groups, pad_id=0, group_size=3, loss="dr_grpo", version=4)
     assert dr["advantages"].view(2, 3)[0].tolist() == pytest.approx([0.5, -0.5, 0.0])
 
@@ -418,3 +420,23 @@ def test_a_stop_with_an_evaluation_in_flight_ends_promptly(tmp_path):
     prompts = [source(cfg).prompt(i) for i in range(8)]
     controller = asyncio.run(run(cfg, services, stop_after=3, eval_prompts=prompts))
     assert 3 <= controller.step < 50
+
+
+def test_after_three_steps_a_run_names_a_layout_its_own_lengths_make_faster(capsys):
+    """Controller._hint_layout: the mean lengths of this process's first three steps, one
+    line then (recipes.planner.layout_hint), and nothing more after it."""
+    from types import SimpleNamespace
+
+    r = apply_overrides(load_recipe("qwen3-1.7b"), ["grpo.max_response_tokens=512"])
+    run = SimpleNamespace(recipe=r, config=SimpleNamespace(plan=plan(r, 2, accelerator="H200")))
+    run.lengths, said = [], []
+    for step, prompt in zip((1, 2, 3, 4), (200.0, 207.0, 214.0, 207.0), strict=True):
+        run.step = step
+        Controller._hint_layout(run, {"prompt/len_mean": prompt, "response/len_mean": 512.0})
+        said.append(capsys.readouterr().out)
+    assert said[0] == said[1] == said[3] == ""
+    assert said[2].startswith(
+        "forgesky: note: at this run's mean lengths (207-token prompts, 512-token completions) "
+        "layout.share trainer_reference is predicted at 2.93 s a step"
+    )
+    assert run.lengths is None

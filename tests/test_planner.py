@@ -714,3 +714,26 @@ def test_a_tight_trainer_note_offers_only_what_can_be_done():
     (note,) = fewer._tight_trainer()
     assert "layout.trainer.gpus" in note and "H200" in note
     assert plan(load_recipe("qwen3-32b"), 16, accelerator="H200")._tight_trainer() == []
+
+
+def test_a_run_says_where_its_own_lengths_make_another_layout_faster():
+    """Plans rank layouts at the recipe's maximum lengths; a run, at its own mean lengths,
+    says in one line where another layout.share is predicted at least 10 % faster."""
+    from recipes.planner import layout_hint
+
+    r = apply_overrides(load_recipe("qwen3-1.7b"), ["grpo.max_response_tokens=512"])
+    chosen = plan(r, 2, accelerator="H200")
+    assert chosen.share == "all"  # at 1024-token prompts
+    assert layout_hint(r, chosen, 207, 512) == (
+        "at this run's mean lengths (207-token prompts, 512-token completions) layout.share "
+        "trainer_reference is predicted at 2.93 s a step, this plan (all) at 3.50 s; plans "
+        "rank layouts at the recipe's maximum lengths (1024 + 512): --set "
+        "layout.share=trainer_reference takes it"
+    )
+    # at the maxima the plan's own choice stands
+    assert layout_hint(r, chosen, 1024, 512) is None
+    # a layout.share the recipe sets is kept without a word, and a CPU run has one layout
+    fixed = apply_overrides(r, ["layout.share=all"])
+    assert layout_hint(fixed, plan(fixed, 2, accelerator="H200"), 207, 512) is None
+    tiny = load_recipe("tiny")
+    assert layout_hint(tiny, plan(tiny, 0), 20, 10) is None

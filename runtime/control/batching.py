@@ -81,6 +81,7 @@ def train_batch(
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
         "response/len_mean": float(batch.response_mask.sum(dim=1).float().mean()),
+        "prompt/len_mean": sum(len(gr.prompt_tokens) for gr in groups) / len(groups),
         "policy/staleness_mean": float(
             sum(version - gr.policy_version for gr in groups) / len(groups)
         ),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.memory import checkpoint_bytes
+from recipes.planner import layout_hint
 from runtime.control import checkpoint
 from runtime.control.batching import train_batch
 from runtime.control.checkpoint import approx_size
@@ -29,6 +30,9 @@ from runtime.control.rollouts import Rollouts
 from runtime.control.state import ControllerState
 from runtime.control.turns import GpuTurns
 from runtime.procs.mps import uses_mps
+
+# Steps whose mean lengths decide whether the run says another layout would be faster.
+HINT_STEPS = 3
 
 
 class Controller:
@@ -57,6 +61,8 @@ class Controller:
         self.policy = PolicySync(
             services, self.progress, self.turns, sync.transport, groups=sync.push_buffer == "groups"
         )
+        # (prompt, completion) mean lengths of this process's first steps, for layout_hint
+        self.lengths: list[tuple[float, float]] | None = []
 
     @property
     def version(self) -> int:
@@ -170,6 +176,7 @@ class Controller:
             record.update(self.turns.take_stats())
             record.update(evaluations)
             self.metrics.log(self.step, record)
+            self._hint_layout(record)
             await self.commit_written()
             interval = g.checkpoint_interval
             if interval and self.step % interval == 0 and self.step < total:
@@ -180,6 +187,22 @@ class Controller:
                 # in the background and its next optimizer step waits for the copy
                 # (time/checkpoint_staging_wait_s in that step's record)
                 self.notes.add("time/checkpoint_stall_s", time.perf_counter() - start)
+
+    def _hint_layout(self, record: dict[str, Any]) -> None:
+        """Once, after HINT_STEPS steps of this process (or the run's last step): a line where
+        another layout is predicted faster at the run's own mean lengths than the plan's, which
+        ranked them at the recipe's maxima (recipes.planner.layout_hint)."""
+        if self.lengths is None:
+            return
+        self.lengths.append((record["prompt/len_mean"], record["response/len_mean"]))
+        if len(self.lengths) < HINT_STEPS and self.step < self.recipe.grpo.steps:
+            return
+        prompt = sum(p for p, _ in self.lengths) / len(self.lengths)
+        response = sum(r for _, r in self.lengths) / len(self.lengths)
+        self.lengths = None
+        line = layout_hint(self.recipe, self.config.plan, prompt, response)
+        if line:
+            print(f"forgesky: note: {line}", flush=True)
 
     async def _unless_stopped(self, coro: Any) -> Any:
         """Await `coro` unless a stop is requested first (then cancel it and return None)."""
