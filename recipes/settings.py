@@ -210,7 +210,7 @@ def plan_settings(
     buffer = sync.push_buffer
     if flat and "trainer" not in shared:
         room = ACCELERATOR_BYTES[accelerator] - flat
-        if transport == "auto" and trainer_memory_plan(recipe.arch, ranks, room) is None:
+        if trainer_memory_plan(recipe.arch, ranks, room) is None:
             if buffer == "version":
                 raise DoesNotFit(
                     f"weight_sync.push_buffer version: a whole version ({flat / GB:.1f} GB) "

@@ -126,6 +126,10 @@ def test_the_push_paths_buffer_is_planned_or_a_version_goes_a_group_at_a_time():
     )
     forced = plan(recipe("qwen3-8b", "weight_sync.transport=push"), 8).settings
     assert forced.weight_sync.transport == "push" and set(forced.weight_sync.expected) == {"push"}
+    assert forced.weight_sync.push_buffer == "version"
+    # the push set by hand where a whole version leaves no room: a group at a time
+    forced = plan(recipe("qwen3-8b", "weight_sync.transport=push"), 5).settings
+    assert (forced.weight_sync.transport, forced.weight_sync.push_buffer) == ("push", "groups")
 
 
 def test_a_cpu_plan_samples_with_transformers_and_compiles_nothing():
