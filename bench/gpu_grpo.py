@@ -231,19 +231,17 @@ def memory_against_plan(
 def prediction(recipe: Any, run_plan: Any, summary: dict[str, Any]) -> dict[str, Any]:
     """The planner's predicted step at the run's measured lengths, and the measured one over it
     (the check of recipes/costs.py), with the layouts the planner weighed."""
-    from recipes.costs import predict_step
-    from recipes.planner import sync_paths
+    from recipes.planner import predict_layout
 
     if not summary.get("step_s"):
         return {}
-    estimate = predict_step(
+    estimate = predict_layout(
         recipe,
         run_plan.accelerator,
         run_plan.placements,
-        trainer_checkpointing=run_plan.settings.trainer.activation_checkpointing,
-        transports=sync_paths(run_plan.settings.weight_sync),
-        prompt_tokens=summary["prompt_tokens_mean"],
-        response_tokens=summary["response_tokens_mean"],
+        run_plan.settings,
+        summary["prompt_tokens_mean"],
+        summary["response_tokens_mean"],
     )
     return {
         "predicted_step_s": round(estimate.seconds, 3),

@@ -529,6 +529,29 @@ def plan(
     )
 
 
+def predict_layout(
+    recipe: Recipe,
+    accelerator: str,
+    placements: tuple[Placement, ...],
+    settings: Settings,
+    prompt_tokens: float | None = None,
+    response_tokens: float | None = None,
+) -> Any:
+    """The cost model's step (recipes.costs.StepEstimate) for `placements` with their planned
+    `settings`: at the recipe's maximum lengths unless given."""
+    from recipes.costs import predict_step
+
+    return predict_step(
+        recipe,
+        accelerator,
+        placements,
+        trainer_checkpointing=settings.trainer.activation_checkpointing,
+        transports=sync_paths(settings.weight_sync),
+        prompt_tokens=prompt_tokens,
+        response_tokens=response_tokens,
+    )
+
+
 # How much faster another layout must be predicted at a run's own lengths for the run to say so.
 HINT_MARGIN = 0.10
 
@@ -542,8 +565,6 @@ def layout_hint(
     None. (qwen3-1.7b on two H200s one step off-policy with 512-token completions: `all`
     5.53 s against `trainer_reference` 6.21 s at 1024-token prompts, 3.50 s against 2.93 s at
     207.)"""
-    from recipes.costs import predict_step
-
     if chosen.cpu or recipe.layout.share != "auto" or chosen.settings is None:
         return None
     here: float | None = None
@@ -552,14 +573,8 @@ def layout_hint(
     for p, _ in weighed:
         if p is None or p.settings is None:
             continue
-        seconds = predict_step(
-            recipe,
-            chosen.accelerator,
-            p.placements,
-            trainer_checkpointing=p.settings.trainer.activation_checkpointing,
-            transports=sync_paths(p.settings.weight_sync),
-            prompt_tokens=prompt_tokens,
-            response_tokens=response_tokens,
+        seconds = predict_layout(
+            recipe, chosen.accelerator, p.placements, p.settings, prompt_tokens, response_tokens
         ).seconds
         if p.share == chosen.share and p.placements == chosen.placements:
             here = seconds
@@ -823,8 +838,6 @@ def _gpu_plan(
 ) -> Plan:
     """The Plan of GPU placements: the services' settings and memory planned for them, checked
     to fit each GPU together where services share one, and the step the cost model predicts."""
-    from recipes.costs import predict_step
-
     lay = recipe.layout
     shared = shared_services(placements)
 
@@ -878,13 +891,7 @@ def _gpu_plan(
     _check_step_memory(recipe, accelerator, training, settings, share)
     if shared:
         _check_shared_memory(recipe, accelerator, memory, settings, placements, rank0_only, share)
-    estimate = predict_step(
-        recipe,
-        accelerator,
-        placements,
-        trainer_checkpointing=settings.trainer.activation_checkpointing,
-        transports=sync_paths(settings.weight_sync),
-    )
+    estimate = predict_layout(recipe, accelerator, placements, settings)
     return Plan(
         recipe_name=recipe.name,
         total_gpus=gpus,
