@@ -159,3 +159,49 @@ def test_gpu_reference_scores_like_the_cpu_reference():
     torch.testing.assert_close(
         mine.logprobs(tokens, mask), theirs.logprobs(tokens, mask), atol=1e-5, rtol=0
     )
+
+
+class _Model(torch.nn.Module):
+    """What `_load_on_worker` uses of vLLM's model: named parameters and `load_weights`,
+    here writing each weight into its parameter (`writes=False`: matching names only)."""
+
+    def __init__(self, writes: bool = True) -> None:
+        super().__init__()
+        self.writes = writes
+        norm = torch.nn.Module()
+        norm.weight = torch.nn.Parameter(torch.ones(4))
+        self.model = torch.nn.ModuleDict({"norm": norm})
+
+    def load_weights(self, weights):
+        loaded = set()
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            if self.writes:
+                params[name].data.copy_(tensor)
+            loaded.add(name)
+        return loaded
+
+
+class _Worker:
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def get_model(self) -> torch.nn.Module:
+        return self.model
+
+
+def test_a_generator_load_is_read_back_and_a_nan_version_named_as_such():
+    """The generator reads the probe weight back from the model it runs after each load: a
+    load that wrote nothing is one error, a version holding NaN another (NaN never equals
+    itself, so it was reported as the first)."""
+    from runtime.backends.vllm_generator import _load_on_worker
+
+    weights = {"model.norm.weight": torch.full((4,), 2.0)}
+    model = _Model()
+    assert _load_on_worker(_Worker(model), weights) == []
+    assert torch.equal(model.model["norm"].weight.detach(), weights["model.norm.weight"])
+    with pytest.raises(RuntimeError, match="did not reach the model the engine runs"):
+        _load_on_worker(_Worker(_Model(writes=False)), weights)
+    nan = {"model.norm.weight": torch.tensor([1.0, float("nan"), 1.0, 1.0])}
+    with pytest.raises(RuntimeError, match="hold NaN or infinite values"):
+        _load_on_worker(_Worker(_Model()), nan)

@@ -14,6 +14,7 @@ from runtime_helpers import NOISE, finish, leftover_processes, metrics, start
 from recipes import UserError, apply_overrides, architecture, load_recipe, plan
 from runtime.backends import OptimizerConfig, TitanTrainer, trainer_state
 from runtime.backends.fsdp_trainer import WORLD_ENV
+from runtime.control import checkpoint
 from runtime.control.startup import group_env, trainer_ranks
 from runtime.models import ModelSpec
 
@@ -132,6 +133,40 @@ def test_one_rank_raising_ends_the_run_while_the_other_waits_in_a_collective(tmp
     assert "trainer" in failure, failure
     # start-up (the procs, the tiny model) takes ~20 s on 2 cores; a wait for rank 1 would
     # last until the watchdog's first-call bound (1800 s) or gloo's timeout
+    assert took < 120, f"{took:.0f} s:\n{out[-3000:]}"
+    time.sleep(0.5)
+    assert leftover_processes(proc.pid) == []
+
+
+@pytest.mark.slow
+def test_nan_gradients_stop_the_run_before_the_weights_change(tmp_path: Path):
+    """A backward that gives NaN while its loss is finite (tests/failing_losses.py, a step or
+    two in, two ranks): every rank refuses the optimizer step, the run ends on one line naming
+    the step, and the checkpoints hold only finite weights of the steps before it."""
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny", "--run-dir", str(run_dir), "--steps", "6"]
+    args += ["--checkpoint-every", "1", "--set", "trainer.ranks=2"]
+    proc = start([*args, "--set", "grpo.loss=failing_losses:nan_gradients"])
+    began = time.monotonic()
+    code, out = finish(proc, timeout=300)
+    took = time.monotonic() - began
+    assert code not in (0, None), out
+    lines = [line for line in out.splitlines() if "the gradient norm is nan" in line]
+    assert lines, out[-3000:]
+    found = re.search(r"training step (\d+): the gradient norm is nan; the optimizer", lines[0])
+    assert found, lines[0]
+    failed = int(found.group(1))
+    assert "trainer" in lines[0], lines[0]
+    # no step at or past the failing one was recorded, checkpointed or published
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, failed)), (failed, rows)
+    # (the step before's checkpoint may still have been on its way to disk: the run ends
+    # at once, and resumes from the last committed one)
+    committed = checkpoint.committed(run_dir / "checkpoints")
+    assert committed and max(c.step for c in committed) < failed, (failed, committed)
+    for ckpt in committed:
+        saved = trainer_state.read_all(ckpt.path)
+        assert all(torch.isfinite(t).all() for t in saved["model"].values()), ckpt
     assert took < 120, f"{took:.0f} s:\n{out[-3000:]}"
     time.sleep(0.5)
     assert leftover_processes(proc.pid) == []

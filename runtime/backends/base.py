@@ -11,6 +11,7 @@ top_p = 1 it is the sampling distribution itself.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -131,6 +132,25 @@ def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
     if temperature != 1.0:
         scaled = scaled / temperature
     return torch.logsumexp(scaled, dim=-1) - (torch.softmax(scaled, dim=-1) * scaled).sum(dim=-1)
+
+
+class NonFiniteGradients(RuntimeError):
+    """A step's gradient norm came out NaN or infinite; the optimizer step was not taken."""
+
+
+def finite_grad_norm(grad_norm: Tensor | float, step: int) -> float:
+    """The gradient norm of optimizer step `step` (1-based) as a float, or `NonFiniteGradients`
+    before the step is taken: an update by NaN or infinite gradients would make every weight
+    NaN, which the generators would then load and sample from."""
+    value = float(grad_norm)
+    if math.isfinite(value):
+        return value
+    raise NonFiniteGradients(
+        f"training step {step}: the gradient norm is {value}; the optimizer step was not "
+        f"taken (the weights stay step {step - 1}'s): a NaN or infinite value in the backward "
+        "(the loss, the advantages, or the GPU); resume from the last committed checkpoint, "
+        "perhaps with a lower grpo.lr"
+    )
 
 
 def loss_inputs(

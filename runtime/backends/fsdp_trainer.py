@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from runtime.backends import trainer_state
-from runtime.backends.base import LossFn, loss_inputs
+from runtime.backends.base import LossFn, finite_grad_norm, loss_inputs
 from runtime.backends.blocks import head_logprobs, head_outputs, micro_batches, wrap_blocks
 from runtime.backends.gpu_memory import PeakMemory
 from runtime.backends.titan_trainer import OptimizerConfig
@@ -283,6 +283,8 @@ class FSDPTrainer(trainer_state.Checkpointing):
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.optim_config.max_grad_norm
         )
+        # every rank has the same total norm: all of them stop here, none waits in a collective
+        norm = finite_grad_norm(_full(grad_norm), self.step + 1)
         lr = self.optimizer.param_groups[0]["lr"]
         staging = self.checkpoint_staged()  # a checkpoint's copy of the state, if one is going
         self.optimizer.step()
@@ -293,7 +295,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         self.scheduler.step()
         self.step += 1
         totals = self._reduce(summed, weighted, token_total)
-        totals.update(grad_norm=float(_full(grad_norm)), lr=lr, step=float(self.step))
+        totals.update(grad_norm=norm, lr=lr, step=float(self.step))
         return totals | staging
 
     def _reduce(

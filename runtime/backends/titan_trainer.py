@@ -10,7 +10,13 @@ import torch
 from torch import Tensor
 
 from runtime.backends import trainer_state
-from runtime.backends.base import LossFn, loss_inputs, token_entropy, token_logprobs
+from runtime.backends.base import (
+    LossFn,
+    finite_grad_norm,
+    loss_inputs,
+    token_entropy,
+    token_logprobs,
+)
 from runtime.backends.blocks import micro_batches, wrap_blocks
 from runtime.models import ModelSpec, build_model, to_hf
 from runtime.models.loading import WeightSource
@@ -191,6 +197,7 @@ class TitanTrainer(trainer_state.Checkpointing):
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.optim_config.max_grad_norm
         )
+        norm = finite_grad_norm(grad_norm, self.step + 1)
         lr = self.optimizer.param_groups[0]["lr"]
         staging = self.checkpoint_staged()  # a checkpoint's copy of the state, if one is going
         self.optimizer.step()
@@ -202,7 +209,7 @@ class TitanTrainer(trainer_state.Checkpointing):
             for key, value in stats.items():
                 share = value if key in _SUMMED_STATS else value * w / token_total
                 totals[key] = totals.get(key, 0.0) + share
-        totals.update(grad_norm=float(grad_norm), lr=lr, step=float(self.step))
+        totals.update(grad_norm=norm, lr=lr, step=float(self.step))
         return totals | staging
 
     def hf_state_dict(self) -> dict[str, Tensor]:

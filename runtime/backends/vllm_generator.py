@@ -103,11 +103,18 @@ def _load_on_worker(worker: Any, weights: Mapping[str, Tensor] | str) -> list[st
         else:
             loaded = model.load_weights(iter(weights.items()))
             probe = weights.get(_PROBE)
-    torch.cuda.synchronize()
+    if any(p.is_cuda for p in params.values()):
+        torch.cuda.synchronize()
     missing = sorted(set(params) - set(loaded or ()))
     if not missing and probe is not None and _PROBE in params:
         live = params[_PROBE]
-        if not torch.equal(live.detach(), probe.to(device=live.device, dtype=live.dtype)):
+        expected = probe.to(device=live.device, dtype=live.dtype)
+        if not torch.isfinite(expected).all():  # NaN never equals itself: say what it is
+            raise RuntimeError(
+                f"the weights just loaded hold NaN or infinite values ({_PROBE}): the "
+                "policy version sent was not finite"
+            )
+        if not torch.equal(live.detach(), expected):
             raise RuntimeError(
                 f"vLLM's {_PROBE} differs from the weight just loaded: load_weights did not "
                 "reach the model the engine runs"
