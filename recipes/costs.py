@@ -115,6 +115,25 @@ def sync_seconds(arch: Any, transports: tuple[str, ...]) -> float:
     return max((gb * _sync_path(path)["s_per_gb"] for path in transports), default=0.0)
 
 
+def ranking_lengths(recipe: Any) -> tuple[int, int]:
+    """The mean prompt and completion lengths plans weigh layouts at: the dataset's stated
+    mean prompt (`dataset.prompt_tokens_mean`, else the most a prompt may take) and the most
+    a completion may take (reasoning models on math run to it)."""
+    g = recipe.grpo
+    prompt = recipe.dataset.prompt_tokens_mean or g.max_prompt_tokens
+    return prompt, g.max_response_tokens
+
+
+def ranking_words(recipe: Any) -> str:
+    """`ranking_lengths` in words, for plans and notes."""
+    prompt, response = ranking_lengths(recipe)
+    if recipe.dataset.prompt_tokens_mean:
+        return (
+            f"{prompt}-token prompts (dataset.prompt_tokens_mean) and {response}-token completions"
+        )
+    return f"the recipe's maximum lengths ({prompt} + {response})"
+
+
 def predict_step(
     recipe: Any,
     accelerator: str,
@@ -127,10 +146,10 @@ def predict_step(
 ) -> StepEstimate:
     """A step's seconds on `placements` (see the module docstring). `transports`: the weight
     path of each generator replica; `prompt_tokens` and `response_tokens`: a sequence's mean
-    lengths (default: the recipe's maxima)."""
+    lengths (default: `ranking_lengths`)."""
     arch, g = recipe.arch, recipe.grpo
     s = speeds(accelerator, arch)
-    prompt = g.max_prompt_tokens if prompt_tokens is None else prompt_tokens
+    prompt = ranking_lengths(recipe)[0] if prompt_tokens is None else prompt_tokens
     response = g.max_response_tokens if response_tokens is None else response_tokens
     sequences = g.prompts_per_step * g.group_size
     gens = [p for p in placements if p.service == "generator"]

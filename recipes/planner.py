@@ -47,6 +47,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from recipes.costs import predict_step, ranking_words
 from recipes.errors import DoesNotFit, UserError
 from recipes.memory import (
     ACCELERATOR_BYTES,
@@ -134,8 +135,9 @@ class Plan:
     host: dict[str, float] = field(default_factory=dict, hash=False)  # node 0's memory, by use
     kv_note: str = ""  # a planned KV cache cut so that the trainer's step fits: what that means
     dedicated_gpus: int = 0  # the least GPUs with every service on GPUs of its own
-    # the cost model's step time (recipes/costs.py) at the recipe's maximum lengths
+    # the cost model's step time (recipes/costs.py) at `ranked_at`
     predicted_step_s: float | None = None
+    ranked_at: str = ""  # the lengths layouts are weighed at, in words (costs.ranking_words)
     prediction: str = ""  # what bounds the step, and which measurements the speeds come from
     # every layout the planner weighed (layout.share auto), the chosen one included
     candidates: tuple[Candidate, ...] = field(default=(), hash=False, compare=False)
@@ -242,7 +244,7 @@ class Plan:
             lines.append(f"layout.share {self.share}: {who}{how}; GB/GPU adds up per GPU")
         if self.predicted_step_s is not None:
             lines.append(
-                f"predicted: {_seconds(self.predicted_step_s)} s a step at the recipe's maximum lengths "
+                f"predicted: {_seconds(self.predicted_step_s)} s a step at {self.ranked_at} "
                 f"(bound by {self.prediction}); forgesky plan --explain weighs the layouts"
             )
         if not self.cpu:
@@ -324,8 +326,8 @@ class Plan:
             )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         lines = [
-            f"layouts weighed on {self.total_gpus} x {self.accelerator} (predicted at the "
-            "recipe's maximum lengths; recipes/costs.py):"
+            f"layouts weighed on {self.total_gpus} x {self.accelerator} (predicted at "
+            f"{self.ranked_at}; recipes/costs.py):"
         ]
         for r in rows:
             cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
@@ -538,9 +540,7 @@ def predict_layout(
     response_tokens: float | None = None,
 ) -> Any:
     """The cost model's step (recipes.costs.StepEstimate) for `placements` with their planned
-    `settings`: at the recipe's maximum lengths unless given."""
-    from recipes.costs import predict_step
-
+    `settings`: at `recipes.costs.ranking_lengths` unless given."""
     return predict_step(
         recipe,
         accelerator,
@@ -559,12 +559,12 @@ HINT_MARGIN = 0.10
 def layout_hint(
     recipe: Recipe, chosen: Plan, prompt_tokens: float, response_tokens: float
 ) -> str | None:
-    """Plans rank layouts (layout.share auto) at the recipe's maximum lengths. At a run's own
-    mean lengths another layout may be predicted faster: where one with another layout.share
-    is by at least HINT_MARGIN, the line that says so, with the setting that takes it; else
-    None. (qwen3-1.7b on two H200s one step off-policy with 512-token completions: `all`
-    5.53 s against `trainer_reference` 6.21 s at 1024-token prompts, 3.50 s against 2.93 s at
-    207.)"""
+    """Plans rank layouts (layout.share auto) at `recipes.costs.ranking_lengths`. At a run's
+    own mean lengths another layout may be predicted faster: where one with another
+    layout.share is by at least HINT_MARGIN, the line that says so, with the settings that
+    take it; else None. (qwen3-1.7b on two H200s one step off-policy with 512-token
+    completions: `all` 5.53 s against `trainer_reference` 6.21 s at 1024-token prompts, 3.50
+    s against 2.93 s at 207; measured on one host at 207: 4.10 s and 3.16 s.)"""
     if chosen.cpu or recipe.layout.share != "auto" or chosen.settings is None:
         return None
     here: float | None = None
@@ -582,13 +582,13 @@ def layout_hint(
             best = (seconds, p.share)
     if here is None or best is None or best[0] > here * (1 - HINT_MARGIN):
         return None
-    g = recipe.grpo
     return (
         f"at this run's mean lengths ({prompt_tokens:.0f}-token prompts, "
         f"{response_tokens:.0f}-token completions) layout.share {best[1]} is predicted at "
-        f"{best[0]:.2f} s a step, this plan ({chosen.share}) at {here:.2f} s; plans rank "
-        f"layouts at the recipe's maximum lengths ({g.max_prompt_tokens} + "
-        f"{g.max_response_tokens}): --set layout.share={best[1]} takes it"
+        f"{best[0]:.2f} s a step, this plan ({chosen.share}) at {here:.2f} s; the plan ranked "
+        f"layouts at {ranking_words(recipe)}: --set layout.share={best[1]} takes it, or "
+        f"--set dataset.prompt_tokens_mean={round(prompt_tokens)} lets the plan weigh them "
+        "at this run's prompts"
     )
 
 
@@ -922,6 +922,7 @@ def _gpu_plan(
         kv_note=kv_note,
         dedicated_gpus=dedicated_gpus(recipe),
         predicted_step_s=round(estimate.seconds, 2),
+        ranked_at=ranking_words(recipe),
         prediction=f"{estimate.bound_by}; speeds from {estimate.basis}",
     )
 

@@ -109,6 +109,10 @@ class Dataset(_Strict):
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     system_prompt: str | None = None
     rewards: list[Reward] = Field(min_length=1)
+    # The prompts' mean length in tokens, as the generator gets them (template and chat format
+    # included): plans rank their layouts at it (unset: at grpo.max_prompt_tokens, the most a
+    # prompt may take). A run prints its own mean (prompt/len_mean) after a few steps.
+    prompt_tokens_mean: int | None = Field(default=None, gt=0)
 
     _builtin = field_validator("path")(_shipped)
 
@@ -522,6 +526,12 @@ def _consistency_errors(r: Recipe) -> list[str]:
             f"{fam} {size} context of {arch.max_seq_len} tokens"
         )
     g = r.grpo
+    mean = r.dataset.prompt_tokens_mean
+    if mean is not None and mean > g.max_prompt_tokens:
+        errors.append(
+            f"dataset.prompt_tokens_mean: {mean} exceeds grpo.max_prompt_tokens "
+            f"{g.max_prompt_tokens} (prompts are cut to it)"
+        )
     errors += _eval_errors(r)
     if g.overlong_buffer > g.max_response_tokens:
         errors.append(

@@ -726,9 +726,10 @@ def test_a_run_says_where_its_own_lengths_make_another_layout_faster():
     assert chosen.share == "all"  # at 1024-token prompts
     assert layout_hint(r, chosen, 207, 512) == (
         "at this run's mean lengths (207-token prompts, 512-token completions) layout.share "
-        "trainer_reference is predicted at 2.93 s a step, this plan (all) at 3.50 s; plans "
-        "rank layouts at the recipe's maximum lengths (1024 + 512): --set "
-        "layout.share=trainer_reference takes it"
+        "trainer_reference is predicted at 2.93 s a step, this plan (all) at 3.50 s; the plan "
+        "ranked layouts at the recipe's maximum lengths (1024 + 512): --set "
+        "layout.share=trainer_reference takes it, or --set dataset.prompt_tokens_mean=207 "
+        "lets the plan weigh them at this run's prompts"
     )
     # at the maxima the plan's own choice stands
     assert layout_hint(r, chosen, 1024, 512) is None
@@ -737,3 +738,30 @@ def test_a_run_says_where_its_own_lengths_make_another_layout_faster():
     assert layout_hint(fixed, plan(fixed, 2, accelerator="H200"), 207, 512) is None
     tiny = load_recipe("tiny")
     assert layout_hint(tiny, plan(tiny, 0), 20, 10) is None
+
+
+def test_plans_rank_layouts_at_the_prompt_length_the_dataset_states():
+    """dataset.prompt_tokens_mean: layouts are weighed at it instead of grpo.max_prompt_tokens
+    (memory is still planned for the longest prompt). qwen3-1.7b on two H200s one step
+    off-policy, 512-token completions: at 1024-token prompts `all` comes first, at 207 the
+    generator on a GPU of its own (measured on one host of two H200s at 207: 3.16 s a step
+    against `all`'s 4.10 s, bench/results/gpu_h200x2_2026-11-27h)."""
+    base = apply_overrides(load_recipe("qwen3-1.7b"), ["grpo.max_response_tokens=512"])
+    from recipes.planner import layout_hint
+
+    at_max = plan(base, 2, accelerator="H200")
+    stated = apply_overrides(base, ["dataset.prompt_tokens_mean=207"])
+    at_mean = plan(stated, 2, accelerator="H200")
+    assert (at_max.share, at_mean.share) == ("all", "trainer_reference")
+    assert at_mean.predicted_step_s == 2.93
+    fixed = apply_overrides(base, ["layout.share=trainer_reference"])
+    assert at_mean.memory == plan(fixed, 2, accelerator="H200").memory
+    words = "at 207-token prompts (dataset.prompt_tokens_mean) and 512-token completions"
+    assert words in at_mean.describe() and words in at_mean.explain()
+    assert "at the recipe's maximum lengths (1024 + 512)" in at_max.describe()
+    # a run at the lengths its plan was ranked at has nothing to add
+    assert layout_hint(stated, at_mean, 207, 512) is None
+    with pytest.raises(UserError, match="dataset.prompt_tokens_mean: 2000 exceeds grpo.max_prompt"):
+        apply_overrides(base, ["dataset.prompt_tokens_mean=2000"])
+    with pytest.raises(UserError, match="dataset.prompt_tokens_mean"):
+        apply_overrides(base, ["dataset.prompt_tokens_mean=0"])
