@@ -101,6 +101,12 @@ COMPARE = (
     # whole, one after the other on one host with two H200s
     ("gpu_h200x2_2026-11-27g/side_by_side_groups.json", "grpo_2gpu_off_policy"),
     ("gpu_h200x2_2026-11-27g/side_by_side_version.json", "grpo_2gpu_off_policy"),
+    # on the next host of two H200s: the two-GPU off-policy plan at the recipe's maxima (`all`,
+    # two generators) and the generator on a GPU of its own, one after the other, and the
+    # one-GPU plan under turns (beside an MPS run on the other GPU)
+    ("gpu_h200x2_2026-11-27h/side_by_side_all.json", "grpo_2gpu_off_policy"),
+    ("gpu_h200x2_2026-11-27h/side_by_side_trref.json", "grpo_2gpu_off_policy"),
+    ("gpu_h200x2_2026-11-27h/side_by_side_turns.json", "grpo_1gpu_off_policy"),
 )
 # COMPARE runs the model misses by more than 15 %, and what the run's own figures show it gets
 # wrong; the check test holds each of them outside 15 % (so a better model has to take it off
