@@ -210,6 +210,7 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
         **summary,
         "memory": memory_against_plan(run_plan, records, sampler.peaks.get("run", {})),
         "gpu_clocks": sampler.clocks(),
+        "host_cpu": sampler.host_cpu(),
     }
 
 
@@ -449,6 +450,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         # the engine thread in the timed calls, and the GPUs' clocks meanwhile (as in `grpo`)
         **engine_thread(call_usage),
         "gpu_clocks": sampler.clocks(),
+        "host_cpu": sampler.host_cpu(),
         "tokens_per_s_512_sequences": big_tokens / big_s,
         "weight_bytes": nbytes,
         "load_weights_from_cpu_s": load_cpu_s,

@@ -43,6 +43,47 @@ def _memory_gb(rows: list[list[str]]) -> dict[int, float]:
     return {int(r[0]): float(r[1]) * 2**20 / 1e9 for r in rows}
 
 
+def cpu_times(stat: str) -> dict[str, tuple[int, int]]:
+    """Each core's (busy, total) jiffies from /proc/stat's text (`cpuN` lines; idle and
+    iowait are not busy)."""
+    out: dict[str, tuple[int, int]] = {}
+    for line in stat.splitlines():
+        name, *fields = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        values = [int(f) for f in fields[:8]]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)
+        out[name] = (sum(values) - idle, sum(values))
+    return out
+
+
+def busy_cores(first: dict[str, tuple[int, int]], last: dict[str, tuple[int, int]]) -> float:
+    """How many cores were busy on average between two `cpu_times` snapshots."""
+    busy = 0.0
+    for core, (b1, t1) in last.items():
+        b0, t0 = first.get(core, (b1, t1))
+        if t1 > t0:
+            busy += (b1 - b0) / (t1 - t0)
+    return busy
+
+
+def cpu_mhz(cpuinfo: str) -> float | None:
+    """The mean `cpu MHz` of /proc/cpuinfo's text (what the kernel last read of each core's
+    clock; a VM may show a fixed figure)."""
+    values = [
+        float(line.split(":")[1]) for line in cpuinfo.splitlines() if line.startswith("cpu MHz")
+    ]
+    return round(sum(values) / len(values), 1) if values else None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
 class GpuSampler:
     """The largest memory.used (GB) of every GPU, by phase, sampled with nvidia-smi; while
     `clock_window` names a window, each GPU's SM clock (MHz), power (W) and utilization (%)
@@ -55,6 +96,7 @@ class GpuSampler:
         self.peaks: dict[str, dict[int, float]] = {}
         self._samples: dict[str, dict[int, list[tuple[float | None, ...]]]] = {}
         self._query = _WITH_CLOCKS
+        self._cpu: dict[str, dict[str, Any]] = {}
         self._visible = visible_gpus()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -101,7 +143,38 @@ class GpuSampler:
                 for r in rows:
                     if len(r) == 5:
                         kept.setdefault(int(r[0]), []).append(tuple(_number(f) for f in r[2:]))
+                self._host(window)
             time.sleep(self.every_s)
+
+    def _host(self, window: str) -> None:
+        """The host's CPU over `window`: the first and the latest per-core times, and the
+        cores' clock each sample."""
+        stat, info = _read("/proc/stat"), _read("/proc/cpuinfo")
+        try:
+            now = cpu_times(stat) if stat else None
+            mhz = cpu_mhz(info) if info else None
+        except (ValueError, IndexError):  # a kernel's format this does not read: go without
+            return
+        if not now:
+            return
+        seen = self._cpu.setdefault(window, {"first": now, "mhz": []})
+        seen["last"] = now
+        if mhz is not None:
+            seen["mhz"].append(mhz)
+
+    def host_cpu(self) -> dict[str, dict[str, float | int | None]]:
+        """By window: the host's cores, how many were busy on average over it (every
+        process's work, ours and the neighbours'), and the cores' mean clock (MHz)."""
+        out: dict[str, dict[str, float | int | None]] = {}
+        for window, seen in self._cpu.items():
+            last = seen.get("last", seen["first"])
+            mhz = seen["mhz"]
+            out[window] = {
+                "cores": len(last),
+                "busy_cores_mean": round(busy_cores(seen["first"], last), 2),
+                "cpu_mhz_mean": round(sum(mhz) / len(mhz), 1) if mhz else None,
+            }
+        return out
 
     def clocks(self) -> dict[str, dict[str, dict[str, float | int | None]]]:
         """By window, by GPU: mean and lowest SM clock (MHz), mean power (W) and utilization

@@ -626,3 +626,25 @@ def test_engine_thread_means_skip_rows_without_the_figures():
         "engine_thread_voluntary_switches": 20.0,
         "engine_thread_involuntary_switches": None,
     }
+
+
+def test_host_cpu_counts_busy_cores_between_two_snapshots():
+    """The bench's host CPU figures (bench/gpu_memory.py): busy cores between two /proc/stat
+    snapshots (idle and iowait are not busy) and the mean `cpu MHz` of /proc/cpuinfo."""
+    from gpu_memory import busy_cores, cpu_mhz, cpu_times
+
+    first = cpu_times(
+        "cpu  30 0 30 140 0 0 0 0 0 0\n"
+        "cpu0 10 0 10 80 0 0 0 0 0 0\n"
+        "cpu1 20 0 20 60 0 0 0 0 0 0\nintr 1 2 3\n"
+    )
+    # over the next 100 jiffies a core each: cpu0 fully busy, cpu1 a quarter (and waiting on
+    # the disk for another quarter, which is not busy)
+    last = cpu_times(
+        "cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 70 0 50 80 0 0 0 0 0 0\ncpu1 30 0 35 110 25 0 0 0 0 0\n"
+    )
+    assert set(first) == {"cpu0", "cpu1"}
+    assert busy_cores(first, last) == pytest.approx(1.25)
+    assert busy_cores(first, first) == 0.0
+    assert cpu_mhz("cpu MHz\t\t: 2000.0\nmodel name : x\ncpu MHz\t\t: 3000.0\n") == 2500.0
+    assert cpu_mhz("model name : x\n") is None
