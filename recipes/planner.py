@@ -138,6 +138,8 @@ class Plan:
     # the cost model's step time (recipes/costs.py) at `ranked_at`
     predicted_step_s: float | None = None
     ranked_at: str = ""  # the lengths layouts are weighed at, in words (costs.ranking_words)
+    # ranked at the longest prompt: below which mean prompt length another layout comes first
+    shorter_prompts: str = ""
     prediction: str = ""  # what bounds the step, and which measurements the speeds come from
     # every layout the planner weighed (layout.share auto), the chosen one included
     candidates: tuple[Candidate, ...] = field(default=(), hash=False, compare=False)
@@ -247,6 +249,8 @@ class Plan:
                 f"predicted: {_seconds(self.predicted_step_s)} s a step at {self.ranked_at} "
                 f"(bound by {self.prediction}); forgesky plan --explain weighs the layouts"
             )
+        if self.shorter_prompts:
+            lines.append(self.shorter_prompts)
         if not self.cpu:
             lines.append(
                 f"GB/GPU is an estimate of what each service holds between steps "
@@ -528,7 +532,36 @@ def plan(
         best,
         minimum_gpus=minimum_gpus(recipe, accelerator),
         candidates=candidates if share == "auto" else (),
+        shorter_prompts=_shorter_prompts(recipe, best, [p for p, _ in fits])
+        if share == "auto"
+        else "",
     )
+
+
+def _shorter_prompts(recipe: Recipe, best: Plan, fits: list[Plan]) -> str:
+    """Where layouts were ranked at the longest prompt (no dataset.prompt_tokens_mean) and
+    shorter prompts would put another layout first by at least HINT_MARGIN: the line that
+    says below which mean prompt length, and the setting that ranks at the user's own."""
+    others = [p for p in fits if p.share != best.share and p.settings is not None]
+    if recipe.dataset.prompt_tokens_mean is not None or not others or best.settings is None:
+        return ""
+    longest = recipe.grpo.max_prompt_tokens
+    step = max(1, longest // 64)
+    for prompt in range(longest - step, 0, -step):
+        here = predict_layout(recipe, best.accelerator, best.placements, best.settings, prompt)
+        timed = [
+            (predict_layout(recipe, best.accelerator, p.placements, p.settings, prompt).seconds, p)
+            for p in others
+        ]
+        seconds, other = min(timed, key=lambda t: t[0])
+        if seconds <= here.seconds * (1 - HINT_MARGIN):
+            return (
+                f"prompts averaging {prompt} tokens or fewer put layout.share {other.share} "
+                f"first by 10 % or more ({seconds:.2f} s a step against {here.seconds:.2f} at "
+                f"{prompt}): --set dataset.prompt_tokens_mean=N (your prompts' mean, template "
+                "and chat format included) ranks the layouts there"
+            )
+    return ""
 
 
 def predict_layout(

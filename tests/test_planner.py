@@ -765,3 +765,24 @@ def test_plans_rank_layouts_at_the_prompt_length_the_dataset_states():
         apply_overrides(base, ["dataset.prompt_tokens_mean=2000"])
     with pytest.raises(UserError, match="dataset.prompt_tokens_mean"):
         apply_overrides(base, ["dataset.prompt_tokens_mean=0"])
+
+
+def test_a_plan_ranked_at_the_longest_prompt_says_where_shorter_ones_change_its_choice():
+    """Without dataset.prompt_tokens_mean the plan ranks at grpo.max_prompt_tokens; where
+    shorter prompts would put another layout first by 10 % or more, it says below which mean
+    length, and the setting that ranks there (one line, in what `plan` prints)."""
+    base = apply_overrides(load_recipe("qwen3-1.7b"), ["grpo.max_response_tokens=512"])
+    two = plan(base, 2, accelerator="H200")
+    assert two.share == "all"
+    assert two.shorter_prompts.startswith(
+        "prompts averaging 320 tokens or fewer put layout.share trainer_reference first by 10 % "
+        "or more (3.39 s a step against 3.78 at 320): --set dataset.prompt_tokens_mean=N"
+    )
+    assert two.shorter_prompts in two.describe()
+    # with that mean stated, the plan takes it, and has nothing more to say
+    stated = plan(apply_overrides(base, ["dataset.prompt_tokens_mean=320"]), 2, accelerator="H200")
+    assert (stated.share, stated.shorter_prompts) == ("trainer_reference", "")
+    # one layout that fits (one GPU), or a layout the recipe fixes: nothing to say
+    assert plan(base, 1, accelerator="H200").shorter_prompts == ""
+    fixed = apply_overrides(base, ["layout.share=all"])
+    assert plan(fixed, 2, accelerator="H200").shorter_prompts == ""
