@@ -149,8 +149,9 @@ def predict_step(
     lengths (default: `ranking_lengths`)."""
     arch, g = recipe.arch, recipe.grpo
     s = speeds(accelerator, arch)
-    prompt = ranking_lengths(recipe)[0] if prompt_tokens is None else prompt_tokens
-    response = g.max_response_tokens if response_tokens is None else response_tokens
+    prompt, response = ranking_lengths(recipe)
+    prompt = prompt if prompt_tokens is None else prompt_tokens
+    response = response if response_tokens is None else response_tokens
     sequences = g.prompts_per_step * g.group_size
     gens = [p for p in placements if p.service == "generator"]
     ref = [p for p in placements if p.service == "reference" and p.gpus]

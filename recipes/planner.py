@@ -548,20 +548,43 @@ def _shorter_prompts(recipe: Recipe, best: Plan, fits: list[Plan]) -> str:
     longest = recipe.grpo.max_prompt_tokens
     step = max(1, longest // 64)
     for prompt in range(longest - step, 0, -step):
-        here = predict_layout(recipe, best.accelerator, best.placements, best.settings, prompt)
-        timed = [
-            (predict_layout(recipe, best.accelerator, p.placements, p.settings, prompt).seconds, p)
-            for p in others
-        ]
-        seconds, other = min(timed, key=lambda t: t[0])
-        if seconds <= here.seconds * (1 - HINT_MARGIN):
+        first = _another_first(recipe, best, others, prompt)
+        if first is not None:
+            here, seconds, share = first
             return (
-                f"prompts averaging {prompt} tokens or fewer put layout.share {other.share} "
-                f"first by 10 % or more ({seconds:.2f} s a step against {here.seconds:.2f} at "
+                f"prompts averaging {prompt} tokens or fewer put layout.share {share} "
+                f"first by 10 % or more ({seconds:.2f} s a step against {here:.2f} at "
                 f"{prompt}): --set dataset.prompt_tokens_mean=N (your prompts' mean, template "
                 "and chat format included) ranks the layouts there"
             )
     return ""
+
+
+def _another_first(
+    recipe: Recipe,
+    chosen: Plan,
+    plans: list[Plan],
+    prompt_tokens: float,
+    response_tokens: float | None = None,
+) -> tuple[float, float, str] | None:
+    """At these mean lengths, where a plan of `plans` with another layout.share is predicted
+    at least HINT_MARGIN faster than `chosen`: (chosen's seconds, the fastest such plan's,
+    its layout.share); else None."""
+    assert chosen.settings is not None
+
+    def seconds(p: Plan) -> float:
+        return predict_layout(
+            recipe, chosen.accelerator, p.placements, p.settings, prompt_tokens, response_tokens
+        ).seconds
+
+    timed = [
+        (seconds(p), p.share) for p in plans if p.share != chosen.share and p.settings is not None
+    ]
+    if not timed:
+        return None
+    here = seconds(chosen)
+    fastest, share = min(timed)
+    return (here, fastest, share) if fastest <= here * (1 - HINT_MARGIN) else None
 
 
 def predict_layout(
@@ -600,26 +623,17 @@ def layout_hint(
     s against 2.93 s at 207; measured on one host at 207: 4.10 s and 3.16 s.)"""
     if chosen.cpu or recipe.layout.share != "auto" or chosen.settings is None:
         return None
-    here: float | None = None
-    best: tuple[float, str] | None = None
     weighed = _candidates(recipe, chosen.total_gpus, chosen.gpus_per_node, chosen.accelerator)
-    for p, _ in weighed:
-        if p is None or p.settings is None:
-            continue
-        seconds = predict_layout(
-            recipe, chosen.accelerator, p.placements, p.settings, prompt_tokens, response_tokens
-        ).seconds
-        if p.share == chosen.share and p.placements == chosen.placements:
-            here = seconds
-        elif p.share != chosen.share and (best is None or seconds < best[0]):
-            best = (seconds, p.share)
-    if here is None or best is None or best[0] > here * (1 - HINT_MARGIN):
+    plans = [p for p, _ in weighed if p is not None]
+    first = _another_first(recipe, chosen, plans, prompt_tokens, response_tokens)
+    if first is None:
         return None
+    here, seconds, share = first
     return (
         f"at this run's mean lengths ({prompt_tokens:.0f}-token prompts, "
-        f"{response_tokens:.0f}-token completions) layout.share {best[1]} is predicted at "
-        f"{best[0]:.2f} s a step, this plan ({chosen.share}) at {here:.2f} s; the plan ranked "
-        f"layouts at {ranking_words(recipe)}: --set layout.share={best[1]} takes it, or "
+        f"{response_tokens:.0f}-token completions) layout.share {share} is predicted at "
+        f"{seconds:.2f} s a step, this plan ({chosen.share}) at {here:.2f} s; the plan ranked "
+        f"layouts at {ranking_words(recipe)}: --set layout.share={share} takes it, or "
         f"--set dataset.prompt_tokens_mean={round(prompt_tokens)} lets the plan weigh them "
         "at this run's prompts"
     )

@@ -103,7 +103,7 @@ def _load_on_worker(worker: Any, weights: Mapping[str, Tensor] | str) -> list[st
         else:
             loaded = model.load_weights(iter(weights.items()))
             probe = weights.get(_PROBE)
-    if any(p.is_cuda for p in params.values()):
+    if torch.cuda.is_initialized():
         torch.cuda.synchronize()
     missing = sorted(set(params) - set(loaded or ()))
     if not missing and probe is not None and _PROBE in params:
