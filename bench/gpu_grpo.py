@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -53,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_memory import GpuSampler, plan_gb_per_gpu, trainer_peaks  # noqa: E402
+from stacks import StackRecorder  # noqa: E402
 
 from runtime.procs.usage import thread_usage  # noqa: E402
 
@@ -130,12 +132,25 @@ def per(numerator: float | None, denominator: float | None) -> float | None:
 
 class StepWindow:
     """Opens the sampler's clock window once a run's metrics file holds `first` records and
-    closes it at `last` (the measured steps), watching the file from a thread of its own."""
+    closes it at `last` (the measured steps), watching the file from a thread of its own; a
+    `recorder` (bench/stacks.py) records the run's stacks from `stacks_from` records to `last`."""
 
-    def __init__(self, sampler: GpuSampler, metrics: Path, first: int, last: int, name: str):
+    def __init__(
+        self,
+        sampler: GpuSampler,
+        metrics: Path,
+        first: int,
+        last: int,
+        name: str,
+        recorder: StackRecorder | None = None,
+        stacks_from: int | None = None,
+    ):
         self.sampler, self.metrics, self.first, self.last, self.name = (
             sampler, metrics, first, last, name
         )  # fmt: skip
+        self.recorder = recorder
+        self.stacks_from = first if stacks_from is None else stacks_from
+        self._recording = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, daemon=True)
         self._thread.start()
@@ -147,11 +162,19 @@ class StepWindow:
             except OSError:
                 continue
             self.sampler.clock_window = self.name if self.first <= lines < self.last else None
+            if self.recorder is not None:
+                if not self._recording and self.stacks_from <= lines < self.last:
+                    self._recording = True
+                    self.recorder.start(os.getpid())
+                elif self._recording and lines >= self.last:
+                    self.recorder.stop()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
         self.sampler.clock_window = None
+        if self.recorder is not None:
+            self.recorder.stop()
 
 
 def engine_thread(rows: list[dict[str, Any]], prefix: str = "") -> dict[str, float | None]:
@@ -181,7 +204,11 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     sampler.phase = "run"
     metrics = run_dir / "metrics.jsonl"
     # the GPUs' clocks over the measured steps: from the warm-up's last record to the last step's
-    window = StepWindow(sampler, metrics, args.warmup, args.steps, "measured")
+    recorder = stack_recorder(args, "grpo")
+    stacks_from = args.warmup if args.py_spy_from is None else args.py_spy_from
+    window = StepWindow(
+        sampler, metrics, args.warmup, args.steps, "measured", recorder, stacks_from
+    )
     start = time.perf_counter()
     try:
         code = run(RunConfig(recipe=recipe, plan=run_plan, run_dir=run_dir))
@@ -211,7 +238,21 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
         "memory": memory_against_plan(run_plan, records, sampler.peaks.get("run", {})),
         "gpu_clocks": sampler.clocks(),
         "host_cpu": sampler.host_cpu(),
+        **stacks(recorder, stacks_from),
     }
+
+
+def stack_recorder(args: argparse.Namespace, mode: str) -> StackRecorder | None:
+    """With `--py-spy DIR`: a recorder of the run's stacks (raw file in DIR)."""
+    if not args.py_spy:
+        return None
+    return StackRecorder(Path(args.py_spy) / f"stacks_{mode}{args.tag}.txt")
+
+
+def stacks(recorder: StackRecorder | None, first: int | None = None) -> dict[str, Any]:
+    if recorder is None:
+        return {}
+    return {"stacks": {**({} if first is None else {"from_record": first}), **recorder.summary()}}
 
 
 def memory_against_plan(
@@ -427,11 +468,16 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     timed(prompts[:per_step], g.group_size, 0)  # warm-up
     usage.clear()
     sampler = GpuSampler(clock_window="calls")
+    recorder = stack_recorder(args, "vllm")
+    if recorder is not None:
+        recorder.start(os.getpid())
     try:
         calls = [timed(prompts[i * per_step : (i + 1) * per_step], g.group_size, i + 1)
                  for i in range(args.calls)]  # fmt: skip
     finally:
         sampler.stop()
+        if recorder is not None:
+            recorder.stop()
     call_usage = list(usage)
     big_s, big_tokens = timed(prompts[:64], 8, 99)  # 512 sequences
     gen.close()
@@ -451,6 +497,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         **engine_thread(call_usage),
         "gpu_clocks": sampler.clocks(),
         "host_cpu": sampler.host_cpu(),
+        **stacks(recorder),
         "tokens_per_s_512_sequences": big_tokens / big_s,
         "weight_bytes": nbytes,
         "load_weights_from_cpu_s": load_cpu_s,
@@ -792,6 +839,16 @@ def main() -> int:
         "--profile", action="store_true", help="train: one more step under torch.profiler"
     )
     p.add_argument("--device", default="cuda", help="train: cuda, or cpu (a check of the code)")
+    p.add_argument(
+        "--py-spy", default=None, metavar="DIR",
+        help="grpo, vllm: record every process's stacks with py-spy (bench/stacks.py) over the "
+        "measured steps or the timed calls; the raw file goes to DIR, its summary to the JSON",
+    )  # fmt: skip
+    p.add_argument(
+        "--py-spy-from", type=int, default=None, metavar="N",
+        help="grpo: start recording once N steps have ended (default: --warmup)",
+    )  # fmt: skip
+    p.add_argument("--tag", default="", help="a suffix for the files --py-spy writes")
     p.add_argument("--run-dir", default=None)
     p.add_argument(
         "--set", action="append", default=[], help="recipe override key=value (repeatable)"

@@ -648,3 +648,115 @@ def test_host_cpu_counts_busy_cores_between_two_snapshots():
     assert busy_cores(first, first) == 0.0
     assert cpu_mhz("cpu MHz\t\t: 2000.0\nmodel name : x\ncpu MHz\t\t: 3000.0\n") == 2500.0
     assert cpu_mhz("model name : x\n") is None
+
+
+def test_the_step_window_records_stacks_from_its_own_step_to_the_last(tmp_path: Path):
+    class Sampler:
+        clock_window = None
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, int]] = []
+
+        def start(self, pid: int) -> None:
+            self.calls.append(("start", lines))
+
+        def stop(self) -> None:
+            self.calls.append(("stop", lines))
+
+    metrics, recorder = tmp_path / "metrics.jsonl", Recorder()
+    window = gpu_grpo.StepWindow(
+        Sampler(), metrics, first=1, last=4, name="measured", recorder=recorder, stacks_from=2
+    )
+    try:
+        for lines in range(1, 5):
+            metrics.write_text('{"step": 1}\n' * lines)
+            want = {1: 0, 2: 1, 3: 1, 4: 2}[lines]
+            wait_for(lambda want=want: len(recorder.calls) == want)
+    finally:
+        window.stop()
+    # started once at step 2, stopped at the last step; stop() again at the end is harmless
+    assert recorder.calls[:2] == [("start", 2), ("stop", 4)]
+
+
+RAW = (
+    'process 10:"python3 bench/gpu_grpo.py grpo";thread (10): MainThread;'
+    "run (runtime/control/run.py:40);select (selectors.py:450) 30\n"
+    'process 10:"python3 bench/gpu_grpo.py grpo";process 21:"python3 -m runtime.procs.proc_main\n'
+    '--multi-line";thread (22): monarch-actor-event-loop;'
+    "_Actor.handle (monarch/actor_mesh.py:900);"
+    "GeneratorActor.generate (runtime/actors/generator.py:101);"
+    "VLLMGenerator.generate (runtime/backends/vllm_generator.py:388);"
+    "step (vllm/v1/engine/core.py:300);schedule (vllm/v1/core/sched/scheduler.py:200) 60\n"
+    'process 10:"python3 bench/gpu_grpo.py grpo";process 21:"python3 -m runtime.procs.proc_main\n'
+    '--multi-line";thread (22): monarch-actor-event-loop;'
+    "_Actor.handle (monarch/actor_mesh.py:900);"
+    "GeneratorActor.generate (runtime/actors/generator.py:101);"
+    "VLLMGenerator.generate (runtime/backends/vllm_generator.py:388);"
+    "step (vllm/v1/engine/core.py:310);sample (vllm/v1/sample/sampler.py:70) 20\n"
+    'process 10:"python3 bench/gpu_grpo.py grpo";process 21:"python3 -m runtime.procs.proc_main\n'
+    '--multi-line";thread (22): monarch-actor-event-loop;'
+    "_Actor.handle (monarch/actor_mesh.py:900);select (selectors.py:450) 10\n"
+    'process 10:"python3 bench/gpu_grpo.py grpo";process 21:"python3 -m runtime.procs.proc_main\n'
+    '--multi-line";thread (23): weight-recv;_receive_loop (runtime/weights/push.py:360) 5\n'
+    'process 10:"python3 bench/gpu_grpo.py grpo";process 31:"python3 -m runtime.procs.proc_main";'
+    "thread (32): monarch-actor-event-loop;"
+    "TrainerActor.train (runtime/actors/trainer.py:80);train_step (fsdp_trainer.py:200) 90\n"
+)
+
+
+def test_stacks_name_each_process_by_its_service_and_split_the_engine_threads_time():
+    from stacks import parse, summarize
+
+    rows = parse(RAW)
+    assert len(rows) == 6  # the multi-line command line joined back
+    assert (
+        rows[1][0].startswith("process 21:")
+        and rows[1][1] == "thread (22): monarch-actor-event-loop"
+    )
+    s = summarize(RAW, rate=100, seconds=1.0)
+    by_role = {p["role"]: p for p in s["processes"]}
+    assert set(by_role) == {"controller", "generator", "trainer"}
+    assert by_role["trainer"]["on_cpu_cores"] == 0.9
+    gen = by_role["generator"]
+    assert gen["samples"] == 95 and gen["pid"] == 21
+    assert gen["threads"][0] == {
+        "thread": "thread (22): monarch-actor-event-loop",
+        "samples": 90,
+        "on_cpu_share": 0.9,
+    }
+    engine = s["generator_engine_thread"]
+    # inside the generate call only: 80 of the thread's 90 samples, 0.8 CPU seconds at 100 Hz
+    assert engine["samples"] == 90 and engine["within_cpu_s"] == 0.8
+    assert engine["self"] == [
+        ["schedule (scheduler.py)", 0.6, 0.75],
+        ["sample (sampler.py)", 0.2, 0.25],
+    ]
+    inclusive = dict((name, share) for name, _, share in engine["inclusive"])
+    assert inclusive["step (core.py)"] == 1.0  # two lines of one function are one entry
+    assert "select (selectors.py)" not in inclusive
+
+
+def test_vllm_alone_in_the_bench_process_counts_as_the_generator():
+    from stacks import summarize
+
+    raw = (
+        'process 5:"python3 bench/gpu_grpo.py vllm";thread (5): MainThread;'
+        "run_vllm (bench/gpu_grpo.py:420);"
+        "VLLMGenerator.generate (runtime/backends/vllm_generator.py:388);"
+        "step (vllm/v1/engine/core.py:300) 40\n"
+    )
+    s = summarize(raw, rate=50, seconds=1.0)
+    assert s["processes"][0]["role"] == "generator"
+    assert s["generator_engine_thread"]["within_cpu_s"] == 0.8
+
+
+def test_a_recorder_without_py_spy_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import stacks
+
+    monkeypatch.setattr(stacks.shutil, "which", lambda name: None)
+    monkeypatch.setattr(stacks.sys, "executable", str(tmp_path / "python3"))
+    recorder = stacks.StackRecorder(tmp_path / "stacks.txt")
+    recorder.start(os.getpid())
+    recorder.stop()
+    assert recorder.summary() == {"error": "py-spy is not installed"}

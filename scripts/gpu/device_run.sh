@@ -61,6 +61,10 @@ stage() {
   for d in .whl/trl*; do
     if [ -d "$d" ]; then cp "$d"/*.whl /tmp/asm_trl/ && echo "staged $d"; fi
   done
+  # py-spy (.whl/spy, scripts/gpu/README.md): the bench's --py-spy records stacks with it.
+  if [ -d .whl/spy ] && ! command -v py-spy >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps .whl/spy/*.whl && echo "installed py-spy"
+  fi
 }
 
 install_trainer() {
@@ -194,6 +198,11 @@ case "$mode" in
     # SBS_OURS_ARGS: more arguments for ours, e.g. "--set layout.reference.spread=true"
     read -r -a more <<<"${SBS_OURS_ARGS:-}"
     ours+=("${more[@]}")
+    # SBS_SPY=1: ours and vLLM alone record every process's stacks (bench/stacks.py; py-spy
+    # installed from .whl/spy) over the measured steps and the timed calls, raw files to $out
+    spy=()
+    [ -z "${SBS_SPY:-}" ] || spy=(--py-spy "$out" --tag "$tag")
+    ours+=("${spy[@]}")
     trl=(--prompt-tokens 207 --steps 6 --warmup 2 --is-correction off --micro-batch 16
       --vllm-memory 0.3 --gradient-checkpointing on)
     case "$policy" in
@@ -218,8 +227,11 @@ case "$mode" in
       # off-policy plan's generator, into the same JSON: its section gets
       # generation_to_standalone, in-loop against alone on one host (compile cache warm from
       # ours)
+      # SBS_ALONE_ARGS: more arguments for it (e.g. "--calls 8")
+      read -r -a alone <<<"${SBS_ALONE_ARGS:-}"
       CUDA_VISIBLE_DEVICES=0 timeout -s TERM "${SBS_ALONE_S:-200}" python3 bench/gpu_grpo.py \
-        vllm --out "$json" >"$out/side_by_side_vllm_alone$tag.log" 2>&1 || status=$?
+        vllm --out "$json" "${alone[@]}" "${spy[@]}" >"$out/side_by_side_vllm_alone$tag.log" 2>&1 ||
+        status=$?
       echo "vLLM alone: exit $status"
       cp "$json" "$out/" 2>/dev/null || true
       tail -3 "$out/side_by_side_vllm_alone$tag.log" || true
