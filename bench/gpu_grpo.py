@@ -246,7 +246,7 @@ def stack_recorder(args: argparse.Namespace, mode: str) -> StackRecorder | None:
     """With `--py-spy DIR`: a recorder of the run's stacks (raw file in DIR)."""
     if not args.py_spy:
         return None
-    return StackRecorder(Path(args.py_spy) / f"stacks_{mode}{args.tag}.txt")
+    return StackRecorder(Path(args.py_spy) / f"stacks_{mode}{args.tag}.txt.gz")
 
 
 def stacks(recorder: StackRecorder | None, first: int | None = None) -> dict[str, Any]:

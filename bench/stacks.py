@@ -14,18 +14,20 @@ py-spy's raw format; `summarize` reads that file back:
 Comparing those figures for the in-loop generator and for vLLM alone tells a thread that does
 more work from one that does the same work more slowly.
 
-    python bench/stacks.py FILE --rate 100 --seconds 20     # the summary of a raw file, as JSON
+    python bench/stacks.py FILE[.gz] --rate 100 --seconds 20   # a raw file's summary, as JSON
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -48,15 +50,17 @@ _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
 
 class StackRecorder:
-    """`py-spy record` on `pid` and its descendants, from `start()` until `stop()`."""
+    """`py-spy record` on `pid` and its descendants, from `start()` until `stop()`; the raw file
+    is kept gzipped at `out` (`.txt.gz`), py-spy's own output in a temporary folder."""
 
     def __init__(self, out: Path, rate: int = 100) -> None:
         self.out, self.rate = out, rate
         self.started: float | None = None
         self.seconds: float | None = None
         self.error: str | None = None
+        self.text: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log = out.with_suffix(".log")
+        self._tmp = Path(tempfile.mkdtemp(prefix="forgesky-stacks-"))
 
     def start(self, pid: int) -> None:
         beside = Path(sys.executable).with_name("py-spy")  # a venv's, not on PATH
@@ -64,10 +68,10 @@ class StackRecorder:
         if exe is None:
             self.error = "py-spy is not installed"
             return
-        self.out.parent.mkdir(parents=True, exist_ok=True)
         cmd = [exe, "record", "--pid", str(pid), "--subprocesses", "--nonblocking", "--threads",
-               "--rate", str(self.rate), "--format", "raw", "--output", str(self.out)]  # fmt: skip
-        with self._log.open("wb") as log:
+               "--rate", str(self.rate), "--format", "raw",
+               "--output", str(self._tmp / "raw.txt")]  # fmt: skip
+        with (self._tmp / "py-spy.log").open("wb") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         self.started = time.perf_counter()
 
@@ -84,15 +88,21 @@ class StackRecorder:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if not self.out.exists():
-            tail = self._log.read_text(errors="replace").strip().splitlines()[-1:]
-            self.error = f"py-spy exited {proc.returncode} without output: {' '.join(tail)}"
+        raw = self._tmp / "raw.txt"
+        if not raw.exists():
+            log = (self._tmp / "py-spy.log").read_text(errors="replace").strip().splitlines()
+            self.error = f"py-spy exited {proc.returncode} without output: {' '.join(log[-1:])}"
+        else:
+            self.text = raw.read_text(errors="replace")
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(self.out, "wt") as f:
+                f.write(self.text)
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
     def summary(self) -> dict[str, Any]:
-        if self.error is not None or self.seconds is None or not self.out.exists():
+        if self.error is not None or self.seconds is None or self.text is None:
             return {"error": self.error or "not recorded"}
-        return {"file": self.out.name, **summarize(self.out.read_text(errors="replace"),
-                                                   self.rate, self.seconds)}  # fmt: skip
+        return {"file": self.out.name, **summarize(self.text, self.rate, self.seconds)}
 
 
 def parse(text: str) -> list[tuple[str, str, list[str], int]]:
@@ -218,7 +228,9 @@ def main() -> int:
     p.add_argument("--rate", type=int, default=100)
     p.add_argument("--seconds", type=float, required=True)
     args = p.parse_args()
-    text = args.file.read_text(errors="replace")
+    opened = gzip.open if args.file.suffix == ".gz" else open
+    with opened(args.file, "rt", errors="replace") as f:
+        text = f.read()
     print(json.dumps(summarize(text, args.rate, args.seconds), indent=1))
     return 0
 
