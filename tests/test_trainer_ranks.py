@@ -170,3 +170,21 @@ def test_nan_gradients_stop_the_run_before_the_weights_change(tmp_path: Path):
     assert took < 120, f"{took:.0f} s:\n{out[-3000:]}"
     time.sleep(0.5)
     assert leftover_processes(proc.pid) == []
+
+
+def test_a_nan_gradient_norm_under_an_mps_share_names_the_share(monkeypatch):
+    from runtime.backends.base import NonFiniteGradients, finite_grad_norm
+
+    assert finite_grad_norm(torch.tensor(2.5), 3) == 2.5
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+    with pytest.raises(NonFiniteGradients) as plain:
+        finite_grad_norm(float("inf"), 4)
+    assert "training step 4: the gradient norm is inf" in str(plain.value)
+    assert "MPS" not in str(plain.value)
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "70")
+    with pytest.raises(NonFiniteGradients) as held:
+        finite_grad_norm(torch.tensor(float("nan")), 1)
+    text = str(held.value)
+    assert "the weights stay step 0's" in text
+    assert "under MPS at 70 % of the GPU's SMs (layout.mps_sm_percent.trainer)" in text
+    assert "\n" not in text
