@@ -107,6 +107,11 @@ COMPARE = (
     ("gpu_h200x2_2026-11-27h/side_by_side_all.json", "grpo_2gpu_off_policy"),
     ("gpu_h200x2_2026-11-27h/side_by_side_trref.json", "grpo_2gpu_off_policy"),
     ("gpu_h200x2_2026-11-27h/side_by_side_turns.json", "grpo_1gpu_off_policy"),
+    # on a third host of two H200s, the plans ranked at the bench's own prompt length
+    # (dataset.prompt_tokens_mean): one step off-policy (trainer_reference; py-spy recorded its
+    # last four steps) and on-policy (all)
+    ("gpu_h200x2_2026-11-27i/side_by_side_mean.json", "grpo_2gpu_off_policy"),
+    ("gpu_h200x2_2026-11-27i/side_by_side_on2.json", "grpo_2gpu_on_policy"),
 )
 # COMPARE runs the model misses by more than 15 %, and what the run's own figures show it gets
 # wrong; the check test holds each of them outside 15 % (so a better model has to take it off
