@@ -153,6 +153,9 @@ class Grpo(_Strict):
     steps_per_call: int = Field(default=1, ge=1)
     steps: int = Field(ge=1)
     checkpoint_interval: int = Field(ge=0)
+    # after a failure, how long the run waits for a checkpoint already being written to reach
+    # disk and be committed before it ends (0: it ends at once and that write is lost)
+    checkpoint_finish_s: float = Field(default=120.0, ge=0)
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     seed: int = 0

@@ -154,6 +154,9 @@ class FakeServices:
     async def saved(self, wait: bool) -> bool:
         return True
 
+    async def written_after_failure(self, probe_s: float, wait_s: float) -> bool:
+        return True
+
     async def restore(self, directory: str) -> int:
         self.version = torch.load(Path(directory) / "trainer.pt")["step"]
         return self.version

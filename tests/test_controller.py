@@ -440,3 +440,52 @@ def test_after_three_steps_a_run_names_a_layout_its_own_lengths_make_faster(caps
         "layout.share trainer_reference is predicted at 2.93 s a step"
     )
     assert run.lengths is None
+
+
+@pytest.mark.parametrize("outcome", ["written", "lost", "no_wait"])
+def test_a_checkpoint_being_written_when_the_run_ends_early_is_committed_if_it_lands(
+    tmp_path, capsys, outcome
+):
+    """The run failed while the checkpoint of step 2 was on its way to disk (started, not yet
+    committed): at shutdown it is committed if the trainer says its files landed in time,
+    else left uncommitted (a resume takes the one before); `grpo.checkpoint_finish_s=0`
+    does not wait at all."""
+    from runtime.control import checkpoint
+
+    finish = "0" if outcome == "no_wait" else "30"
+    cfg = config(tmp_path, "grpo.steps=2", f"grpo.checkpoint_finish_s={finish}")
+    services = FakeServices()
+    asked: list[tuple[float, float]] = []
+
+    async def written_after_failure(probe_s: float, wait_s: float) -> bool:
+        asked.append((probe_s, wait_s))
+        return outcome == "written"
+
+    services.written_after_failure = written_after_failure
+
+    async def scenario() -> Controller:
+        controller = Controller(cfg, services, asyncio.Event())
+        await controller.prepare(source(cfg))
+        controller.metrics = FakeMetrics()
+        controller.step = 2
+        # what the loop does after a step it checkpoints: the write starts, the commit waits
+        await controller.save_checkpoint(wait=False)
+        assert controller.pending_checkpoint is not None
+        await controller.finish_checkpoint()  # the lifecycle's shutdown, after a failure
+        return controller
+
+    controller = asyncio.run(scenario())
+    assert controller.pending_checkpoint is None
+    steps = [c.step for c in checkpoint.committed(cfg.checkpoint_dir)]
+    out = capsys.readouterr().out
+    if outcome == "no_wait":
+        assert asked == [] and steps == []
+        return
+    assert asked == [(5.0, 30.0)]
+    assert "the checkpoint of step 2 was still in flight: waiting up to 30 s" in out
+    if outcome == "written":
+        assert steps == [2] and "checkpoint step 2 -> " in out
+    else:
+        assert steps == [] and "the checkpoint of step 2 was not finished" in out
+        # left as it was: a resume ignores it and starts from the last committed one
+        assert (cfg.checkpoint_dir / f"{checkpoint.step_dir_name(2)}.partial").is_dir()

@@ -254,7 +254,7 @@ def test_unknown_and_missing_keys(tmp_path):
     message = error_of(load_recipe, write(tmp_path, data))
     assert (
         "grpo.stepz: unknown key; did you mean steps? valid keys here: advantage_std, aggregation, "
-        "checkpoint_interval" in message
+        "checkpoint_finish_s, checkpoint_interval" in message
     )
     data = catalog_data()
     data["layout"]["trainer"]["dp"] = 2
@@ -366,7 +366,7 @@ def test_override_mistakes():
     base = load_recipe("qwen3-8b")
     assert error_of(apply_overrides, base, ["grpo.stepz=3"]).startswith(
         "unknown key 'grpo.stepz'; did you mean steps? valid keys under grpo: advantage_std, "
-        "aggregation, checkpoint_interval"
+        "aggregation, checkpoint_finish_s, checkpoint_interval"
     )
     assert (
         "valid keys under the top level: dataset, description, eval, generator, grpo, layout, model, "

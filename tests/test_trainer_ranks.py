@@ -142,7 +142,8 @@ def test_one_rank_raising_ends_the_run_while_the_other_waits_in_a_collective(tmp
 def test_nan_gradients_stop_the_run_before_the_weights_change(tmp_path: Path):
     """A backward that gives NaN while its loss is finite (tests/failing_losses.py, a step or
     two in, two ranks): every rank refuses the optimizer step, the run ends on one line naming
-    the step, and the checkpoints hold only finite weights of the steps before it."""
+    the step, and the checkpoints hold only finite weights of the steps before it, the step
+    before's included (its write, under way when the step failed, is finished first)."""
     run_dir = tmp_path / "run"
     args = ["--recipe", "tiny", "--run-dir", str(run_dir), "--steps", "6"]
     args += ["--checkpoint-every", "1", "--set", "trainer.ranks=2"]
@@ -160,10 +161,11 @@ def test_nan_gradients_stop_the_run_before_the_weights_change(tmp_path: Path):
     # no step at or past the failing one was recorded, checkpointed or published
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, failed)), (failed, rows)
-    # (the step before's checkpoint may still have been on its way to disk: the run ends
-    # at once, and resumes from the last committed one)
+    # the step before's checkpoint, still on its way to disk when the step failed, was
+    # finished and committed before the run ended (grpo.checkpoint_finish_s)
     committed = checkpoint.committed(run_dir / "checkpoints")
-    assert committed and max(c.step for c in committed) < failed, (failed, committed)
+    assert committed and max(c.step for c in committed) == failed - 1, (failed, committed)
+    assert f"the checkpoint of step {failed - 1} was still in flight" in out, out[-3000:]
     for ckpt in committed:
         saved = trainer_state.read_all(ckpt.path)
         assert all(torch.isfinite(t).all() for t in saved["model"].values()), ckpt

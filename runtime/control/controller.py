@@ -29,6 +29,7 @@ from runtime.control.progress import Notes, Progress
 from runtime.control.rollouts import Rollouts
 from runtime.control.state import ControllerState
 from runtime.control.turns import GpuTurns
+from runtime.procs.failures import ActorFailure
 from runtime.procs.mps import uses_mps
 
 # Steps whose mean lengths decide whether the run says another layout would be faster.
@@ -298,12 +299,40 @@ class Controller:
         )
         return False
 
+    async def finish_checkpoint(self) -> None:
+        """At shutdown: the checkpoint still being written when the run ended early (a failure,
+        or a stop whose grace ran out) is committed if the trainer's files reach disk within
+        `grpo.checkpoint_finish_s` (a resume then loses no step it had saved)."""
+        if self.pending_checkpoint is None:
+            return
+        wait_s = self.recipe.grpo.checkpoint_finish_s
+        partial, step = self.pending_checkpoint
+        self.pending_checkpoint = None
+        if wait_s <= 0:
+            return
+        print(
+            f"the checkpoint of step {step} was still in flight: waiting up to "
+            f"{wait_s:g} s for its files to reach disk (grpo.checkpoint_finish_s)",
+            flush=True,
+        )
+        if await self.services.written_after_failure(FINISH_PROBE_S, wait_s):
+            ckpt = checkpoint.commit(self.config.checkpoint_dir, partial, step)
+            print(f"checkpoint step {step} -> {ckpt.path}", flush=True)
+        else:
+            print(f"forgesky: the checkpoint of step {step} was not finished", flush=True)
+
     async def commit_written(self, wait: bool = False) -> None:
         """Commit the checkpoint being written if the trainer's files are on disk (with
         `wait`, once they are)."""
         if self.pending_checkpoint is None:
             return
-        if not await self.services.saved(wait):
+        try:
+            done = await self.services.saved(wait)
+        except ActorFailure as e:
+            if e.service == "trainer":  # the write failed, or the trainer did: none of it counts
+                self.pending_checkpoint = None
+            raise
+        if not done:
             return
         partial, step = self.pending_checkpoint
         self.pending_checkpoint = None
@@ -335,6 +364,9 @@ class Controller:
         await self.policy.drain()
         await self.policy.close()
 
+
+# how long each trainer rank has to answer whether a checkpoint write is done, after a failure
+FINISH_PROBE_S = 5.0
 
 ROOM_ADVICE = "free that disk, or give the run a larger one: resources.disk_gb"
 

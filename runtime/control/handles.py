@@ -70,6 +70,10 @@ class ServiceHandles(Protocol):
     async def saved(self, wait: bool) -> bool:
         """Whether the trainer's last checkpoint write is on disk; with `wait`, once it is."""
 
+    async def written_after_failure(self, probe_s: float, wait_s: float) -> bool:
+        """After the run ended early: whether that write reached disk, each trainer rank
+        answering within `probe_s` and the write ending within `wait_s` (False otherwise)."""
+
     async def restore(self, directory: str) -> int:
         """The trainer's state from a checkpoint directory; the optimizer step restored."""
 

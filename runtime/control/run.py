@@ -144,7 +144,7 @@ def _check_steps_left(config: RunConfig, saved: list[checkpoint.Checkpoint]) -> 
 
 
 async def _main(life: RunLifecycle, config: RunConfig) -> None:
-    from runtime.control.controller import Controller, room_warning
+    from runtime.control.controller import FINISH_PROBE_S, Controller, room_warning
     from runtime.control.metrics import MetricsLogger
     from runtime.control.startup import start_services
 
@@ -163,6 +163,14 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
         flush=True,
     )
     controller = Controller(config, services, life.stopping)
+    # stopped before the services (newest first): a checkpoint being written when the run
+    # ended early is committed if it lands in time
+    life.register(
+        "checkpoint in flight",
+        controller.finish_checkpoint,
+        timeout=recipe.grpo.checkpoint_finish_s + FINISH_PROBE_S + 5.0,
+        after_failure=True,
+    )
     await controller.prepare()
     recorded = recorded_config(recipe, config.plan)
     write_recorded(config.run_dir, recorded)

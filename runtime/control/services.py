@@ -155,6 +155,18 @@ class Services:
         # waiting for a background write is a kind of its own: it may take a whole write
         return bool(await self.train_call("saved", wait, kind="saved, waiting" if wait else None))
 
+    async def written_after_failure(self, probe_s: float, wait_s: float) -> bool:
+        """After the run has failed (its supervision refuses every call then): whether the
+        trainer's last checkpoint write reached disk on every rank. Each rank must answer a
+        look within `probe_s` (a rank dead, or busy in a collective whose peer is gone, does
+        not: the write counts as lost) and the write must end within `wait_s` more."""
+        try:
+            if all(await asyncio.wait_for(each_rank(self.trainer, "saved", False), probe_s)):
+                return True
+            return all(await asyncio.wait_for(each_rank(self.trainer, "saved", True), wait_s))
+        except Exception:  # noqa: BLE001 - a rank gone, the write failed, or the time is up
+            return False
+
     async def restore(self, directory: str) -> int:
         return await self.train_call("load", directory)
 

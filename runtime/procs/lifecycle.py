@@ -67,6 +67,8 @@ class _Resource:
     stop: Callable[[], Awaitable[Any]]
     timeout: float
     mesh: ServiceMesh | None = None
+    # keeps its own timeout after a failure too, outside `failure_shutdown`'s budget
+    after_failure: bool = False
 
 
 class RunLifecycle:
@@ -207,10 +209,16 @@ class RunLifecycle:
     # --- resources and calls --------------------------------------------------------------------
 
     def register(
-        self, name: str, stop: Callable[[], Awaitable[Any]], timeout: float = 30.0
+        self,
+        name: str,
+        stop: Callable[[], Awaitable[Any]],
+        timeout: float = 30.0,
+        after_failure: bool = False,
     ) -> None:
-        """Stop `stop()` at shutdown, after everything registered later, within `timeout` s."""
-        self._resources.append(_Resource(name, stop, timeout))
+        """Stop `stop()` at shutdown, after everything registered later, within `timeout` s
+        (after a failure within what is left of `failure_shutdown`, unless `after_failure`:
+        work worth its own time even then)."""
+        self._resources.append(_Resource(name, stop, timeout, after_failure=after_failure))
 
     def watch(self, mesh: ServiceMesh) -> None:
         """Attribute Monarch failures of `mesh`'s actors to its service."""
@@ -376,7 +384,7 @@ class RunLifecycle:
         for resource in reversed(self._resources):
             start = self._loop.time()
             timeout = resource.timeout
-            if failed:
+            if failed and not resource.after_failure:
                 timeout = max(0.5, min(timeout, deadline - self._loop.time()))
             if resource.mesh is not None and resource.mesh.failed:
                 # Monarch waits out its 30 s spawn timeout for actors on a dead proc.
@@ -390,6 +398,8 @@ class RunLifecycle:
                 if not failed:
                     _say(self.name, f"{resource.name}: stop failed: {root_cause(e)}")
             parts.append((self._loop.time() - start, resource.name))
+            if resource.after_failure:
+                deadline += self._loop.time() - start  # the others keep their budget
         self._resources.clear()
         start = self._loop.time()
         await _stop_monarch()
