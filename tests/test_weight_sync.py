@@ -190,6 +190,7 @@ def test_a_receiver_behind_gets_the_newest_version_and_a_late_one_times_out():
     source = PushSender(torch.device("cpu"), receivers=1)
     address, port = source.open()
     receiver = PushReceiver(address, port, 1, 2, torch.device("cpu"))
+    began = time.monotonic()
     try:
         with receiver.lock:  # the generator is loading: pushes wait for it
             stage(source, 0, state(0))
@@ -204,6 +205,11 @@ def test_a_receiver_behind_gets_the_newest_version_and_a_late_one_times_out():
             assert receiver.version == -1 and not staged.is_set()
         assert staged.wait(30)
         assert receiver.wait_for(1, timeout=30) == 1
+        # each receive's time is kept: a window over both counts them, one before none
+        received = receiver.receiving_between(began, time.monotonic())
+        assert received > 0 and len(receiver.receives) == 2
+        assert received == pytest.approx(sum(b - a for a, b in receiver.receives))
+        assert receiver.receiving_between(began - 10, began) == 0.0
         assert receiver.wait_for(0, timeout=1) == 1  # asked for 0, holds the newer 1
         with pytest.raises(TimeoutError, match="version 5 was not pushed"):
             receiver.wait_for(5, timeout=0.3)
@@ -240,6 +246,9 @@ def test_tiny_run_with_pushed_weights(tmp_path: Path, buffer: str):
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 13))
     assert all(r["time/push_s"] > 0 for r in rows[1:]), [r.get("time/push_s") for r in rows]
+    # each generate call's record says how long a push was received while the engine ran
+    overlaps = [r["generator/push_overlap_s"] for r in rows if "generator/push_overlap_s" in r]
+    assert overlaps and all(x >= 0 for x in overlaps), rows
     # versions still advance one per step on the generator side
     assert rows[-1]["policy_version"] == 12
     # the generators' busy share is measured every step (rollouts overlap training)

@@ -99,7 +99,7 @@ class GeneratorActor(Actor):
         `n` completions at its own `temperature` (0: greedy), without log-probs."""
         g = self.recipe.grpo
         ids = [self._encode(p) for p in prompts]
-        start, usage = time.perf_counter(), thread_usage()
+        start, usage, began = time.perf_counter(), thread_usage(), time.monotonic()
         evaluating = n is not None or temperature is not None
         completions = self.backend.generate(
             ids,
@@ -129,6 +129,10 @@ class GeneratorActor(Actor):
             out[0]["time/generate_s"] = elapsed
             if spent is not None:
                 out[0].update(spent.as_metrics("generator/engine_thread"))
+            # a pushed version arriving meanwhile shared the GPU with the engine for this long
+            receiving = getattr(self.receiver, "receiving_between", None)
+            if receiving is not None:
+                out[0]["generator/push_overlap_s"] = receiving(began, time.monotonic())
         return out
 
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:

@@ -137,8 +137,9 @@ class Rollouts:
                     if engine is not None:
                         self.notes.add("time/engine_s", engine)
                         for key, value in out[0].items():
-                            if key.startswith("generator/engine_thread_"):
-                                self.notes.add(key, value)  # its CPU and context switches
+                            # its CPU and context switches, and a push received meanwhile
+                            if key.startswith(("generator/engine_thread_", "generator/push_")):
+                                self.notes.add(key, value)
                     self._generating_s += end - max(start, self._mark)
                     self._calls_ended += 1
                     held = groups_of(prompts, out, g.group_size)

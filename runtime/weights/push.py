@@ -17,6 +17,7 @@ died fails the push instead of hanging the run.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import os
@@ -343,6 +344,8 @@ class PushReceiver:
         self.lock = threading.Lock()
         self.buffer: torch.Tensor | None = None
         self.last_receive_s = 0.0
+        # (start, end) on time.monotonic() of the latest receives, for receiving_between
+        self.receives: collections.deque[tuple[float, float]] = collections.deque(maxlen=16)
         self._changed = threading.Condition()
         self._stop = threading.Event()
         self._error: BaseException | None = None
@@ -387,13 +390,14 @@ class PushReceiver:
                     return
                 version, total, places = announced
                 with self.lock:
-                    start = time.perf_counter()
+                    start, began = time.perf_counter(), time.monotonic()
                     if self.buffer is None or self.buffer.numel() != total:
                         self.buffer = None
                         self.buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
                     for offset, nbytes in places:
                         _broadcast(group, self.buffer[offset : offset + nbytes], stream)
                     self.last_receive_s = time.perf_counter() - start
+                    self.receives.append((began, time.monotonic()))
                     self.version = version
                 with self._changed:
                     self._changed.notify_all()
@@ -401,6 +405,11 @@ class PushReceiver:
             self._error = e
             with self._changed:
                 self._changed.notify_all()
+
+    def receiving_between(self, start: float, end: float) -> float:
+        """Seconds of [start, end] (time.monotonic) this receiver spent receiving versions
+        (its broadcasts on the GPU beside whatever the generator ran then)."""
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in list(self.receives))
 
     def wait_for(self, version: int, timeout: float) -> int:
         """Block until a version >= `version` has arrived; returns the one that has."""
