@@ -12,7 +12,6 @@ top_p = 1 it is the sampling distribution itself.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -139,11 +138,6 @@ class NonFiniteGradients(RuntimeError):
     """A step's gradient norm came out NaN or infinite; the optimizer step was not taken."""
 
 
-# NVIDIA MPS's share of the SMs for a client process (runtime.procs.mps sets it for the procs of
-# a service with `layout.mps_sm_percent` below 100)
-_MPS_SHARE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-
-
 def finite_grad_norm(grad_norm: Tensor | float, step: int) -> float:
     """The gradient norm of optimizer step `step` (1-based) as a float, or `NonFiniteGradients`
     before the step is taken: an update by NaN or infinite gradients would make every weight
@@ -151,14 +145,16 @@ def finite_grad_norm(grad_norm: Tensor | float, step: int) -> float:
     value = float(grad_norm)
     if math.isfinite(value):
         return value
-    share = os.environ.get(_MPS_SHARE_ENV, "").strip()
+    from runtime.procs.mps import client_sm_percent  # the failure path only
+
+    share = client_sm_percent()
     # NaN norms in step 1 came from the trainer under MPS at 70 % of an H200's SMs on two hosts
     # (bench/results/gpu_h200x2_2026-11-27h and 27i), the same run's losses finite
     mps = (
         f"; this trainer runs under MPS at {share} % of the GPU's SMs "
         "(layout.mps_sm_percent.trainer), where runs have given NaN norms with finite losses: "
         "try 100 or layout.sharing=turns"
-        if share
+        if share is not None
         else ""
     )
     raise NonFiniteGradients(

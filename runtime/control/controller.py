@@ -316,8 +316,7 @@ class Controller:
             flush=True,
         )
         if await self.services.written_after_failure(FINISH_PROBE_S, wait_s):
-            ckpt = checkpoint.commit(self.config.checkpoint_dir, partial, step)
-            print(f"checkpoint step {step} -> {ckpt.path}", flush=True)
+            self._commit(partial, step)
         else:
             print(f"forgesky: the checkpoint of step {step} was not finished", flush=True)
 
@@ -336,6 +335,9 @@ class Controller:
             return
         partial, step = self.pending_checkpoint
         self.pending_checkpoint = None
+        self._commit(partial, step)
+
+    def _commit(self, partial: Path, step: int) -> None:
         ckpt = checkpoint.commit(self.config.checkpoint_dir, partial, step)
         print(f"checkpoint step {step} -> {ckpt.path}", flush=True)
 
