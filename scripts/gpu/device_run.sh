@@ -188,7 +188,11 @@ case "$mode" in
     gpus=${2:-1}
     shift 2 || shift $#
     install && check
-    install_trl
+    # SBS_RUNS (default "ours trl"): one of them alone, where a call's time holds only one
+    # (the JSON in /tmp/bench gathers both while the machine stays up); TRL's wheels are
+    # needed only where TRL runs.
+    runs=${SBS_RUNS:-ours trl}
+    [[ " $runs " != *" trl "* ]] || install_trl
     mkdir -p /tmp/bench
     json=/tmp/bench/side_by_side$tag.json
     # TRL's reward (bench/rewards.py) for ours too; the task's math reward weighted 0 stays,
@@ -210,9 +214,6 @@ case "$mode" in
       off) trl+=(--optimizer-steps-per-generation 2) ;;
       *) echo "side-by-side: on or off, not $policy" >&2; exit 2 ;;
     esac
-    # SBS_RUNS (default "ours trl"): one of them alone, where a call's time holds only one
-    # (the JSON in /tmp/bench gathers both while the machine stays up).
-    runs=${SBS_RUNS:-ours trl}
     status=0
     if [[ " $runs " == *" ours "* ]]; then
       timeout -s TERM "${SBS_OURS_S:-330}" python3 bench/gpu_grpo.py grpo --out "$json" \
