@@ -206,14 +206,15 @@ def _functions(
             inclusive[name] += count
         own[function(frames[-1])] += count
     total = sum(n for _, n in kept)
+    samples = sum(n for _, n in mine)
 
     def listed(counts: Counter[str]) -> list[list[Any]]:
         return [[n, round(c / rate, 3), round(c / total, 4)] for n, c in counts.most_common(top)]
 
     return {
         "thread": thread,
-        "samples": sum(n for _, n in mine),
-        "on_cpu_share": round(sum(n for _, n in mine) / window, 3),
+        "samples": samples,
+        "on_cpu_share": round(samples / window, 3),
         "within": ENGINE_CALL if inside else None,
         "within_cpu_s": round(total / rate, 3),
         "columns": ["function", "cpu_s", "share"],
