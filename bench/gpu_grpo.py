@@ -440,19 +440,25 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         # what a plan gives a generator with a GPU of its own
         gpu_memory_utilization=ALONE_GPU_SHARE,
         seed=g.seed,
+        # --engine separate: the engine core in a process of its own (vLLM's default), where
+        # weights cannot be loaded: it samples with vLLM's random weights
+        engine_in_process=args.engine == "in-process",
     )
-    # The GRPO run's initial weights (TorchTitan init, bf16; built on the CPU, the engine holds
-    # most of the GPU), loaded as the actor loads them: from CPU tensors; then from GPU tensors.
-    model = build_model(spec, "cpu")
-    on_cpu = {k: v.to(torch.bfloat16) for k, v in to_hf(model.state_dict(), spec).items()}
-    del model
-    nbytes = sum(t.numel() * t.element_size() for t in on_cpu.values())
-    gen.load_weights(on_cpu)
-    load_cpu_s = gen.load_seconds
-    on_gpu = {k: v.cuda() for k, v in on_cpu.items()}
-    gen.load_weights(on_gpu)
-    load_gpu_s = gen.load_seconds
-    del on_gpu, on_cpu
+    nbytes = load_cpu_s = load_gpu_s = None
+    if gen.engine_in_process:
+        # The GRPO run's initial weights (TorchTitan init, bf16; built on the CPU, the engine
+        # holds most of the GPU), loaded as the actor loads them: from CPU tensors; then from
+        # GPU tensors.
+        model = build_model(spec, "cpu")
+        on_cpu = {k: v.to(torch.bfloat16) for k, v in to_hf(model.state_dict(), spec).items()}
+        del model
+        nbytes = sum(t.numel() * t.element_size() for t in on_cpu.values())
+        gen.load_weights(on_cpu)
+        load_cpu_s = gen.load_seconds
+        on_gpu = {k: v.cuda() for k, v in on_cpu.items()}
+        gen.load_weights(on_gpu)
+        load_gpu_s = gen.load_seconds
+        del on_gpu, on_cpu
 
     usage: list[dict[str, float]] = []
 
@@ -485,6 +491,8 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     tokens = sum(t for _, t in calls)
     return {
         "recipe": recipe.name,
+        "engine": args.engine,
+        "weights": "torchtitan init" if gen.engine_in_process else "vllm dummy (random)",
         "init_s": gen.init_seconds,
         "logprobs_mode": gen.logprobs_mode,
         "tensor_parallel_size": gen.tensor_parallel_size,
@@ -501,9 +509,9 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         "tokens_per_s_512_sequences": big_tokens / big_s,
         "weight_bytes": nbytes,
         "load_weights_from_cpu_s": load_cpu_s,
-        "load_weights_from_cpu_gb_per_s": nbytes / 1e9 / load_cpu_s,
+        "load_weights_from_cpu_gb_per_s": per(nbytes and nbytes / 1e9, load_cpu_s),
         "load_weights_from_gpu_s": load_gpu_s,
-        "load_weights_from_gpu_gb_per_s": nbytes / 1e9 / load_gpu_s,
+        "load_weights_from_gpu_gb_per_s": per(nbytes and nbytes / 1e9, load_gpu_s),
     }
 
 
@@ -831,6 +839,13 @@ def main() -> int:
     p.add_argument("--response-tokens", type=int, default=512, help="0: the recipe's")
     p.add_argument("--gpus", type=int, default=None, help="default: all visible")
     p.add_argument("--calls", type=int, default=3, help="vllm: timed generation calls")
+    p.add_argument(
+        "--engine",
+        choices=["in-process", "separate"],
+        default="in-process",
+        help="vllm: the engine core in this process (as the generator runs it) or in a process "
+        "of its own (vLLM's default; random weights)",
+    )
     p.add_argument("--sequences", type=int, default=64, help="train: sequences per step")
     p.add_argument("--seq-len", type=int, default=2048, help="train: tokens per sequence")
     p.add_argument("--response-share", type=float, default=0.75, help="train: response part")

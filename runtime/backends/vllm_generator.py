@@ -180,7 +180,10 @@ class VLLMGenerator:
     much of the GPU must be free).
     `weights` (HF names) are loaded right after start; otherwise the engine holds random
     weights until the first `load_weights`. `enforce_eager` skips torch.compile and CUDA graphs
-    (faster start, slower decode).
+    (faster start, slower decode). The engine core runs in this process (weights load into it
+    from this process's tensors and CUDA IPC handles); `engine_in_process=False` gives it a
+    process of its own, vLLM's default, for timing generation against it (weights cannot load
+    into it then: `bench/gpu_grpo.py vllm --engine separate`).
     """
 
     def __init__(
@@ -201,10 +204,12 @@ class VLLMGenerator:
         enforce_eager: bool = False,
         max_num_seqs: int | None = None,
         model_dir: str | Path | None = None,
+        engine_in_process: bool = True,
     ):
         # Read by vLLM when the engine is created: keep the engine core (and with TP=1 the model)
         # in this process, and start TP workers with spawn (fork after CUDA init is unsafe).
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if engine_in_process else "1"
+        self.engine_in_process = engine_in_process
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from vllm import LLM
 
@@ -255,6 +260,7 @@ class VLLMGenerator:
         Call between generations (the actor's endpoints run one at a time). The prefix cache
         holds keys and values of the old weights, so it is emptied afterwards.
         """
+        self._check_in_process()
         start = time.perf_counter()
         if self.tensor_parallel_size == 1:
             missing = self.llm.collective_rpc(_load_on_worker, args=(hf_state_dict,))
@@ -299,7 +305,15 @@ class VLLMGenerator:
         finally:
             del flat  # the mapping closes with the last reference
 
+    def _check_in_process(self) -> None:
+        if not self.engine_in_process:
+            raise RuntimeError(
+                "this vLLM engine runs in a process of its own (engine_in_process=False): "
+                "weights load only into an engine in this process"
+            )
+
     def _load_on_workers(self, handles: Sequence[Any], entries: Mapping[str, Any]) -> None:
+        self._check_in_process()
         start = time.perf_counter()
         plain = {name: tuple(e) for name, e in entries.items()}
         missing = self.llm.collective_rpc(_load_flat_on_worker, args=(list(handles), plain))
