@@ -206,8 +206,9 @@ class VLLMGenerator:
         model_dir: str | Path | None = None,
         engine_in_process: bool = True,
     ):
-        # Read by vLLM when the engine is created: keep the engine core (and with TP=1 the model)
-        # in this process, and start TP workers with spawn (fork after CUDA init is unsafe).
+        # Read by vLLM when the engine is created: the engine core (and with TP=1 the model) in
+        # this process unless engine_in_process is False, and TP workers started with spawn
+        # (fork after CUDA init is unsafe).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if engine_in_process else "1"
         self.engine_in_process = engine_in_process
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
