@@ -99,7 +99,8 @@ class GeneratorActor(Actor):
         `n` completions at its own `temperature` (0: greedy), without log-probs."""
         g = self.recipe.grpo
         ids = [self._encode(p) for p in prompts]
-        start, usage, began = time.perf_counter(), thread_usage(), time.monotonic()
+        # one clock for the call's seconds and its window against the push receiver's
+        start, usage = time.monotonic(), thread_usage()
         evaluating = n is not None or temperature is not None
         completions = self.backend.generate(
             ids,
@@ -110,7 +111,8 @@ class GeneratorActor(Actor):
             seed=seed,
             logprobs=not evaluating,
         )
-        elapsed = time.perf_counter() - start
+        end = time.monotonic()
+        elapsed = end - start
         # the engine's steps run on this thread: what it spent besides waiting on the GPU
         spent = None if usage is None else thread_usage().since(usage)
         out = []
@@ -132,7 +134,7 @@ class GeneratorActor(Actor):
             # a pushed version arriving meanwhile shared the GPU with the engine for this long
             receiving = getattr(self.receiver, "receiving_between", None)
             if receiving is not None:
-                out[0]["generator/push_overlap_s"] = receiving(began, time.monotonic())
+                out[0]["generator/push_overlap_s"] = receiving(start, end)
         return out
 
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:

@@ -390,14 +390,15 @@ class PushReceiver:
                     return
                 version, total, places = announced
                 with self.lock:
-                    start, began = time.perf_counter(), time.monotonic()
+                    start = time.monotonic()
                     if self.buffer is None or self.buffer.numel() != total:
                         self.buffer = None
                         self.buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
                     for offset, nbytes in places:
                         _broadcast(group, self.buffer[offset : offset + nbytes], stream)
-                    self.last_receive_s = time.perf_counter() - start
-                    self.receives.append((began, time.monotonic()))
+                    end = time.monotonic()
+                    self.last_receive_s = end - start
+                    self.receives.append((start, end))
                     self.version = version
                 with self._changed:
                     self._changed.notify_all()
