@@ -21,7 +21,7 @@ from runtime.backends.fsdp_trainer import (
     response_logprobs,
 )
 from runtime.backends.hf_generator import HFGenerator
-from runtime.backends.vllm_generator import logprobs_mode_for, write_model_dir
+from runtime.backends.vllm_generator import engine_environment, logprobs_mode_for, write_model_dir
 from runtime.grpo import policy_loss
 from runtime.models import ModelSpec
 
@@ -42,6 +42,20 @@ def test_vllm_logprob_mode_matches_the_trainer_distribution():
         logprobs_mode_for(0.7, 0.9)
     with pytest.raises(UserError, match="temperature"):
         logprobs_mode_for(0.0, 1.0)
+
+
+def test_vllm_engine_environment_keeps_flashinfer_sampler_only_where_top_p_filters():
+    # top-p 1.0, no top-k: vLLM samples on its PyTorch path; FlashInfer's sampler would only be
+    # built for the warm-up
+    assert engine_environment(1.0) == {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    }
+    # top-p filters: vLLM's default (unset) stands, and the engine core may get its own process
+    assert engine_environment(0.9, engine_in_process=False) == {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "VLLM_USE_FLASHINFER_SAMPLER": None,
+    }
 
 
 def test_model_folder_describes_the_architecture(tmp_path):

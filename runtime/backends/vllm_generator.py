@@ -67,6 +67,22 @@ def logprobs_mode_for(temperature: float, top_p: float) -> str:
     )
 
 
+def engine_environment(top_p: float, *, engine_in_process: bool = True) -> dict[str, str | None]:
+    """What vLLM reads from the environment when an engine is created (None: unset, vLLM's default).
+
+    `VLLM_ENABLE_V1_MULTIPROCESSING`: the engine core in this process unless `engine_in_process`
+    is False. `VLLM_USE_FLASHINFER_SAMPLER`: off at top-p 1.0. The generator's requests never set
+    top-k, so at top-p 1.0 vLLM samples on its PyTorch path and FlashInfer's top-k/top-p sampler
+    would run only in the engine's warm-up (one sampler call with both set), which first builds
+    FlashInfer's sampling kernels on a machine that has not built them. Below 1.0 it samples for
+    real and vLLM's default stands.
+    """
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if engine_in_process else "1",
+        "VLLM_USE_FLASHINFER_SAMPLER": "0" if top_p >= 1.0 else None,
+    }
+
+
 def write_model_dir(spec: ModelSpec, directory: str | Path, **token_ids: Any) -> Path:
     """A folder vLLM can start from: the architecture's `config.json` (no weights, no tokenizer).
 
@@ -206,10 +222,15 @@ class VLLMGenerator:
         model_dir: str | Path | None = None,
         engine_in_process: bool = True,
     ):
-        # Read by vLLM when the engine is created: the engine core (and with TP=1 the model) in
-        # this process unless engine_in_process is False, and TP workers started with spawn
-        # (fork after CUDA init is unsafe).
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if engine_in_process else "1"
+        # Read by vLLM when the engine is created (`engine_environment`): the engine core (and
+        # with TP=1 the model) in this process unless engine_in_process is False, FlashInfer's
+        # sampler only where top-p filters, and TP workers started with spawn (fork after CUDA
+        # init is unsafe).
+        for name, value in engine_environment(top_p, engine_in_process=engine_in_process).items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         self.engine_in_process = engine_in_process
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from vllm import LLM
