@@ -43,6 +43,24 @@ out=${OUT:-/tmp/out}
 tag=${TAG:-}
 json=/tmp/bench/gpu_grpo$tag.json
 mkdir -p "$out"
+# PACK_BY=<epoch seconds> (e.g. $(( $(date +%s) + 560 )) at a call's start, 40 s inside its
+# limit): this run's logs go to a folder of their own and come back as one file,
+# $OUT/logs$TAG.tgz, with the run's JSON beside it, packed when the run ends or at PACK_BY,
+# whichever comes first. A call cut at its limit returns only what is in $OUT by then, and $OUT
+# returns at most 8 files.
+if [ -n "${PACK_BY:-}" ]; then
+  back=$out
+  out=/tmp/pack$tag
+  mkdir -p "$out"
+  pack() {
+    tar czf "$back/logs$tag.tgz" -C "$out" . 2>/dev/null || true
+    cp /tmp/bench/*"$tag".json "$back/" 2>/dev/null || true
+  }
+  wait_s=$((PACK_BY - $(date +%s)))
+  (sleep $((wait_s > 0 ? wait_s : 0)) && pack) &
+  packer=$!
+  trap 'kill "$packer" 2>/dev/null || true; pack' EXIT
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 # No network there: nothing should wait on one (usage stats, Hub lookups, W&B).
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled
