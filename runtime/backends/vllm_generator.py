@@ -222,17 +222,15 @@ class VLLMGenerator:
         model_dir: str | Path | None = None,
         engine_in_process: bool = True,
     ):
-        # Read by vLLM when the engine is created (`engine_environment`): the engine core (and
-        # with TP=1 the model) in this process unless engine_in_process is False, FlashInfer's
-        # sampler only where top-p filters, and TP workers started with spawn (fork after CUDA
-        # init is unsafe).
+        # Read by vLLM when the engine is created: `engine_environment`, and TP workers started
+        # with spawn (fork after CUDA init is unsafe).
         for name, value in engine_environment(top_p, engine_in_process=engine_in_process).items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        self.engine_in_process = engine_in_process
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        self.engine_in_process = engine_in_process
         from vllm import LLM
 
         self.spec = spec
