@@ -8,8 +8,8 @@ GPU the plan `forgesky plan tiny-gpu --gpus 1 --set layout.share=all` gives (vLL
 generator's proc, the TorchTitan trainer, the reference when enabled, taking turns; versions by
 CUDA IPC), on two GPUs the one with the NCCL weight push between them.
 
-Each test prints its measured seconds as `fault-exit NAME S s` (the README's reliability table
-is taken from those lines in the committed log).
+Each test prints its measured seconds as `fault-exit NAME S s` (the reliability table in
+docs/spot-and-faults.md is taken from those lines in the committed log).
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ def test_the_publish_estimate_covers_every_publish_that_streamed_a_group_at_a_ti
     for row in rows:
         publish = row["publish_gb"]
         if row.get("publish_gathered_a_whole_version"):
-            # what the streaming publish fixed: above today's estimate, as the README says
+            # what the streaming publish fixed: above today's estimate, as docs/benchmarks.md says
             assert publish["estimate"] < publish["measured"], row
         else:
             assert publish["estimate"] >= publish["measured"], row
