@@ -158,6 +158,7 @@ def copy_recipe(source: str, dest: str, force: bool = False) -> Path:
 
 def validate(source: str, gpus: int | None, overrides: tuple[str, ...]) -> str:
     """Load, override and plan a recipe; one line saying it is fine (else UserError)."""
+    from launcher.files import local_files
     from launcher.options import check_references, say_if_unsold
     from recipes import (
         apply_overrides,
@@ -170,6 +171,7 @@ def validate(source: str, gpus: int | None, overrides: tuple[str, ...]) -> str:
 
     recipe = apply_overrides(load_recipe(source), list(overrides))
     check_references(recipe, source)
+    local_files(recipe)  # what launch would refuse to bring to the nodes
     count = launch_gpus(recipe) if gpus is None else gpus
     run_plan = plan(recipe, count)
     say_if_unsold(run_plan, count)

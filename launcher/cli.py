@@ -363,6 +363,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     # Preflight on this machine: a missing token fails here, not after provisioning.
     secrets = secret_values(job, os.environ)
     from launcher import cloud
+    from launcher.files import describe
     from launcher.render import render
     from launcher.task import build_task
 
@@ -376,6 +377,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         f"{', '.join(given) if given else 'none'}"
     )
     print(f"{PROG} on the nodes: {project.summary}")
+    for line in describe(job.local_files):
+        print(f"to every node: {line}")
     if options.managed and options.spot and not options.checkpoint_bucket:
         print(
             f"{PROG}: warning: no --checkpoint-bucket: a preempted job restarts from step 0",

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.files import LocalFile, local_files
 from launcher.names import RECOVERY_STRATEGIES, WANDB_MODES
 from recipes import (
     Plan,
@@ -83,7 +84,10 @@ class Job:
     recipe_mount: tuple[str, str] | None
     # (remote, local) of every top-level package or module of the user's that the recipe names
     code_mounts: tuple[tuple[str, str], ...]
-    # Overrides the node re-applies with --set (model.hf_id travels as $MODEL instead).
+    # the local data, model and tokenizer files and folders the run reads (launcher.files)
+    local_files: tuple[LocalFile, ...]
+    # Overrides the node re-applies with --set (model.hf_id travels as $MODEL instead), then
+    # each local file's node path.
     node_overrides: tuple[str, ...]
     envs: dict[str, str] = field(default_factory=dict)
 
@@ -170,17 +174,23 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
     code_mounts = tuple(
         (f"{CODE_MOUNT_DIR}/{local.name}", str(local)) for _, local in sorted(code.items())
     )
+    files = local_files(recipe)
+    # The node reads each local file where it is mounted: the recipe's own value is replaced.
+    node_paths = {f.field: f.remote for f in files}
     envs = {
         # Knobs of the task, like SkyPilot's torchforge example: change them with
         # `sky launch --env KEY=VALUE` without re-rendering.
-        "MODEL": recipe.model.hf_id,
+        "MODEL": node_paths.pop("model.hf_id", recipe.model.hf_id),
         "MIN_GPUS": str(need),
         "MAX_STEPS": "" if options.steps is None else str(options.steps),
         "WANDB_MODE": options.wandb or "disabled",
     }
     if run_plan.num_nodes > 1:
         envs[WORKER_PORT_ENV] = str(WORKER_PORT)
-    node_overrides = tuple(o for o in overrides if o.partition("=")[0].strip() != "model.hf_id")
+    replaced = {"model.hf_id", *node_paths}
+    node_overrides = tuple(
+        o for o in overrides if o.partition("=")[0].strip() not in replaced
+    ) + tuple(f"{setting}={remote}" for setting, remote in node_paths.items())
     say_if_unsold(run_plan, gpus, options.infra)  # every check passed: a note, not an error
     return Job(
         recipe=recipe,
@@ -191,6 +201,7 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         recipe_ref=recipe_ref,
         recipe_mount=mount,
         code_mounts=code_mounts,
+        local_files=files,
         node_overrides=node_overrides,
         envs=envs,
     )

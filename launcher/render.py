@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 import sky
+from launcher.files import describe
 from launcher.names import RENDERED_MARK
 from launcher.options import (
     PROJECT_DIR,
@@ -101,6 +102,15 @@ def header(job: Job, command: str, path: str | None, project: ProjectSource) -> 
             else "."
         ),
         f"{RENDERED_MARK}`{command}`: edit the recipe, not this file.",
+    ]
+    if job.local_files:
+        lines += [
+            "Local files reach every node as file_mounts (a managed job's through SkyPilot's "
+            "jobs bucket);",
+            "the run reads them at their node paths:",
+            *(f"  {line}" for line in describe(job.local_files, sizes=False)),
+        ]
+    lines += [
         "",
         "Run from the repository root (workdir: . is synced to every node):"
         if project.kind == "checkout"

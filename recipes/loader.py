@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from recipes.errors import UserError
+from recipes.files import anchor
 from recipes.schema import Recipe
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
@@ -108,7 +109,8 @@ def _load_file(path: Path) -> Recipe:
         raise UserError(
             f"{source}: not a YAML text file (byte {e.start} is not UTF-8: {e.object[e.start]:#04x})"
         ) from None
-    return validate_recipe(data, source)
+    # A relative data or model path in a file is relative to that file first (recipes.files).
+    return validate_recipe(anchor(data, path.resolve().parent), source)
 
 
 def _walk(data: dict[str, Any], parts: list[str]) -> tuple[Any, Any, Any]:

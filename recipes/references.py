@@ -94,7 +94,14 @@ def check(refs: Sequence[Reference], paths: Iterable[Path]) -> dict[str, Path]:
         file, root = found
         _check_function(where, file, ref)
         top = ref.module.split(".")[0]
-        roots[top] = root / top if (root / top).is_dir() else root / f"{top}.py"
+        where_top = root / top if (root / top).is_dir() else root / f"{top}.py"
+        if roots.get(top, where_top) != where_top:
+            # one name on the nodes' path: a node could import only one of the two
+            raise UserError(
+                f"{where}: module {top!r} is {where_top}, but another reference's {top!r} is "
+                f"{roots[top]}; the nodes can import only one: rename one of them"
+            )
+        roots[top] = where_top
     return roots
 
 

@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from recipes.architectures import ARCHITECTURES, Arch, architecture, sizes
+from recipes.files import same_local
 from recipes.memory import estimate_memory, memory_errors
 from recipes.names import (
     BUILTIN_REWARDS,
@@ -470,19 +471,21 @@ def _eval_errors(r: Recipe) -> list[str]:
             f"{e.samples_drawn}"
         )
     path = e.path or r.dataset.path
+    # one file or folder however spelt (relative, ~, absolute): what the node will see as one
+    same = path == r.dataset.path or same_local(path, r.dataset.path)
     if path.startswith("builtin:"):
         if e.split not in BUILTIN_SPLITS:
             errors.append(
                 f"eval.split: the shipped task {path} has no split {e.split!r} "
                 f"(it has {', '.join(BUILTIN_SPLITS)})"
             )
-    elif path == r.dataset.path and e.split == r.dataset.split:
+    elif same and e.split == r.dataset.split:
         errors.append(
             f"eval.split: {e.split!r} is the split the run trains on (dataset.split); name a "
             "held-out one, or held-out data as eval.path"
         )
     else:
-        errors += _local_split_errors(path, e.split, same_data=path == r.dataset.path)
+        errors += _local_split_errors(path, e.split, same_data=same)
     names = [w.name for w in r.dataset.rewards]
     if e.reward is not None and e.reward not in names:
         errors.append(

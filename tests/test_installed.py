@@ -120,7 +120,7 @@ from launcher.render import task_config
 handed = []
 sky.launch = lambda task, **kw: handed.append((task, kw)) or "request-1"
 sky.stream_and_get = lambda request: (3, None)
-code = main(["launch", "qwen3-1.7b", "--gpus", "4", "--yes"])
+code = main([*sys.argv[1:], "--yes"])
 task, kw = handed[0]
 print(json.dumps({"code": code, "launcher": launcher.__file__, "cluster": kw["cluster_name"],
                   "task": task_config(task)}))
@@ -134,7 +134,7 @@ def test_an_installed_wheel_reaches_the_nodes_as_that_wheel(built_wheel, tmp_pat
     work = tmp_path / "elsewhere"
     work.mkdir()
 
-    launched = run([str(laptop), "-c", LAUNCH], cwd=work)
+    launched = run([str(laptop), "-c", LAUNCH, "launch", "qwen3-1.7b", "--gpus", "4"], cwd=work)
     out = json.loads(launched.stdout.strip().splitlines()[-1])
     assert out["code"] == 0
     # The laptop ran the installed package, not this checkout.
@@ -192,6 +192,52 @@ def test_an_installed_wheel_reaches_the_nodes_as_that_wheel(built_wheel, tmp_pat
     assert (home / "run" / "model" / "config.json").is_file(), trained.stdout[-2000:]
     metrics = [json.loads(line) for line in (home / "run" / "metrics.jsonl").open()]
     assert max(m.get("step", 0) for m in metrics) == 2
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_brings_a_local_data_file_to_the_nodes(built_wheel, tmp_path):
+    laptop = fresh_venv(tmp_path / "laptop")
+    pip_install(laptop, str(built_wheel), tmp_path)
+    data = tmp_path / "somewhere" / "train.jsonl"
+    data.parent.mkdir()
+    data.write_text("".join(json.dumps({"question": f"{i} + {i} =", "answer": str(2 * i)})
+                            + "\n" for i in range(8)))  # fmt: skip
+    recipe = yaml.safe_load((PROJECT_DIR / "recipes" / "catalog" / "tiny.yaml").read_text())
+    recipe["name"] = "tiny-mine"
+    # relative to the recipe file, which is neither beside the data nor the current directory
+    recipe["dataset"]["path"] = "../somewhere/train.jsonl"
+    recipe["eval"]["enabled"] = False
+    mine = tmp_path / "recipes" / "mine.yaml"
+    mine.parent.mkdir()
+    mine.write_text(yaml.safe_dump(recipe))
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+
+    launched = run([str(laptop), "-c", LAUNCH, "launch", str(mine)], cwd=work)
+    out = json.loads(launched.stdout.strip().splitlines()[-1])
+    assert out["code"] == 0 and str(tmp_path / "laptop") in out["launcher"]
+    remote = "/forgesky/files/dataset.path/train.jsonl"
+    assert f"to every node: dataset.path {data} (" in launched.stdout
+    task = out["task"]
+    assert task["file_mounts"][remote] == str(data)
+    assert task["file_mounts"]["/forgesky/recipes/mine.yaml"] == str(mine)
+    assert f"--set dataset.path={remote}" in task["run"]
+
+    rendered = work / "task.yaml"
+    run([str(laptop.parent / "forgesky"), "render", str(mine), "-o", str(rendered)], cwd=work)
+    parsed = run(
+        [
+            str(laptop),
+            "-c",
+            "import json, sky, sys; t = sky.Task.from_yaml(sys.argv[1]); "
+            "print(json.dumps({'mounts': t.file_mounts, 'run': t.run}))",
+            str(rendered),
+        ],
+        cwd=work,
+    )
+    task = json.loads(parsed.stdout.strip().splitlines()[-1])
+    assert task["mounts"][remote] == str(data)
+    assert f"--set dataset.path={remote}" in task["run"]
 
 
 def write_dist_info(site: Path, direct_url: dict | None) -> metadata.Distribution:

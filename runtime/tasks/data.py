@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.errors import UserError
+from recipes.files import DATA_FILE_FORMATS, looks_local
 
 
 @dataclass(frozen=True)
@@ -165,9 +166,6 @@ class HFPromptSource(PromptSource):
         super().__init__(dataset, name=path, **kwargs)
 
 
-_FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-
-
 def load_hf_dataset(
     path: str, config: str | None = None, split: str = "train", *, cache_dir: str | None = None
 ) -> Any:
@@ -176,7 +174,7 @@ def load_hf_dataset(
 
     local = Path(path).expanduser()
     if local.is_file():
-        builder = _FILE_BUILDERS.get(local.suffix)
+        builder = DATA_FILE_FORMATS.get(local.suffix)
         if builder is None:
             raise UserError(
                 f"dataset {path!r}: unsupported file type; use .jsonl, .json, .csv or .parquet"
@@ -191,8 +189,7 @@ def load_hf_dataset(
                 raise UserError(f"dataset {path!r}: no split {split!r}; splits: {', '.join(saved)}")
             saved = saved[split]
         return saved
-    looks_local = path.startswith(("/", "./", "../", "~")) or local.suffix in _FILE_BUILDERS
-    if looks_local and not local.exists():
+    if looks_local(path) and not local.exists():
         raise UserError(f"dataset {path!r}: no such file or directory")
     from runtime.hub import UNREACHABLE, quiet_retries
 
