@@ -273,6 +273,10 @@ class ReferenceLayout(_Strict):
     def on_gpu(self) -> bool:
         return self.enabled and self.device == "gpu"
 
+    @property
+    def on_cpu(self) -> bool:
+        return self.enabled and self.device == "cpu"
+
 
 class TrainerLayout(_Strict):
     # The trainer shards its weights, gradients and optimizer state over its GPUs (FSDP2).
