@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -279,19 +280,35 @@ def test_unknown_and_missing_keys(tmp_path):
     )
 
 
+def _sections(model: type[BaseModel]) -> set[type[BaseModel]]:
+    """`model` and every model its fields hold, however deep (lists and unions included)."""
+    found = {model}
+    for info in model.model_fields.values():
+        todo = [info.annotation]
+        while todo:
+            t = todo.pop()
+            todo += typing.get_args(t)
+            if isinstance(t, type) and issubclass(t, BaseModel) and t not in found:
+                found |= _sections(t)
+    return found
+
+
 def test_every_model_forbids_extra_keys():
-    models = [
-        v
-        for v in vars(schema).values()
-        if isinstance(v, type) and issubclass(v, BaseModel) and v is not BaseModel
-    ]
+    models = _sections(schema.Recipe)
     assert {m.__name__ for m in models} >= {
         "Recipe",
         "Model",
         "Dataset",
+        "Reward",
         "Grpo",
+        "Eval",
         "Layout",
+        "GeneratorLayout",
+        "ReferenceLayout",
+        "MpsSmPercent",
         "Resources",
+        "GeneratorSettings",
+        "WatchdogSettings",
     }
     assert all(m.model_config.get("extra") == "forbid" for m in models)
 
