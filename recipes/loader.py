@@ -31,6 +31,7 @@ _SELF_DESCRIBING = {
     "loss_name",
     "share",
     "positive",
+    "clip",
 }
 
 

@@ -112,7 +112,10 @@ class Grpo(Strict):
     max_response_tokens: int = Field(gt=0)
     learning_rate: float = Field(gt=0)
     kl_beta: float = Field(ge=0)
-    clip_low: float = Field(ge=0)
+    # the loss holds each ratio to the sampling policy within [1 - clip_low, 1 + clip_high]
+    # (runtime/grpo/losses.py); a ratio is never below 0, so clip_low is at most 1 (1: no clip
+    # below)
+    clip_low: float
     clip_high: float = Field(ge=0)
     # a built-in (grpo, dr_grpo, dapo, gspo, cispo, sapo) or module:function of your own
     loss: Identifier
@@ -160,6 +163,18 @@ class Grpo(Strict):
     # SAPO's gate temperatures (positive and negative advantages)
     sapo_tau_pos: float = Field(default=1.0, gt=0)
     sapo_tau_neg: float = Field(default=1.05, gt=0)
+
+    @field_validator("clip_low")
+    @classmethod
+    def _a_ratio_bound(cls, value: float) -> float:
+        if not 0 <= value <= 1:
+            raise PydanticCustomError(
+                "clip",
+                "must be in [0, 1], got {v} (a ratio is clipped from below at 1 - clip_low, "
+                "and a ratio is never below 0)",
+                {"v": value},
+            )
+        return value
 
     @field_validator("loss")
     @classmethod

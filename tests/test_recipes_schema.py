@@ -64,7 +64,8 @@ def error_of(fn, *args) -> str:
         ),
         ("grpo", "learning_rate", 0, "grpo.learning_rate: Input should be greater than 0 (got 0)"),
         ("grpo", "learning_rate", ".nan", "grpo.learning_rate: Input should be a finite number"),
-        ("grpo", "clip_low", -0.1, "grpo.clip_low: Input should be greater than or equal to 0"),
+        ("grpo", "clip_low", -0.1, "grpo.clip_low: must be in [0, 1], got -0.1"),
+        ("grpo", "clip_low", 1.5, "grpo.clip_low: must be in [0, 1], got 1.5"),
         ("grpo", "clip_high", -1, "grpo.clip_high: Input should be greater than or equal to 0"),
         (
             "grpo",
@@ -111,6 +112,18 @@ def test_bad_values_name_the_field(tmp_path, section, key, value, expected):
     message = error_of(load_with, tmp_path, section, key, value)
     assert message.startswith(str(tmp_path / "x.yaml") + ": ") or message.startswith("x.yaml: ")
     assert expected in message
+
+
+def test_clip_low_is_a_bound_a_ratio_can_meet():
+    """The loss clips a ratio from below at 1 - clip_low: 0 and 1 (no clip below) are taken;
+    past 1 the bound is below any ratio (a typed 1.5 for 0.15, say), and the line says why."""
+    tiny = load_recipe("tiny")
+    for edge in (0, 1):
+        assert apply_overrides(tiny, [f"grpo.clip_low={edge}"]).grpo.clip_low == edge
+    assert error_of(apply_overrides, tiny, ["grpo.clip_low=1.5"]) == (
+        "tiny with grpo.clip_low=1.5: grpo.clip_low: must be in [0, 1], got 1.5 (a ratio is "
+        "clipped from below at 1 - clip_low, and a ratio is never below 0)"
+    )
 
 
 def test_wrong_type_shows_file_path_and_value(tmp_path):
