@@ -273,7 +273,7 @@ def memory_against_plan(
 def prediction(recipe: Any, run_plan: Any, summary: dict[str, Any]) -> dict[str, Any]:
     """The planner's predicted step at the run's measured lengths, and the measured one over it
     (the check of recipes/costs.py), with the layouts the planner weighed."""
-    from recipes.planner import predict_layout
+    from recipes.gpu_plan import predict_layout
 
     if not summary.get("step_s"):
         return {}

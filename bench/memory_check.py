@@ -193,13 +193,13 @@ def rows() -> list[dict[str, Any]]:
 
     from recipes import apply_overrides, load_recipe, plan
     from recipes.errors import UserError
+    from recipes.gpu_plan import while_training
     from recipes.memory import (
         ACCELERATOR_BYTES,
         trainer_checkpoint_bytes,
         trainer_publish_gb,
         trainer_step_bytes,
     )
-    from recipes.planner import while_training
     from recipes.settings import ipc_buffer_held, push_buffer_bytes
 
     out = []

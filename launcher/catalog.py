@@ -20,8 +20,7 @@ INDEX = Path(__file__).resolve().parent.parent / "recipes" / "catalog" / "index.
 
 def compute_rows() -> list[dict[str, Any]]:
     """One dict per catalog recipe, from the validated recipes: what the index holds."""
-    from recipes import list_recipes, load_recipe, minimum_gpus
-    from recipes.planner import dedicated_gpus
+    from recipes import dedicated_gpus, list_recipes, load_recipe, minimum_gpus
 
     rows = []
     for name in list_recipes():
@@ -115,8 +114,7 @@ def show(source: str) -> str:
 
 def derived_summary(recipe: Any) -> str:
     """Comment lines: the minimum GPUs and where to go next."""
-    from recipes import minimum_gpus
-    from recipes.planner import dedicated_gpus
+    from recipes import dedicated_gpus, minimum_gpus
 
     if recipe.cpu:
         return f"# derived: runs on CPU (0 GPUs); forgesky local {recipe.name}"

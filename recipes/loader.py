@@ -32,6 +32,7 @@ _SELF_DESCRIBING = {
     "loss_name",
     "share",
     "positive",
+    "clip",
 }
 
 

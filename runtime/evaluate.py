@@ -271,8 +271,7 @@ def evaluate(
     recipe: Any, prompts: list[Any], weights: dict[str, Any], *, log=print
 ) -> dict[str, float]:
     """Greedy and sampled completions of `prompts`, scored by the recipe's rewards."""
-    from recipes import apply_overrides, plan
-    from recipes.planner import dedicated_gpus
+    from recipes import apply_overrides, dedicated_gpus, plan
     from runtime.backends import build
     from runtime.control.evaluation import judge, needs_samples, score_items, summarize
     from runtime.tasks.rewards import build_reward_fn

@@ -6,6 +6,7 @@ import pytest
 
 from recipes import (
     apply_overrides,
+    dedicated_gpus,
     estimate_memory,
     launch_gpus,
     list_recipes,
@@ -15,7 +16,6 @@ from recipes import (
 )
 from recipes.loader import catalog_path
 from recipes.memory import ACCELERATOR_GB
-from recipes.planner import dedicated_gpus
 
 NAMES = [
     "llama3.1-8b",

@@ -357,6 +357,22 @@ def test_gpus_zero_or_below_minimum(capsys, no_cloud):
     assert no_cloud == []
 
 
+def test_an_impossible_clip_is_one_line_in_a_file_and_with_set(capsys, tmp_path, no_cloud):
+    data = yaml.safe_load((REPO / "recipes/catalog/tiny.yaml").read_text())
+    data["grpo"]["clip_low"] = 1.5
+    path = tmp_path / "clip.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, _, err = run_main(capsys, "validate", str(path))
+    assert_user_error(code, err, "clip.yaml: grpo.clip_low: must be in [0, 1], got 1.5")
+    for argv in (
+        ["validate", "tiny", "--set", "grpo.clip_low=1.5"],
+        ["launch", "qwen3-8b", "--set", "grpo.clip_low=1.5", "--yes"],
+    ):
+        code, _, err = run_main(capsys, *argv)
+        assert_user_error(code, err, "grpo.clip_low: must be in [0, 1], got 1.5")
+    assert no_cloud == []
+
+
 def test_unknown_set_key(capsys, no_cloud):
     code, _, err = run_main(capsys, "render", "qwen3-8b", "--set", "grpo.stepz=3")
     assert_user_error(code, err, "grpo.stepz")

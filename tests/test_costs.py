@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from recipes import apply_overrides, list_recipes, load_recipe, plan
+from recipes import (
+    apply_overrides,
+    dedicated_gpus,
+    list_recipes,
+    load_recipe,
+    minimum_gpus,
+    plan,
+)
 from recipes.costs import predict_step, speeds
-from recipes.planner import dedicated_gpus, minimum_gpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import cost_constants  # noqa: E402

@@ -9,7 +9,7 @@ import datasets
 import pytest
 
 from recipes.errors import UserError
-from recipes.schema import Dataset as DatasetSpec
+from recipes.run_sections import Dataset as DatasetSpec
 from runtime.tasks.data import (
     HFPromptSource,
     Prompt,

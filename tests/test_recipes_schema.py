@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,8 @@ def error_of(fn, *args) -> str:
         ),
         ("grpo", "learning_rate", 0, "grpo.learning_rate: Input should be greater than 0 (got 0)"),
         ("grpo", "learning_rate", ".nan", "grpo.learning_rate: Input should be a finite number"),
-        ("grpo", "clip_low", -0.1, "grpo.clip_low: Input should be greater than or equal to 0"),
+        ("grpo", "clip_low", -0.1, "grpo.clip_low: must be in [0, 1], got -0.1"),
+        ("grpo", "clip_low", 1.5, "grpo.clip_low: must be in [0, 1], got 1.5"),
         ("grpo", "clip_high", -1, "grpo.clip_high: Input should be greater than or equal to 0"),
         (
             "grpo",
@@ -110,6 +112,18 @@ def test_bad_values_name_the_field(tmp_path, section, key, value, expected):
     message = error_of(load_with, tmp_path, section, key, value)
     assert message.startswith(str(tmp_path / "x.yaml") + ": ") or message.startswith("x.yaml: ")
     assert expected in message
+
+
+def test_clip_low_is_a_bound_a_ratio_can_meet():
+    """The loss clips a ratio from below at 1 - clip_low: 0 and 1 (no clip below) are taken;
+    past 1 the bound is below any ratio (a typed 1.5 for 0.15, say), and the line says why."""
+    tiny = load_recipe("tiny")
+    for edge in (0, 1):
+        assert apply_overrides(tiny, [f"grpo.clip_low={edge}"]).grpo.clip_low == edge
+    assert error_of(apply_overrides, tiny, ["grpo.clip_low=1.5"]) == (
+        "tiny with grpo.clip_low=1.5: grpo.clip_low: must be in [0, 1], got 1.5 (a ratio is "
+        "clipped from below at 1 - clip_low, and a ratio is never below 0)"
+    )
 
 
 def test_wrong_type_shows_file_path_and_value(tmp_path):
@@ -279,19 +293,35 @@ def test_unknown_and_missing_keys(tmp_path):
     )
 
 
+def _sections(model: type[BaseModel]) -> set[type[BaseModel]]:
+    """`model` and every model its fields hold, however deep (lists and unions included)."""
+    found = {model}
+    for info in model.model_fields.values():
+        todo = [info.annotation]
+        while todo:
+            t = todo.pop()
+            todo += typing.get_args(t)
+            if isinstance(t, type) and issubclass(t, BaseModel) and t not in found:
+                found |= _sections(t)
+    return found
+
+
 def test_every_model_forbids_extra_keys():
-    models = [
-        v
-        for v in vars(schema).values()
-        if isinstance(v, type) and issubclass(v, BaseModel) and v is not BaseModel
-    ]
+    models = _sections(schema.Recipe)
     assert {m.__name__ for m in models} >= {
         "Recipe",
         "Model",
         "Dataset",
+        "Reward",
         "Grpo",
+        "Eval",
         "Layout",
+        "GeneratorLayout",
+        "ReferenceLayout",
+        "MpsSmPercent",
         "Resources",
+        "GeneratorSettings",
+        "WatchdogSettings",
     }
     assert all(m.model_config.get("extra") == "forbid" for m in models)
 

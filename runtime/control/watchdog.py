@@ -25,7 +25,7 @@ class Watchdog:
         places: dict[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.settings = settings  # recipes.schema.WatchdogSettings
+        self.settings = settings  # recipes.service_sections.WatchdogSettings
         self.places = places or {}  # service -> where it runs ("node 0 GPU 1"), for the message
         self._clock = clock
         self._slowest: dict[str, float] = {}  # kind -> the slowest answer so far, seconds

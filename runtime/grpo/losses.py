@@ -66,7 +66,7 @@ class LossInputs:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The recipe's loss settings (recipes.schema.Grpo), resolved."""
+    """The recipe's loss settings (recipes.run_sections.Grpo), resolved."""
 
     name: str = "grpo"
     clip_low: float = 0.2
