@@ -81,11 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as e:
-        if _is_cloud_error(e):
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            print(f"{PROG}: error: {first}", file=sys.stderr)
-            return 1
-        raise
+        # SkyPilot's errors that are the state of the world (launcher.cloud.CLOUD_ERRORS): one
+        # line, exit 1; any other is a bug and keeps its traceback
+        cloud = sys.modules.get("launcher.cloud")
+        if cloud is None or not isinstance(e, cloud.CLOUD_ERRORS):
+            raise
+        print(f"{PROG}: error: {cloud.error_line(e)}", file=sys.stderr)
+        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -406,11 +408,6 @@ def _json(data: object) -> str:
     import json  # only --json pays for it
 
     return json.dumps(data, indent=2)
-
-
-def _is_cloud_error(error: Exception) -> bool:
-    cloud = sys.modules.get("launcher.cloud")
-    return cloud is not None and isinstance(error, cloud.CLOUD_ERRORS)
 
 
 if __name__ == "__main__":
