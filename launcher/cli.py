@@ -153,12 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate a finished model on its recipe's held-out data, as a run does",
         _cmd_eval,
         epilog="SOURCE: a run directory (its newest committed checkpoint and recorded recipe), "
-        "one of its checkpoints, or a Hugging Face model folder (needs --recipe). What is "
-        "evaluated is the recipe's eval section: --set eval.prompts=64, eval.k=8, ...",
+        "one of its checkpoints, a model folder forgesky wrote (its forgesky.json records the "
+        "recipe) or any Hugging Face model folder (needs --recipe). What is evaluated is the "
+        "recipe's eval section: --set eval.prompts=64, eval.k=8, ...",
     )
     p.add_argument("source", metavar="SOURCE", help="run directory, checkpoint or model folder")
     p.add_argument(
-        "--recipe", default=None, help="catalog name or YAML path (default: the run's own)"
+        "--recipe",
+        default=None,
+        help="catalog name or YAML path (default: the one the run or the export recorded)",
     )
     add_set(p, "eval.prompts=64")
     p.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON")
