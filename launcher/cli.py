@@ -1,8 +1,9 @@
 """`forgesky`: the recipe catalog, plans, and GRPO runs on SkyPilot clusters or this machine.
 
 The catalog commands (recipes, show, plan, validate, cp) import neither SkyPilot nor torch, so
-they answer at once; render/launch and the cluster commands import SkyPilot when they run, and
-`local`, `eval` and `export` import the runtime.
+they answer at once; render/launch and the cluster commands (launcher.cloud_commands) import
+SkyPilot when they run, and `local`, `eval` and `export` import the runtime. Options several
+commands share are in launcher.arguments.
 """
 
 from __future__ import annotations
@@ -10,14 +11,22 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from launcher.names import RECOVERY_STRATEGIES, RENDERED_MARK, WANDB_MODES
+from launcher.arguments import (
+    add_command,
+    add_launch_options,
+    add_plan_options,
+    add_set,
+    confirm,
+    options_from_args,
+    plan_overrides,
+)
+from launcher.cloud_commands import add_commands as add_cloud_commands
+from launcher.names import PROG, RENDERED_MARK
 from recipes.errors import OneLineParser, UserError
 
-PROG = "forgesky"
-Handler = Callable[[argparse.Namespace], int]
 # The package a command imports -> the extra of pyproject.toml that installs it: `pip install
 # forgesky` alone plans and checks recipes; rendering and launching need SkyPilot, running
 # the runtime (`local`, `eval`, `export`) its stack.
@@ -72,11 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as e:
-        if _is_cloud_error(e):
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            print(f"{PROG}: error: {first}", file=sys.stderr)
-            return 1
-        raise
+        # SkyPilot's errors that are the state of the world (launcher.cloud.CLOUD_ERRORS): one
+        # line, exit 1; any other is a bug and keeps its traceback
+        cloud = sys.modules.get("launcher.cloud")
+        if cloud is None or not isinstance(e, cloud.CLOUD_ERRORS):
+            raise
+        print(f"{PROG}: error: {cloud.error_line(e)}", file=sys.stderr)
+        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,15 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = _add(sub, "recipes", "list the recipe catalog", _cmd_recipes)
+    p = add_command(sub, "recipes", "list the recipe catalog", _cmd_recipes)
     p.add_argument("--json", action="store_true", help="one JSON object per recipe, in a list")
 
-    p = _add(sub, "show", "print a recipe's YAML and its minimum GPUs", _cmd_show)
+    p = add_command(sub, "show", "print a recipe's YAML and its minimum GPUs", _cmd_show)
     p.add_argument("recipe", metavar="NAME")
 
-    p = _add(sub, "plan", "where each service runs on N GPUs", _cmd_plan)
+    p = add_command(sub, "plan", "where each service runs on N GPUs", _cmd_plan)
     p.add_argument("recipe", metavar="NAME")
-    _add_plan_options(p)
+    add_plan_options(p)
     p.add_argument("--json", action="store_true", help="the plan as JSON")
     p.add_argument(
         "--explain",
@@ -105,14 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="also the layouts the planner weighed, with their predicted step times",
     )
 
-    p = _add(sub, "render", "print the SkyPilot task YAML for a run", _cmd_render)
+    p = add_command(sub, "render", "print the SkyPilot task YAML for a run", _cmd_render)
     p.add_argument("recipe", metavar="NAME")
-    _add_launch_options(p)
+    add_launch_options(p)
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
 
-    p = _add(sub, "launch", "launch a run on SkyPilot (a cluster, or a managed job)", _cmd_launch)
+    p = add_command(
+        sub, "launch", "launch a run on SkyPilot (a cluster, or a managed job)", _cmd_launch
+    )
     p.add_argument("recipe", metavar="NAME")
-    _add_launch_options(p)
+    add_launch_options(p)
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument(
         "--dryrun",
@@ -123,57 +136,37 @@ def build_parser() -> argparse.ArgumentParser:
         "--down", action="store_true", help="tear the cluster down when the run ends (clusters)"
     )
 
-    p = _add(sub, "status", "clusters (or managed jobs with --managed)", _cmd_status)
-    p.add_argument("names", nargs="*", metavar="NAME", help="cluster or job names (default: all)")
-    _add_managed(p)
+    add_cloud_commands(sub)
 
-    p = _add(sub, "logs", "stream the log of a run", _cmd_logs)
-    p.add_argument("name", metavar="CLUSTER", help="cluster name (job name with --managed)")
-    _add_managed(p)
-    p.add_argument("--job-id", type=int, help="a job id (default: the latest job)")
-    p.add_argument("--no-follow", action="store_true", help="print the log so far and exit")
-
-    p = _add(sub, "down", "tear down a cluster", _cmd_down)
-    p.add_argument("name", metavar="CLUSTER")
-    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-
-    p = _add(sub, "cancel", "cancel the jobs on a cluster, or a managed job", _cmd_cancel)
-    p.add_argument("name", metavar="CLUSTER", help="cluster name (job name with --managed)")
-    _add_managed(p)
-    p.add_argument(
-        "--job-id",
-        type=int,
-        action="append",
-        default=[],
-        help="cancel only this job (repeatable; default: all jobs of CLUSTER)",
-    )
-
-    p = _add(sub, "cp", "copy a recipe to a file to edit", _cmd_cp)
+    p = add_command(sub, "cp", "copy a recipe to a file to edit", _cmd_cp)
     p.add_argument("recipe", metavar="NAME")
     p.add_argument("dest", metavar="FILE", help="file (or directory) to write")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
 
-    p = _add(sub, "validate", "check a recipe file (schema, layout, plan)", _cmd_validate)
+    p = add_command(sub, "validate", "check a recipe file (schema, layout, plan)", _cmd_validate)
     p.add_argument("recipe", metavar="FILE")
-    _add_plan_options(p)
+    add_plan_options(p)
 
-    p = _add(
+    p = add_command(
         sub,
         "eval",
         "evaluate a finished model on its recipe's held-out data, as a run does",
         _cmd_eval,
         epilog="SOURCE: a run directory (its newest committed checkpoint and recorded recipe), "
-        "one of its checkpoints, or a Hugging Face model folder (needs --recipe). What is "
-        "evaluated is the recipe's eval section: --set eval.prompts=64, eval.k=8, ...",
+        "one of its checkpoints, a model folder forgesky wrote (its forgesky.json records the "
+        "recipe) or any Hugging Face model folder (needs --recipe). What is evaluated is the "
+        "recipe's eval section: --set eval.prompts=64, eval.k=8, ...",
     )
     p.add_argument("source", metavar="SOURCE", help="run directory, checkpoint or model folder")
     p.add_argument(
-        "--recipe", default=None, help="catalog name or YAML path (default: the run's own)"
+        "--recipe",
+        default=None,
+        help="catalog name or YAML path (default: the one the run or the export recorded)",
     )
-    _add_set(p, "eval.prompts=64")
+    add_set(p, "eval.prompts=64")
     p.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON")
 
-    p = _add(
+    p = add_command(
         sub,
         "export",
         "write a run's trained policy as a Hugging Face model folder (and push it to the Hub)",
@@ -199,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="then upload to this Hub repository, private if new (token: HF_TOKEN)",
     )
 
-    p = _add(
+    p = add_command(
         sub,
         "local",
         "run a recipe on this machine (python -m runtime)",
@@ -214,26 +207,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rest.required = False  # none is fine; argparse counts a REMAINDER positional as required
     return parser
-
-
-def options_from_args(args: argparse.Namespace) -> Any:
-    """The `launcher.options.LaunchOptions` that `render`/`launch` arguments describe."""
-    from launcher.options import LaunchOptions
-
-    return LaunchOptions(
-        gpus=args.gpus,
-        gpus_per_node=args.gpus_per_node,
-        managed=args.managed,
-        spot=args.spot,
-        infra=args.infra,
-        checkpoint_bucket=args.checkpoint_bucket,
-        recovery=args.recovery,
-        max_restarts_on_errors=args.max_restarts_on_errors,
-        overrides=tuple(args.overrides),
-        name=args.cluster_name,
-        steps=args.steps,
-        wandb=args.wandb,
-    )
 
 
 def render_text(args: argparse.Namespace) -> str:
@@ -275,7 +248,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from recipes import apply_overrides, launch_gpus, load_recipe, plan
 
-    recipe = apply_overrides(load_recipe(args.recipe), list(_plan_overrides(args)))
+    recipe = apply_overrides(load_recipe(args.recipe), list(plan_overrides(args)))
     if recipe.grpo.loss.count(":") or any(":" in r.name for r in recipe.dataset.rewards):
         from launcher.options import check_references
 
@@ -297,7 +270,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from launcher.catalog import validate
 
-    print(validate(args.recipe, args.gpus, _plan_overrides(args)))
+    print(validate(args.recipe, args.gpus, plan_overrides(args)))
     return 0
 
 
@@ -393,45 +366,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         print(f"{PROG}: dry run: nothing launched", file=sys.stderr)
         return 0
     if not args.yes:
-        _confirm(f"Launch {kind} {job.name}?", f"not launching {kind} {job.name}")
+        confirm(f"Launch {kind} {job.name}?", f"not launching {kind} {job.name}")
     print(cloud.launch(task, job.name, managed=options.managed, down=args.down))
-    return 0
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    from launcher import cloud
-
-    cloud.status(args.names, managed=args.managed)
-    return 0
-
-
-def _cmd_logs(args: argparse.Namespace) -> int:
-    from launcher import cloud
-
-    return cloud.logs(
-        args.name, managed=args.managed, follow=not args.no_follow, job_id=args.job_id
-    )
-
-
-def _cmd_down(args: argparse.Namespace) -> int:
-    from launcher import cloud
-
-    if not args.yes:
-        _confirm(
-            f"Tear down cluster {args.name} (its disks are lost)?",
-            f"not tearing down {args.name}",
-        )
-    cloud.down(args.name)
-    print(f"cluster {args.name} is down")
-    return 0
-
-
-def _cmd_cancel(args: argparse.Namespace) -> int:
-    from launcher import cloud
-
-    cloud.cancel(args.name, managed=args.managed, job_ids=args.job_id)
-    what = f"managed job {args.name}" if args.managed else f"jobs on {args.name}"
-    print(f"cancelled {what}")
     return 0
 
 
@@ -474,100 +410,10 @@ def _version() -> str:
         return "(not installed)"
 
 
-def _add(sub, name: str, help_text: str, handler: Handler, **kwargs) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".", **kwargs
-    )
-    p.set_defaults(handler=handler)
-    return p
-
-
-def _add_plan_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--gpus",
-        type=int,
-        metavar="N",
-        help="total GPUs (default: the least that fits, rounded up to a count VM clouds sell: "
-        "1, 2, 4 or 8 a node)",
-    )
-    p.add_argument(
-        "--gpus-per-node",
-        type=int,
-        metavar="K",
-        help="GPUs per node (default: the recipe's resources.gpus_per_node, 8)",
-    )
-    _add_set(p, "grpo.steps=20")
-
-
-def _add_set(p: argparse.ArgumentParser, example: str) -> None:
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"override a recipe field, e.g. --set {example} (repeatable)",
-    )
-
-
-def _add_launch_options(p: argparse.ArgumentParser) -> None:
-    _add_plan_options(p)
-    p.add_argument("--managed", action="store_true", help="a managed job (sky jobs launch)")
-    p.add_argument("--spot", action="store_true", help="spot instances")
-    p.add_argument("--infra", metavar="X", help="where to run: aws, gcp/us-central1, k8s, ...")
-    p.add_argument(
-        "--checkpoint-bucket",
-        metavar="URL",
-        help="bucket for checkpoints (s3://, gs://, r2://, ...), mounted at /checkpoints",
-    )
-    p.add_argument(
-        "--recovery",
-        choices=RECOVERY_STRATEGIES,
-        help="managed-job recovery after preemption (default: eager_next_region)",
-    )
-    p.add_argument(
-        "--max-restarts-on-errors",
-        type=int,
-        metavar="K",
-        help="managed jobs: restart up to K times when the run itself fails",
-    )
-    p.add_argument(
-        "--name",
-        dest="cluster_name",
-        metavar="CLUSTER",
-        help="cluster or job name (default: grpo-NAME)",
-    )
-    p.add_argument("--steps", type=int, metavar="N", help="training steps (sets MAX_STEPS)")
-    p.add_argument("--wandb", choices=WANDB_MODES, help="W&B mode (sets WANDB_MODE)")
-
-
-def _add_managed(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--managed", action="store_true", help="managed jobs instead of clusters")
-
-
-def _plan_overrides(args: argparse.Namespace) -> tuple[str, ...]:
-    overrides = list(args.overrides)
-    if args.gpus_per_node is not None:
-        overrides.append(f"resources.gpus_per_node={args.gpus_per_node}")
-    return tuple(overrides)
-
-
-def _confirm(question: str, refusal: str) -> None:
-    if not sys.stdin.isatty():
-        raise UserError(f"{refusal} without confirmation (stdin is not a terminal); pass --yes")
-    if input(f"{question} [y/N] ").strip().lower() not in ("y", "yes"):
-        raise UserError(f"{refusal}: not confirmed")
-
-
 def _json(data: object) -> str:
     import json  # only --json pays for it
 
     return json.dumps(data, indent=2)
-
-
-def _is_cloud_error(error: Exception) -> bool:
-    cloud = sys.modules.get("launcher.cloud")
-    return cloud is not None and isinstance(error, cloud.CLOUD_ERRORS)
 
 
 if __name__ == "__main__":

@@ -6,3 +6,4 @@ WANDB_MODES = ("online", "offline", "disabled")
 # The header line that tells a file `forgesky render -o FILE` wrote (and may write again) from
 # one it must not overwrite, such as the recipe itself.
 RENDERED_MARK = "Written by "
+PROG = "forgesky"

@@ -2,7 +2,8 @@
 
 SOURCE is a run directory (its newest committed checkpoint, and the recipe it recorded in
 config.json), one checkpoint directory of it (`RUN_DIR/checkpoints/step_000060`), or a Hugging
-Face model folder (config.json and *.safetensors; `--recipe` names the recipe whose held-out
+Face model folder (config.json and *.safetensors): one a run or `forgesky export` wrote records
+its recipe and step in forgesky.json, any other needs `--recipe` (the recipe whose held-out
 data, rewards and sampling apply). The recipe's `eval` section says what is evaluated (it need
 not be enabled for training): the same prompts, the same greedy pass@1 and sampled pass@k, the
 same rewards as the evaluations during the run, here in one process with the recipe's generator
@@ -30,6 +31,11 @@ class Source:
     path: Path
     step: int | None = None
     recorded: Path | None = None  # the run's config.json
+    exported: Path | None = None  # a model folder's forgesky.json
+
+
+# What a model folder that forgesky wrote records of where it came from (runtime.models.export).
+EXPORT_RECORD = "forgesky.json"
 
 
 def resolve_source(text: str, command: str = "eval") -> Source:
@@ -67,7 +73,8 @@ def resolve_source(text: str, command: str = "eval") -> Source:
             )
         return Source("checkpoint", found.path, found.step, _recorded(path))
     if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
-        return Source("hf", path)
+        record = path / EXPORT_RECORD
+        return Source("hf", path, exported=record if record.is_file() else None)
     raise UserError(
         f"{command}: {text} is neither a run directory (checkpoints/), a checkpoint (COMMITTED, "
         "trainer/) nor a model folder (config.json, *.safetensors)"
@@ -82,6 +89,18 @@ def _step_of(path: Path) -> int | None:
 def _recorded(run_dir: Path) -> Path | None:
     config = run_dir / "config.json"
     return config if config.is_file() else None
+
+
+def _exported_step(source: Source) -> int | None:
+    """The step of the checkpoint a model folder was written from, where its forgesky.json
+    says (the step of a checkpoint source)."""
+    if source.exported is None:
+        return source.step
+    try:
+        step = json.loads(source.exported.read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 def resolve_recipe(
@@ -102,14 +121,44 @@ def resolve_recipe(
             ) from None
         data.pop("plan", None)
         base = validate_recipe(data, str(source.recorded))
+    elif source.exported is not None:
+        base = _exported_recipe(source.exported, command)
     elif source.kind == "hf":
-        raise UserError("eval: a model folder needs --recipe (which data, rewards, sampling)")
+        raise UserError(
+            f"{command}: {source.path} has no {EXPORT_RECORD} naming its recipe (forgesky did not "
+            "write it); pass --recipe, the recipe whose data, rewards and sampling apply"
+        )
     else:
         raise UserError(
             f"{command}: {source.path} has no recorded recipe (config.json); pass --recipe"
         )
     # the eval section applies whether or not the run evaluated: enabling it checks it
     return apply_overrides(base, ["eval.enabled=true", *overrides])
+
+
+def _exported_recipe(path: Path, command: str) -> Any:
+    """The recipe a model folder's forgesky.json records: the recipe itself where the export
+    wrote it, else (an older export) the catalog recipe it names."""
+    from recipes import list_recipes, load_recipe, validate_recipe
+
+    where = str(path)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{command}: cannot read {where} ({e}); pass --recipe") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{command}: {where} is not what an export records; pass --recipe")
+    if isinstance(record.get("recipe_config"), dict):
+        return validate_recipe(dict(record["recipe_config"]), where)
+    name = record.get("recipe")
+    if not isinstance(name, str) or not name.strip():
+        raise UserError(f"{command}: {where} names no recipe; pass --recipe")
+    if name not in list_recipes():
+        raise UserError(
+            f"{command}: {where} names recipe {name!r}, which is not in the catalog; pass "
+            "--recipe with the recipe file the run used"
+        )
+    return load_recipe(name)
 
 
 def _check_recorded_model(source: Source, recipe: Any, command: str) -> None:
@@ -354,7 +403,11 @@ def run(source_text: str, recipe_name: str | None, overrides: list[str], out: st
     source = resolve_source(source_text)
     recipe = resolve_recipe(source, recipe_name, overrides)
     e = recipe.eval
-    what = f"step {source.step} of {source.path.parent.parent}" if source.step else source.path
+    step = _exported_step(source)
+    if source.kind == "hf":
+        what = f"{source.path}" + (f" (step {step})" if step is not None else "")
+    else:
+        what = f"step {step} of {source.path.parent.parent}" if step else source.path
     data = e.path or recipe.dataset.path
     samples = f" and {e.samples_drawn} samples" if e.samples_drawn > 1 or e.k > 1 else ""
     print(
@@ -374,7 +427,7 @@ def run(source_text: str, recipe_name: str | None, overrides: list[str], out: st
     if out:
         result = {
             "source": str(source.path),
-            "step": source.step,
+            "step": step,
             "recipe": recipe.name,
             "data": data,
             "split": e.split,

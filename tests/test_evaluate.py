@@ -41,6 +41,26 @@ def hf_folder(run_dir, tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def exported(run_dir, tmp_path_factory) -> Path:
+    """The run's newest checkpoint as `forgesky export` writes it: a model folder whose
+    forgesky.json records where it came from and the recipe."""
+    folder = tmp_path_factory.mktemp("exported") / "model"
+    assert main(["export", str(run_dir), "--out", str(folder)]) == 0
+    return folder
+
+
+def with_record(model: Path, folder: Path, record: object) -> Path:
+    """`folder`: the files of the model folder `model` with another forgesky.json."""
+    folder.mkdir()
+    for file in model.iterdir():
+        if file.name != "forgesky.json":
+            (folder / file.name).symlink_to(file)
+    text = record if isinstance(record, str) else json.dumps(record)
+    (folder / "forgesky.json").write_text(text)
+    return folder
+
+
 ARITH = ("--set", "dataset.path=builtin:arith", "--set", "model.tokenizer=builtin:arith")
 
 
@@ -75,6 +95,53 @@ def test_a_run_dir_a_checkpoint_and_a_model_folder_give_the_same_numbers(
     assert json.loads((tmp_path / "0.json").read_text())["step"] == 7
 
 
+def test_a_model_folder_forgesky_wrote_is_evaluated_with_the_recipe_it_records(
+    run_dir, exported, tmp_path, capsys
+):
+    record = json.loads((exported / "forgesky.json").read_text())
+    assert (record["recipe"], record["step"]) == ("tiny", 7)
+    assert record["recipe_config"] == load_recipe("tiny").model_dump(mode="json")
+    code, out, err = evaluate(capsys, str(exported), "--out", str(tmp_path / "model.json"))
+    assert code == 0, err
+    assert f"evaluating {exported} (step 7) with recipe tiny: up to 10 prompts" in out
+    code, _, err = evaluate(capsys, str(run_dir), "--out", str(tmp_path / "run.json"))
+    assert code == 0, err
+    model, run = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("model", "run"))
+    assert (model["recipe"], model["step"], model["eval/prompts"]) == ("tiny", 7, 10)
+    # the folder answers as the checkpoint it was written from
+    assert model["eval/pass@1"] == run["eval/pass@1"]
+    assert model["eval/reward_mean"] == run["eval/reward_mean"]
+
+
+def test_the_recorded_recipe_is_the_one_evaluated_and_an_explicit_recipe_wins(
+    exported, tmp_path, capsys
+):
+    # a run of a copy of `tiny` with its own eval settings: the copy keeps the name
+    changed = load_recipe("tiny").model_dump(mode="json")
+    changed["eval"]["prompts"] = 3
+    folder = with_record(exported, tmp_path / "m", {"recipe": "tiny", "recipe_config": changed})
+    results = []
+    for i, extra in enumerate([[], ["--recipe", "tiny"]]):
+        code, out, err = evaluate(capsys, str(folder), *extra, "--out", str(tmp_path / f"{i}"))
+        assert code == 0, err
+        results.append(json.loads((tmp_path / f"{i}").read_text())["eval/prompts"])
+    assert results == [3, 10]
+    # an export that named its recipe only: the catalog recipe of that name
+    older = with_record(exported, tmp_path / "older", {"recipe": "tiny", "step": 7})
+    code, out, err = evaluate(capsys, str(older), "--set", "eval.prompts=2")
+    assert code == 0, err
+    assert f"evaluating {older} (step 7) with recipe tiny: up to 2 prompts" in out
+
+
+def test_export_refuses_a_model_folder_whatever_its_forgesky_json_holds(
+    hf_folder, tmp_path, capsys
+):
+    folder = with_record(hf_folder, tmp_path / "garbled", "{not json")
+    assert main(["export", str(folder), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith("garbled is a model folder already; give a run directory"), err
+
+
 def test_settings_of_the_evaluation_can_be_overridden(run_dir, tmp_path, capsys):
     out_file = tmp_path / "e.json"
     code, out, err = evaluate(
@@ -102,7 +169,9 @@ def test_settings_of_the_evaluation_can_be_overridden(run_dir, tmp_path, capsys)
             ["{tmp}/run/checkpoints/step_000003", "--recipe", "tiny"],
             "unreadable checkpoint marker",
         ),
-        ("hf", ["{tmp}/hf"], "a model folder needs --recipe"),
+        ("hf", ["{tmp}/hf"], "has no forgesky.json naming its recipe (forgesky did not write"),
+        ("named", ["{tmp}/named"], "names recipe 'mine', which is not in the catalog; pass"),
+        ("garbled", ["{tmp}/garbled"], "garbled/forgesky.json ("),
         ("hf", ["{tmp}/hf", "--recipe", "qwen3-0.6b", *ARITH], "config.json has vocab_size"),
         (None, ["{run}", "--recipe", "tiny", "--set", "eval.samples=2"], "eval.k: pass@4 needs"),
         (None, ["{run}", "--set", "eval.split=dev"], "has no split 'dev'"),
@@ -129,6 +198,10 @@ def test_bad_sources_are_one_line_and_exit_2(
         (tmp_path / "run/checkpoints").mkdir(parents=True)
     elif make == "hf":
         (tmp_path / "hf").symlink_to(hf_folder)
+    elif make == "named":
+        with_record(hf_folder, tmp_path / "named", {"recipe": "mine", "step": 3})
+    elif make == "garbled":
+        with_record(hf_folder, tmp_path / "garbled", "{not json")
     argv = [a.format(tmp=tmp_path, run=run_dir) for a in args]
     code, out, err = evaluate(capsys, *argv)
     assert code == 2, (out, err)

@@ -1,8 +1,9 @@
-"""The SkyPilot task that `forgesky launch` hands to the cloud, and the cluster commands.
+"""The SkyPilot task that `forgesky launch` hands to the cloud.
 
-Only the final SDK calls are replaced (sky.launch, sky.jobs.launch, the status/logs/down/cancel
-calls and the request waits); the Task they receive is SkyPilot's real object and is checked
-field by field, and the node scripts are run with bash.
+Only the final SDK calls are replaced (sky.launch, sky.jobs.launch and the request waits: see
+tests/fake_sky.py); the Task they receive is SkyPilot's real object and is checked field by
+field, and the node scripts are run with bash. The cluster commands are in
+tests/test_cloud_commands.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fake_sky import FakeSky
 
 import sky
 from launcher.cli import main
@@ -25,42 +27,6 @@ from launcher.task import build_task
 
 TOKEN = "hf_secret_value_never_printed"
 WANDB_KEY = "wandb_secret_value_never_printed"
-
-
-class FakeSky:
-    """Records the SDK calls a command makes; each returns a request id, waits return results."""
-
-    def __init__(self, monkeypatch, results=None):
-        self.calls: list[tuple[str, tuple, dict]] = []
-        self.results = results or {}
-        for name in ("launch", "status", "down", "cancel", "tail_logs"):
-            monkeypatch.setattr(sky, name, self._record(f"sky.{name}"))
-        for name in ("launch", "queue", "cancel", "tail_logs"):
-            monkeypatch.setattr(sky.jobs, name, self._record(f"sky.jobs.{name}"))
-        monkeypatch.setattr(sky, "stream_and_get", self._wait("stream_and_get"))
-        monkeypatch.setattr(sky, "get", self._wait("get"))
-
-    def _record(self, name):
-        def call(*args, **kwargs):
-            self.calls.append((name, args, kwargs))
-            return self.results.get(name, f"request-{name}")
-
-        return call
-
-    def _wait(self, name):
-        def wait(request_id, *args, **kwargs):
-            self.calls.append((name, (request_id,), kwargs))
-            return self.results[request_id]
-
-        return wait
-
-    def names(self) -> list[str]:
-        return [c[0] for c in self.calls]
-
-    def task(self) -> sky.Task:
-        launched = [c for c in self.calls if c[0] in ("sky.launch", "sky.jobs.launch")]
-        assert len(launched) == 1
-        return launched[0][1][0]
 
 
 @pytest.fixture
@@ -409,95 +375,6 @@ def test_run_gated_model_needs_a_token_on_the_node(node):
         _script(gated=True), **BASE_ENV, SKYPILOT_NUM_GPUS_PER_NODE="8", HF_TOKEN="t"
     )
     assert code == 0 and args
-
-
-# --- status / logs / down / cancel -------------------------------------------------------------
-
-
-def test_status_clusters(monkeypatch, capsys):
-    record = {
-        "name": "grpo-qwen3-8b",
-        "status": sky.ClusterStatus.UP,
-        "resources_str": "1x AWS(p5.48xlarge, {'H100': 8})",
-        "launched_at": 0,
-    }
-    fake = FakeSky(monkeypatch, {"request-sky.status": [record]})
-    assert main(["status", "grpo-qwen3-8b"]) == 0
-    assert fake.names() == ["sky.status", "get"]
-    assert fake.calls[0][2]["cluster_names"] == ["grpo-qwen3-8b"]
-    out = capsys.readouterr().out
-    row = out.splitlines()[1]
-    assert row.startswith("grpo-qwen3-8b") and "UP" in row and "H100" in row
-    fake = FakeSky(monkeypatch, {"request-sky.status": []})
-    assert main(["status"]) == 0
-    assert fake.calls[0][2]["cluster_names"] is None
-    assert capsys.readouterr().out.strip() == "no clusters"
-
-
-def test_status_managed_jobs(monkeypatch, capsys):
-    records = [
-        {
-            "job_id": 7,
-            "job_name": "grpo-qwen3-8b",
-            "status": sky.ManagedJobStatus.RECOVERING,
-            "cluster_resources": "1x[H100:8]",
-            "recovery_count": 2,
-            "job_duration": 3725,
-        },
-        {"job_id": 8, "job_name": "other", "status": sky.ManagedJobStatus.RUNNING},
-    ]
-    fake = FakeSky(monkeypatch, {"request-sky.jobs.queue": (records, 2, {}, 2)})
-    assert main(["status", "--managed", "grpo-qwen3-8b"]) == 0
-    assert fake.names() == ["sky.jobs.queue", "get"]
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2
-    assert lines[1].split() == ["7", "grpo-qwen3-8b", "RECOVERING", "1x[H100:8]", "2", "1h02m"]
-
-
-def test_logs_return_the_job_exit_code(monkeypatch, capsys):
-    fake = FakeSky(monkeypatch, {"sky.tail_logs": 100})
-    assert main(["logs", "grpo-qwen3-8b", "--no-follow"]) == 100
-    assert fake.calls == [
-        ("sky.tail_logs", (), {"cluster_name": "grpo-qwen3-8b", "job_id": None, "follow": False})
-    ]
-    fake = FakeSky(monkeypatch, {"sky.jobs.tail_logs": 0})
-    assert main(["logs", "--managed", "grpo-qwen3-8b"]) == 0
-    assert fake.calls == [
-        ("sky.jobs.tail_logs", (), {"name": "grpo-qwen3-8b", "job_id": None, "follow": True})
-    ]
-
-
-def test_down_waits_for_the_request(monkeypatch, capsys):
-    fake = FakeSky(monkeypatch, {"request-sky.down": None})
-    assert main(["down", "grpo-qwen3-8b", "--yes"]) == 0
-    assert fake.calls == [
-        ("sky.down", ("grpo-qwen3-8b",), {}),
-        ("stream_and_get", ("request-sky.down",), {}),
-    ]
-    assert "grpo-qwen3-8b is down" in capsys.readouterr().out
-
-
-def test_cancel_cluster_jobs_and_managed_jobs(monkeypatch, capsys):
-    fake = FakeSky(monkeypatch, {"request-sky.cancel": None})
-    assert main(["cancel", "grpo-qwen3-8b"]) == 0
-    assert fake.calls[0] == ("sky.cancel", ("grpo-qwen3-8b",), {"all": True, "job_ids": None})
-    fake = FakeSky(monkeypatch, {"request-sky.cancel": None})
-    assert main(["cancel", "grpo-qwen3-8b", "--job-id", "3"]) == 0
-    assert fake.calls[0] == ("sky.cancel", ("grpo-qwen3-8b",), {"all": False, "job_ids": [3]})
-    fake = FakeSky(monkeypatch, {"request-sky.jobs.cancel": None})
-    assert main(["cancel", "--managed", "grpo-qwen3-8b"]) == 0
-    assert fake.names() == ["sky.jobs.cancel", "stream_and_get"]
-    assert fake.calls[0][2] == {"name": "grpo-qwen3-8b"}
-
-
-def test_cloud_errors_are_one_line(monkeypatch, capsys):
-    def missing(name):
-        raise sky.exceptions.ClusterDoesNotExist(f"Cluster {name!r} does not exist.\nmore")
-
-    monkeypatch.setattr(sky, "down", missing)
-    assert main(["down", "ghost", "--yes"]) == 1
-    err = capsys.readouterr().err
-    assert err == "forgesky: error: Cluster 'ghost' does not exist.\n"
 
 
 def test_project_dir_is_the_repository():

@@ -89,7 +89,8 @@ def write_model(
     provenance: dict[str, Any],
 ) -> Any:
     """The recipe's policy as a Hugging Face folder (runtime.models.export), from its weights
-    under HF names a group at a time, with the recipe's tokenizer, dtype and sampling."""
+    under HF names a group at a time, with the recipe's tokenizer, dtype and sampling, and in
+    its forgesky.json `provenance` and the recipe itself (what `forgesky eval` reads)."""
     from runtime.models.export import write_hf_model_groups
 
     return write_hf_model_groups(
@@ -101,7 +102,7 @@ def write_model(
         dtype=recipe.model.dtype,
         temperature=recipe.grpo.temperature,
         top_p=recipe.grpo.top_p,
-        provenance=provenance,
+        provenance={**provenance, "recipe_config": recipe.model_dump(mode="json")},
     )
 
 
