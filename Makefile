@@ -16,17 +16,18 @@ TORCH_WHEELS ?= https://download.pytorch.org/whl/cpu/torch/
 
 install: $(STAMP)
 
-# The lock exactly, into a cleared venv, then torch from constraints-cpu.txt: where the package
-# index serves the CPU wheel for `torch==2.13.0` it is taken; on plain PyPI it is the CUDA build,
-# which brings the CUDA libraries it pins (`make install TORCH_INDEX=https://download.pytorch.org/whl/cpu`
-# takes the CPU one). pip check's only complaints may be torchstore's and verl's own
-# requirements: both go in without them (scripts/cpu/lock.py says why).
+# Into a cleared venv: torch from constraints-cpu.txt, then the lock exactly (it sets every
+# package torch brought to its pin), then forgesky. Where the package index serves the CPU wheel
+# for `torch==2.13.0` it is taken; on plain PyPI it is the CUDA build, which brings the CUDA
+# libraries it pins (`make install TORCH_INDEX=https://download.pytorch.org/whl/cpu` takes the
+# CPU one). pip check's only complaints may be torchstore's and verl's own requirements: both go
+# in without them (scripts/cpu/lock.py says why).
 $(STAMP): pyproject.toml constraints-cpu.txt $(LOCK)
 	$(if $(filter $(LOCK_PYTHON),$(HAVE_PYTHON)),,$(error $(LOCK) is locked for Python $(LOCK_PYTHON) but $(PYTHON) is $(or $(addprefix Python ,$(HAVE_PYTHON)),not found): make install PYTHON=python$(LOCK_PYTHON)))
 	@echo "make install: builds $(VENV) from $(LOCK) (a few minutes; about 3.6 GB)"
 	$(PYTHON) -m venv --clear $(VENV)
-	$(PIP) install -q --require-hashes --no-deps --only-binary :all: -r $(LOCK)
 	$(PIP) install -q -c constraints-cpu.txt $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
+	$(PIP) install -q --require-hashes --no-deps --only-binary :all: -r $(LOCK)
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	$(PIP) check > $(VENV)/pip-check.txt || ! grep -v -E '^(torchstore|verl) ' $(VENV)/pip-check.txt
 	touch $(STAMP)

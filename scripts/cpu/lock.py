@@ -4,8 +4,8 @@
     python scripts/cpu/lock.py --torch-wheels W   # the same
     python scripts/cpu/lock.py --torch-wheels W --check   # exit 1 if resolving again differs
 
-`make install` installs exactly this file (pip --require-hashes --no-deps), then torch from
-constraints-cpu.txt, then forgesky without dependencies, and runs pip check. The file is
+`make install` puts in torch from constraints-cpu.txt, then exactly this file (pip
+--require-hashes --no-deps), then forgesky without dependencies, and runs pip check. The file is
 `uv pip compile` of pyproject's base and launch, runtime, dev and peer extras (and pip) for
 Python 3.11 on Linux x86_64, resolved with torch's CPU build (found in W, a folder or a page of
 links: PyPI serves the CUDA build, which would add its CUDA libraries) and PyPI as of the moment
@@ -104,10 +104,10 @@ def resolve(when: str, torch_wheels: str) -> str:
     bare = _compile("-", "--no-deps", "--no-annotate", when=when, stdin="\n".join(WITHOUT_DEPS))
     uv = _uv("--version").split()[1]
     head = (
-        f"# The CPU stack, for Python {PYTHON_VERSION} on {PLATFORM}. `make install` installs this file\n"
-        "# exactly (pip --require-hashes --no-deps), then torch from constraints-cpu.txt (its wheel,\n"
-        "# and so its hash, differs by where it comes from: the CPU build, or PyPI's CUDA build with\n"
-        "# its CUDA libraries), then forgesky itself, and runs pip check.\n"
+        f"# The CPU stack, for Python {PYTHON_VERSION} on {PLATFORM}. `make install` puts in torch\n"
+        "# from constraints-cpu.txt (its wheel, and so its hash, differs by where it comes from: the\n"
+        "# CPU build, or PyPI's CUDA build with its CUDA libraries), then exactly this file (pip\n"
+        "# --require-hashes --no-deps), then forgesky itself, and runs pip check.\n"
         f"# Written by `make lock` (scripts/cpu/lock.py, uv {uv}) from pyproject.toml's base and\n"
         f"# {', '.join(EXTRAS)} extras, resolved with {torch} and PyPI as of\n"
         f"# {when}.\n"
