@@ -3,10 +3,10 @@ every pin hashed, and the venv the tests run in must be that lock (torch and for
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
-import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -16,8 +16,10 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts" / "cpu"))
-import lock  # noqa: E402
+# by its path: tests/test_node_stack.py imports the nodes' lock.py as `lock`
+_spec = importlib.util.spec_from_file_location("cpu_lock", ROOT / "scripts" / "cpu" / "lock.py")
+lock = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lock)
 
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 
