@@ -60,9 +60,17 @@ def ended(code: int, out: str, name: str, seconds: float, note: str = "") -> str
 
 
 def smi(*query: str) -> list[str]:
-    """nvidia-smi's CSV values (no header, no units) for `query`."""
+    """nvidia-smi's CSV values (no header, no units) for `query`, of this session's GPUs: those
+    CUDA_VISIBLE_DEVICES lists (another group of the GPU suite may run on the others), else
+    all."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     text = subprocess.run(
-        ["nvidia-smi", *query, "--format=csv,noheader,nounits"],
+        [
+            "nvidia-smi",
+            *(["-i", visible] if visible else []),
+            *query,
+            "--format=csv,noheader,nounits",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -71,13 +79,13 @@ def smi(*query: str) -> list[str]:
 
 
 def gpu_pids() -> set[int]:
-    """Processes holding memory on any GPU, where nvidia-smi can see them (in a container it
-    may list none)."""
+    """Processes holding memory on this session's GPUs, where nvidia-smi can see them (in a
+    container it may list none)."""
     return {int(x) for x in smi("--query-compute-apps=pid") if x.isdigit()}
 
 
 def gpu_used_gb() -> float:
-    """Memory in use on all GPUs together (nvidia-smi, MiB), GB."""
+    """Memory in use on this session's GPUs together (nvidia-smi, MiB), GB."""
     return sum(float(x) for x in smi("--query-gpu=memory.used")) * 2**20 / 1e9
 
 
