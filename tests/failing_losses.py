@@ -150,3 +150,60 @@ def nan_gradients(inputs: Any, config: Any) -> Any:
     if _nan_calls == NAN_AT:
         logprobs = _NanInBackward.apply(logprobs)
     return -inputs.advantages[:, None] * logprobs, {}
+
+
+# calls of the two losses below in this process so far; the call that fails
+_peer_calls = 0
+PEER_FAILS_AT = 2
+# how far apart rank 0's failure and rank 1's come
+APART_S = 1.5
+# a gloo group of the two ranks, in which rank 0 waits for rank 1 (made by every rank at once)
+_pair: Any = None
+
+
+def rank_1_out_of_memory_after_its_peer_fails(inputs: Any, config: Any) -> Any:
+    """Plain REINFORCE. At the `PEER_FAILS_AT`-th call of each rank of two, rank 0 waits for
+    rank 1 in a collective (a barrier of a group of their own) and rank 1 leaves that group,
+    closing its connections: rank 0's collective fails (`Connection closed by peer`), as a
+    rank's does when its peer has run out of memory. `APART_S` s later, once rank 0's failure
+    has reached the controller, rank 1 raises the error torch raises when a rank runs out of
+    memory (on a CPU no allocator runs out: it is raised as the CUDA allocator raises it)."""
+    return _out_of_memory_beside_a_failed_peer(inputs, peer_first=True)
+
+
+def rank_1_out_of_memory_before_its_peer_fails(inputs: Any, config: Any) -> Any:
+    """`rank_1_out_of_memory_after_its_peer_fails` the other way round: rank 1's error first,
+    the group it leaves left `APART_S` s later."""
+    return _out_of_memory_beside_a_failed_peer(inputs, peer_first=False)
+
+
+def _out_of_memory_beside_a_failed_peer(inputs: Any, peer_first: bool) -> Any:
+    global _peer_calls, _pair
+    _peer_calls += 1
+    if not dist.is_initialized() or dist.get_world_size() != 2:
+        return -inputs.advantages[:, None] * inputs.logprobs, {}
+    if _pair is None:
+        _pair = dist.new_group(backend="gloo")
+    if _peer_calls != PEER_FAILS_AT:
+        return -inputs.advantages[:, None] * inputs.logprobs, {}
+    if dist.get_rank() == 0:
+        dist.barrier(group=_pair)  # until rank 1 leaves: fails then
+        raise AssertionError("rank 1 left the group: rank 0's barrier cannot pass")
+
+    def leave() -> None:
+        global _pair
+        dist.destroy_process_group(_pair)
+        _pair = None  # the last reference: its connections close now
+
+    if peer_first:
+        leave()
+        time.sleep(APART_S)
+    else:
+        import threading
+
+        threading.Timer(APART_S, leave).start()
+    print(f"failing_losses: rank 1 out of memory at {time.monotonic():.3f}", file=sys.stderr)
+    raise torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 3.21 GiB. GPU 0 has a total capacity of 139.80 "
+        "GiB of which 512.00 MiB is free. (failing_losses: rank 1, on purpose)"
+    )

@@ -60,9 +60,17 @@ def ended(code: int, out: str, name: str, seconds: float, note: str = "") -> str
 
 
 def smi(*query: str) -> list[str]:
-    """nvidia-smi's CSV values (no header, no units) for `query`."""
+    """nvidia-smi's CSV values (no header, no units) for `query`, of this session's GPUs: those
+    CUDA_VISIBLE_DEVICES lists (another group of the GPU suite may run on the others), else
+    all."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     text = subprocess.run(
-        ["nvidia-smi", *query, "--format=csv,noheader,nounits"],
+        [
+            "nvidia-smi",
+            *(["-i", visible] if visible else []),
+            *query,
+            "--format=csv,noheader,nounits",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -71,13 +79,13 @@ def smi(*query: str) -> list[str]:
 
 
 def gpu_pids() -> set[int]:
-    """Processes holding memory on any GPU, where nvidia-smi can see them (in a container it
-    may list none)."""
+    """Processes holding memory on this session's GPUs, where nvidia-smi can see them (in a
+    container it may list none)."""
     return {int(x) for x in smi("--query-compute-apps=pid") if x.isdigit()}
 
 
 def gpu_used_gb() -> float:
-    """Memory in use on all GPUs together (nvidia-smi, MiB), GB."""
+    """Memory in use on this session's GPUs together (nvidia-smi, MiB), GB."""
     return sum(float(x) for x in smi("--query-gpu=memory.used")) * 2**20 / 1e9
 
 
@@ -281,8 +289,8 @@ def test_gpu_memory_taken_once_the_services_are_up_leaves_the_run_training(
     assert_clean(out, proc.pid, nothing_left, before)
 
 
-# qwen3-1.7b with random weights (the Hub-free prompts and tokenizer), the trainer alone on
-# GPU 1: its first step needs tens of GB beyond the weights it holds at start-up.
+# qwen3-1.7b with random weights (the Hub-free prompts and tokenizer): its first training step
+# needs tens of GB beyond the weights the trainer holds at start-up.
 FULL_SIZE = (
     "model.init=random",
     "model.tokenizer=builtin:arith",
@@ -299,17 +307,47 @@ FULL_SIZE = (
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the trainer alone on a GPU: two")
 def test_the_trainer_out_of_memory_in_its_first_step_ends_the_run(tmp_path: Path, nothing_left):
-    """qwen3-1.7b on two GPUs, the trainer alone on GPU 1: another process takes all but 0.5 GB
-    of GPU 1 the moment the services are up, before the trainer's first step has allocated
-    its activations, gradients and AdamW's moments; the trainer runs out of memory at the
-    step's first allocation (on two H100s: the 3.2 GB buffer version 0 is pushed from) and the
-    run ends naming it and GPU 1. No checkpoint yet: nothing to resume."""
+    """qwen3-1.7b on two GPUs, the trainer alone on GPU 1 (`layout.share=none`): another
+    process takes all but 0.5 GB of GPU 1 the moment the services are up, before the trainer's
+    first step has allocated its activations, gradients and AdamW's moments; the trainer runs
+    out of memory at the step's first allocation (on two H100s: the 3.2 GB buffer version 0 is
+    pushed from) and the run ends naming it and GPU 1. No checkpoint yet: nothing to resume."""
     args = ["--recipe", "qwen3-1.7b", "--gpus", "2", "--run-dir", str(tmp_path / "run")]
-    for item in (*FULL_SIZE, "grpo.steps=20"):
+    # the plan's own two-GPU layout on an H200 is every service on both GPUs (the trainer one
+    # rank a GPU): a GPU each is asked for
+    for item in (*FULL_SIZE, "layout.share=none", "grpo.steps=20"):
         args += ["--set", item]
     name = "trainer-out-of-memory-in-its-step"
     first = memory_taken_at(
         tmp_path, nothing_left, "services ready", name, 0.5, args, gpu=1, armed=True
+    )
+    assert "trainer actor failed" in first and "out of memory" in first.lower(), first
+    assert "(proc " not in first, first  # one trainer proc
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two trainer ranks: two GPUs")
+def test_a_trainer_rank_out_of_memory_in_nccl_is_named_out_of_memory(tmp_path: Path, nothing_left):
+    """qwen3-1.7b on two GPUs as the plan lays it out on two H200s (every service on both,
+    the trainer one rank a GPU): another process takes all but 0.5 GB of GPU 1 the moment the
+    services are up. Rank 1's first collective (the layout of version 0, before any step)
+    needs NCCL's buffers on that GPU, and NCCL's allocation fails; torch says only `NCCL Error
+    1: unhandled cuda error`. The run's line names what NCCL said (out of memory), rank 1 and
+    its GPU (2 x H200 at eeb25fd it said `RuntimeError: NCCL Error 1: unhandled cuda error (in
+    fsdp_trainer.py:334 hf_layout) (proc 1/2)`: rank 1, without its cause)."""
+    args = ["--recipe", "qwen3-1.7b", "--gpus", "2", "--run-dir", str(tmp_path / "run")]
+    for item in (*FULL_SIZE, "layout.share=all", "grpo.steps=20"):
+        args += ["--set", item]
+    name = "trainer-rank-out-of-memory-in-nccl"
+    first = memory_taken_at(
+        tmp_path,
+        nothing_left,
+        "services ready",
+        name,
+        0.5,
+        args,
+        gpu=1,
+        armed=True,
+        place="(proc 1/2) (on node 0 GPU 1)",
     )
     assert "trainer actor failed" in first and "out of memory" in first.lower(), first
 

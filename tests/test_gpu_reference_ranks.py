@@ -13,7 +13,8 @@ from gpu_models import SMALL, peaked_weights
 from runtime_helpers import join_group, run_ranks, token_batch
 
 from runtime.backends import OptimizerConfig
-from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference
+from runtime.backends.fsdp_reference import GPUReference
+from runtime.backends.fsdp_trainer import FSDPTrainer
 from runtime.grpo import policy_loss
 
 pytestmark = pytest.mark.gpu

@@ -8,7 +8,8 @@ from gpu_models import QWEN3_1P7B_2_LAYERS, SMALL, free_gpu_memory, peaked_weigh
 from runtime_helpers import token_batch
 
 from runtime.backends import OptimizerConfig
-from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference, response_logprobs
+from runtime.backends.fsdp_reference import GPUReference
+from runtime.backends.fsdp_trainer import FSDPTrainer, response_logprobs
 from runtime.grpo import policy_loss
 from runtime.models import build_model, to_hf
 from runtime.models.export import write_hf_model

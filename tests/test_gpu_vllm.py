@@ -12,7 +12,8 @@ import torch
 from gpu_models import SMALL, free_gpu_memory, peaked_weights, random_prompts
 
 from runtime.backends import OptimizerConfig, collate
-from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference
+from runtime.backends.fsdp_reference import GPUReference
+from runtime.backends.fsdp_trainer import FSDPTrainer
 from runtime.grpo import policy_loss
 from runtime.models import to_hf
 from runtime.models.export import write_hf_model

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import psutil
 import pytest
+import torch
 from monarch.actor import Actor, endpoint
 from runtime_helpers import alive
 
@@ -116,6 +118,30 @@ def test_each_proc_starts_with_its_gpus_and_thread_budget():
     assert not [p for p in mesh.pids if psutil.pid_exists(p) and alive(p)]
 
 
+class FailingRanks(Actor):
+    """A service of several procs whose `step` fails on each as `plan[rank]` says, after a
+    delay: torch's out-of-memory error (what a trainer rank raises, texts from 2 x H200), the
+    error of a gloo collective whose peer left, or an answer."""
+
+    @endpoint
+    @ranked
+    async def step(self, plan: dict[str, tuple[float, str]]) -> str:
+        delay, outcome = plan[os.environ["FORGESKY_PROC_RANK"]]
+        await asyncio.sleep(delay)
+        if outcome == "out of memory":
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 188.00 MiB. GPU 0 has a total capacity "
+                "of 139.80 GiB of which 19.94 MiB is free."
+            )
+        if outcome == "peer left":
+            raise RuntimeError(
+                "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+                "Connection closed by peer [127.0.0.1]:21915. This is typically caused by a "
+                "remote worker crashing."
+            )
+        return outcome
+
+
 async def _score_raises(service: str, procs: int, actor: type) -> BaseException:
     """What calling `score` on every proc of a fresh `service` mesh of `actor` raises, each
     proc called on its own as the controller calls the trainer's ranks (`each_rank`: a slice
@@ -191,3 +217,42 @@ async def _forever(scorer) -> None:
     while True:
         await scorer.ping.call_one()
         await asyncio.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_the_rank_out_of_memory_is_named_though_its_peers_collective_failed_first():
+    """Rank 1 runs out of memory while rank 0 waits for it in a collective, which then fails:
+    whichever error reaches the controller first, `each_rank` raises rank 1's. A collective
+    error alone is raised once the other ranks have had `grace` s to fail, not later."""
+    from runtime.control.services import each_rank
+
+    async def raised(ranks, plan, grace: float = 5.0) -> tuple[str, float]:
+        began = time.monotonic()
+        with pytest.raises(Exception) as error:
+            await each_rank(ranks, "step", plan, grace=grace)
+        return root_cause(error.value), time.monotonic() - began
+
+    async def scenario():
+        mesh = await ServiceMesh.spawn("trainer", 2, env=TEST_ENV, threads=1)
+        try:
+            ranks = mesh.spawn_actor(FailingRanks)
+            assert await each_rank(ranks, "step", {"0": (0.0, "a"), "1": (0.0, "b")}) == ["a", "b"]
+            collective_first = await raised(
+                ranks, {"0": (0.0, "peer left"), "1": (1.5, "out of memory")}
+            )
+            memory_first = await raised(
+                ranks, {"0": (1.5, "peer left"), "1": (0.0, "out of memory")}
+            )
+            alone = await raised(ranks, {"0": (0.0, "peer left"), "1": (8.0, "c")}, grace=1.0)
+        finally:
+            await mesh.stop()
+        return collective_first, memory_first, alone
+
+    collective_first, memory_first, alone = asyncio.run(scenario())
+    for cause, _ in (collective_first, memory_first):
+        assert cause.startswith("OutOfMemoryError: CUDA out of memory."), cause
+        assert cause.endswith("(proc 1/2)"), cause
+    assert 1.5 <= collective_first[1] < 5.0, collective_first  # rank 1's error, not the grace
+    assert memory_first[1] < 1.5, memory_first  # a cause first: no wait for the others
+    assert alone[0].startswith("RuntimeError: [/__w/pytorch"), alone
+    assert alone[0].endswith("(proc 0/2)") and 1.0 <= alone[1] < 5.0, alone

@@ -122,7 +122,7 @@ def _reference_rank(rank: int, world: int, port: int, out: str) -> None:
     join_group(rank, world, port)
     import torch.distributed as dist
 
-    from runtime.backends.fsdp_trainer import GPUReference
+    from runtime.backends.fsdp_reference import GPUReference
 
     spec = SPECS["qwen3-tied"]
     folder = Path(out).parent / "qwen3-tied"
@@ -150,7 +150,7 @@ def _reference_rank(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_a_reference_sharded_over_two_ranks_scores_its_rows_like_one_process(tmp_path: Path):
-    from runtime.backends.fsdp_trainer import GPUReference
+    from runtime.backends.fsdp_reference import GPUReference
 
     spec = SPECS["qwen3-tied"]
     save_hf(spec, tmp_path / "qwen3-tied")

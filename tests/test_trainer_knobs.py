@@ -9,7 +9,8 @@ from runtime_helpers import token_batch
 
 from recipes import architecture
 from runtime.backends import OptimizerConfig, fsdp_trainer
-from runtime.backends.fsdp_trainer import FSDPTrainer, GPUReference
+from runtime.backends.fsdp_reference import GPUReference
+from runtime.backends.fsdp_trainer import FSDPTrainer
 from runtime.grpo import policy_loss
 from runtime.models import ModelSpec
 

@@ -139,6 +139,50 @@ def test_one_rank_raising_ends_the_run_while_the_other_waits_in_a_collective(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("first", ["after", "before"])
+def test_the_rank_out_of_memory_is_named_when_its_peer_fails_in_a_collective(
+    tmp_path: Path, first: str
+):
+    """Rank 1 runs out of memory in its step and leaves the collective rank 0 waits for it in;
+    rank 0's collective fails (`Connection closed by peer`) 1.5 s before rank 1's error
+    reaches the controller, or after it (tests/failing_losses.py). Either way the run ends on
+    rank 1's out-of-memory error, naming its proc, as soon as it comes: not on rank 0's
+    error after the wait for a lost peer's own failure (15 s) that the run once ended with."""
+    from fault_runs import RuntimeRun
+
+    from runtime.control.services import RANK_CAUSE_GRACE_S
+
+    loss = f"failing_losses:rank_1_out_of_memory_{first}_its_peer_fails"
+    args = ["--recipe", "tiny", "--run-dir", str(tmp_path / "run"), "--steps", "4"]
+    args += ["--set", "trainer.ranks=2", "--set", f"grpo.loss={loss}"]
+    log = tmp_path / "run.log"
+    run = RuntimeRun(args, log=log)
+    try:
+        code = run.finish(timeout=240)
+    finally:
+        if run.proc.poll() is None:
+            run.kill()
+    out = run.output
+    assert code == 1, out[-3000:]
+    lines = [x for x in out.splitlines() if x.startswith("forgesky:") and "failed" in x]
+    assert lines and lines[0].startswith(
+        "forgesky: trainer actor failed: OutOfMemoryError: CUDA out of memory."
+    ), out[-3000:]
+    assert "(proc 1/2)" in lines[0], lines[0]
+    # the line came within the ranks' grace of rank 1's error (the log's seconds since start)
+    at = {}
+    for entry in log.read_text().splitlines():
+        for key in ("failing_losses: rank 1 out of memory", "forgesky: trainer actor failed"):
+            if key in entry:
+                at.setdefault(key, float(entry[1:8]))
+    assert len(at) == 2, log.read_text()[-3000:]
+    named = at["forgesky: trainer actor failed"] - at["failing_losses: rank 1 out of memory"]
+    assert named < RANK_CAUSE_GRACE_S, (named, log.read_text()[-3000:])
+    time.sleep(0.5)
+    assert leftover_processes(run.proc.pid) == []
+
+
+@pytest.mark.slow
 def test_nan_gradients_stop_the_run_before_the_weights_change(tmp_path: Path):
     """A backward that gives NaN while its loss is finite (tests/failing_losses.py, a step or
     two in, two ranks): every rank refuses the optimizer step, the run ends on one line naming

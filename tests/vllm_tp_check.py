@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_models import SMALL, peaked_weights, random_prompts  # noqa: E402
 
 from runtime.backends import collate  # noqa: E402
-from runtime.backends.fsdp_trainer import GPUReference  # noqa: E402
+from runtime.backends.fsdp_reference import GPUReference  # noqa: E402
 from runtime.backends.vllm_generator import VLLMGenerator  # noqa: E402
 from runtime.models import to_hf  # noqa: E402
 from runtime.weights.flat import entries_of, fill, flat_layout  # noqa: E402

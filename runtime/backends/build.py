@@ -259,7 +259,7 @@ class ReferenceConfig:
         across several CPU ranks (gloo), else the one-process `TitanReference`."""
         args = _model_args(self.recipe)
         if device().type == "cuda" or self.settings.ranks > 1:
-            from runtime.backends.fsdp_trainer import GPUReference
+            from runtime.backends.fsdp_reference import GPUReference
 
             return GPUReference(
                 dtype=dtype(self.recipe),

@@ -1,12 +1,12 @@
-"""GPU trainer and reference: TorchTitan models in bf16 compute, FSDP2 across trainer ranks.
+"""GPU trainer: TorchTitan models in bf16 compute, FSDP2 across trainer ranks.
 
 Precision. The trainer keeps fp32 master weights and AdamW state and computes in bf16:
 - one rank (the common layout: one trainer GPU): bf16 autocast around the forward; weights are
   cast per matmul (a few ms per step for 1.7B), gradients land in fp32;
 - several ranks: FSDP2 `fully_shard` per transformer block and at the root, with
   `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`.
-The reference holds bf16 weights (sharded over its GPUs when it has several) and scores
-under `no_grad`.
+The reference (runtime.backends.fsdp_reference) holds bf16 weights (sharded over its GPUs when
+it has several) and scores under `no_grad` with this module's forward.
 
 Memory. Only response positions need log-probs, so the decoder runs without its output
 projection (`_skip_lm_head`), the hidden states of the positions that predict response tokens
@@ -416,120 +416,3 @@ def _sharded_like(value: Any, like: Tensor) -> Any:
             value.to(device=local.device, dtype=local.dtype), like.device_mesh, like.placements
         )
     return value.to(device=like.device, dtype=like.dtype)
-
-
-class GPUReference:
-    """The frozen initial policy, scored in the single-rank trainer's precision; micro-batched.
-
-    `dtype` is the compute dtype. Below fp32 the reference computes exactly what `FSDPTrainer`
-    computes on one rank (fp32 master weights under `autocast(dtype)`), so their log-probs agree
-    (same kernels on the same rounded operands) and the KL penalty starts at 0: autocast rounds
-    every matmul weight to `dtype`, so those weights are stored rounded (half the memory), while
-    embeddings and norm weights, which autocast leaves alone, stay fp32 and the residual stream
-    stays fp32 with them. Storing every weight in bf16 instead (a plain bf16 model) rounds the
-    embeddings, norms and residual stream too, which moves log-probs by a few bf16 ulps of the
-    logits (~0.05 nats on peaked outputs). A trainer sharded over several ranks computes in
-    FSDP2's `param_dtype` regime (norms in bf16 too), one such ulp away from this reference.
-    `compile` runs each block through torch.compile, as the trainer's does.
-    """
-
-    def __init__(
-        self,
-        spec: ModelSpec,
-        *,
-        temperature: float = 1.0,
-        weights: WeightSource | Mapping[str, Tensor] | None = None,
-        seed: int = 0,
-        device: str | torch.device = "cuda",
-        dtype: torch.dtype = torch.bfloat16,
-        tokens_per_micro_batch: int = 8192,
-        compile: bool = False,
-    ):
-        self.spec = spec
-        self.temperature = temperature
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.tokens_per_micro_batch = tokens_per_micro_batch
-        self.world = init_distributed()
-        self.rank = dist.get_rank() if self.world > 1 else 0
-        self.model = meta_model(spec)
-        if self.world > 1:
-            # Sharded over the reference's GPUs (FSDP2): every weight stored in `dtype`, as a
-            # sharded trainer computes (FSDP2's param_dtype regime), each rank 1/world of it.
-            if dtype != torch.float32:
-                for param in self.model.parameters():
-                    param.data = param.data.to(dtype)
-            self._shard()
-        elif dtype != torch.float32:
-            # The matmul weights get `dtype` storage while still on meta; the source's fp32
-            # numbers are rounded once as they are copied in (what autocast does per matmul).
-            _round_matmul_weights(self.model, dtype)
-        materialize(self.model, self.device)
-        load_into(self.model, as_source(weights, spec, seed), "the reference")
-        self.model._skip_lm_head = True
-        self.model.eval().requires_grad_(False)
-        wrap_blocks(self.model, checkpointing=False, compile=compile)
-
-    def _shard(self) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh(self.device.type, (self.world,))
-        for block in self.model.layers.values():
-            fully_shard(block, mesh=mesh)
-        fully_shard(self.model, mesh=mesh)
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.dtype == torch.float32 or self.world > 1:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
-
-    def my_rows(self, batch: int) -> slice:
-        return rank_rows(batch, self.rank, self.world)
-
-    def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
-        """Teacher-forced log-probs `[B, T]` of the reference (0 off the response); with
-        several ranks, of this rank's rows (`my_rows`): every rank must call it."""
-        if self.world > 1:
-            rows = self.my_rows(tokens.shape[0])
-            tokens, response_mask = tokens[rows], response_mask[rows]
-        parts = micro_batches(tokens, self.tokens_per_micro_batch) if len(tokens) else []
-        extra = 0
-        if self.world > 1:
-            # Each forward gathers every block from all ranks: all run as many forwards.
-            count = torch.tensor([len(parts)], device=self.device)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-            extra = int(count.item()) - len(parts)
-        out = []
-        with torch.no_grad(), self._autocast():
-            for p in parts:
-                out.append(
-                    response_logprobs(
-                        self.model,
-                        tokens[p].to(self.device),
-                        response_mask[p].to(self.device),
-                        self.temperature,
-                    )
-                )
-            for _ in range(extra):  # a one-token forward, only for its collectives
-                one = torch.zeros(1, 2, dtype=torch.long, device=self.device)
-                response_logprobs(self.model, one, torch.ones_like(one, dtype=torch.bool))
-        if self.world > 1:
-            # FSDP2 keeps the root's weights (embeddings, output projection) gathered after a
-            # forward, for a backward that never comes here: shard them again now, or every
-            # rank holds all of them from the first scoring on.
-            self.model.reshard()
-        if not out:
-            return torch.zeros(tokens.shape, dtype=torch.float32, device=self.device)
-        return torch.cat(out)
-
-
-def _round_matmul_weights(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Store the weights autocast would cast per matmul in `dtype` (the same rounding, once).
-
-    A projection tied to the embedding keeps fp32: the embedding lookup reads it unrounded.
-    """
-    tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and id(module.weight) not in tied:
-            module.weight.data = module.weight.data.to(dtype)

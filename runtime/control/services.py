@@ -11,19 +11,57 @@ from typing import Any
 from torch import Tensor
 
 from runtime.control.watchdog import Watchdog
-from runtime.procs.failures import ActorFailure, root_cause
+from runtime.procs.failures import ActorFailure, first_cause, is_consequence, root_cause
 from runtime.procs.lifecycle import RunLifecycle
 
+# How long the other ranks of a service get to report a failure of their own when the first
+# failure to arrive is a consequence of one (a collective its peer aborted): the peer's own
+# error, out of memory say, may reach the controller a moment later.
+RANK_CAUSE_GRACE_S = 5.0
 
-async def each_rank(mesh: Any, endpoint: str, *args: Any) -> list[Any]:
+
+async def each_rank(
+    mesh: Any, endpoint: str, *args: Any, grace: float = RANK_CAUSE_GRACE_S
+) -> list[Any]:
     """`endpoint(*args)` on every actor of `mesh`; their answers in rank order.
 
     Each rank is called on its own rather than the mesh at once, so the first rank that fails
     ends the wait: its peers may be waiting for it in a collective (a rank out of memory in its
-    loss leaves the others in the backward's reduce-scatter) and would never answer."""
+    loss leaves the others in the backward's reduce-scatter) and would never answer. Where that
+    first failure is a consequence of another's (`failures.is_consequence`), the others get
+    `grace` s to fail too, and the one raised is `failures.first_cause` of them all."""
     ranks = mesh.flatten("rank")
-    calls = [getattr(ranks.slice(rank=i), endpoint).call_one(*args) for i in range(len(ranks))]
-    return list(await asyncio.gather(*calls))
+    calls = [
+        asyncio.ensure_future(_awaited(getattr(ranks.slice(rank=i), endpoint).call_one(*args)))
+        for i in range(len(ranks))
+    ]
+    failed: list[BaseException] = []
+
+    def arrived(call: asyncio.Future[Any]) -> None:
+        if not call.cancelled() and call.exception() is not None:
+            failed.append(call.exception())  # type: ignore[arg-type]
+
+    for call in calls:
+        call.add_done_callback(arrived)
+    try:
+        await asyncio.wait(calls, return_when=asyncio.FIRST_EXCEPTION)
+        if failed:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + grace
+            while all(is_consequence(root_cause(e)) for e in failed):
+                pending = [c for c in calls if not c.done()]
+                if not pending or (left := end - loop.time()) <= 0:
+                    break
+                await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            raise first_cause(failed)
+        return [call.result() for call in calls]
+    finally:
+        for call in calls:
+            call.cancel()  # no-op for those done; nobody awaits the others' answers
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 @dataclass

@@ -2,7 +2,15 @@
 # On the GPU machine, in the checkout's root (where every device call starts):
 #   scripts/gpu/device_run.sh stage    copy the wheel chunk(s) carried in this call to /tmp/asm
 #   scripts/gpu/device_run.sh check    stage, install if needed, print versions and the GPU
-#   scripts/gpu/device_run.sh tests    stage, install if needed, `pytest -m gpu`
+#   scripts/gpu/device_run.sh tests    stage, install if needed, `pytest -m gpu` (the whole suite:
+#                                      more than one call's 10 minutes)
+#   scripts/gpu/device_run.sh tests GROUP  one group of the suite (scripts/gpu/suite.py; `groups`
+#                                      lists them), its log $OUT/gpu_suite_GROUP.log
+#   scripts/gpu/device_run.sh suite GROUP...  stage, install if needed, then the groups at once,
+#                                      each on GPUs of its own (in waves where they do not all
+#                                      fit), a log each; `suite --dry-run GROUP...` prints what
+#                                      each would run, where, and nothing else
+#   scripts/gpu/device_run.sh groups   the suite's groups: name, GPUs, estimated minutes, tests
 #   scripts/gpu/device_run.sh faults   stage, install if needed, tests/test_gpu_faults.py (GPU faults)
 #   scripts/gpu/device_run.sh trainer-tests  the trainer's GPU tests (.whl/tt is enough)
 #   scripts/gpu/device_run.sh grpo     stage, install if needed, bench/gpu_grpo.py grpo
@@ -27,6 +35,10 @@
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
+# A group's log starts with `commit: HASH`: COMMIT=<hash> (the caller's `git rev-parse HEAD`:
+# the checkout there may have no .git), else git's answer here. `suite` shares out SUITE_GPUS
+# (default CUDA_VISIBLE_DEVICES, else every GPU of the host, in nvidia-smi's numbering) and
+# stops a group after SUITE_GROUP_S s (default 530: its log still comes back within the call).
 # Extra arguments go to pytest, bench/gpu_grpo.py or bench/trl_grpo.py. Logs and results land in
 # $OUT (the folder whose files come back), else /tmp/out. Runs side by side on one host: give
 # each its GPUs (CUDA_VISIBLE_DEVICES, which the runtime's plans index into) and a TAG that keeps
@@ -66,6 +78,100 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZER
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled
 # NVLink multicast stays off on shared hosts (harmless where there is none).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+commit=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+
+# One group of the GPU suite on the GPUs CUDA_VISIBLE_DEVICES gives it (numbered as nvidia-smi
+# numbers them), into $out/gpu_suite_GROUP.log, which names the commit first. Its own pytest
+# temporary folder; ports are free ones each run picks: groups run side by side on one host.
+group_command() { # sets `command`, the group's pytest command line
+  local group=$1
+  shift
+  local listed
+  listed=$(python3 scripts/gpu/suite.py tests "$group") || return 2
+  local tests
+  mapfile -t tests <<<"$listed"
+  command=(timeout -s INT -k 30 "${SUITE_GROUP_S:-530}" python3 -m pytest -q -m gpu -s
+    -p no:cacheprovider --timeout 540 --durations=0 "--basetemp=/tmp/gpu_suite_$group"
+    "${tests[@]}" "$@")
+}
+
+run_group() {
+  local group=$1
+  shift
+  group_command "$group" "$@" || return 2
+  {
+    echo "commit: $commit"
+    echo "group: $group on GPUs ${CUDA_VISIBLE_DEVICES:-all} of ${HOSTNAME:-this host}"
+    CUDA_DEVICE_ORDER=PCI_BUS_ID "${command[@]}"
+  } >"$out/gpu_suite_$group.log" 2>&1
+}
+
+# `suite [--dry-run] GROUP...`: the groups at once, each on as many of the GPUs as it needs, a
+# wave at a time where they do not all fit; exit 1 if any failed.
+run_suite() {
+  local dry=0
+  if [ "${1:-}" = --dry-run ]; then
+    dry=1
+    shift
+  fi
+  local listed=${SUITE_GPUS:-${CUDA_VISIBLE_DEVICES:-}}
+  [ -n "$listed" ] || listed=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)
+  local pool free pids=() names=() status=0 group need gpus
+  IFS=, read -r -a pool <<<"$listed"
+  free=("${pool[@]}")
+  finish_wave() {
+    local i
+    for i in "${!pids[@]}"; do
+      if wait "${pids[$i]}"; then
+        echo "suite: ${names[$i]} passed"
+      else
+        echo "suite: ${names[$i]} failed"
+        status=1
+      fi
+      tail -n 2 "$out/gpu_suite_${names[$i]}.log"
+    done
+    pids=()
+    names=()
+    free=("${pool[@]}")
+  }
+  for group in "$@"; do
+    need=$(python3 scripts/gpu/suite.py gpus "$group") || return 2
+    if [ "$need" -gt "${#pool[@]}" ]; then
+      echo "suite: $group needs $need GPUs, and ${#pool[@]} are given ($listed)" >&2
+      return 2
+    fi
+    [ "$need" -le "${#free[@]}" ] || finish_wave
+    gpus=$(IFS=,; echo "${free[*]:0:$need}")
+    free=("${free[@]:$need}")
+    echo "suite: $group on GPUs $gpus, log gpu_suite_$group.log"
+    if [ "$dry" = 1 ]; then
+      group_command "$group"
+      echo "  commit: $commit"
+      echo "  CUDA_VISIBLE_DEVICES=$gpus ${command[*]}"
+    else
+      CUDA_VISIBLE_DEVICES=$gpus run_group "$group" &
+      pids+=($!)
+      names+=("$group")
+    fi
+  done
+  finish_wave
+  return $status
+}
+
+# Modes that need nothing staged or installed.
+case "$mode" in
+  groups)
+    python3 scripts/gpu/suite.py list
+    exit
+    ;;
+  suite)
+    if [ "${1:-}" = --dry-run ]; then
+      run_suite "$@"
+      exit
+    fi
+    ;;
+esac
 
 stage() {
   mkdir -p /tmp/asm/ts
@@ -146,7 +252,20 @@ stage
 case "$mode" in
   stage) ;;
   check) install && check ;;
+  suite)
+    install && check
+    run_suite "$@"
+    ;;
   tests)
+    if [ -n "${1:-}" ] && python3 scripts/gpu/suite.py gpus "$1" >/dev/null 2>&1; then
+      group=$1
+      shift
+      install && check
+      status=0
+      run_group "$group" "$@" || status=$?
+      tail -n 40 "$out/gpu_suite_$group.log"
+      exit "$status"
+    fi
     # What `make test-gpu GPU_PY=python3` runs: every gpu-marked test (two-GPU ones skip on one).
     install && check
     if command -v make >/dev/null; then
@@ -307,7 +426,7 @@ case "$mode" in
     exit "$status"
     ;;
   *)
-    echo "unknown mode $mode (stage, check, tests, faults, trainer-tests, push, grpo, vllm, train, trl, side-by-side, product)" >&2
+    echo "unknown mode $mode (stage, check, tests, suite, groups, faults, trainer-tests, push, grpo, vllm, train, trl, side-by-side, product)" >&2
     exit 2
     ;;
 esac
