@@ -157,21 +157,27 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     services = ["weight store", "trainer", "generator"]
     services += ["reference"] if config.plan.reference_enabled else []
     print(f"starting services ({', '.join([*services, 'reward'])}) ...", flush=True)
-    services = await start_services(life, config)
-    print(
-        f"services ready in {time.perf_counter() - start:.1f} s; run dir {config.run_dir}",
-        flush=True,
-    )
-    controller = Controller(config, services, life.stopping)
-    # stopped before the services (newest first): a checkpoint being written when the run
-    # ended early is committed if it lands in time
-    life.register(
-        "checkpoint in flight",
-        controller.finish_checkpoint,
-        timeout=recipe.grpo.checkpoint_finish_s + FINISH_PROBE_S + 5.0,
-        after_failure=True,
-    )
-    await controller.prepare()
+
+    async def start_up() -> Controller:
+        started = await start_services(life, config)
+        print(
+            f"services ready in {time.perf_counter() - start:.1f} s; run dir {config.run_dir}",
+            flush=True,
+        )
+        controller = Controller(config, started, life.stopping)
+        # stopped before the services (newest first): a checkpoint being written when the run
+        # ended early is committed if it lands in time
+        life.register(
+            "checkpoint in flight",
+            controller.finish_checkpoint,
+            timeout=recipe.grpo.checkpoint_finish_s + FINISH_PROBE_S + 5.0,
+            after_failure=True,
+        )
+        await controller.prepare()
+        return controller
+
+    # a stop before the first step abandons the start-up: nothing is trained, nothing saved
+    controller = await life.start(start_up())
     recorded = recorded_config(recipe, config.plan)
     write_recorded(config.run_dir, recorded)
     metrics = MetricsLogger(
@@ -191,7 +197,7 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     controller.start_rollouts()
     await controller.train()
     await controller.stop_rollouts()
-    if controller.step > (controller.resumed_from or 0) or life.stopping.is_set():
+    if controller.step > (controller.resumed_from or 0):  # a stop before any step saves nothing
         await controller.save_checkpoint()
     finished = controller.step >= recipe.grpo.steps
     no_room = model_room_warning(config) if finished else None
