@@ -100,6 +100,19 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left, loss):
     assert any(p.name.startswith("step_") for p in (run_dir / "checkpoints").iterdir())
 
 
+def test_a_run_with_wandb_offline_ends_without_a_traceback(tmp_path: Path, nothing_left):
+    # (wandb's exit hook said goodbye to its service process after the run's clean-up had
+    # ended it: a ConnectionResetError traceback after every run)
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny", "--steps", "2", "--run-dir", str(run_dir), "--wandb", "offline"]
+    proc = start(args, env={"HOME": str(tmp_path / "home")})
+    code, out = finish(proc, timeout=600)
+    assert code == 0, out
+    assert "finished at step 2" in out
+    assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb")), out
+    nothing_left(out, proc.pid)  # no "Traceback" among the rest
+
+
 def test_sigterm_checkpoints_exits_zero_and_the_rerun_resumes(tmp_path: Path, nothing_left):
     run_dir = tmp_path / "run"
     args = ["--recipe", "tiny", "--steps", "12", "--run-dir", str(run_dir)]

@@ -87,6 +87,7 @@ class MetricsLogger:
             self._bar.close()
         if self._run is not None:
             self._run.finish()
+            _stop_wandb()
         plot_curves(read_metrics(self.path), self.curves_path)
 
     def __enter__(self) -> MetricsLogger:
@@ -249,10 +250,20 @@ def _start_wandb(
             resume="allow" if resume_id else None,
         )
     except wandb.errors.UsageError as e:
+        _stop_wandb()
         raise UserError(
             f"W&B ({mode}): {str(e).strip().splitlines()[0]}; set WANDB_API_KEY, "
             "or use wandb mode offline or disabled"
         ) from None
+
+
+def _stop_wandb() -> None:
+    """Stop W&B's service process now. It is a child of this process: left to wandb's own
+    exit hook, it would already have been ended by the run's host clean-up (which ends every
+    child), and the hook's goodbye to it fails with a ConnectionResetError traceback."""
+    import wandb
+
+    wandb.teardown()
 
 
 def _plain(value: Any) -> Any:
