@@ -214,10 +214,11 @@ def main(
             control_binary()  # where the node has none: one line, nothing started
         if not (config.cluster.multi_node and config.cluster.rank > 0):
             # the controller's outputs: W&B first, as the run dir is created last
-            from runtime.control.metrics import check_wandb_login
+            from runtime.control.metrics import check_wandb_login, check_wandb_reachable
             from runtime.control.run import prepare_run_dir
 
             check_wandb_login(config.wandb_mode)
+            check_wandb_reachable(config.wandb_mode)
             prepare_run_dir(config)
     except UserError as e:
         print(f"forgesky: error: {e}", file=sys.stderr)  # as the run's other lines say

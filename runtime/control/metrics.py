@@ -229,6 +229,37 @@ def check_wandb_login(mode: str) -> None:
         )
 
 
+# How long the check before a run waits for W&B's server to answer.
+WANDB_REACH_S = 10.0
+
+
+def check_wandb_reachable(mode: str) -> None:
+    """Refuse W&B online where its server does not answer, before anything starts: wandb.init
+    would retry without end once every service is up, saying nothing of it on the console."""
+    if mode != "online":
+        return
+    try:
+        import requests
+        from wandb.apis import InternalApi
+
+        url = str(InternalApi().settings("base_url"))  # WANDB_BASE_URL, else W&B's own
+    except Exception:  # noqa: BLE001 - cannot tell here: wandb.init will say what is wrong
+        return
+    try:
+        requests.head(url, timeout=WANDB_REACH_S)
+    except requests.Timeout:
+        why = f"no answer within {WANDB_REACH_S:g} s"
+    except requests.RequestException as e:
+        reason = getattr(e.args[0] if e.args else None, "reason", None) or e
+        why = str(reason).split("): ", 1)[-1]  # urllib3 names the connection first
+    else:
+        return
+    raise UserError(
+        f"W&B online cannot reach {url}: {why}; check this machine's network (or "
+        "WANDB_BASE_URL), or use --wandb offline and `wandb sync` the run's wandb folder later"
+    )
+
+
 def _start_wandb(
     mode: str,
     project: str,
