@@ -200,6 +200,7 @@ def main(
     from runtime.procs.host import stacks_on_signal
 
     stacks_on_signal()  # kill -USR1 PID: this process's stacks; before any thread starts
+    over = False  # the run dir holds a finished run: nothing to start
     try:
         config = parse_config(argv, prog, named)
         check_plan_fits(config.plan, config.cluster)
@@ -214,15 +215,29 @@ def main(
             control_binary()  # where the node has none: one line, nothing started
         if not (config.cluster.multi_node and config.cluster.rank > 0):
             # the controller's outputs: W&B first, as the run dir is created last
-            from runtime.control.metrics import check_wandb_login
-            from runtime.control.run import prepare_run_dir
+            from runtime.control.metrics import check_wandb_login, check_wandb_reachable
+            from runtime.control.run import finished_already, prepare_run_dir
 
-            check_wandb_login(config.wandb_mode)
-            prepare_run_dir(config)
+            existing = config.run_dir.is_dir()
+            if existing:
+                prepare_run_dir(config)  # checks only, for a folder that is there
+            # a run at its last step already needs nothing more: no W&B, no service
+            over = existing and finished_already(config)
+            if not over:
+                check_wandb_login(config.wandb_mode)
+                check_wandb_reachable(config.wandb_mode)
+            if not existing:
+                prepare_run_dir(config)
     except UserError as e:
         print(f"forgesky: error: {e}", file=sys.stderr)  # as the run's other lines say
         return 2
     cluster = config.cluster
+    if over:
+        if cluster.multi_node:
+            from runtime.procs.nodewatch import release_workers
+
+            release_workers(cluster, 0, join_timeout=config.join_timeout)
+        return 0
     if cluster.multi_node and cluster.rank > 0:
         from runtime.procs.worker import run_worker
 

@@ -114,6 +114,21 @@ def run(
     return 0
 
 
+def write_run_model(run_dir: Path, recipe: Any, step: int) -> Path:
+    """RUN_DIR/model from the run's committed checkpoint of `step`, as the run writes it at its
+    end (there from the trainer's memory; here read from disk in this process)."""
+    from runtime.backends import build
+    from runtime.evaluate import hf_weight_groups
+    from runtime.models.export import DTYPES
+
+    source = _committed_step(run_dir, step, None)
+    layout, groups = hf_weight_groups(
+        source, recipe, command="export", dtype=DTYPES[recipe.model.dtype]
+    )
+    provenance = {"recipe": recipe.name, "step": step, "run_dir": str(run_dir)}
+    return build.write_model(recipe, groups, layout, run_dir / "model", provenance)
+
+
 # What a model folder needs free beyond its weights (index, config, tokenizer files).
 ROOM_MARGIN_BYTES = 100e6
 

@@ -58,8 +58,9 @@ def parse_args() -> argparse.Namespace:
     # bad: an endpoint raises, awaited through life.call; bad-raw: awaited directly;
     # kill-reward: the reward proc dies (SIGKILL) while its actor is being spawned.
     # abandoned: a call whose waiter is cancelled (as the controller cancels work in flight)
-    # fails afterwards, while the run goes on.
-    modes = ["normal", "bad", "bad-raw", "kill-reward", "abandoned"]
+    # fails afterwards, while the run goes on. slow-start: the start-up (`life.start`) ends
+    # with a set-up that takes a minute.
+    modes = ["normal", "bad", "bad-raw", "kill-reward", "abandoned", "slow-start"]
     p.add_argument("--mode", choices=modes, default="normal")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--step-seconds", type=float, default=0.05)
@@ -70,6 +71,8 @@ def parse_args() -> argparse.Namespace:
 
 async def controller(life: RunLifecycle, args: argparse.Namespace) -> None:
     print("started", flush=True)
+    if args.mode == "slow-start":
+        await life.start(_slow_start(life))
     if args.slow_stop:
         life.register("slow resource", lambda: asyncio.sleep(args.slow_stop))
     work = await spawn_service(life, "work", 2, threads=1)
@@ -95,6 +98,15 @@ async def controller(life: RunLifecycle, args: argparse.Namespace) -> None:
             waiter.cancel()
         step += 1
     print("finished", step, flush=True)
+
+
+async def _slow_start(life: RunLifecycle) -> None:
+    """Procs up and holding a shared-memory segment, then a set-up of a minute."""
+    work = await spawn_service(life, "work", 2, threads=1)
+    worker = work.spawn_actor(Worker)
+    name = await life.call("work", worker.slice(procs=0).share.call_one("weights"))
+    print("ready", json.dumps({"pids": work.pids, "shm": name}), flush=True)
+    await life.call("work", worker.step.call(60.0))
 
 
 async def _late(scorer) -> float:

@@ -14,6 +14,7 @@ from runtime_helpers import tiny_run_dir
 from test_models import LLAMA, QWEN
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import runtime.tasks.tiny as tiny
 from launcher.cli import main
 from recipes import load_recipe
 from runtime.backends import build, trainer_state
@@ -120,6 +121,15 @@ def test_forgesky_export_writes_the_newest_or_the_named_checkpoint(run_dir, tmp_
         got = _weights(tmp_path / name)
         for key, value in model.state_dict().items():
             torch.testing.assert_close(got[key], value, atol=0, rtol=0)
+    # its tokenizer encodes any text (a character outside the task's as <unk>), like the
+    # runtime's, into ids its model takes
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "newest")
+    text = "any text ✓ 漢字"
+    ids = tokenizer(text)["input_ids"]
+    assert ids == tiny.tokenizer()(text)["input_ids"] and set(ids[1:]) == {13}
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(tmp_path / "newest")(torch.tensor([ids]))
+    assert logits.logits.shape == (1, len(ids), spec.vocab_size)
     # and the exported folder evaluates like the checkpoint it came from
     for i, source in enumerate([str(run_dir), str(tmp_path / "newest")]):
         args = ["eval", source, "--recipe", "tiny", "--out", str(tmp_path / f"e{i}.json")]

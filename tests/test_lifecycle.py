@@ -179,6 +179,20 @@ def test_stop_signal_finishes_in_flight_work_and_exits_zero(sig, point):
     assert_clean(app)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_during_start_up_abandons_it_at_once(sig):
+    # The set-up under way takes a minute: the stop ends the run without waiting for it.
+    app = App("--mode", "slow-start")
+    app.wait_for("ready")
+    sent = app.signal(sig)
+    code, _ = app.finish()
+    assert code == 0, app.output
+    assert time.monotonic() - sent < 10, app.output
+    assert "forgesky: stopping: start-up abandoned, nothing was trained" in app.output
+    assert "finished" not in app.output and "shutdown took" not in app.output
+    assert_clean(app)
+
+
 def test_second_sigint_forces_exit_130_and_kills_children():
     # Steps of 20 s: the first Ctrl-C alone would wait for the step to finish.
     app = App("--steps", "100000", "--step-seconds", "20")

@@ -27,7 +27,14 @@ from pathlib import Path
 import pytest
 import yaml
 from netns import Fabric, unavailable
-from runtime_helpers import ROOT, finish, free_port, leftover_processes, wait_for_line
+from runtime_helpers import (
+    ROOT,
+    finish,
+    free_port,
+    leftover_processes,
+    tiny_run_dir,
+    wait_for_line,
+)
 
 from runtime.control.metrics import read_metrics
 
@@ -263,6 +270,25 @@ def test_a_failed_run_ends_every_node_with_the_controllers_exit_code(
     for rank in (1, 2):
         log = (tmp_path / f"logs/node{rank}.log").read_text()
         assert f"the controller finished (exit code {expected})" in log
+    time.sleep(1.0)
+    assert loopback.leftovers() == []
+
+
+def test_a_finished_run_started_again_ends_every_node_at_once(loopback: Nodes, tmp_path: Path):
+    """A managed job recovered after its end: node 0 finds the run at its last step, starts
+    nothing, and tells the workers, which exit 0 rather than wait for it and fail."""
+    (tmp_path / "run").mkdir()
+    run_dir = tiny_run_dir(tmp_path / "run", steps=(7,))
+    args = ["--recipe", "tiny", "--steps", "7", "--run-dir", str(run_dir)]
+    procs = loopback.start_all(args, tmp_path / "logs")
+    code, out = finish(procs[0], timeout=300)
+    assert code == 0, out
+    assert f"run dir {run_dir} is at step 7 of 7 already: nothing to train" in out, out
+    assert "starting services" not in out and "worker node(s)" not in out
+    assert [wait_exit(p, 60) for p in procs[1:]] == [0, 0]
+    for rank in (1, 2):
+        log = (tmp_path / f"logs/node{rank}.log").read_text()
+        assert "the controller finished (exit code 0)" in log, log
     time.sleep(1.0)
     assert loopback.leftovers() == []
 

@@ -13,7 +13,7 @@ import pytest
 from runtime_helpers import free_port
 
 from runtime.procs.cluster import Cluster
-from runtime.procs.nodewatch import NodeWatch, Outcome, follow_controller
+from runtime.procs.nodewatch import NodeWatch, Outcome, follow_controller, release_workers
 
 IPS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 FAST = {"interval": 0.1, "silence": 1.0}
@@ -71,6 +71,17 @@ def test_workers_join_and_leave_with_the_runs_exit_code(cluster):
         assert outcomes == [Outcome(3, "the controller finished (exit code 3)", "1234-abcd")]
     assert joined == [f"127.0.0.1:{cluster.port}"] * 2
     assert losses.seen == [] and watch.lost == {}
+
+
+def test_workers_of_a_run_with_nothing_to_do_are_released_with_its_exit_code(cluster):
+    # (node 0 found its run finished already: the workers must not wait for it, then fail)
+    workers = [follow(cluster, rank) for rank in (1, 2)]
+    began = time.monotonic()
+    release_workers(cluster, 0, join_timeout=10.0)
+    assert time.monotonic() - began < 5
+    for thread, outcomes in workers:
+        thread.join(10)
+        assert outcomes == [Outcome(0, "the controller finished (exit code 0)", None)]
 
 
 def test_a_worker_whose_connection_closes_is_lost_at_once(cluster):

@@ -1,17 +1,22 @@
-"""How often a run checkpoints, and what a crash while rewriting a checkpoint leaves behind.
+"""How often a run checkpoints, what a crash while rewriting a checkpoint leaves behind, and a
+finished run started again.
 
 The checkpoints' contents and the resume itself are checked on real runs in test_faults.py.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import time
 
 import pytest
+from runtime_helpers import finish, start, tiny_run_dir
 
 from launcher.cli import main as forgesky
 from recipes import UserError, load_recipe
 from runtime.control import checkpoint
+from runtime.control.run import finished_already
 from runtime.entry import parse_config
 
 
@@ -89,3 +94,32 @@ def test_a_newest_checkpoint_missing_a_file_is_skipped_for_the_one_before(tmp_pa
     (tmp_path / "step_000002" / "controller.pt").write_bytes(b"")
     with pytest.raises(UserError, match=r"step_000004/trainer.pt: checkpoint file is cut short"):
         checkpoint.latest(tmp_path)
+
+
+def test_a_finished_run_started_again_says_so_and_starts_nothing(tmp_path):
+    # (every service started, 54 s on two cores, to train nothing)
+    (tmp_path / "run").mkdir()
+    run_dir = tiny_run_dir(tmp_path / "run", steps=(3, 7))
+    args = ["--recipe", "tiny", "--steps", "7", "--run-dir", str(run_dir)]
+    done = f"forgesky: run dir {run_dir} is at step 7 of 7 already: nothing to train"
+    # ended before writing its model: written from the checkpoint, still without the services
+    code, out = finish(start(args), timeout=300)
+    assert code == 0, out
+    assert out.splitlines() == [
+        f"{done}, no service started; writing its model from that checkpoint (~0.3 MB of "
+        "float32 safetensors) ...",
+        f"model -> {run_dir / 'model'} (Hugging Face format: transformers, vLLM)",
+    ], out
+    assert json.loads((run_dir / "model/forgesky.json").read_text())["step"] == 7
+    # with its model: one line, at once
+    began = time.monotonic()
+    code, out = finish(start(args), timeout=60)
+    assert code == 0, out
+    assert out.splitlines() == [
+        f"{done}, nothing started; its model is {run_dir / 'model'} (`forgesky eval {run_dir}` "
+        f"evaluates it, `forgesky export {run_dir} --out DIR` writes it elsewhere); raise "
+        "--steps to train on"
+    ], out
+    assert time.monotonic() - began < 10
+    # with more steps the run goes on
+    assert not finished_already(parse_config([*args[:3], "8", *args[4:]]))

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from runtime_helpers import free_port
 
 from recipes import UserError, load_recipe, plan
 from runtime.control import checkpoint
@@ -199,6 +200,17 @@ def test_wandb_online_without_credentials_is_refused_before_the_run_dir_exists(t
     # WANDB_MODE=online says the same
     env["WANDB_MODE"] = "online"
     assert_refused(forgesky_local(tmp_path, "--run-dir", "run", env=env), "WANDB_API_KEY")
+    assert not (tmp_path / "run").exists()
+
+
+def test_wandb_online_with_its_server_out_of_reach_is_refused_before_the_run_dir_exists(
+    tmp_path,
+):
+    # (wandb.init retried without end, once every service had started)
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    env = {**_no_wandb_credentials(tmp_path), "WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": url}
+    result = forgesky_local(tmp_path, "--wandb", "online", "--run-dir", "run", env=env)
+    assert_refused(result, f"W&B online cannot reach {url}: ", "Connection refused", "offline")
     assert not (tmp_path / "run").exists()
 
 

@@ -100,6 +100,19 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left, loss):
     assert any(p.name.startswith("step_") for p in (run_dir / "checkpoints").iterdir())
 
 
+def test_a_run_with_wandb_offline_ends_without_a_traceback(tmp_path: Path, nothing_left):
+    # (wandb's exit hook said goodbye to its service process after the run's clean-up had
+    # ended it: a ConnectionResetError traceback after every run)
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny", "--steps", "2", "--run-dir", str(run_dir), "--wandb", "offline"]
+    proc = start(args, env={"HOME": str(tmp_path / "home")})
+    code, out = finish(proc, timeout=600)
+    assert code == 0, out
+    assert "finished at step 2" in out
+    assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb")), out
+    nothing_left(out, proc.pid)  # no "Traceback" among the rest
+
+
 def test_sigterm_checkpoints_exits_zero_and_the_rerun_resumes(tmp_path: Path, nothing_left):
     run_dir = tmp_path / "run"
     args = ["--recipe", "tiny", "--steps", "12", "--run-dir", str(run_dir)]
@@ -127,14 +140,34 @@ def test_sigterm_checkpoints_exits_zero_and_the_rerun_resumes(tmp_path: Path, no
     assert json.loads((run_dir / "model/forgesky.json").read_text())["step"] == 12
 
 
-@pytest.mark.parametrize("when", ["startup", "training"])
-def test_sigint_stops_cleanly(tmp_path: Path, when: str, nothing_left):
+def test_sigint_stops_cleanly(tmp_path: Path, nothing_left):
     proc = start(["--recipe", "tiny", "--steps", "50", "--run-dir", str(tmp_path / "run")])
-    wait_for_line(proc, "starting services" if when == "startup" else "step 2/50", timeout=600)
+    wait_for_line(proc, "step 2/50", timeout=600)
     proc.send_signal(signal.SIGINT)
     code, out = finish(proc, timeout=60)
     assert code == 0, out
     assert "stopping" in out
+    nothing_left(out, proc.pid)
+
+
+# while the procs spawn, and while they set up (the reward proc is ready long before the rest)
+@pytest.mark.parametrize("line", ["starting services", "  reward ready"])
+def test_sigint_during_start_up_stops_at_once_and_saves_nothing(
+    tmp_path: Path, line: str, nothing_left
+):
+    # Start-up takes a minute on two busy cores; the stop does not wait for it.
+    run_dir = tmp_path / "run"
+    proc = start(["--recipe", "tiny", "--steps", "50", "--run-dir", str(run_dir)])
+    wait_for_line(proc, line, timeout=600)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc, timeout=60)
+    took = time.monotonic() - sent
+    assert code == 0, out
+    assert took < 10, (took, out)
+    assert "forgesky: stopping: start-up abandoned, nothing was trained" in out
+    assert "checkpoint" not in out and "step 1/50" not in out, out
+    assert not list(run_dir.glob("checkpoints/step_*"))
     nothing_left(out, proc.pid)
 
 

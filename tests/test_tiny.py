@@ -22,11 +22,20 @@ from runtime.tasks.tiny.task import TinyTask, tiny_reward
 def test_tokenizer_round_trips_task_text_with_bos_and_eos():
     tok = tiny.tokenizer()
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
-    assert len(tok) == 13
+    assert len(tok) == 14
     ids = tok("345")["input_ids"]
     assert ids == [1, 6, 7, 8]
     assert tok.decode(ids + [2, 0], skip_special_tokens=True) == "345"
     assert tok.batch_decode([[9, 10], [11, 2]], skip_special_tokens=True) == ["67", "8"]
+
+
+def test_tokenizer_encodes_any_text_a_character_it_lacks_as_unk():
+    # (it raised "WordLevel error: Missing [UNK] token" on any character but a digit)
+    tok = tiny.tokenizer()
+    assert (tok.unk_token, tok.unk_token_id) == ("<unk>", 13)
+    ids = tok("7a ✓\n漢8")["input_ids"]
+    assert ids == [1, 10, 13, 13, 13, 13, 13, 11]  # one <unk> a character, newlines too
+    assert tok.decode(ids, skip_special_tokens=True) == "78"
 
 
 def test_tokenizer_fits_the_tiny_architecture():

@@ -87,6 +87,7 @@ class MetricsLogger:
             self._bar.close()
         if self._run is not None:
             self._run.finish()
+            _stop_wandb()
         plot_curves(read_metrics(self.path), self.curves_path)
 
     def __enter__(self) -> MetricsLogger:
@@ -228,6 +229,37 @@ def check_wandb_login(mode: str) -> None:
         )
 
 
+# How long the check before a run waits for W&B's server to answer.
+WANDB_REACH_S = 10.0
+
+
+def check_wandb_reachable(mode: str) -> None:
+    """Refuse W&B online where its server does not answer, before anything starts: wandb.init
+    would retry without end once every service is up, saying nothing of it on the console."""
+    if mode != "online":
+        return
+    try:
+        import requests
+        from wandb.apis import InternalApi
+
+        url = str(InternalApi().settings("base_url"))  # WANDB_BASE_URL, else W&B's own
+    except Exception:  # noqa: BLE001 - cannot tell here: wandb.init will say what is wrong
+        return
+    try:
+        requests.head(url, timeout=WANDB_REACH_S)
+    except requests.Timeout:
+        why = f"no answer within {WANDB_REACH_S:g} s"
+    except requests.RequestException as e:
+        reason = getattr(e.args[0] if e.args else None, "reason", None) or e
+        why = str(reason).split("): ", 1)[-1]  # urllib3 names the connection first
+    else:
+        return
+    raise UserError(
+        f"W&B online cannot reach {url}: {why}; check this machine's network (or "
+        "WANDB_BASE_URL), or use --wandb offline and `wandb sync` the run's wandb folder later"
+    )
+
+
 def _start_wandb(
     mode: str,
     project: str,
@@ -249,10 +281,20 @@ def _start_wandb(
             resume="allow" if resume_id else None,
         )
     except wandb.errors.UsageError as e:
+        _stop_wandb()
         raise UserError(
             f"W&B ({mode}): {str(e).strip().splitlines()[0]}; set WANDB_API_KEY, "
             "or use wandb mode offline or disabled"
         ) from None
+
+
+def _stop_wandb() -> None:
+    """Stop W&B's service process now. It is a child of this process: left to wandb's own
+    exit hook, it would already have been ended by the run's host clean-up (which ends every
+    child), and the hook's goodbye to it fails with a ConnectionResetError traceback."""
+    import wandb
+
+    wandb.teardown()
 
 
 def _plain(value: Any) -> Any:

@@ -133,7 +133,8 @@ def _check_same_model(config: RunConfig, saved: list[checkpoint.Checkpoint]) -> 
 def _check_steps_left(config: RunConfig, saved: list[checkpoint.Checkpoint]) -> None:
     """A resume whose --steps (grpo.steps) is below the step its checkpoint reached has
     nothing to train: said at once, not after every service has started. (At that step
-    exactly, as a managed job restarted after its last checkpoint is, the run just ends.)"""
+    exactly, as a managed job restarted after its last checkpoint is, the run is over:
+    `finished_already`.)"""
     steps = config.recipe.grpo.steps
     if saved and saved[-1].step > steps:
         raise UserError(
@@ -141,6 +142,56 @@ def _check_steps_left(config: RunConfig, saved: list[checkpoint.Checkpoint]) -> 
             f"{steps} steps: nothing left to train; raise --steps to go on, or `forgesky "
             f"export {config.run_dir} --out DIR` for its model"
         )
+
+
+def finished_already(config: RunConfig) -> bool:
+    """Whether the run dir's newest committed checkpoint is whole and at the run's last step (a
+    finished run started again, a managed job recovered after its end): then the run is over
+    before anything starts. One line says so; RUN_DIR/model is written from that checkpoint
+    where the run ended before it was (in this process: no service is started)."""
+    steps = config.recipe.grpo.steps
+    saved = checkpoint.committed(config.checkpoint_dir)
+    if not saved or saved[-1].step != steps:
+        return False
+    try:
+        checkpoint.verify(saved[-1])
+    except UserError:
+        return False  # the resume says what is wrong with it, and takes an earlier one
+    run_dir, model = config.run_dir, config.run_dir / "model"
+    done = f"forgesky: run dir {run_dir} is at step {steps} of {steps} already: nothing to train"
+    if _model_step(model) == steps:
+        print(
+            f"{done}, nothing started; its model is {model} (`forgesky eval {run_dir}` "
+            f"evaluates it, `forgesky export {run_dir} --out DIR` writes it elsewhere); raise "
+            "--steps to train on",
+            flush=True,
+        )
+        return True
+    no_room = model_room_warning(config)
+    if no_room:
+        print(f"{done}, nothing started", flush=True)
+        print(no_room, file=sys.stderr, flush=True)
+        return True
+    size = approx_size(model_file_bytes(config.recipe))
+    print(
+        f"{done}, no service started; writing its model from that checkpoint ({size} of "
+        f"{config.recipe.model.dtype} safetensors) ...",
+        flush=True,
+    )
+    from runtime.export import write_run_model
+
+    write_run_model(run_dir, config.recipe, steps)
+    print(f"model -> {model} (Hugging Face format: transformers, vLLM)", flush=True)
+    return True
+
+
+def _model_step(model: Path) -> int | None:
+    """The step RUN_DIR/model was written at (None: none, or not readable as one)."""
+    try:
+        step = json.loads((model / "forgesky.json").read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 async def _main(life: RunLifecycle, config: RunConfig) -> None:
@@ -157,21 +208,27 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     services = ["weight store", "trainer", "generator"]
     services += ["reference"] if config.plan.reference_enabled else []
     print(f"starting services ({', '.join([*services, 'reward'])}) ...", flush=True)
-    services = await start_services(life, config)
-    print(
-        f"services ready in {time.perf_counter() - start:.1f} s; run dir {config.run_dir}",
-        flush=True,
-    )
-    controller = Controller(config, services, life.stopping)
-    # stopped before the services (newest first): a checkpoint being written when the run
-    # ended early is committed if it lands in time
-    life.register(
-        "checkpoint in flight",
-        controller.finish_checkpoint,
-        timeout=recipe.grpo.checkpoint_finish_s + FINISH_PROBE_S + 5.0,
-        after_failure=True,
-    )
-    await controller.prepare()
+
+    async def start_up() -> Controller:
+        started = await start_services(life, config)
+        print(
+            f"services ready in {time.perf_counter() - start:.1f} s; run dir {config.run_dir}",
+            flush=True,
+        )
+        controller = Controller(config, started, life.stopping)
+        # stopped before the services (newest first): a checkpoint being written when the run
+        # ended early is committed if it lands in time
+        life.register(
+            "checkpoint in flight",
+            controller.finish_checkpoint,
+            timeout=recipe.grpo.checkpoint_finish_s + FINISH_PROBE_S + 5.0,
+            after_failure=True,
+        )
+        await controller.prepare()
+        return controller
+
+    # a stop before the first step abandons the start-up: nothing is trained, nothing saved
+    controller = await life.start(start_up())
     recorded = recorded_config(recipe, config.plan)
     write_recorded(config.run_dir, recorded)
     metrics = MetricsLogger(
@@ -191,7 +248,7 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     controller.start_rollouts()
     await controller.train()
     await controller.stop_rollouts()
-    if controller.step > (controller.resumed_from or 0) or life.stopping.is_set():
+    if controller.step > (controller.resumed_from or 0):  # a stop before any step saves nothing
         await controller.save_checkpoint()
     finished = controller.step >= recipe.grpo.steps
     no_room = model_room_warning(config) if finished else None

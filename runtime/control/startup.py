@@ -11,6 +11,10 @@ from typing import Any
 
 from recipes.memory import checkpoint_bytes
 from recipes.placements import shared_services
+
+# Imported with this module, before the run says it starts its services: an import holds the
+# event loop, and a Ctrl-C during start-up is handled at the loop's next turn.
+from runtime.actors import GeneratorActor, ReferenceActor, RewardActor, TrainerActor
 from runtime.control.checkpoint import approx_size
 from runtime.control.config import RunConfig
 from runtime.control.services import Services
@@ -18,7 +22,9 @@ from runtime.control.watchdog import Watchdog
 from runtime.procs.lifecycle import RunLifecycle
 from runtime.procs.mesh import available_cores
 from runtime.procs.mps import SM_PERCENT_ENV, uses_mps
+from runtime.procs.nodes import attach_nodes
 from runtime.procs.spawn import spawn_service
+from runtime.weights import store as weights
 
 
 def _start_mps(life: RunLifecycle) -> dict[str, str]:
@@ -66,10 +72,6 @@ def group_env(ranks: int) -> dict[str, str]:
 async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     """Every service of the plan, started, set up and supervised by `life`: the other nodes
     attached, the weight store, then all procs at once, their actors, and their set-up."""
-    from runtime.actors import GeneratorActor, ReferenceActor, RewardActor, TrainerActor
-    from runtime.procs.nodes import attach_nodes
-    from runtime.weights import store as weights
-
     plan, recipe = config.plan, config.recipe
     life.places.update(_places(plan))  # a failure's line says where the service runs
     # First, so that at shutdown the other nodes are let go last.
@@ -156,7 +158,9 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     reference = meshes[2 + len(gens)].spawn_actor(ReferenceActor) if refs else None
     # Stopped before the procs (resources stop newest first).
     for i, g in enumerate(generators):
-        life.register(f"generator{i} engine", functools.partial(g.close.call_one))
+        life.register(
+            f"generator{i} engine", functools.partial(g.close.call_one), mesh=meshes[2 + i]
+        )
 
     rewards = [r.model_dump() for r in recipe.dataset.rewards]
     setups = [

@@ -11,6 +11,8 @@
 
 - The first SIGINT/SIGTERM sets `stopping`; in-flight calls finish, then registered resources
   stop in reverse order. A second SIGINT kills every child process and exits 130 at once.
+- During start-up (`life.start(...)`) a stop abandons it: nothing is trained yet, so nothing is
+  waited for; what was started stops within `failure_shutdown` s and the run exits 0.
 - Any failure (an endpoint raises, a proc dies, Monarch reports a mesh failure) ends the run with
   exit code 1 and one line: `forgesky: reward actor failed: ZeroDivisionError: ... (in f.py:12 g)`.
   A collective that lost its peer waits `peer_grace` s for the peer's own failure, the root cause
@@ -26,7 +28,6 @@ import contextlib
 import os
 import signal
 import sys
-import threading
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from runtime.procs.host import (
     sweep_shared_memory,
 )
 from runtime.procs.mesh import PROBE_SUFFIX, ServiceMesh
+from runtime.procs.signals import StopSignals
 
 T = TypeVar("T")
 
@@ -69,6 +71,8 @@ class _Resource:
     mesh: ServiceMesh | None = None
     # keeps its own timeout after a failure too, outside `failure_shutdown`'s budget
     after_failure: bool = False
+    # an actor's clean-up on `mesh` (not the procs' own stop): nothing to do once they ended
+    on_mesh: bool = False
 
 
 class RunLifecycle:
@@ -104,9 +108,13 @@ class RunLifecycle:
         self._resources: list[_Resource] = []
         self._meshes: list[ServiceMesh] = []
         self._inflight: set[asyncio.Future[Any]] = set()
-        self._stop_signals = 0
+        self._signals = StopSignals(
+            on_stop=lambda: self._call_soon(self.request_stop), on_force=self._force_exit
+        )
         self._shutting_down = False
-        self._signal_fds: tuple[int, int] | None = None
+        self._starting = False
+        # a stop came during start-up: no work in flight is worth waiting for
+        self.abandoned = False
 
     # --- setup ----------------------------------------------------------------------------------
 
@@ -121,30 +129,7 @@ class RunLifecycle:
         import monarch.actor
 
         monarch.actor.unhandled_fault_hook = self._fault_hook
-        self._install_signals()
-
-    def _install_signals(self) -> None:
-        # Signals reach a watcher thread through the wakeup fd, so a second Ctrl-C forces an exit
-        # even while the main thread is stuck in native code.
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
-        self._signal_fds = (read_fd, write_fd)
-        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: None)
-        threading.Thread(target=self._watch_signals, name="signals", daemon=True).start()
-
-    def _watch_signals(self) -> None:
-        assert self._signal_fds is not None
-        read_fd = self._signal_fds[0]
-        while data := os.read(read_fd, 64):
-            for number in data:
-                if number == signal.SIGINT and self._stop_signals:
-                    self._force_exit()
-                if number in (signal.SIGINT, signal.SIGTERM):
-                    self._stop_signals += 1
-                    self._call_soon(self.request_stop)
-        os.close(read_fd)
+        self._signals.install()
 
     def _force_exit(self) -> None:
         _say(self.name, "forced exit: killing child processes")
@@ -164,7 +149,12 @@ class RunLifecycle:
             return
         self.stopping.set()
         self._stop_requested.set_result(None)
-        _say(self.name, "stopping: finishing in-flight work (Ctrl-C again to force)")
+        what = (
+            "start-up abandoned, nothing was trained"
+            if self._starting
+            else "finishing in-flight work"
+        )
+        _say(self.name, f"stopping: {what} (Ctrl-C again to force)")
 
     def fail(self, failure: ActorFailure) -> None:
         """Record a failure; the first one is the root cause the run reports."""
@@ -214,11 +204,17 @@ class RunLifecycle:
         stop: Callable[[], Awaitable[Any]],
         timeout: float = 30.0,
         after_failure: bool = False,
+        mesh: ServiceMesh | None = None,
     ) -> None:
         """Stop `stop()` at shutdown, after everything registered later, within `timeout` s
         (after a failure within what is left of `failure_shutdown`, unless `after_failure`:
-        work worth its own time even then)."""
-        self._resources.append(_Resource(name, stop, timeout, after_failure=after_failure))
+        work worth its own time even then). `mesh`: the procs `stop` asks (an actor's own
+        clean-up): it is skipped once they are ended, and bounded like them once they fail."""
+        self._resources.append(
+            _Resource(
+                name, stop, timeout, mesh, after_failure=after_failure, on_mesh=mesh is not None
+            )
+        )
 
     def watch(self, mesh: ServiceMesh) -> None:
         """Attribute Monarch failures of `mesh`'s actors to its service."""
@@ -282,6 +278,35 @@ class RunLifecycle:
         self.fail(ActorFailure(service, cause))
         raise self.failure  # type: ignore[misc]
 
+    async def start(self, startup: Awaitable[T]) -> T:
+        """Await the run's start-up (`startup`: procs spawned, actors set up, state restored).
+
+        A stop requested meanwhile abandons it and raises RunStopping: no step was trained, so
+        there is nothing to finish or save, and waiting for the slowest service to come up
+        first would only delay the exit. The calls in flight are dropped, and shutdown stops
+        what was started within `failure_shutdown` s.
+        """
+        task = asyncio.ensure_future(startup)
+        task.add_done_callback(_taken)  # its failure is raised below, or the run's already
+        self._starting = True
+        try:
+            await asyncio.wait({task, self._stop_requested}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()  # the run is ending (a failure): its start-up with it
+            raise
+        finally:
+            self._starting = False
+        if task.done() and not self._stop_requested.done():
+            return task.result()
+        self.abandoned = True
+        if not task.done():
+            task.cancel()
+            # a spawn or a set-up cancelled in its await ends at once; its procs at shutdown
+            await asyncio.wait({task}, timeout=self.drain_timeout)
+        if task.done() and not task.cancelled() and not isinstance(task.exception(), RunStopping):
+            task.result()  # a failure that came with the stop is still the run's end
+        raise RunStopping()
+
     async def _await_peer(self) -> None:
         """A collective lost its peer: wait up to `peer_grace` s for the peer's own failure.
         A proc of this machine that has ended meanwhile is that peer: Monarch's report of it
@@ -337,7 +362,7 @@ class RunLifecycle:
         try:
             await self.shutdown()
         finally:
-            self._uninstall_signals()
+            self._signals.uninstall()
         if self.failure is not None and self.failure is not reported:
             _say(self.name, self.failure_line(self.failure))
         return 1 if self.failure is not None else code
@@ -369,37 +394,28 @@ class RunLifecycle:
         """Drain in-flight calls, stop resources newest first, end Monarch, clean up the host.
 
         After a failure everything gets `failure_shutdown` seconds in all: a mesh with a dead
-        proc may never stop cleanly, and what does not stop is killed at the end anyway.
+        proc may never stop cleanly, and what does not stop is killed at the end anyway. After
+        an abandoned start-up the same, and this machine's service procs are ended first: they
+        hold nothing yet.
         """
         self._shutting_down = True
-        failed = self.failure is not None
+        brisk = self.failure is not None or self.abandoned
         began = self._loop.time()
         deadline = began + self.failure_shutdown
         parts: list[tuple[float, str]] = []
         if self._inflight:
-            # After a failure the answers no longer matter, and some would never come.
-            await asyncio.wait(set(self._inflight), timeout=0.0 if failed else self.drain_timeout)
+            # After a failure or an abandoned start-up the answers no longer matter, and some
+            # would never come.
+            await asyncio.wait(set(self._inflight), timeout=0.0 if brisk else self.drain_timeout)
             for task in list(self._inflight):
                 task.cancel()  # nobody awaits its answer any more; its exception is taken (_taken)
+        if self.abandoned:
+            self._end_local_procs()
         for resource in reversed(self._resources):
-            start = self._loop.time()
-            timeout = resource.timeout
-            if failed and not resource.after_failure:
-                timeout = max(0.5, min(timeout, deadline - self._loop.time()))
-            if resource.mesh is not None and resource.mesh.failed:
-                # Monarch waits out its 30 s spawn timeout for actors on a dead proc.
-                timeout = min(timeout, _FAILED_MESH_STOP_S)
-            try:
-                await asyncio.wait_for(resource.stop(), timeout)
-            except TimeoutError:
-                if not failed:
-                    _say(self.name, f"{resource.name}: did not stop within {timeout:g} s")
-            except Exception as e:  # noqa: BLE001 - one line per resource, the others still stop
-                if not failed:
-                    _say(self.name, f"{resource.name}: stop failed: {root_cause(e)}")
-            parts.append((self._loop.time() - start, resource.name))
+            seconds = await self._stop(resource, brisk, deadline)
+            parts.append((seconds, resource.name))
             if resource.after_failure:
-                deadline += self._loop.time() - start  # the others keep their budget
+                deadline += seconds  # the others keep their budget
         self._resources.clear()
         start = self._loop.time()
         await _stop_monarch()
@@ -407,7 +423,7 @@ class RunLifecycle:
         sweep_shared_memory()
         parts.append((self._loop.time() - start, "Monarch and the host's clean-up"))
         took = self._loop.time() - began
-        if not failed and took > self.slow_shutdown_s:
+        if not brisk and took > self.slow_shutdown_s:
             slowest = sorted(parts, reverse=True)[:4]
             _say(
                 self.name,
@@ -415,16 +431,41 @@ class RunLifecycle:
                 + ", ".join(f"{name} {seconds:.1f} s" for seconds, name in slowest),
             )
 
-    def _uninstall_signals(self) -> None:
-        if self._signal_fds is None:
-            return
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(
-                sig, signal.SIG_DFL if sig == signal.SIGTERM else signal.default_int_handler
-            )
-        os.close(self._signal_fds[1])  # ends the watcher thread, which closes its end
-        self._signal_fds = None
+    def _end_local_procs(self) -> None:
+        """After an abandoned start-up: end this machine's service procs at once. They hold
+        nothing yet, and a proc busy in its set-up (importing, building a model) would hold up
+        Monarch's stop of it until the set-up is done; their children end with the host's
+        clean-up, Monarch's view of them with Monarch."""
+        for mesh in self._meshes:
+            if not mesh.local or mesh.stopped:
+                continue
+            mesh.stopped = True  # its procs' deaths are this stop, not a failure
+            for pid in mesh.pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    async def _stop(self, resource: _Resource, brisk: bool, deadline: float) -> float:
+        """Stop one resource within its time (`brisk`: what is left until `deadline`, too);
+        the seconds it took. A resource that fails to stop is said in one line (not after a
+        failure or an abandoned start-up: what is left is killed anyway)."""
+        start = self._loop.time()
+        if resource.on_mesh and resource.mesh is not None and resource.mesh.stopped:
+            return 0.0  # its actor went with its procs
+        timeout = resource.timeout
+        if brisk and not resource.after_failure:
+            timeout = max(0.5, min(timeout, deadline - start))
+        if resource.mesh is not None and resource.mesh.failed:
+            # Monarch waits out its 30 s spawn timeout for actors on a dead proc.
+            timeout = min(timeout, _FAILED_MESH_STOP_S)
+        try:
+            await asyncio.wait_for(resource.stop(), timeout)
+        except TimeoutError:
+            if not brisk:
+                _say(self.name, f"{resource.name}: did not stop within {timeout:g} s")
+        except Exception as e:  # noqa: BLE001 - one line per resource, the others still stop
+            if not brisk:
+                _say(self.name, f"{resource.name}: stop failed: {root_cause(e)}")
+        return self._loop.time() - start
 
 
 def run(main: Callable[[RunLifecycle], Awaitable[None]], **options: Any) -> int:

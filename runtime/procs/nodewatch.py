@@ -246,6 +246,21 @@ class NodeWatch:
         peer.sock.close()
 
 
+def release_workers(cluster: Cluster, code: int, *, join_timeout: float) -> None:
+    """Node 0 found nothing to run: let the worker nodes join (within `join_timeout` s) and
+    tell them the run ended with `code`, rather than leave them waiting for a controller that
+    will not come, then failing. Where the port cannot be taken, they are left to that."""
+    watch = NodeWatch(cluster, lambda rank, reason: None)
+    try:
+        watch.start()
+    except OSError:
+        return
+    deadline = time.monotonic() + join_timeout
+    while watch.missing() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    watch.finish(code)
+
+
 def follow_controller(
     cluster: Cluster,
     *,

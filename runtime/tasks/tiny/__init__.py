@@ -16,7 +16,7 @@ TASK = TinyTask()
 
 
 def tokenizer() -> Any:
-    """The tiny tokenizer: <pad>=0, <bos>=1, <eos>=2, then the digits (13 ids)."""
+    """The tiny tokenizer: <pad>=0, <bos>=1, <eos>=2, the digits, then <unk>=13 (14 ids)."""
     from runtime.tasks.tiny.tokenization import build_tokenizer
 
     return build_tokenizer(DIGITS)
