@@ -4,6 +4,7 @@ caused it."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -73,6 +74,16 @@ def monarch_faults(request: pytest.FixtureRequest) -> Iterator[MonarchFaults]:
             + "; ".join(_describe(f) for f in faults.reports),
             pytrace=False,
         )
+
+
+@pytest.fixture(autouse=True)
+def traceback_limit_as_python_sets_it() -> Iterator[None]:
+    """SkyPilot's print_exception_no_traceback sets sys.tracebacklimit to 0 and, when what it
+    wraps raises, leaves it there: after a launcher test the suite's process would format every
+    later traceback without frames (the failure line's `(in FILE:LINE func)` then goes)."""
+    yield
+    if getattr(sys, "tracebacklimit", None) is not None:
+        del sys.tracebacklimit
 
 
 def _describe(failure: Any) -> str:
