@@ -3,6 +3,7 @@
     make lock                                     # write the lock (this script, the venv's uv)
     python scripts/cpu/lock.py --torch-wheels W   # the same
     python scripts/cpu/lock.py --torch-wheels W --check   # exit 1 if resolving again differs
+    python scripts/cpu/lock.py --torch-wheels W --same-date   # add a dependency, move nothing else
 
 `make install` puts in torch from constraints-cpu.txt, then exactly this file (pip
 --require-hashes --no-deps), then forgesky without dependencies, and runs pip check. The file is
@@ -131,6 +132,10 @@ def main() -> int:
         help=f"a folder or page of links holding torch's CPU wheels (default {DEFAULT_TORCH_WHEELS})",
     )  # fmt: skip
     parser.add_argument("--check", action="store_true", help="exit 1 if the lock is stale")
+    parser.add_argument(
+        "--same-date", action="store_true",
+        help="resolve PyPI as of the lock's own date: a new dependency comes in, nothing else moves",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.check:
         current = LOCK.read_text() if LOCK.exists() else ""
@@ -138,6 +143,8 @@ def main() -> int:
         print(f"{LOCK.name} is {'up to date' if same else 'stale'}")
         return 0 if same else 1
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if args.same_date:
+        now = locked_when(LOCK.read_text())
     text = resolve(now, args.torch_wheels)
     LOCK.write_text(text)
     pins = sum(1 for line in text.splitlines() if line[:1].isalnum())
