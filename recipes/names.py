@@ -8,6 +8,14 @@ from __future__ import annotations
 # folder (runtime/models/<family>/).
 FAMILIES: tuple[str, ...] = ("qwen3", "llama3")
 
+# The projections a LoRA adapter may wrap, by their Hugging Face module names (the names PEFT
+# and vLLM use), the same for every family; `all-linear` in a recipe means all of them (never
+# the embedding or the output head, as in PEFT).
+LORA_TARGETS: tuple[str, ...] = (
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+)  # fmt: skip
+ALL_LINEAR = "all-linear"
+
 # Policy losses built into the runtime (runtime/grpo/losses.py); a recipe may also name its own
 # as module:function.
 LOSSES: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo")

@@ -14,9 +14,11 @@ from pydantic_core import PydanticCustomError
 
 from recipes.fields import Identifier, Strict
 from recipes.names import (
+    ALL_LINEAR,
     BUILTIN_REWARDS,
     BUILTIN_TASKS,
     FAMILIES,
+    LORA_TARGETS,
     LOSS_AGGREGATION,
     LOSSES,
 )
@@ -37,6 +39,32 @@ def _shipped(value: str | None) -> str | None:
     return value
 
 
+class Lora(Strict):
+    """A LoRA adapter on the frozen base: W x + (alpha / rank) B A x on each targeted projection."""
+
+    rank: int
+    # None means 2 x rank; kept as written so that a recorded config validates to the same recipe.
+    alpha: float | None = None
+    dropout: float = 0.0
+    targets: list[str] | Literal["all-linear"] = ALL_LINEAR
+
+    @property
+    def scaling_alpha(self) -> float:
+        """alpha as used: the recipe's, or 2 x rank."""
+        return float(self.alpha) if self.alpha is not None else 2.0 * self.rank
+
+    @property
+    def scaling(self) -> float:
+        """The factor on B A x: alpha / rank."""
+        return self.scaling_alpha / self.rank
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The targeted projections' Hugging Face names, in LORA_TARGETS' order."""
+        chosen = set(LORA_TARGETS) if self.targets == ALL_LINEAR else set(self.targets)
+        return tuple(name for name in LORA_TARGETS if name in chosen)
+
+
 class Model(Strict):
     hf_id: Identifier
     family: Literal[FAMILIES]
@@ -49,6 +77,8 @@ class Model(Strict):
     # template close an empty <think></think> block, so the model answers directly; null leaves
     # the template's default (Qwen3: thinking on). Llama 3 has no thinking mode.
     thinking: bool | None = None
+    # Train a LoRA adapter on the frozen base instead of every parameter (absent: every one).
+    lora: Lora | None = None
 
     _builtin = field_validator("hf_id", "tokenizer")(_shipped)
 

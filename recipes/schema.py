@@ -136,6 +136,9 @@ def _consistency_errors(r: Recipe) -> list[str]:
         errors.append(
             f"model.thinking: {fam} models have no thinking mode (Qwen3 has); leave it unset"
         )
+    if r.model.lora is not None:
+        # The one place that holds LoRA back until the trainer, generators and export take it.
+        errors.append("model.lora: LoRA training is not in this build yet; remove model.lora")
     seq = r.grpo.max_prompt_tokens + r.grpo.max_response_tokens
     if seq > arch.max_seq_len:
         errors.append(
