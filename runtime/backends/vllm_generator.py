@@ -47,6 +47,7 @@ from torch import Tensor
 
 from recipes import UserError
 from runtime.backends.base import Completion
+from runtime.backends.vllm_worker import load_flat_on_worker, load_on_worker
 from runtime.models import ModelSpec, hf_config
 
 _SHM = Path("/dev/shm")
@@ -93,68 +94,6 @@ def write_model_dir(spec: ModelSpec, directory: str | Path, **token_ids: Any) ->
     config = hf_config(spec, **token_ids)  # with `architectures`, which vLLM reads
     config.save_pretrained(str(directory))
     return directory
-
-
-# Replicated on every TP rank and stored unfused under its HF name: read back after each load.
-_PROBE = "model.norm.weight"
-
-
-def _load_on_worker(worker: Any, weights: Mapping[str, Tensor] | str) -> list[str]:
-    """Runs inside a vLLM worker: load HF-named weights (a dict, or a safetensors path) into its
-    model; returns the model parameters that got no weight.
-
-    `loaded` only says which names the loaders matched; the probe parameter, read back from the
-    model the runner executes, proves the bytes arrived there (a load into a copy, or one that
-    matched names but wrote nothing, would otherwise pass silently).
-    """
-    model = worker.get_model()
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        if isinstance(weights, str):
-            from safetensors import safe_open
-
-            with safe_open(weights, framework="pt", device="cpu") as f:
-                loaded = model.load_weights((k, f.get_tensor(k)) for k in f.keys())  # noqa: SIM118
-                probe = f.get_tensor(_PROBE) if _PROBE in f.keys() else None  # noqa: SIM118
-        else:
-            loaded = model.load_weights(iter(weights.items()))
-            probe = weights.get(_PROBE)
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-    missing = sorted(set(params) - set(loaded or ()))
-    if not missing and probe is not None and _PROBE in params:
-        live = params[_PROBE]
-        expected = probe.to(device=live.device, dtype=live.dtype)
-        if not torch.isfinite(expected).all():  # NaN never equals itself: say what it is
-            raise RuntimeError(
-                f"the weights just loaded hold NaN or infinite values ({_PROBE}): the "
-                "policy version sent was not finite"
-            )
-        if not torch.equal(live.detach(), expected):
-            raise RuntimeError(
-                f"vLLM's {_PROBE} differs from the weight just loaded: load_weights did not "
-                "reach the model the engine runs"
-            )
-    return missing
-
-
-def _load_flat_on_worker(
-    worker: Any, handles: Sequence[Any], entries: Mapping[str, tuple[Any, ...]]
-) -> list[str]:
-    """Runs inside a vLLM worker: open a flat weight buffer by the CUDA IPC handle meant for
-    this worker's TP rank (see `runtime.weights.ipc.export_ipc`) and load from views of it."""
-    from vllm.distributed import get_tensor_model_parallel_rank
-
-    from runtime.weights.flat import views
-    from runtime.weights.ipc import open_ipc
-    from runtime.weights.layout import TensorEntry
-
-    flat = open_ipc(handles[get_tensor_model_parallel_rank()])
-    tensors = views(flat, {name: TensorEntry(*e) for name, e in entries.items()})
-    try:
-        return _load_on_worker(worker, tensors)
-    finally:
-        del tensors, flat  # the mapping closes with the last reference
 
 
 @contextlib.contextmanager
@@ -283,7 +222,7 @@ class VLLMGenerator:
         self._check_in_process()
         start = time.perf_counter()
         if self.tensor_parallel_size == 1:
-            missing = self.llm.collective_rpc(_load_on_worker, args=(hf_state_dict,))
+            missing = self.llm.collective_rpc(load_on_worker, args=(hf_state_dict,))
         else:
             missing = self._load_through_file(hf_state_dict)
         self._after_load(missing, start)
@@ -336,7 +275,7 @@ class VLLMGenerator:
         self._check_in_process()
         start = time.perf_counter()
         plain = {name: tuple(e) for name, e in entries.items()}
-        missing = self.llm.collective_rpc(_load_flat_on_worker, args=(list(handles), plain))
+        missing = self.llm.collective_rpc(load_flat_on_worker, args=(list(handles), plain))
         self._after_load(missing, start)
 
     def _after_load(self, missing: Sequence[Sequence[str]], start: float) -> None:
@@ -366,7 +305,7 @@ class VLLMGenerator:
                 {k: v.detach().to("cpu").contiguous().clone() for k, v in hf_state_dict.items()},
                 path,
             )
-            return self.llm.collective_rpc(_load_on_worker, args=(path,))
+            return self.llm.collective_rpc(load_on_worker, args=(path,))
         finally:
             Path(path).unlink(missing_ok=True)
 
