@@ -193,6 +193,7 @@ class GeneratorConfig:
                 kv_cache_memory_bytes=None if s.kv_cache_gb is None else int(s.kv_cache_gb * 1e9),
                 seed=g.seed,
                 enforce_eager=s.enforce_eager,
+                lora=recipe.model.lora,
             )
         from runtime.backends import HFGenerator
 
@@ -203,6 +204,7 @@ class GeneratorConfig:
             device=device(),
             dtype=dtype(recipe),
             seed=g.seed,
+            lora=recipe.model.lora,
         )
 
 

@@ -61,15 +61,9 @@ class HFGenerator:
         mixes the two is a bug (KeyError)."""
         state = dict(hf_state_dict)
         if self.lora is not None:
-            from runtime.models.peft_format import is_adapter_key
+            from runtime.models.peft_format import adapter_only
 
-            adapter = [k for k in state if is_adapter_key(k)]
-            if adapter and len(adapter) < len(state):
-                other = next(k for k in state if not is_adapter_key(k))
-                raise KeyError(
-                    f"a version mixes adapter matrices ({adapter[0]}) with base weights ({other})"
-                )
-            if adapter:
+            if adapter_only(state):
                 self._merge_adapter(state)
                 return
         result = self.model.load_state_dict(state, strict=False)

@@ -49,6 +49,7 @@ from recipes import UserError
 from runtime.backends.base import Completion
 from runtime.backends.vllm_worker import load_flat_on_worker, load_on_worker
 from runtime.models import ModelSpec, hf_config
+from runtime.models.peft_format import adapter_only, check_adapter
 
 _SHM = Path("/dev/shm")
 
@@ -139,6 +140,10 @@ class VLLMGenerator:
     from this process's tensors and CUDA IPC handles); `engine_in_process=False` gives it a
     process of its own, vLLM's default, for timing generation against it (weights cannot load
     into it then: `bench/gpu_grpo.py vllm --engine separate`).
+    With `lora` (a recipe's `model.lora`) the engine serves LoRA adapters: a version of the
+    adapter alone (PEFT names) goes to `runtime.backends.vllm_lora.LoraSlots` under the number
+    `incoming_version` gives (the actor sets it before each load), and every generation uses
+    the newest; a version of base weights loads as without LoRA.
     """
 
     def __init__(
@@ -160,6 +165,7 @@ class VLLMGenerator:
         max_num_seqs: int | None = None,
         model_dir: str | Path | None = None,
         engine_in_process: bool = True,
+        lora: Any = None,
     ):
         # Read by vLLM when the engine is created: `engine_environment`, and TP workers started
         # with spawn (fork after CUDA init is unsafe).
@@ -182,6 +188,8 @@ class VLLMGenerator:
         self.max_model_len = max_model_len
         self.policy_version = 0
         self.load_seconds = 0.0
+        self.incoming_version: int | None = None
+        self.slots: Any = None
         self._tmp = tempfile.TemporaryDirectory(prefix="forgesky-vllm-")
         folder = model_dir or write_model_dir(
             spec,
@@ -194,6 +202,10 @@ class VLLMGenerator:
             options["max_num_seqs"] = max_num_seqs
         if kv_cache_memory_bytes is not None:
             options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        if lora is not None:
+            from runtime.backends.vllm_lora import engine_options
+
+            options.update(engine_options(lora))
         start = time.perf_counter()
         self.llm = LLM(
             model=str(folder),
@@ -210,6 +222,10 @@ class VLLMGenerator:
             **options,
         )
         self.init_seconds = time.perf_counter() - start
+        if lora is not None:
+            from runtime.backends.vllm_lora import LoraSlots
+
+            self.slots = LoraSlots(self.llm.llm_engine, lora)
         if weights is not None:
             self.load_weights(weights)
 
@@ -221,6 +237,9 @@ class VLLMGenerator:
         """
         self._check_in_process()
         start = time.perf_counter()
+        if self.slots is not None and adapter_only(hf_state_dict):
+            self._load_adapter(hf_state_dict, start)
+            return
         if self.tensor_parallel_size == 1:
             missing = self.llm.collective_rpc(load_on_worker, args=(hf_state_dict,))
         else:
@@ -229,8 +248,9 @@ class VLLMGenerator:
 
     @property
     def ipc_opens(self) -> int:
-        """How many processes open a version handed over by CUDA IPC (`load_ipc`)."""
-        return self.tensor_parallel_size
+        """How many processes open a version handed over by CUDA IPC (`load_ipc`): under LoRA
+        this one alone (it writes the adapter's file)."""
+        return 1 if self.slots is not None else self.tensor_parallel_size
 
     def load_flat(self, flat: Tensor, entries: Mapping[str, Any]) -> None:
         """Load HF-named weights that lie in one flat uint8 buffer of this process at `entries`
@@ -238,7 +258,7 @@ class VLLMGenerator:
         TP>1 each worker opens the buffer through a CUDA IPC handle of its own."""
         from runtime.weights.flat import views
 
-        if self.tensor_parallel_size == 1 or flat.device.type != "cuda":
+        if self.tensor_parallel_size == 1 or flat.device.type != "cuda" or self.slots is not None:
             self.load_weights(views(flat, entries))
             return
         from runtime.weights.ipc import export_ipc
@@ -255,7 +275,7 @@ class VLLMGenerator:
 
         if len(handles) != self.ipc_opens:
             raise ValueError(f"{len(handles)} CUDA IPC handles for {self.ipc_opens} openers")
-        if self.tensor_parallel_size > 1:
+        if self.tensor_parallel_size > 1 and self.slots is None:
             self._load_on_workers(handles, entries)
             return
         flat = open_ipc(handles[0])
@@ -277,6 +297,14 @@ class VLLMGenerator:
         plain = {name: tuple(e) for name, e in entries.items()}
         missing = self.llm.collective_rpc(load_flat_on_worker, args=(list(handles), plain))
         self._after_load(missing, start)
+
+    def _load_adapter(self, tensors: Mapping[str, Tensor], start: float) -> None:
+        """An adapter version into a slot of its own. Neither the probe (the base weights did
+        not change) nor a prefix-cache reset (the cache keys on the adapter's name)."""
+        check_adapter(tensors, self.spec, self.slots.lora)
+        version, self.incoming_version = self.incoming_version, None
+        self.slots.load(self.slots.next_version() if version is None else version, tensors)
+        self.load_seconds = time.perf_counter() - start
 
     def _after_load(self, missing: Sequence[Sequence[str]], start: float) -> None:
         if any(missing):
@@ -359,7 +387,10 @@ class VLLMGenerator:
 
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(
-            requests, [params(i) for i in range(len(prompts))], use_tqdm=False
+            requests,
+            [params(i) for i in range(len(prompts))],
+            use_tqdm=False,
+            lora_request=None if self.slots is None else self.slots.current,
         )
         return list(self._completions(prompts, outputs, n, logprobs))
 
@@ -404,4 +435,6 @@ class VLLMGenerator:
 
                 with _took("vLLM's process-group clean-up"):
                     cleanup_dist_env_and_memory()
+        if self.slots is not None:
+            self.slots.close()
         self._tmp.cleanup()

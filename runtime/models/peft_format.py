@@ -60,6 +60,19 @@ def is_adapter_key(name: str) -> bool:
     return _KEY.match(name) is not None
 
 
+def adapter_only(names: Iterable[str]) -> bool:
+    """Whether a version's `names` are the adapter alone (True) or base weights alone (False);
+    KeyError for a version that mixes the two (a bug of whoever sent it)."""
+    adapter, base = [], []
+    for name in names:
+        (adapter if is_adapter_key(name) else base).append(name)
+    if adapter and base:
+        raise KeyError(
+            f"a version mixes adapter matrices ({adapter[0]}) with base weights ({base[0]})"
+        )
+    return bool(adapter)
+
+
 def base_weight_name(key: str) -> str:
     """The HF name of the weight an adapter matrix `key` adds to."""
     match = _KEY.match(key)
