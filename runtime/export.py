@@ -95,7 +95,7 @@ def run(
     recipe = resolve_recipe(source, recipe_name, [], command="export")
     check_room(folder, model_file_bytes(recipe), what=f"export: --out {out}")
     from runtime.backends import build  # torch: after every check that can refuse
-    from runtime.evaluate import hf_weight_groups
+    from runtime.eval_weights import hf_weight_groups
     from runtime.models.export import DTYPES
 
     print(f"exporting step {source.step} of {source.path.parent.parent} to {out}", flush=True)
@@ -118,7 +118,7 @@ def write_run_model(run_dir: Path, recipe: Any, step: int) -> Path:
     """RUN_DIR/model from the run's committed checkpoint of `step`, as the run writes it at its
     end (there from the trainer's memory; here read from disk in this process)."""
     from runtime.backends import build
-    from runtime.evaluate import hf_weight_groups
+    from runtime.eval_weights import hf_weight_groups
     from runtime.models.export import DTYPES
 
     source = _committed_step(run_dir, step, None)
