@@ -1,10 +1,12 @@
 """`forgesky eval SOURCE`: a finished model evaluated the way a run evaluates it.
 
 SOURCE is a run directory (its newest committed checkpoint, and the recipe it recorded in
-config.json), one checkpoint directory of it (`RUN_DIR/checkpoints/step_000060`), or a Hugging
-Face model folder (config.json and *.safetensors): one a run or `forgesky export` wrote records
+config.json), one checkpoint directory of it (`RUN_DIR/checkpoints/step_000060`), a Hugging
+Face model folder (config.json and *.safetensors) or a LoRA adapter folder in PEFT's format
+(adapter_config.json and adapter_model.safetensors): one a run or `forgesky export` wrote records
 its recipe and step in forgesky.json, any other needs `--recipe` (the recipe whose held-out
-data, rewards and sampling apply). The recipe's `eval` section says what is evaluated (it need
+data, rewards and sampling apply). An adapter, from a folder or a LoRA run's checkpoint, is
+merged into the recipe's base in memory and the merged model evaluated. The recipe's `eval` section says what is evaluated (it need
 not be enabled for training): the same prompts, the same greedy pass@1 and sampled pass@k, the
 same rewards as the evaluations during the run, here in one process with the recipe's generator
 backend (vLLM on a GPU, the HF generator on a CPU recipe).
@@ -25,8 +27,8 @@ from runtime.eval_weights import load_hf_weights
 
 @dataclass(frozen=True)
 class Source:
-    """What SOURCE names: `kind` "checkpoint" (with the run's recorded recipe, if found) or
-    "hf" (a model folder)."""
+    """What SOURCE names: `kind` "checkpoint" (with the run's recorded recipe, if found), "hf"
+    (a model folder) or "adapter" (a LoRA adapter folder)."""
 
     kind: str
     path: Path
@@ -37,6 +39,9 @@ class Source:
 
 # What a model folder that forgesky wrote records of where it came from (runtime.models.export).
 EXPORT_RECORD = "forgesky.json"
+# The files of a LoRA adapter folder (runtime.models.peft_format's, named here too: a SOURCE is
+# told apart before torch loads).
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def resolve_source(text: str, command: str = "eval") -> Source:
@@ -73,12 +78,16 @@ def resolve_source(text: str, command: str = "eval") -> Source:
                 f"{command}: run {text} has no committed checkpoint in {path}/checkpoints"
             )
         return Source("checkpoint", found.path, found.step, _recorded(path))
+    record = path / EXPORT_RECORD
+    exported = record if record.is_file() else None
+    if all((path / name).is_file() for name in ADAPTER_FILES):
+        return Source("adapter", path, exported=exported)
     if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
-        record = path / EXPORT_RECORD
-        return Source("hf", path, exported=record if record.is_file() else None)
+        return Source("hf", path, exported=exported)
     raise UserError(
         f"{command}: {text} is neither a run directory (checkpoints/), a checkpoint (COMMITTED, "
-        "trainer/) nor a model folder (config.json, *.safetensors)"
+        "trainer/), a model folder (config.json, *.safetensors) nor an adapter folder "
+        "(adapter_config.json, adapter_model.safetensors)"
     )
 
 
@@ -123,8 +132,8 @@ def resolve_recipe(
         data.pop("plan", None)
         base = validate_recipe(data, str(source.recorded))
     elif source.exported is not None:
-        base = _exported_recipe(source.exported, command)
-    elif source.kind == "hf":
+        base = _exported_recipe(source.exported, command, adapter=source.kind == "adapter")
+    elif source.kind in ("hf", "adapter"):
         raise UserError(
             f"{command}: {source.path} has no {EXPORT_RECORD} naming its recipe (forgesky did not "
             "write it); pass --recipe, the recipe whose data, rewards and sampling apply"
@@ -137,9 +146,11 @@ def resolve_recipe(
     return apply_overrides(base, ["eval.enabled=true", *overrides])
 
 
-def _exported_recipe(path: Path, command: str) -> Any:
+def _exported_recipe(path: Path, command: str, adapter: bool = False) -> Any:
     """The recipe a model folder's forgesky.json records: the recipe itself where the export
-    wrote it, else (an older export) the catalog recipe it names."""
+    wrote it, else (an older export) the catalog recipe it names. For an `adapter` folder, less
+    its `model.lora`: the folder's adapter_config.json says what the adapter is, the recipe
+    what it is evaluated on and merged into."""
     from recipes import list_recipes, load_recipe, validate_recipe
 
     where = str(path)
@@ -150,7 +161,10 @@ def _exported_recipe(path: Path, command: str) -> Any:
     if not isinstance(record, dict):
         raise UserError(f"{command}: {where} is not what an export records; pass --recipe")
     if isinstance(record.get("recipe_config"), dict):
-        return validate_recipe(dict(record["recipe_config"]), where)
+        data = dict(record["recipe_config"])
+        if adapter and isinstance(data.get("model"), dict):
+            data["model"] = {k: v for k, v in data["model"].items() if k != "lora"}
+        return validate_recipe(data, where)
     name = record.get("recipe")
     if not isinstance(name, str) or not name.strip():
         raise UserError(f"{command}: {where} names no recipe; pass --recipe")
@@ -182,6 +196,13 @@ def _check_recorded_model(source: Source, recipe: Any, command: str) -> None:
         )
 
 
+def full_model(recipe: Any) -> Any:
+    """The recipe for the model with any LoRA adapter merged in: its `model.lora` dropped."""
+    if recipe.model.lora is None:
+        return recipe
+    return recipe.model_copy(update={"model": recipe.model.model_copy(update={"lora": None})})
+
+
 def held_out_prompts(recipe: Any) -> list[Any]:
     """The prompts the recipe's eval section names, in the data's order."""
     from runtime.tasks.data import build_prompt_source
@@ -201,6 +222,8 @@ def evaluate(
     from runtime.tasks.rewards import build_reward_fn
 
     e, g = recipe.eval, recipe.grpo
+    # the weights are a whole model (an adapter merged already): no LoRA in the generator
+    recipe = full_model(recipe)
     # the generator's settings with a GPU of its own: it runs alone here
     alone = apply_overrides(recipe, ["layout.share=none"])
     settings = plan(alone, dedicated_gpus(alone)).settings
@@ -279,7 +302,7 @@ def run(source_text: str, recipe_name: str | None, overrides: list[str], out: st
     recipe = resolve_recipe(source, recipe_name, overrides)
     e = recipe.eval
     step = _exported_step(source)
-    if source.kind == "hf":
+    if source.kind in ("hf", "adapter"):
         what = f"{source.path}" + (f" (step {step})" if step is not None else "")
     else:
         what = f"step {step} of {source.path.parent.parent}" if step else source.path

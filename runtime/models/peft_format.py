@@ -216,11 +216,6 @@ def write_adapter_folder(
     return folder
 
 
-def is_adapter_folder(path: Path) -> bool:
-    """Whether `path` holds an adapter (its config and its weights)."""
-    return (path / CONFIG_FILE).is_file() and (path / WEIGHTS_FILE).is_file()
-
-
 def read_adapter_folder(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(the adapter's tensors under PEFT names, its adapter_config.json)."""
     from safetensors.torch import load_file
