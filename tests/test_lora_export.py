@@ -142,3 +142,10 @@ def test_full_model_drops_only_the_adapter():
     assert full_model(recipe).model.model_dump(exclude={"lora"}) == recipe.model.model_dump(
         exclude={"lora"}
     )
+
+
+def test_eval_tells_an_adapter_folder_by_the_files_peft_format_writes():
+    from runtime.evaluate import ADAPTER_FILES
+    from runtime.models.peft_format import WEIGHTS_FILE
+
+    assert set(ADAPTER_FILES) == {CONFIG_FILE, WEIGHTS_FILE}
