@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         _cmd_eval,
         epilog="SOURCE: a run directory (its newest committed checkpoint and recorded recipe), "
         "one of its checkpoints, a model folder forgesky wrote (its forgesky.json records the "
-        "recipe) or any Hugging Face model folder (needs --recipe). What is evaluated is the "
+        "recipe), any Hugging Face model folder (needs --recipe) or a LoRA adapter folder in "
+        "PEFT's format (merged into the recipe's base). What is evaluated is the "
         "recipe's eval section: --set eval.prompts=64, eval.k=8, ...",
     )
     p.add_argument("source", metavar="SOURCE", help="run directory, checkpoint or model folder")
@@ -172,7 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
         "write a run's trained policy as a Hugging Face model folder (and push it to the Hub)",
         _cmd_export,
         epilog="A run writes RUN_DIR/model when it finishes; this exports any committed "
-        "checkpoint. The folder loads with transformers' from_pretrained and vllm.LLM.",
+        "checkpoint. The folder loads with transformers' from_pretrained and vllm.LLM. A LoRA "
+        "run exports its adapter as a PEFT folder (peft.PeftModel.from_pretrained, vLLM's "
+        "LoRARequest); --merge writes it merged into its base as a full model folder.",
     )
     p.add_argument("source", metavar="RUN_DIR", help="run directory, or one of its checkpoints")
     p.add_argument(
@@ -190,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="REPO",
         help="then upload to this Hub repository, private if new (token: HF_TOKEN)",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run: write its adapter merged into the base, a full model folder",
     )
 
     p = add_command(
@@ -386,6 +394,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         step=args.step,
         recipe_name=args.recipe,
         push_to_hub=args.push_to_hub,
+        merge=args.merge,
     )
 
 

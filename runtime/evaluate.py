@@ -1,10 +1,12 @@
 """`forgesky eval SOURCE`: a finished model evaluated the way a run evaluates it.
 
 SOURCE is a run directory (its newest committed checkpoint, and the recipe it recorded in
-config.json), one checkpoint directory of it (`RUN_DIR/checkpoints/step_000060`), or a Hugging
-Face model folder (config.json and *.safetensors): one a run or `forgesky export` wrote records
+config.json), one checkpoint directory of it (`RUN_DIR/checkpoints/step_000060`), a Hugging
+Face model folder (config.json and *.safetensors) or a LoRA adapter folder in PEFT's format
+(adapter_config.json and adapter_model.safetensors): one a run or `forgesky export` wrote records
 its recipe and step in forgesky.json, any other needs `--recipe` (the recipe whose held-out
-data, rewards and sampling apply). The recipe's `eval` section says what is evaluated (it need
+data, rewards and sampling apply). An adapter, from a folder or a LoRA run's checkpoint, is
+merged into the recipe's base in memory and the merged model evaluated. The recipe's `eval` section says what is evaluated (it need
 not be enabled for training): the same prompts, the same greedy pass@1 and sampled pass@k, the
 same rewards as the evaluations during the run, here in one process with the recipe's generator
 backend (vLLM on a GPU, the HF generator on a CPU recipe).
@@ -20,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from recipes import UserError
+from runtime.eval_weights import load_hf_weights
 
 
 @dataclass(frozen=True)
 class Source:
-    """What SOURCE names: `kind` "checkpoint" (with the run's recorded recipe, if found) or
-    "hf" (a model folder)."""
+    """What SOURCE names: `kind` "checkpoint" (with the run's recorded recipe, if found), "hf"
+    (a model folder) or "adapter" (a LoRA adapter folder)."""
 
     kind: str
     path: Path
@@ -36,6 +39,9 @@ class Source:
 
 # What a model folder that forgesky wrote records of where it came from (runtime.models.export).
 EXPORT_RECORD = "forgesky.json"
+# The files of a LoRA adapter folder (runtime.models.peft_format's, named here too: a SOURCE is
+# told apart before torch loads).
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def resolve_source(text: str, command: str = "eval") -> Source:
@@ -72,12 +78,16 @@ def resolve_source(text: str, command: str = "eval") -> Source:
                 f"{command}: run {text} has no committed checkpoint in {path}/checkpoints"
             )
         return Source("checkpoint", found.path, found.step, _recorded(path))
+    record = path / EXPORT_RECORD
+    exported = record if record.is_file() else None
+    if all((path / name).is_file() for name in ADAPTER_FILES):
+        return Source("adapter", path, exported=exported)
     if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
-        record = path / EXPORT_RECORD
-        return Source("hf", path, exported=record if record.is_file() else None)
+        return Source("hf", path, exported=exported)
     raise UserError(
         f"{command}: {text} is neither a run directory (checkpoints/), a checkpoint (COMMITTED, "
-        "trainer/) nor a model folder (config.json, *.safetensors)"
+        "trainer/), a model folder (config.json, *.safetensors) nor an adapter folder "
+        "(adapter_config.json, adapter_model.safetensors)"
     )
 
 
@@ -122,8 +132,8 @@ def resolve_recipe(
         data.pop("plan", None)
         base = validate_recipe(data, str(source.recorded))
     elif source.exported is not None:
-        base = _exported_recipe(source.exported, command)
-    elif source.kind == "hf":
+        base = _exported_recipe(source.exported, command, adapter=source.kind == "adapter")
+    elif source.kind in ("hf", "adapter"):
         raise UserError(
             f"{command}: {source.path} has no {EXPORT_RECORD} naming its recipe (forgesky did not "
             "write it); pass --recipe, the recipe whose data, rewards and sampling apply"
@@ -136,9 +146,11 @@ def resolve_recipe(
     return apply_overrides(base, ["eval.enabled=true", *overrides])
 
 
-def _exported_recipe(path: Path, command: str) -> Any:
+def _exported_recipe(path: Path, command: str, adapter: bool = False) -> Any:
     """The recipe a model folder's forgesky.json records: the recipe itself where the export
-    wrote it, else (an older export) the catalog recipe it names."""
+    wrote it, else (an older export) the catalog recipe it names. For an `adapter` folder, less
+    its `model.lora`: the folder's adapter_config.json says what the adapter is, the recipe
+    what it is evaluated on and merged into."""
     from recipes import list_recipes, load_recipe, validate_recipe
 
     where = str(path)
@@ -149,7 +161,10 @@ def _exported_recipe(path: Path, command: str) -> Any:
     if not isinstance(record, dict):
         raise UserError(f"{command}: {where} is not what an export records; pass --recipe")
     if isinstance(record.get("recipe_config"), dict):
-        return validate_recipe(dict(record["recipe_config"]), where)
+        data = dict(record["recipe_config"])
+        if adapter and isinstance(data.get("model"), dict):
+            data["model"] = {k: v for k, v in data["model"].items() if k != "lora"}
+        return validate_recipe(data, where)
     name = record.get("recipe")
     if not isinstance(name, str) or not name.strip():
         raise UserError(f"{command}: {where} names no recipe; pass --recipe")
@@ -181,130 +196,11 @@ def _check_recorded_model(source: Source, recipe: Any, command: str) -> None:
         )
 
 
-def load_hf_weights(source: Source, recipe: Any, command: str = "eval") -> dict[str, Any]:
-    """The model's weights under HF names, checked against the recipe's architecture."""
-    from runtime.backends import build
-    from runtime.models.hf import from_hf, to_hf
-    from runtime.models.loading import check_config, load_hf_state_dict
-
-    spec = build.model_spec(recipe)
-    where = f"{command}: the weights in {source.path}"
-    if source.kind == "hf":
-        check_config(source.path, spec, str(source.path))
-        titan = from_hf(load_hf_state_dict(str(source.path)), spec)
-        _check_fit(_shapes(titan), _expected(spec, fused=False), where, recipe)
-        return to_hf(dict(titan), spec)
-    from runtime.backends import trainer_state
-
-    legacy = trainer_state.is_legacy(source.path)
-    try:
-        if not legacy:
-            # names and shapes from the metadata first: a wrong --recipe reads nothing
-            _check_fit(
-                trainer_state.saved_shapes(source.path), _expected(spec, fused=True), where, recipe
-            )
-        titan = trainer_state.model_weights(source.path, spec)
-    except UserError:
-        raise
-    except _unreadable() as e:  # noqa: BLE001 - any unreadable file is the same user error
-        raise _cannot_read(command, source, e) from None
-    if legacy:
-        _check_fit(_shapes(titan), _expected(spec, fused=False), where, recipe)
-    return to_hf(dict(titan), spec)
-
-
-def hf_weight_groups(source: Source, recipe: Any, command: str, dtype: Any) -> tuple[Any, Any]:
-    """`load_hf_weights` a group at a time, for an export: (the HF names and shapes as meta
-    tensors in the order they come, the groups). A DCP checkpoint is checked against the
-    recipe first, then read one block at a time into `dtype`; anything else is read whole (the
-    writer casts it)."""
-    from runtime.backends import build, trainer_state
-    from runtime.models.hf import to_hf
-
-    if source.kind == "hf" or trainer_state.is_legacy(source.path):
-        whole = load_hf_weights(source, recipe, command)
-        return {k: v.to("meta") for k, v in whole.items()}, iter([whole])
-    spec = build.model_spec(recipe)
-    where = f"{command}: the weights in {source.path}"
-    try:
-        # names and shapes from the metadata first: a wrong --recipe reads nothing
-        _check_fit(
-            trainer_state.saved_shapes(source.path), _expected(spec, fused=True), where, recipe
-        )
-        layout, groups = trainer_state.model_weight_groups(source.path, spec, dtype)
-    except UserError:
-        raise
-    except _unreadable() as e:  # noqa: BLE001 - any unreadable file is the same user error
-        raise _cannot_read(command, source, e) from None
-    hf_layout = {k: v for part in layout for k, v in to_hf(part, spec).items()}
-
-    def hf_groups() -> Any:
-        try:
-            for group in groups:
-                yield to_hf(group, spec)
-        except UserError:
-            raise
-        except _unreadable() as e:  # noqa: BLE001 - a file that fails half-way is the same error
-            raise _cannot_read(command, source, e) from None
-
-    return hf_layout, hf_groups()
-
-
-def _cannot_read(command: str, source: Source, e: BaseException) -> UserError:
-    return UserError(f"{command}: checkpoint {source.path} cannot be read ({_first(e)})")
-
-
-def _first(e: BaseException) -> str:
-    """The first sentence of what went wrong; under DCP's CheckpointException, the error of
-    the read that failed (an EOFError for a file cut short)."""
-    from torch.distributed.checkpoint import CheckpointException
-
-    from runtime.backends.trainer_state import error_chain
-
-    e = next((x for x in error_chain(e) if not isinstance(x, CheckpointException)), e)
-    text = str(e).strip().splitlines()
-    return (text[0].split(". ")[0] if text else "") or type(e).__name__
-
-
-def _unreadable() -> tuple[type[BaseException], ...]:
-    """What reading a damaged checkpoint raises: any error, and DCP's CheckpointException,
-    which is a BaseException."""
-    from torch.distributed.checkpoint import CheckpointException
-
-    return (Exception, CheckpointException)
-
-
-def _shapes(tensors: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v.shape) for k, v in tensors.items()}
-
-
-def _expected(spec: Any, *, fused: bool) -> dict[str, tuple[int, ...]]:
-    """The recipe model's tensors (built on meta): its parameters as the model holds them
-    (`fused`: q/k/v in one projection, what a DCP checkpoint stores) or its state dict."""
-    from runtime.models.titan import meta_model
-
-    model = meta_model(spec)  # tied: one parameter, as a live model saves it
-    tensors = dict(model.named_parameters()) if fused else model.state_dict()
-    return _shapes(tensors)
-
-
-def _check_fit(
-    got: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], what: str, recipe: Any
-) -> None:
-    """UserError unless the names and shapes are exactly the recipe model's."""
-    model = f"{recipe.model.family} {recipe.model.size}"
-    if got.keys() != expected.keys():
-        odd = sorted(got.keys() ^ expected.keys())[:3]
-        raise UserError(
-            f"{what} are not a {model} model (names differ: {', '.join(odd)}); check --recipe"
-        )
-    wrong = [k for k in expected if got[k] != expected[k]]
-    if wrong:
-        k = wrong[0]
-        raise UserError(
-            f"{what} are not a {model} model ({k} is {list(got[k])}, the recipe's model has "
-            f"{list(expected[k])}); check --recipe"
-        )
+def full_model(recipe: Any) -> Any:
+    """The recipe for the model with any LoRA adapter merged in: its `model.lora` dropped."""
+    if recipe.model.lora is None:
+        return recipe
+    return recipe.model_copy(update={"model": recipe.model.model_copy(update={"lora": None})})
 
 
 def held_out_prompts(recipe: Any) -> list[Any]:
@@ -326,6 +222,8 @@ def evaluate(
     from runtime.tasks.rewards import build_reward_fn
 
     e, g = recipe.eval, recipe.grpo
+    # the weights are a whole model (an adapter merged already): no LoRA in the generator
+    recipe = full_model(recipe)
     # the generator's settings with a GPU of its own: it runs alone here
     alone = apply_overrides(recipe, ["layout.share=none"])
     settings = plan(alone, dedicated_gpus(alone)).settings
@@ -404,7 +302,7 @@ def run(source_text: str, recipe_name: str | None, overrides: list[str], out: st
     recipe = resolve_recipe(source, recipe_name, overrides)
     e = recipe.eval
     step = _exported_step(source)
-    if source.kind == "hf":
+    if source.kind in ("hf", "adapter"):
         what = f"{source.path}" + (f" (step {step})" if step is not None else "")
     else:
         what = f"step {step} of {source.path.parent.parent}" if step else source.path

@@ -1,5 +1,7 @@
 """`forgesky export RUN_DIR`: a run's policy as a Hugging Face model folder, and on request on the
-Hub.
+Hub. A LoRA run's policy is its adapter, written as a PEFT folder (adapter_config.json,
+adapter_model.safetensors); `--merge` writes it merged into its base as a full model folder
+instead, read and written a block at a time.
 
 A run writes RUN_DIR/model when it finishes; this writes the same from any committed checkpoint
 (`--step`, default the newest) of a run directory, or from one checkpoint directory, with the
@@ -27,8 +29,9 @@ def pick_checkpoint(source_text: str, step: int | None) -> Any:
         config = path / "config.json"
         return _committed_step(path, step, config if config.is_file() else None)
     source = resolve_source(source_text, command="export")
-    if source.kind == "hf":
-        raise UserError(f"export: {source_text} is a model folder already; give a run directory")
+    if source.kind in ("hf", "adapter"):
+        what = "an adapter folder" if source.kind == "adapter" else "a model folder"
+        raise UserError(f"export: {source_text} is {what} already; give a run directory")
     if step is None or step == source.step:
         return source
     return _committed_step(source.path.parent.parent, step, source.recorded)
@@ -76,6 +79,7 @@ def run(
     step: int | None = None,
     recipe_name: str | None = None,
     push_to_hub: str | None = None,
+    merge: bool = False,
 ) -> int:
     """Export; UserError for what the user can fix."""
     from runtime.hub import hf_token
@@ -90,22 +94,19 @@ def run(
     if push_to_hub:
         check_repo_id(push_to_hub)
     source = pick_checkpoint(source_text, step)
-    from runtime.evaluate import resolve_recipe
+    from runtime.evaluate import full_model, resolve_recipe
 
     recipe = resolve_recipe(source, recipe_name, [], command="export")
-    check_room(folder, model_file_bytes(recipe), what=f"export: --out {out}")
-    from runtime.backends import build  # torch: after every check that can refuse
-    from runtime.evaluate import hf_weight_groups
-    from runtime.models.export import DTYPES
-
+    if merge and recipe.model.lora is None:
+        raise UserError(
+            f"export: --merge: {source_text} trained every parameter; its export is a full "
+            "model already (drop --merge)"
+        )
+    size = model_file_bytes(full_model(recipe) if merge else recipe)
+    check_room(folder, size, what=f"export: --out {out}")
     print(f"exporting step {source.step} of {source.path.parent.parent} to {out}", flush=True)
-    # read a block at a time, in the dtype the folder is written in, each safetensors file
-    # written as it fills: host memory holds a file's weights, whatever the model's size
-    layout, groups = hf_weight_groups(
-        source, recipe, command="export", dtype=DTYPES[recipe.model.dtype]
-    )
     provenance = {"recipe": recipe.name, "step": source.step, "checkpoint": str(source.path)}
-    folder = build.write_model(recipe, groups, layout, folder, provenance)
+    folder = write(source, recipe, folder, provenance, merge=merge)  # torch: after every check
     files = sorted(p.name for p in folder.iterdir())
     print(f"wrote {folder}: {', '.join(files)}", flush=True)
     if push_to_hub:
@@ -117,16 +118,40 @@ def run(
 def write_run_model(run_dir: Path, recipe: Any, step: int) -> Path:
     """RUN_DIR/model from the run's committed checkpoint of `step`, as the run writes it at its
     end (there from the trainer's memory; here read from disk in this process)."""
+    source = _committed_step(run_dir, step, None)
+    provenance = {"recipe": recipe.name, "step": step, "run_dir": str(run_dir)}
+    return write(source, recipe, run_dir / "model", provenance)
+
+
+def write(
+    source: Any, recipe: Any, folder: Path, provenance: dict[str, Any], *, merge: bool = False
+) -> Path:
+    """The policy of checkpoint `source` into `folder`: a full model folder, or for a LoRA run
+    its adapter folder (`merge`: the adapter merged into its base, a full model folder)."""
     from runtime.backends import build
-    from runtime.evaluate import hf_weight_groups
+    from runtime.eval_weights import (
+        adapter_tensors,
+        base_layout,
+        hf_weight_groups,
+        is_lora,
+        merged_groups,
+    )
+    from runtime.evaluate import full_model
     from runtime.models.export import DTYPES
 
-    source = _committed_step(run_dir, step, None)
+    if is_lora(source, recipe):
+        tensors, lora = adapter_tensors(source, recipe, "export")
+        if not merge:
+            return build.write_adapter(recipe, tensors, folder, provenance)
+        # the base a block at a time, each block merged as it comes
+        layout, groups = base_layout(recipe), merged_groups(tensors, lora, recipe)
+        return build.write_model(full_model(recipe), groups, layout, folder, provenance)
+    # read a block at a time, in the dtype the folder is written in, each safetensors file
+    # written as it fills: host memory holds a file's weights, whatever the model's size
     layout, groups = hf_weight_groups(
         source, recipe, command="export", dtype=DTYPES[recipe.model.dtype]
     )
-    provenance = {"recipe": recipe.name, "step": step, "run_dir": str(run_dir)}
-    return build.write_model(recipe, groups, layout, run_dir / "model", provenance)
+    return build.write_model(recipe, groups, layout, folder, provenance)
 
 
 # What a model folder needs free beyond its weights (index, config, tokenizer files).

@@ -220,7 +220,7 @@ def test_a_dcp_read_that_fails_is_named_by_the_error_under_it():
     names the error (here a file cut short), not that pair."""
     from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
 
-    from runtime.evaluate import _first
+    from runtime.eval_weights import _first
 
     try:
         raise EOFError("Ran out of input")

@@ -223,6 +223,12 @@ def test_a_hub_out_of_reach_leaves_the_export_and_says_so_in_one_line(
         (["{run}", "--out", "{tmp}/m", "--push-to-hub", "me/x"], "needs a Hugging Face token"),
         (["{tmp}/nothing", "--out", "{tmp}/m"], "no such file or directory"),
         (["{tmp}/hf", "--out", "{tmp}/m"], "is a model folder already"),
+        (["{tmp}/adapter", "--out", "{tmp}/m"], "is an adapter folder already"),
+        (
+            ["{run}", "--out", "{tmp}/m", "--merge"],
+            "export: --merge: {run} trained every parameter; its export is a full model "
+            "already (drop --merge)",
+        ),
         (["{tmp}/empty", "--out", "{tmp}/m"], "no committed checkpoint"),
         (["{run}", "--out", "{tmp}/hf"], "--out {tmp}/hf is not empty"),
         (["{run}", "--out", "{run}"], "is not empty"),
@@ -239,6 +245,9 @@ def test_bad_exports_are_one_line_and_exit_2(
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf/config.json").write_text("{}")
     (tmp_path / "hf/model.safetensors").write_bytes(b"")
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter/adapter_config.json").write_text("{}")
+    (tmp_path / "adapter/adapter_model.safetensors").write_bytes(b"")
     # a run that never committed a checkpoint: its recipe, and one write cut short
     (tmp_path / "empty/checkpoints/step_000002.partial").mkdir(parents=True)
     (tmp_path / "empty/config.json").write_text((run_dir / "config.json").read_text())
@@ -246,7 +255,7 @@ def test_bad_exports_are_one_line_and_exit_2(
     argv = ["export", *(a.format(run=run_dir, tmp=tmp_path) for a in args)]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    expected = expected.format(tmp=tmp_path)
+    expected = expected.format(tmp=tmp_path, run=run_dir)
     assert len(err) == 1 and err[0].startswith("forgesky: error: export: ") and expected in err[0]
     # nothing overwritten: the run and the folder that was in the way are as they were
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before

@@ -172,7 +172,7 @@ def test_gpu_reference_scores_like_the_cpu_reference():
 
 
 class _Model(torch.nn.Module):
-    """What `_load_on_worker` uses of vLLM's model: named parameters and `load_weights`,
+    """What `load_on_worker` uses of vLLM's model: named parameters and `load_weights`,
     here writing each weight into its parameter (`writes=False`: matching names only)."""
 
     def __init__(self, writes: bool = True) -> None:
@@ -204,14 +204,14 @@ def test_a_generator_load_is_read_back_and_a_nan_version_named_as_such():
     """The generator reads the probe weight back from the model it runs after each load: a
     load that wrote nothing is one error, a version holding NaN another (NaN never equals
     itself, so it was reported as the first)."""
-    from runtime.backends.vllm_generator import _load_on_worker
+    from runtime.backends.vllm_worker import load_on_worker
 
     weights = {"model.norm.weight": torch.full((4,), 2.0)}
     model = _Model()
-    assert _load_on_worker(_Worker(model), weights) == []
+    assert load_on_worker(_Worker(model), weights) == []
     assert torch.equal(model.model["norm"].weight.detach(), weights["model.norm.weight"])
     with pytest.raises(RuntimeError, match="did not reach the model the engine runs"):
-        _load_on_worker(_Worker(_Model(writes=False)), weights)
+        load_on_worker(_Worker(_Model(writes=False)), weights)
     nan = {"model.norm.weight": torch.tensor([1.0, float("nan"), 1.0, 1.0])}
     with pytest.raises(RuntimeError, match="hold NaN or infinite values"):
-        _load_on_worker(_Worker(_Model()), nan)
+        load_on_worker(_Worker(_Model()), nan)

@@ -70,6 +70,8 @@ class GeneratorActor(Actor):
         start = time.perf_counter()
         if self.receiver is None:
             self.receiver = receiver("store", self.store, build.device())
+        if hasattr(self.backend, "incoming_version"):  # vLLM names a LoRA version after it
+            self.backend.incoming_version = version
         loaded, nbytes = await self.receiver.load(version, self.backend)
         self.backend.policy_version = loaded
         return {"version": loaded, "bytes": nbytes, "seconds": time.perf_counter() - start}

@@ -189,7 +189,8 @@ class TrainerActor(Actor):
     @endpoint
     @ranked
     async def export(self, directory: str, provenance: dict[str, Any]) -> None:
-        """Write the policy as a Hugging Face model folder (runtime.models.export): the gather
+        """Write the policy as a Hugging Face model folder (runtime.models.export), or a LoRA
+        run's adapter as a PEFT folder (runtime.models.peft_format): the gather
         is on every rank, a group at a time; rank 0 writes each safetensors file as soon as its
         groups have come, so its host memory holds one file's weights, not the model."""
         groups = getattr(self.backend, "hf_groups", None)
@@ -207,6 +208,11 @@ class TrainerActor(Actor):
                         pass
                     return
                 source = groups()
+            if self.recipe.model.lora is not None:
+                # a LoRA policy is its adapter (PEFT names, small): one PEFT folder
+                adapter = {k: v for group in source for k, v in group.items()}
+                build.write_adapter(self.recipe, adapter, directory, provenance)
+                return
             build.write_model(self.recipe, source, layout, directory, provenance)
 
     @endpoint

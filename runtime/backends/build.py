@@ -106,6 +106,29 @@ def write_model(
     )
 
 
+def base_id(recipe: Any) -> str | None:
+    """The base a LoRA adapter of the recipe names: its Hub id or folder, or None for a random
+    init (no name finds those weights again)."""
+    return recipe.model.hf_id if recipe.model.init == "hub" else None
+
+
+def write_adapter(
+    recipe: Any, tensors: Mapping[str, torch.Tensor], folder: Any, provenance: dict[str, Any]
+) -> Any:
+    """The recipe's LoRA adapter (PEFT names) as a PEFT folder (runtime.models.peft_format), in
+    fp32, with the recipe and `provenance` in its forgesky.json (what `forgesky eval` reads)."""
+    from runtime.models.peft_format import write_adapter_folder
+
+    return write_adapter_folder(
+        folder,
+        {k: v.float() for k, v in tensors.items()},
+        recipe.model.lora,
+        base_id(recipe),
+        recipe.model_dump(mode="json"),
+        provenance,
+    )
+
+
 def eos_ids(tokenizer: Any) -> list[int]:
     ids = tokenizer.eos_token_id
     return list(ids) if isinstance(ids, (list, tuple)) else [ids]
@@ -193,6 +216,7 @@ class GeneratorConfig:
                 kv_cache_memory_bytes=None if s.kv_cache_gb is None else int(s.kv_cache_gb * 1e9),
                 seed=g.seed,
                 enforce_eager=s.enforce_eager,
+                lora=recipe.model.lora,
             )
         from runtime.backends import HFGenerator
 
@@ -203,6 +227,7 @@ class GeneratorConfig:
             device=device(),
             dtype=dtype(recipe),
             seed=g.seed,
+            lora=recipe.model.lora,
         )
 
 

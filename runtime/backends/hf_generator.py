@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,6 +19,11 @@ class HFGenerator:
     prompt's first token). The loop is ours rather than `model.generate`: it returns each sampled
     token's log-prob under `softmax(logits / temperature)` directly, and for small models it
     avoids generate's per-step overhead. `policy_version` is set by whoever loads weights.
+
+    With `lora` (a recipe's `model.lora`), a version may be the adapter alone, under PEFT's
+    names (runtime.models.peft_format): the targeted projections become W0 + (alpha / rank) B A,
+    from the base weights W0 kept aside, so PEFT is not needed here. A version of base weights
+    loads as without LoRA and becomes the new W0.
     """
 
     def __init__(
@@ -30,8 +36,10 @@ class HFGenerator:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
+        lora: Any = None,
     ):
         self.spec = spec
+        self.lora = lora
         self.device = torch.device(device)
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self.eos_ids = torch.tensor(eos, dtype=torch.long, device=self.device)
@@ -42,12 +50,23 @@ class HFGenerator:
         self.model.requires_grad_(False)
         self.policy_version = 0
         self._rng = torch.Generator(device=self.device).manual_seed(seed)
+        self._base: dict[str, Tensor] = {}  # W0 of each targeted projection, under LoRA
+        self._keep_base()
         if weights is not None:
             self.load_weights(weights)
 
     def load_weights(self, hf_state_dict: Mapping[str, Tensor]) -> None:
-        """Copy HF-named weights into the model in place (no rebuild); all must be present."""
-        result = self.model.load_state_dict(dict(hf_state_dict), strict=False)
+        """Copy HF-named weights into the model in place (no rebuild); all must be present.
+        Under LoRA: either every base weight, or the adapter alone (PEFT names); a dict that
+        mixes the two is a bug (KeyError)."""
+        state = dict(hf_state_dict)
+        if self.lora is not None:
+            from runtime.models.peft_format import adapter_only
+
+            if adapter_only(state):
+                self._merge_adapter(state)
+                return
+        result = self.model.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if self.spec.tie_embeddings else set()
         missing = set(result.missing_keys) - tied
         if missing or result.unexpected_keys:
@@ -55,6 +74,28 @@ class HFGenerator:
                 f"weights do not fit the generator: missing {sorted(missing)[:5]}, "
                 f"unexpected {sorted(result.unexpected_keys)[:5]}"
             )
+        self._keep_base()
+
+    def _keep_base(self) -> None:
+        """Copy aside the weights the adapter adds to: what every adapter version merges into."""
+        if self.lora is None:
+            return
+        from runtime.models.peft_format import adapter_layout, base_weight_name
+
+        params = dict(self.model.named_parameters())
+        targeted = {base_weight_name(k) for k in adapter_layout(self.spec, self.lora)}
+        self._base = {name: params[name].detach().clone() for name in sorted(targeted)}
+
+    @torch.no_grad()
+    def _merge_adapter(self, tensors: Mapping[str, Tensor]) -> None:
+        from runtime.models.peft_format import check_adapter, merged, pairs
+
+        check_adapter(tensors, self.spec, self.lora)
+        params = dict(self.model.named_parameters())
+        scaling = self.lora.scaling
+        for name, (a, b) in pairs(tensors).items():
+            w0 = self._base[name]
+            params[name].copy_(merged(w0, a.to(w0.device), b.to(w0.device), scaling))
 
     @torch.inference_mode()
     def generate(

@@ -47,7 +47,9 @@ from torch import Tensor
 
 from recipes import UserError
 from runtime.backends.base import Completion
+from runtime.backends.vllm_worker import load_flat_on_worker, load_on_worker
 from runtime.models import ModelSpec, hf_config
+from runtime.models.peft_format import adapter_only, check_adapter
 
 _SHM = Path("/dev/shm")
 
@@ -95,68 +97,6 @@ def write_model_dir(spec: ModelSpec, directory: str | Path, **token_ids: Any) ->
     return directory
 
 
-# Replicated on every TP rank and stored unfused under its HF name: read back after each load.
-_PROBE = "model.norm.weight"
-
-
-def _load_on_worker(worker: Any, weights: Mapping[str, Tensor] | str) -> list[str]:
-    """Runs inside a vLLM worker: load HF-named weights (a dict, or a safetensors path) into its
-    model; returns the model parameters that got no weight.
-
-    `loaded` only says which names the loaders matched; the probe parameter, read back from the
-    model the runner executes, proves the bytes arrived there (a load into a copy, or one that
-    matched names but wrote nothing, would otherwise pass silently).
-    """
-    model = worker.get_model()
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        if isinstance(weights, str):
-            from safetensors import safe_open
-
-            with safe_open(weights, framework="pt", device="cpu") as f:
-                loaded = model.load_weights((k, f.get_tensor(k)) for k in f.keys())  # noqa: SIM118
-                probe = f.get_tensor(_PROBE) if _PROBE in f.keys() else None  # noqa: SIM118
-        else:
-            loaded = model.load_weights(iter(weights.items()))
-            probe = weights.get(_PROBE)
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-    missing = sorted(set(params) - set(loaded or ()))
-    if not missing and probe is not None and _PROBE in params:
-        live = params[_PROBE]
-        expected = probe.to(device=live.device, dtype=live.dtype)
-        if not torch.isfinite(expected).all():  # NaN never equals itself: say what it is
-            raise RuntimeError(
-                f"the weights just loaded hold NaN or infinite values ({_PROBE}): the "
-                "policy version sent was not finite"
-            )
-        if not torch.equal(live.detach(), expected):
-            raise RuntimeError(
-                f"vLLM's {_PROBE} differs from the weight just loaded: load_weights did not "
-                "reach the model the engine runs"
-            )
-    return missing
-
-
-def _load_flat_on_worker(
-    worker: Any, handles: Sequence[Any], entries: Mapping[str, tuple[Any, ...]]
-) -> list[str]:
-    """Runs inside a vLLM worker: open a flat weight buffer by the CUDA IPC handle meant for
-    this worker's TP rank (see `runtime.weights.ipc.export_ipc`) and load from views of it."""
-    from vllm.distributed import get_tensor_model_parallel_rank
-
-    from runtime.weights.flat import views
-    from runtime.weights.ipc import open_ipc
-    from runtime.weights.layout import TensorEntry
-
-    flat = open_ipc(handles[get_tensor_model_parallel_rank()])
-    tensors = views(flat, {name: TensorEntry(*e) for name, e in entries.items()})
-    try:
-        return _load_on_worker(worker, tensors)
-    finally:
-        del tensors, flat  # the mapping closes with the last reference
-
-
 @contextlib.contextmanager
 def _took(what: str, over_s: float = 5.0) -> Iterator[None]:
     """A line on stderr when `what` takes more than `over_s` seconds."""
@@ -200,6 +140,10 @@ class VLLMGenerator:
     from this process's tensors and CUDA IPC handles); `engine_in_process=False` gives it a
     process of its own, vLLM's default, for timing generation against it (weights cannot load
     into it then: `bench/gpu_grpo.py vllm --engine separate`).
+    With `lora` (a recipe's `model.lora`) the engine serves LoRA adapters: a version of the
+    adapter alone (PEFT names) goes to `runtime.backends.vllm_lora.LoraSlots` under the number
+    `incoming_version` gives (the actor sets it before each load), and every generation uses
+    the newest; a version of base weights loads as without LoRA.
     """
 
     def __init__(
@@ -221,6 +165,7 @@ class VLLMGenerator:
         max_num_seqs: int | None = None,
         model_dir: str | Path | None = None,
         engine_in_process: bool = True,
+        lora: Any = None,
     ):
         # Read by vLLM when the engine is created: `engine_environment`, and TP workers started
         # with spawn (fork after CUDA init is unsafe).
@@ -243,6 +188,8 @@ class VLLMGenerator:
         self.max_model_len = max_model_len
         self.policy_version = 0
         self.load_seconds = 0.0
+        self.incoming_version: int | None = None
+        self.slots: Any = None
         self._tmp = tempfile.TemporaryDirectory(prefix="forgesky-vllm-")
         folder = model_dir or write_model_dir(
             spec,
@@ -255,6 +202,10 @@ class VLLMGenerator:
             options["max_num_seqs"] = max_num_seqs
         if kv_cache_memory_bytes is not None:
             options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        if lora is not None:
+            from runtime.backends.vllm_lora import engine_options
+
+            options.update(engine_options(lora))
         start = time.perf_counter()
         self.llm = LLM(
             model=str(folder),
@@ -271,6 +222,10 @@ class VLLMGenerator:
             **options,
         )
         self.init_seconds = time.perf_counter() - start
+        if lora is not None:
+            from runtime.backends.vllm_lora import LoraSlots
+
+            self.slots = LoraSlots(self.llm.llm_engine, lora)
         if weights is not None:
             self.load_weights(weights)
 
@@ -282,16 +237,20 @@ class VLLMGenerator:
         """
         self._check_in_process()
         start = time.perf_counter()
+        if self.slots is not None and adapter_only(hf_state_dict):
+            self._load_adapter(hf_state_dict, start)
+            return
         if self.tensor_parallel_size == 1:
-            missing = self.llm.collective_rpc(_load_on_worker, args=(hf_state_dict,))
+            missing = self.llm.collective_rpc(load_on_worker, args=(hf_state_dict,))
         else:
             missing = self._load_through_file(hf_state_dict)
         self._after_load(missing, start)
 
     @property
     def ipc_opens(self) -> int:
-        """How many processes open a version handed over by CUDA IPC (`load_ipc`)."""
-        return self.tensor_parallel_size
+        """How many processes open a version handed over by CUDA IPC (`load_ipc`): under LoRA
+        this one alone (it writes the adapter's file)."""
+        return 1 if self.slots is not None else self.tensor_parallel_size
 
     def load_flat(self, flat: Tensor, entries: Mapping[str, Any]) -> None:
         """Load HF-named weights that lie in one flat uint8 buffer of this process at `entries`
@@ -299,7 +258,7 @@ class VLLMGenerator:
         TP>1 each worker opens the buffer through a CUDA IPC handle of its own."""
         from runtime.weights.flat import views
 
-        if self.tensor_parallel_size == 1 or flat.device.type != "cuda":
+        if self.tensor_parallel_size == 1 or flat.device.type != "cuda" or self.slots is not None:
             self.load_weights(views(flat, entries))
             return
         from runtime.weights.ipc import export_ipc
@@ -316,7 +275,7 @@ class VLLMGenerator:
 
         if len(handles) != self.ipc_opens:
             raise ValueError(f"{len(handles)} CUDA IPC handles for {self.ipc_opens} openers")
-        if self.tensor_parallel_size > 1:
+        if self.tensor_parallel_size > 1 and self.slots is None:
             self._load_on_workers(handles, entries)
             return
         flat = open_ipc(handles[0])
@@ -336,8 +295,16 @@ class VLLMGenerator:
         self._check_in_process()
         start = time.perf_counter()
         plain = {name: tuple(e) for name, e in entries.items()}
-        missing = self.llm.collective_rpc(_load_flat_on_worker, args=(list(handles), plain))
+        missing = self.llm.collective_rpc(load_flat_on_worker, args=(list(handles), plain))
         self._after_load(missing, start)
+
+    def _load_adapter(self, tensors: Mapping[str, Tensor], start: float) -> None:
+        """An adapter version into a slot of its own. Neither the probe (the base weights did
+        not change) nor a prefix-cache reset (the cache keys on the adapter's name)."""
+        check_adapter(tensors, self.spec, self.slots.lora)
+        version, self.incoming_version = self.incoming_version, None
+        self.slots.load(self.slots.next_version() if version is None else version, tensors)
+        self.load_seconds = time.perf_counter() - start
 
     def _after_load(self, missing: Sequence[Sequence[str]], start: float) -> None:
         if any(missing):
@@ -366,7 +333,7 @@ class VLLMGenerator:
                 {k: v.detach().to("cpu").contiguous().clone() for k, v in hf_state_dict.items()},
                 path,
             )
-            return self.llm.collective_rpc(_load_on_worker, args=(path,))
+            return self.llm.collective_rpc(load_on_worker, args=(path,))
         finally:
             Path(path).unlink(missing_ok=True)
 
@@ -420,7 +387,10 @@ class VLLMGenerator:
 
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(
-            requests, [params(i) for i in range(len(prompts))], use_tqdm=False
+            requests,
+            [params(i) for i in range(len(prompts))],
+            use_tqdm=False,
+            lora_request=None if self.slots is None else self.slots.current,
         )
         return list(self._completions(prompts, outputs, n, logprobs))
 
@@ -465,4 +435,6 @@ class VLLMGenerator:
 
                 with _took("vLLM's process-group clean-up"):
                     cleanup_dist_env_and_memory()
+        if self.slots is not None:
+            self.slots.close()
         self._tmp.cleanup()

@@ -260,11 +260,25 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
             "step": controller.step,
             "run_dir": str(config.run_dir),
         }
-        size = approx_size(model_file_bytes(recipe))
-        print(f"writing the model ({size} of {recipe.model.dtype} safetensors) ...", flush=True)
         model = config.run_dir / "model"
-        await controller.services.export(str(model), provenance)
-        print(f"model -> {model} (Hugging Face format: transformers, vLLM)", flush=True)
+        if recipe.model.lora is None:
+            size = approx_size(model_file_bytes(recipe))
+            print(f"writing the model ({size} of {recipe.model.dtype} safetensors) ...", flush=True)
+            await controller.services.export(str(model), provenance)
+            print(f"model -> {model} (Hugging Face format: transformers, vLLM)", flush=True)
+        else:
+            from runtime.backends.build import model_spec
+            from runtime.models.peft_format import adapter_layout
+
+            layout = adapter_layout(model_spec(recipe), recipe.model.lora)
+            size = approx_size(4 * sum(rows * cols for rows, cols in layout.values()))
+            print(f"writing the adapter ({size} of fp32 safetensors) ...", flush=True)
+            await controller.services.export(str(model), provenance)
+            print(
+                f"adapter -> {model} (PEFT; `forgesky export {config.run_dir} --merge --out DIR` "
+                "for a full model)",
+                flush=True,
+            )
     status = "finished" if finished else "stopped"
     print(f"{status} at step {controller.step}; outputs in {config.run_dir}", flush=True)
 

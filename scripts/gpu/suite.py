@@ -119,6 +119,8 @@ GROUPS: dict[str, Group] = {
         # the pytest process ends, and the runtime test's `forgesky eval` starts vLLM at 0.85
         (R + "test_tiny_gpu_learns_on_one_gpu_colocated", "tests/test_gpu_vllm.py"),
     ),
+    # an engine of its own (built with LoRA), in a process of its own
+    "lora": Group(1, 3.0, ("tests/test_gpu_lora.py",)),
 }
 
 

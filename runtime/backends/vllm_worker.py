@@ -1,0 +1,75 @@
+"""What runs inside a vLLM worker process (TP=1: this one) through `collective_rpc`: loading a
+policy version into the model the engine executes, and proving it arrived there.
+
+Module-level functions, so that vLLM's multiprocess executor can pickle them by name for workers
+started with spawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# Replicated on every TP rank and stored unfused under its HF name: read back after each load.
+PROBE = "model.norm.weight"
+
+
+def load_on_worker(worker: Any, weights: Mapping[str, Tensor] | str) -> list[str]:
+    """Runs inside a vLLM worker: load HF-named weights (a dict, or a safetensors path) into its
+    model; returns the model parameters that got no weight.
+
+    `loaded` only says which names the loaders matched; the probe parameter, read back from the
+    model the runner executes, proves the bytes arrived there (a load into a copy, or one that
+    matched names but wrote nothing, would otherwise pass silently).
+    """
+    model = worker.get_model()
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        if isinstance(weights, str):
+            from safetensors import safe_open
+
+            with safe_open(weights, framework="pt", device="cpu") as f:
+                loaded = model.load_weights((k, f.get_tensor(k)) for k in f.keys())  # noqa: SIM118
+                probe = f.get_tensor(PROBE) if PROBE in f.keys() else None  # noqa: SIM118
+        else:
+            loaded = model.load_weights(iter(weights.items()))
+            probe = weights.get(PROBE)
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    missing = sorted(set(params) - set(loaded or ()))
+    if not missing and probe is not None and PROBE in params:
+        live = params[PROBE]
+        expected = probe.to(device=live.device, dtype=live.dtype)
+        if not torch.isfinite(expected).all():  # NaN never equals itself: say what it is
+            raise RuntimeError(
+                f"the weights just loaded hold NaN or infinite values ({PROBE}): the "
+                "policy version sent was not finite"
+            )
+        if not torch.equal(live.detach(), expected):
+            raise RuntimeError(
+                f"vLLM's {PROBE} differs from the weight just loaded: load_weights did not "
+                "reach the model the engine runs"
+            )
+    return missing
+
+
+def load_flat_on_worker(
+    worker: Any, handles: Sequence[Any], entries: Mapping[str, tuple[Any, ...]]
+) -> list[str]:
+    """Runs inside a vLLM worker: open a flat weight buffer by the CUDA IPC handle meant for
+    this worker's TP rank (see `runtime.weights.ipc.export_ipc`) and load from views of it."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    from runtime.weights.flat import views
+    from runtime.weights.ipc import open_ipc
+    from runtime.weights.layout import TensorEntry
+
+    flat = open_ipc(handles[get_tensor_model_parallel_rank()])
+    tensors = views(flat, {name: TensorEntry(*e) for name, e in entries.items()})
+    try:
+        return load_on_worker(worker, tensors)
+    finally:
+        del tensors, flat  # the mapping closes with the last reference

@@ -1,0 +1,160 @@
+"""The vLLM generator serving the policy as a LoRA adapter, on one GPU (run with `pytest -m gpu` on
+a GPU machine with vllm).
+
+The base is a small random Qwen3 saved as a Hugging Face folder, which the engine loads itself;
+versions are adapters alone (PEFT names), one folder in /dev/shm each. Sampled log-probs are
+checked against the base with the adapter merged in Hugging Face names (runtime.models.peft_format)
+and scored by the trainer's code, within the tolerance tests/test_gpu_vllm.py uses.
+"""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+import torch
+from gpu_models import SMALL, free_gpu_memory, peaked_weights, random_prompts
+from test_gpu_vllm import EOS, MAX_NEW, PAD, T, _assert_matches, _assert_not_degenerate, _mismatch
+
+from recipes.run_sections import Lora
+from runtime.backends.fsdp_reference import GPUReference
+from runtime.backends.vllm_lora import MAX_LORA_RANKS
+from runtime.models import from_hf, to_hf
+from runtime.models.export import write_hf_model
+from runtime.models.peft_format import adapter_layout, merge, pairs, write_adapter_folder
+from runtime.tasks.arith import tokenizer as char_tokenizer
+
+pytestmark = pytest.mark.gpu
+
+LORA = Lora(rank=16, alpha=32)
+
+
+@pytest.fixture(scope="module")
+def w0():
+    return peaked_weights(SMALL, seed=10)
+
+
+@pytest.fixture(scope="module")
+def engine(w0, tmp_path_factory):
+    from runtime.backends.vllm_generator import VLLMGenerator
+
+    base = write_hf_model(
+        to_hf(w0, SMALL),
+        SMALL,
+        tmp_path_factory.mktemp("base") / "model",
+        tokenizer=char_tokenizer(SMALL.vocab_size),
+        temperature=T,
+    )
+    free_gpu_memory()
+    gen = VLLMGenerator(
+        SMALL,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        max_model_len=256,
+        temperature=T,
+        top_p=1.0,
+        gpu_memory_utilization=0.25,
+        seed=0,
+        model_dir=base,
+        max_num_seqs=64,
+        lora=LORA,
+    )
+    print(f"vLLM engine with LoRA ready in {gen.init_seconds:.1f} s")
+    yield gen
+    gen.close()
+    assert not gen.slots.root.exists()
+    free_gpu_memory()
+
+
+def adapter(seed: int) -> dict[str, torch.Tensor]:
+    """A version as the trainer publishes it on a GPU: bf16, on the device. B is nonzero and the
+    scale makes B A comparable to the base's weights, so the adapter moves the log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        name: (torch.randn(shape, generator=g) * 0.05).to("cuda", torch.bfloat16)
+        for name, shape in adapter_layout(SMALL, LORA).items()
+    }
+
+
+def merged(w0, tensors) -> dict[str, torch.Tensor]:
+    """TorchTitan-named fp32 weights of the base with `tensors` merged in HF names."""
+    hf = {k: v.float().cpu() for k, v in to_hf(w0, SMALL).items()}
+    out = merge(hf, pairs({k: v.cpu() for k, v in tensors.items()}), LORA.scaling)
+    return {k: v.to("cuda") for k, v in from_hf(out, SMALL).items()}
+
+
+def scorer(weights):
+    return GPUReference(SMALL, temperature=T, weights=weights, device="cuda")
+
+
+def test_the_ranks_an_engine_is_built_for_are_vllms():
+    from vllm.config.lora import MaxLoRARanks
+
+    assert typing.get_args(MaxLoRARanks) == MAX_LORA_RANKS
+
+
+def test_each_version_is_a_folder_the_one_before_removed_and_samples_are_the_merged_model(
+    engine, w0
+):
+    slots, core = engine.slots, engine.llm.llm_engine
+    versions = {v: adapter(seed=v) for v in (0, 1)}
+    engine.incoming_version = 0
+    engine.load_weights(versions[0])
+    assert sorted(p.name for p in slots.folder(0).iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    assert core.list_loras() == {1}
+    engine.incoming_version = 1
+    engine.load_weights(versions[1])
+    print(f"adapter version loaded in {engine.load_seconds * 1e3:.1f} ms")
+    assert sorted(p.name for p in slots.root.iterdir()) == ["v1"]
+    assert core.list_loras() == {2} and slots.current.lora_name == "policy-v1"
+
+    prompts = random_prompts(8, SMALL.vocab_size, seed=1)
+    out = engine.generate(prompts, n=4, max_new_tokens=MAX_NEW, temperature=T, seed=3)
+    _assert_not_degenerate(out)
+    weights = merged(w0, versions[1])
+    right = _assert_matches(out, weights, scorer(weights))
+    # the samples are version 1's: neither the base alone nor version 0 gives their log-probs
+    base_only = _mismatch(out, scorer(w0))
+    previous = _mismatch(out, scorer(merged(w0, versions[0])))
+    print(f"against the base alone {base_only.mean():.3f}, version 0 {previous.mean():.3f}")
+    assert base_only.mean() > 5 * right.mean() and previous.mean() > 5 * right.mean()
+
+
+def test_an_exported_adapter_folder_serves_the_same_policy(engine, tmp_path):
+    """What `forgesky export` writes of a LoRA run (fp32, with forgesky.json) is an adapter vLLM
+    serves from its path: greedy decoding equals the version loaded through the slots."""
+    from vllm.lora.request import LoRARequest
+
+    tensors = adapter(seed=7)
+    engine.incoming_version = 7
+    engine.load_weights(tensors)
+    prompts = random_prompts(8, SMALL.vocab_size, seed=2)
+
+    def greedy():
+        out = engine.generate(prompts, n=1, max_new_tokens=32, temperature=0, logprobs=False)
+        return [c.response_ids for c in out]
+
+    loaded = greedy()
+    folder = write_adapter_folder(
+        tmp_path / "adapter",
+        {k: v.float() for k, v in tensors.items()},
+        LORA,
+        None,
+        {"name": "made-up"},
+        {"step": 7},
+    )
+    slot = engine.slots.current
+    engine.slots.current = LoRARequest("exported", 1000, str(folder))
+    try:
+        exported = greedy()
+    finally:
+        engine.slots.current = slot
+    assert exported == loaded
+    engine.slots.current = None  # the base alone decodes otherwise
+    try:
+        assert greedy() != loaded
+    finally:
+        engine.slots.current = slot
