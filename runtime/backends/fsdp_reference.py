@@ -1,6 +1,6 @@
 """The frozen reference on GPU(s): the initial policy scored in the trainer's precision, sharded
 over its ranks (FSDP2) when it has several, micro-batched like the trainer (`FSDPTrainer`, whose
-forward and row split it shares: runtime.backends.fsdp_trainer)."""
+forward and row split it shares: runtime.backends.scoring)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from runtime.backends.blocks import micro_batches, wrap_blocks
-from runtime.backends.fsdp_trainer import init_distributed, rank_rows, response_logprobs
+from runtime.backends.fsdp_trainer import init_distributed
+from runtime.backends.scoring import rank_rows, response_logprobs
 from runtime.models import ModelSpec
 from runtime.models.loading import WeightSource, as_source, load_into
 from runtime.models.titan import materialize, meta_model
