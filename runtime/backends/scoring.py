@@ -1,12 +1,16 @@
 """Teacher-forced log-probs of a TorchTitan decoder whose output projection runs only where a
-response token is predicted, and the share of a batch's rows each rank scores or trains on."""
+response token is predicted, the share of a batch's rows each rank scores or trains on, and the
+no-grad scoring loop the GPU reference and a LoRA trainer's reference share."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
-from runtime.backends.blocks import head_logprobs, head_outputs
+from runtime.backends.blocks import head_logprobs, head_outputs, micro_batches
 
 
 def response_logprobs(
@@ -47,3 +51,51 @@ def rank_rows(batch: int, rank: int, world: int) -> slice:
     base, extra = divmod(batch, world)
     start = rank * base + min(rank, extra)
     return slice(start, start + base + (1 if rank < extra else 0))
+
+
+def score_rows(
+    model: torch.nn.Module,
+    tokens: Tensor,
+    response_mask: Tensor,
+    *,
+    temperature: float,
+    tokens_per_micro_batch: int,
+    device: torch.device,
+    world: int = 1,
+    precision: contextlib.AbstractContextManager | None = None,
+) -> Tensor:
+    """`response_logprobs` of the rows given, under `no_grad` (and `precision`, an autocast),
+    in micro-batches of about `tokens_per_micro_batch` tokens. With several FSDP ranks (each
+    scoring its own rows, `rank_rows`) every rank must call it: each forward gathers every block
+    from all ranks, so all run as many forwards, and the root is resharded after."""
+    parts = micro_batches(tokens, tokens_per_micro_batch) if len(tokens) else []
+    extra = 0
+    if world > 1:
+        count = torch.tensor([len(parts)], device=device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        extra = int(count.item()) - len(parts)
+    out = []
+    with torch.no_grad(), precision or contextlib.nullcontext():
+        for p in parts:
+            out.append(
+                response_logprobs(
+                    model, tokens[p].to(device), response_mask[p].to(device), temperature
+                )
+            )
+        for _ in range(extra):  # a one-token forward, only for its collectives
+            one = torch.zeros(1, 2, dtype=torch.long, device=device)
+            response_logprobs(model, one, torch.ones_like(one, dtype=torch.bool))
+    if world > 1:
+        # FSDP2 keeps the root's weights (embeddings, output projection) gathered after a
+        # forward, for a backward that never comes here: shard them again now, or every rank
+        # holds all of them from the first scoring on.
+        model.reshard()
+    if not out:
+        return torch.zeros(tokens.shape, dtype=torch.float32, device=device)
+    return torch.cat(out)
+
+
+def response_lists(logprobs: Tensor, response_mask: Tensor) -> list[list[float]]:
+    """Each row's log-probs of its response tokens, in order (what a reference answers)."""
+    mask = response_mask.bool()
+    return [row[keep].tolist() for row, keep in zip(logprobs.float().cpu(), mask, strict=True)]
