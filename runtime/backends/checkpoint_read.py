@@ -128,3 +128,34 @@ def read_all(directory: str | Path) -> dict[str, Any]:
         out = Path(tmp) / "state.pt"
         dcp_to_torch_save(str(directory / TRAINER_DIR), str(out))
         return torch.load(out, weights_only=False)
+
+
+def saved_kind(directory: str | Path) -> tuple[str] | tuple[str, int, tuple[str, ...]]:
+    """What a checkpoint trained, from its metadata alone: `("lora", rank, targets)` (targets
+    as Hugging Face projection names, in recipes.names.LORA_TARGETS' order) for a LoRA
+    adapter, else `("full",)` (a checkpoint from before DCP predates LoRA)."""
+    if is_legacy(directory):
+        return ("full",)
+    from recipes.names import LORA_TARGETS
+    from runtime.models.lora import HF_NAMES
+
+    shapes = {k: v for k, v in saved_shapes(directory).items() if ".lora_a." in k}
+    if not shapes:
+        return ("full",)
+    ranks = {shape[0] for shape in shapes.values()}
+    if len(ranks) != 1:
+        raise ValueError(f"checkpoint {directory}: LoRA adapters of ranks {sorted(ranks)}")
+    found = {HF_NAMES[k.split(".lora_a.")[0].rsplit(".", 1)[-1]] for k in shapes}
+    return ("lora", ranks.pop(), tuple(t for t in LORA_TARGETS if t in found))
+
+
+def adapter_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+    """The LoRA adapter a checkpoint holds: fp32 CPU tensors under TorchTitan names
+    (runtime.models.lora.peft_state gives PEFT's), read into tensors the size of its metadata."""
+    shapes = {k: v for k, v in saved_shapes(directory).items() if ".lora_" in k}
+    if not shapes:
+        raise ValueError(f"checkpoint {directory} holds no LoRA adapter")
+    weights = {k: torch.empty(shape) for k, shape in shapes.items()}
+    with torch.no_grad():
+        dcp.load({"model": weights}, checkpoint_id=str(Path(directory) / TRAINER_DIR), no_dist=True)
+    return weights

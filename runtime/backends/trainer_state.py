@@ -36,12 +36,18 @@ def _single() -> bool:
     return not dist.is_initialized()
 
 
+def trained(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The parameters a trainer updates, by name: every one, or a LoRA run's adapter alone
+    (its frozen base comes from the run's first weights, never from a checkpoint)."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
 def _state(model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int) -> dict[str, Any]:
     """What a checkpoint holds, as live objects: DCP saves from them and loads into them."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     return {
-        "model": dict(model.named_parameters()),
+        "model": trained(model),
         # Creates AdamW's moments (zeros) if no step ran yet: a template to load into.
         "optimizer": get_optimizer_state_dict(model, optimizer),
         "scheduler": scheduler.state_dict(),
