@@ -261,3 +261,34 @@ def test_a_checkpoint_holds_the_adapter_and_its_moments_and_resumes_bit_exactly(
     assert saved_kind(tmp_path / "full") == ("full",)
     with pytest.raises(ValueError, match="no LoRA adapter"):
         adapter_weights(tmp_path / "full")
+
+
+def test_the_trainer_actor_answers_reference_logprobs_as_the_reference_actor_does():
+    """A trainer proc (real Monarch) built from a recipe with model.lora scores the base."""
+    import asyncio
+
+    from recipes import load_recipe, plan
+    from runtime.actors import TrainerActor
+    from runtime.procs.mesh import ServiceMesh
+
+    tiny = load_recipe("tiny")
+    recipe = tiny.model_copy(update={"model": tiny.model.model_copy(update={"lora": LORA})})
+    settings = plan(tiny, 0).settings
+    tokens, mask, _ = _batch(18, seed=4)
+
+    async def scenario() -> dict[str, Any]:
+        mesh = await ServiceMesh.spawn("trainer", 1, threads=1)
+        try:
+            trainer = mesh.spawn_actor(TrainerActor)
+            await trainer.setup.call_one(recipe, settings, None)
+            return await trainer.reference_logprobs.call_one(tokens, mask)
+        finally:
+            await mesh.stop()
+
+    answer = asyncio.run(scenario())
+    base = TitanReference(SPEC, temperature=recipe.grpo.temperature, seed=recipe.grpo.seed)
+    expected = base.logprobs(tokens, mask)
+    assert answer["first"] == 0 and answer["seconds"] > 0
+    assert len(answer["logprobs"]) == tokens.shape[0]
+    for row, lps, keep in zip(expected, answer["logprobs"], mask, strict=True):
+        assert lps == row[keep].tolist()
