@@ -7,7 +7,9 @@ ranks, into the one-process CPU trainer, or into a plain model for export and ev
 
 Keys are the model's parameter names (the fused q/k/v projection as the model holds it, so a
 save gathers nothing) and, for the optimizer, `torch.distributed.checkpoint.state_dict`'s
-parameter-name keyed form. A checkpoint folder from before DCP (one `trainer.pt`) still loads.
+parameter-name keyed form. The model's part is what the trainer updates (`trained`): every
+weight, or a LoRA run's adapter alone (`lora_a`/`lora_b`; the frozen base is the run's first
+weights, read again on a resume; runtime.backends.checkpoint_read.saved_kind tells them apart). A checkpoint folder from before DCP (one `trainer.pt`) still loads.
 """
 
 from __future__ import annotations
