@@ -34,16 +34,19 @@ def load_hf_weights(source: Source, recipe: Any, command: str = "eval") -> dict[
         titan = from_hf(load_hf_state_dict(str(source.path)), spec)
         _check_fit(_shapes(titan), _expected(spec, fused=False), where, recipe)
         return to_hf(dict(titan), spec)
-    from runtime.backends import trainer_state
+    from runtime.backends import checkpoint_read
 
-    legacy = trainer_state.is_legacy(source.path)
+    legacy = checkpoint_read.is_legacy(source.path)
     try:
         if not legacy:
             # names and shapes from the metadata first: a wrong --recipe reads nothing
             _check_fit(
-                trainer_state.saved_shapes(source.path), _expected(spec, fused=True), where, recipe
+                checkpoint_read.saved_shapes(source.path),
+                _expected(spec, fused=True),
+                where,
+                recipe,
             )
-        titan = trainer_state.model_weights(source.path, spec)
+        titan = checkpoint_read.model_weights(source.path, spec)
     except UserError:
         raise
     except _unreadable() as e:  # noqa: BLE001 - any unreadable file is the same user error
@@ -58,10 +61,10 @@ def hf_weight_groups(source: Source, recipe: Any, command: str, dtype: Any) -> t
     tensors in the order they come, the groups). A DCP checkpoint is checked against the
     recipe first, then read one block at a time into `dtype`; anything else is read whole (the
     writer casts it)."""
-    from runtime.backends import build, trainer_state
+    from runtime.backends import build, checkpoint_read
     from runtime.models.hf import to_hf
 
-    if source.kind == "hf" or trainer_state.is_legacy(source.path):
+    if source.kind == "hf" or checkpoint_read.is_legacy(source.path):
         whole = load_hf_weights(source, recipe, command)
         return {k: v.to("meta") for k, v in whole.items()}, iter([whole])
     spec = build.model_spec(recipe)
@@ -69,9 +72,9 @@ def hf_weight_groups(source: Source, recipe: Any, command: str, dtype: Any) -> t
     try:
         # names and shapes from the metadata first: a wrong --recipe reads nothing
         _check_fit(
-            trainer_state.saved_shapes(source.path), _expected(spec, fused=True), where, recipe
+            checkpoint_read.saved_shapes(source.path), _expected(spec, fused=True), where, recipe
         )
-        layout, groups = trainer_state.model_weight_groups(source.path, spec, dtype)
+        layout, groups = checkpoint_read.model_weight_groups(source.path, spec, dtype)
     except UserError:
         raise
     except _unreadable() as e:  # noqa: BLE001 - any unreadable file is the same user error

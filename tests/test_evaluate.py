@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from launcher.cli import main
 from recipes import load_recipe
-from runtime.backends import build, trainer_state
+from runtime.backends import build, checkpoint_read
 from runtime.control import checkpoint
 from runtime.models import hf_config
 from runtime.models.hf import to_hf
@@ -32,7 +32,7 @@ def hf_folder(run_dir, tmp_path_factory) -> Path:
     """The same weights as a Hugging Face model folder."""
     folder = tmp_path_factory.mktemp("hf")
     spec = build.model_spec(load_recipe("tiny"))
-    weights = trainer_state.model_weights(run_dir / "checkpoints/step_000007", spec)
+    weights = checkpoint_read.model_weights(run_dir / "checkpoints/step_000007", spec)
     hf_config(spec).save_pretrained(folder)
     save_file(
         {k: v.contiguous() for k, v in to_hf(weights, spec).items()},

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import runtime.tasks.tiny as tiny
 from launcher.cli import main
 from recipes import load_recipe
-from runtime.backends import build, trainer_state
+from runtime.backends import build, checkpoint_read
 from runtime.backends.titan_trainer import OptimizerConfig, TitanTrainer
 from runtime.grpo import policy_loss
 from runtime.models import build_hf_model, load_pretrained
@@ -67,7 +67,7 @@ def test_a_trained_model_reloads_in_transformers_with_the_runtimes_logits(
     from runtime.models.hf import to_hf
 
     again = write_hf_model(
-        to_hf(trainer_state.model_weights(tmp_path / "ckpt", spec), spec),
+        to_hf(checkpoint_read.model_weights(tmp_path / "ckpt", spec), spec),
         spec,
         tmp_path / "from_checkpoint",
         tokenizer=tok,
@@ -113,7 +113,7 @@ def test_forgesky_export_writes_the_newest_or_the_named_checkpoint(run_dir, tmp_
     assert json.loads((tmp_path / "newest/forgesky.json").read_text())["step"] == 7
     spec = build.model_spec(load_recipe("tiny"))
     for step, name in ((7, "newest"), (3, "three")):
-        weights = trainer_state.model_weights(run_dir / f"checkpoints/step_{step:06d}", spec)
+        weights = checkpoint_read.model_weights(run_dir / f"checkpoints/step_{step:06d}", spec)
         model = build_hf_model(spec)
         from runtime.models.hf import to_hf
 
@@ -291,8 +291,8 @@ def test_a_bf16_export_reads_the_checkpoint_straight_into_bf16(run_dir, tmp_path
     # to the same numbers a cast of the fp32 model gives
     spec = build.model_spec(load_recipe("tiny"))
     path = run_dir / "checkpoints/step_000007"
-    fp32 = trainer_state.model_weights(path, spec)
-    _, groups = trainer_state.model_weight_groups(path, spec, torch.bfloat16)
+    fp32 = checkpoint_read.model_weights(path, spec)
+    _, groups = checkpoint_read.model_weight_groups(path, spec, torch.bfloat16)
     bf16 = {k: v for group in groups for k, v in group.items()}
     assert fp32.keys() == bf16.keys()
     params = {k for k, v in bf16.items() if v.dtype == torch.bfloat16}

@@ -14,9 +14,11 @@ from runtime_helpers import token_batch
 from recipes import UserError, apply_overrides, architecture, load_recipe, plan
 from runtime.backends import OptimizerConfig, TitanReference, TitanTrainer, token_logprobs
 from runtime.backends import build as services
+from runtime.backends.blocks import micro_batches
 from runtime.backends.fsdp_reference import GPUReference
-from runtime.backends.fsdp_trainer import FSDPTrainer, micro_batches, response_logprobs
+from runtime.backends.fsdp_trainer import FSDPTrainer
 from runtime.backends.hf_generator import HFGenerator
+from runtime.backends.scoring import response_logprobs
 from runtime.backends.vllm_generator import engine_environment, logprobs_mode_for, write_model_dir
 from runtime.grpo import policy_loss
 from runtime.models import ModelSpec

@@ -9,7 +9,8 @@ from runtime_helpers import token_batch
 
 from runtime.backends import OptimizerConfig
 from runtime.backends.fsdp_reference import GPUReference
-from runtime.backends.fsdp_trainer import FSDPTrainer, response_logprobs
+from runtime.backends.fsdp_trainer import FSDPTrainer
+from runtime.backends.scoring import response_logprobs
 from runtime.grpo import policy_loss
 from runtime.models import build_model, to_hf
 from runtime.models.export import write_hf_model

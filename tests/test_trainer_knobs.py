@@ -8,7 +8,7 @@ import torch
 from runtime_helpers import token_batch
 
 from recipes import architecture
-from runtime.backends import OptimizerConfig, fsdp_trainer
+from runtime.backends import OptimizerConfig, blocks
 from runtime.backends.fsdp_reference import GPUReference
 from runtime.backends.fsdp_trainer import FSDPTrainer
 from runtime.grpo import policy_loss
@@ -60,7 +60,7 @@ def test_compiled_checkpointed_blocks_match_eager_across_batch_widths():
     )
     assert counters["stats"]["unique_graphs"] > graphs  # the checkpointed blocks did compile
     # the output projection's log-softmax is compiled too (eager keeps the plain function)
-    assert compiled.model._head_logprobs is not fsdp_trainer.head_logprobs
+    assert compiled.model._head_logprobs is not blocks.head_logprobs
     assert not hasattr(eager.model, "_head_logprobs")
     a, b = _step(eager, 23, 1), _step(compiled, 23, 1)
     for key in ("loss", "kl", "grad_norm"):

@@ -12,7 +12,7 @@ import torch
 from runtime_helpers import NOISE, finish, leftover_processes, metrics, start
 
 from recipes import UserError, apply_overrides, architecture, load_recipe, plan
-from runtime.backends import OptimizerConfig, TitanTrainer, trainer_state
+from runtime.backends import OptimizerConfig, TitanTrainer, checkpoint_read, trainer_state
 from runtime.backends.fsdp_trainer import WORLD_ENV
 from runtime.control import checkpoint
 from runtime.control.startup import group_env, trainer_ranks
@@ -90,7 +90,7 @@ def test_tiny_run_on_two_trainer_ranks_checkpoints_and_resumes(tmp_path: Path):
 
     from runtime.models.hf import to_hf
 
-    want = to_hf(trainer_state.model_weights(run_dir / "checkpoints/step_000006", spec), spec)
+    want = to_hf(checkpoint_read.model_weights(run_dir / "checkpoints/step_000006", spec), spec)
     got = AutoModelForCausalLM.from_pretrained(run_dir / "model").state_dict()
     compared = [k for k in want if k in got]
     assert len(compared) >= len(want) - 1

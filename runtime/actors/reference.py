@@ -9,6 +9,7 @@ import torch
 from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
+from runtime.backends.scoring import response_lists
 from runtime.procs.failures import ranked
 from runtime.procs.mps import client_sm_percent
 
@@ -39,7 +40,5 @@ class ReferenceActor(Actor):
         start = time.perf_counter()
         rows_of = getattr(self.backend, "my_rows", None)
         share = rows_of(tokens.shape[0]) if rows_of else slice(0, tokens.shape[0])
-        lp = self.backend.logprobs(tokens, response_mask).float().cpu()
-        mask = response_mask[share].bool()
-        rows = [row[keep].tolist() for row, keep in zip(lp, mask, strict=True)]
+        rows = response_lists(self.backend.logprobs(tokens, response_mask), response_mask[share])
         return {"logprobs": rows, "first": share.start, "seconds": time.perf_counter() - start}

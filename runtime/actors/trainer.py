@@ -16,6 +16,7 @@ import torch
 from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
+from runtime.backends.scoring import response_lists
 from runtime.procs.failures import ranked
 from runtime.procs.mps import client_sm_percent
 
@@ -82,6 +83,22 @@ class TrainerActor(Actor):
         stats["time/train_s"] = time.perf_counter() - start
         memory = getattr(self.backend, "memory", None)
         return stats | (memory.metrics() if memory is not None else {})
+
+    @endpoint
+    @ranked
+    async def reference_logprobs(
+        self, tokens: torch.Tensor, response_mask: torch.Tensor
+    ) -> dict[str, Any]:
+        """A LoRA run's reference, in the trainer's processes: the base's (the adapter off)
+        log-prob of every response token, one list per row, answered as
+        `ReferenceActor.logprobs` answers. With several ranks every rank is called and answers
+        for its share of the rows (`first`: where it starts)."""
+        start = time.perf_counter()
+        rows_of = getattr(self.backend, "my_rows", None)
+        share = rows_of(tokens.shape[0]) if rows_of else slice(0, tokens.shape[0])
+        lp = self.backend.reference_logprobs(tokens, response_mask)
+        rows = response_lists(lp, response_mask[share])
+        return {"logprobs": rows, "first": share.start, "seconds": time.perf_counter() - start}
 
     def _rank(self) -> int:
         return getattr(self.backend, "rank", 0)

@@ -242,7 +242,8 @@ class TrainerConfig:
     def build(self) -> Any:
         """`FSDPTrainer` (bf16 compute, fp32 master weights) on a GPU or across several
         trainer ranks (gloo on CPU), else the one-process CPU `TitanTrainer`. Weights: the
-        recipe's pretrained ones or the seeded random init."""
+        recipe's pretrained ones or the seeded random init; with the recipe's model.lora, that
+        base frozen and a seeded adapter on it (the trainer is then the reference too)."""
         from runtime.backends import OptimizerConfig
 
         recipe, s = self.recipe, self.settings
@@ -258,6 +259,7 @@ class TrainerConfig:
                 tokens_per_micro_batch=s.tokens_per_micro_batch,
                 activation_checkpointing=s.activation_checkpointing,
                 compile=s.compile,
+                lora=recipe.model.lora,
                 **args,
             )
         from runtime.backends import TitanTrainer
@@ -267,6 +269,7 @@ class TrainerConfig:
             dtype=dtype(recipe),
             tokens_per_micro_batch=s.tokens_per_micro_batch,
             activation_checkpointing=s.activation_checkpointing,
+            lora=recipe.model.lora,
             **args,
         )
 

@@ -1,6 +1,6 @@
 """The frozen reference on GPU(s): the initial policy scored in the trainer's precision, sharded
 over its ranks (FSDP2) when it has several, micro-batched like the trainer (`FSDPTrainer`, whose
-forward and row split it shares: runtime.backends.fsdp_trainer)."""
+forward and row split it shares: runtime.backends.scoring)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from runtime.backends.blocks import micro_batches, wrap_blocks
-from runtime.backends.fsdp_trainer import init_distributed, rank_rows, response_logprobs
+from runtime.backends.blocks import wrap_blocks
+from runtime.backends.fsdp_trainer import init_distributed
+from runtime.backends.scoring import rank_rows, score_rows
 from runtime.models import ModelSpec
 from runtime.models.loading import WeightSource, as_source, load_into
 from runtime.models.titan import materialize, meta_model
@@ -93,35 +94,16 @@ class GPUReference:
         if self.world > 1:
             rows = self.my_rows(tokens.shape[0])
             tokens, response_mask = tokens[rows], response_mask[rows]
-        parts = micro_batches(tokens, self.tokens_per_micro_batch) if len(tokens) else []
-        extra = 0
-        if self.world > 1:
-            # Each forward gathers every block from all ranks: all run as many forwards.
-            count = torch.tensor([len(parts)], device=self.device)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-            extra = int(count.item()) - len(parts)
-        out = []
-        with torch.no_grad(), self._autocast():
-            for p in parts:
-                out.append(
-                    response_logprobs(
-                        self.model,
-                        tokens[p].to(self.device),
-                        response_mask[p].to(self.device),
-                        self.temperature,
-                    )
-                )
-            for _ in range(extra):  # a one-token forward, only for its collectives
-                one = torch.zeros(1, 2, dtype=torch.long, device=self.device)
-                response_logprobs(self.model, one, torch.ones_like(one, dtype=torch.bool))
-        if self.world > 1:
-            # FSDP2 keeps the root's weights (embeddings, output projection) gathered after a
-            # forward, for a backward that never comes here: shard them again now, or every
-            # rank holds all of them from the first scoring on.
-            self.model.reshard()
-        if not out:
-            return torch.zeros(tokens.shape, dtype=torch.float32, device=self.device)
-        return torch.cat(out)
+        return score_rows(
+            self.model,
+            tokens,
+            response_mask,
+            temperature=self.temperature,
+            tokens_per_micro_batch=self.tokens_per_micro_batch,
+            device=self.device,
+            world=self.world,
+            precision=self._autocast(),
+        )
 
 
 def _round_matmul_weights(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -23,6 +23,12 @@ checkpoint so that the compiler sees the recomputed region, and so does the outp
 with its log-softmax; sequence lengths vary with every batch, and dynamic shapes keep a new
 width from compiling again.
 
+LoRA (`lora`, a recipe's model.lora): the decoder as TorchTitan's LoRA converts it
+(runtime.models.lora). The frozen base's projections are stored in the compute dtype (they never
+change: no fp32 master copy), the adapter in fp32; the optimizer, gradient clipping and
+checkpoints cover the adapter alone, a published version is the adapter under PEFT's names, and
+`reference_logprobs` scores the base (the adapter off) in the trainer's own processes.
+
 Attention: the SDPA override of `runtime.models.titan` (causal, right padding is exact), which
 on CUDA picks PyTorch's own cuDNN or flash kernels for bf16; no flash-attn package is needed.
 
@@ -45,11 +51,13 @@ from torch import Tensor
 
 from runtime.backends import trainer_state
 from runtime.backends.base import LossFn, finite_grad_norm, loss_inputs
-from runtime.backends.blocks import head_logprobs, head_outputs, micro_batches, wrap_blocks
+from runtime.backends.blocks import micro_batches, wrap_blocks
 from runtime.backends.gpu_memory import PeakMemory
+from runtime.backends.scoring import rank_rows, response_logprobs, score_rows
 from runtime.backends.titan_trainer import OptimizerConfig
 from runtime.models import ModelSpec, to_hf
 from runtime.models.loading import WeightSource, as_source, load_into
+from runtime.models.lora import adapter_off, adapter_state, peft_state
 from runtime.models.titan import materialize, meta_model
 
 # Stats that add up across micro-batches and ranks; the rest are averaged weighted by tokens.
@@ -73,46 +81,6 @@ def init_distributed() -> int:
             world_size=world,
         )
     return world if world > 1 else 1
-
-
-def response_logprobs(
-    model: torch.nn.Module,
-    tokens: Tensor,
-    response_mask: Tensor,
-    temperature: float = 1.0,
-    entropy: int = 0,
-) -> Tensor | tuple[Tensor, Tensor]:
-    """`lp[b, t] = log softmax(logits / T)[tokens[b, t]]` at response positions, else 0; with
-    `entropy` (1: a metric, 2: with its graph) also the entropy of the distribution that
-    predicted each response token, `(lp, entropy)`.
-
-    Same values as `runtime.backends.base.token_logprobs`, but the output projection runs only
-    on positions whose next token is a response token. `model` must have `_skip_lm_head` set.
-    """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 (got {temperature})")
-    hidden = model(tokens)  # [B, T, D] after the final norm
-    predicts = response_mask[:, 1:].bool()  # position t-1 predicts token t
-    rows, target = hidden[:, :-1][predicts], tokens[:, 1:][predicts]
-    if not entropy:
-        head = getattr(model, "_head_logprobs", head_logprobs)
-        return _scatter(head(model.lm_head, rows, target, temperature), predicts, tokens.shape)
-    head = getattr(model, "_head_outputs", head_outputs)
-    lp, ent = head(model.lm_head, rows, target, temperature, entropy)
-    return _scatter(lp, predicts, tokens.shape), _scatter(ent, predicts, tokens.shape)
-
-
-def _scatter(values: Tensor, predicts: Tensor, shape: torch.Size) -> Tensor:
-    out = torch.zeros(shape, dtype=values.dtype, device=values.device)
-    out[:, 1:] = out[:, 1:].masked_scatter(predicts, values)
-    return out
-
-
-def rank_rows(batch: int, rank: int, world: int) -> slice:
-    """Rank `rank`'s contiguous share of `batch` rows (ranks differ by at most one row)."""
-    base, extra = divmod(batch, world)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (1 if rank < extra else 0))
 
 
 def _full(tensor: Tensor) -> Tensor:
@@ -143,8 +111,10 @@ class FSDPTrainer(trainer_state.Checkpointing):
         activation_checkpointing: bool = True,
         compile: bool = False,
         compile_head: bool = True,
+        lora: Any = None,
     ):
         self.spec = spec
+        self.lora = lora
         self.optim_config = optim
         self.temperature = temperature
         self.device = torch.device(device)
@@ -156,7 +126,9 @@ class FSDPTrainer(trainer_state.Checkpointing):
         self.rank = dist.get_rank() if self.world > 1 else 0
         # Built on meta, sharded there, then only this rank's shards get storage and are filled
         # from the source a block at a time: no rank ever holds the whole model.
-        self.model = meta_model(spec)
+        self.model = meta_model(spec, lora=lora)
+        if lora is not None and compute_dtype != torch.float32:
+            _round_frozen_weights(self.model, compute_dtype)
         self.model._skip_lm_head = True
         wrap_blocks(
             self.model,
@@ -167,7 +139,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         if self.world > 1:
             self._shard()
         materialize(self.model, self.device)
-        load_into(self.model, as_source(weights, spec, seed), "the trainer")
+        load_into(self.model, as_source(weights, spec, seed, lora), "the trainer")
         self.model.train()
         self.optimizer, self.scheduler = optim.build(self.model, fused=self.device.type == "cuda")
         self.step = 0
@@ -213,8 +185,27 @@ class FSDPTrainer(trainer_state.Checkpointing):
             self.model.reshard()
         return out
 
-    def _my_rows(self, batch: int) -> slice:
+    def my_rows(self, batch: int) -> slice:
+        """This rank's share of a batch's rows (what it trains on, and scores as the reference)."""
         return rank_rows(batch, self.rank, self.world)
+
+    def reference_logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
+        """A LoRA run's reference: the base's log-probs (the adapter off) `[rows, T]` of this
+        rank's rows (`my_rows`), in the policy's precision. Every rank must call it."""
+        if self.lora is None:
+            raise RuntimeError("reference_logprobs: a full-parameter trainer has no base to score")
+        rows = self.my_rows(tokens.shape[0])
+        with adapter_off(self.model):
+            return score_rows(
+                self.model,
+                tokens[rows],
+                response_mask[rows],
+                temperature=self.temperature,
+                tokens_per_micro_batch=self.tokens_per_micro_batch,
+                device=self.device,
+                world=self.world,
+                precision=self._autocast(),
+            )
 
     def train_step(
         self,
@@ -249,7 +240,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         **loss_kwargs: Any,
     ) -> dict[str, float]:
         batch = tokens.shape[0]
-        rows = self._my_rows(batch)
+        rows = self.my_rows(batch)
         loss_kwargs, loss_mask, entropy = loss_inputs(loss_kwargs, response_mask)
         # FSDP averages gradients over ranks; each rank's loss is its share of the batch's sum.
         scale = float(self.world)
@@ -281,7 +272,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
                 else:
                     weighted[key] = weighted.get(key, 0.0) + value * w
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.optim_config.max_grad_norm
+            trainer_state.trained(self.model).values(), self.optim_config.max_grad_norm
         )
         # every rank has the same total norm: all of them stop here, none waits in a collective
         norm = finite_grad_norm(_full(grad_norm), self.step + 1)
@@ -320,6 +311,10 @@ class FSDPTrainer(trainer_state.Checkpointing):
         empty groups and never hold more than one gathered block."""
         keep = self.rank == 0
         with torch.no_grad():
+            if self.lora is not None:  # the adapter alone, under PEFT's names
+                adapter = {k: _full(v).detach() for k, v in adapter_state(self.model).items()}
+                yield self._peft(adapter, self.publish_dtype) if keep else {}
+                return
             for prefix, module in self._groups():
                 part = module.state_dict(prefix=prefix)  # fused q/k/v split as checkpoints name it
                 full = {k: _full(v).detach().to(self.publish_dtype) for k, v in part.items()}
@@ -329,6 +324,8 @@ class FSDPTrainer(trainer_state.Checkpointing):
     def hf_layout(self) -> dict[str, Tensor]:
         """What `hf_groups` yields, as meta tensors (names, shapes, `publish_dtype`): the flat
         layout of a version without gathering or allocating anything (every rank alike)."""
+        if self.lora is not None:
+            return self._peft(adapter_state(self.model), self.publish_dtype, meta=True)
         out: dict[str, Tensor] = {}
         for prefix, module in self._groups():
             part = module.state_dict(prefix=prefix)
@@ -338,6 +335,12 @@ class FSDPTrainer(trainer_state.Checkpointing):
             }
             out.update(to_hf(meta, self.spec))
         return out
+
+    def _peft(self, adapter: dict[str, Tensor], dtype: torch.dtype, meta: bool = False) -> Any:
+        if meta:
+            adapter = {k: torch.empty(v.shape, device="meta") for k, v in adapter.items()}
+        out = peft_state(adapter, self.spec.family, self.lora, self.spec)
+        return {k: v.to(dtype) for k, v in out.items()}
 
     def _groups(self) -> Iterator[tuple[str, torch.nn.Module]]:
         outside = torch.nn.ModuleDict(
@@ -366,15 +369,21 @@ class FSDPTrainer(trainer_state.Checkpointing):
             i: {k: _gathered(v, keep) for k, v in s.items()} for i, s in optim["state"].items()
         }
         return {
-            "model": {k: _gathered(v, keep) for k, v in self.model.state_dict().items()},
+            "model": {k: _gathered(v, keep) for k, v in self._model_state().items()},
             "optimizer": optim,
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
         }
 
+    def _model_state(self) -> dict[str, Any]:
+        """The model's part of the state: every weight, or a LoRA run's adapter alone."""
+        if self.lora is None:
+            return self.model.state_dict()
+        return {k: v.detach() for k, v in trainer_state.trained(self.model).items()}
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what `state_dict` returned (each rank keeps its shard)."""
-        current = self.model.state_dict()
+        current = self._model_state()
         if current.keys() != state["model"].keys():
             missing = sorted(current.keys() - state["model"].keys())[:5]
             extra = sorted(state["model"].keys() - current.keys())[:5]
@@ -383,7 +392,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         # projection saves q/k/v as split copies and merges them back in a load hook.
         self.model.load_state_dict(
             {name: _sharded_like(state["model"][name], like) for name, like in current.items()},
-            strict=True,
+            strict=self.lora is None,
         )
         # Optimizer state is keyed by parameter index in param-group order.
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -416,3 +425,18 @@ def _sharded_like(value: Any, like: Tensor) -> Any:
             value.to(device=local.device, dtype=local.dtype), like.device_mesh, like.placements
         )
     return value.to(device=like.device, dtype=like.dtype)
+
+
+def _round_frozen_weights(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """A LoRA run's frozen projections stored in `dtype` on meta (no master copy to keep: they
+    never change); the adapter, embeddings and norms stay fp32, and so does an output projection
+    tied to the embedding (the lookup reads it unrounded)."""
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if (
+            isinstance(module, torch.nn.Linear)
+            and not weight.requires_grad
+            and id(weight) not in tied
+        ):
+            module.weight.data = weight.data.to(dtype)

@@ -19,7 +19,9 @@ from runtime.backends.base import (
 )
 from runtime.backends.blocks import micro_batches, wrap_blocks
 from runtime.models import ModelSpec, build_model, to_hf
-from runtime.models.loading import WeightSource
+from runtime.models.loading import WeightSource, as_source, load_into
+from runtime.models.lora import adapter_off, adapter_state, peft_state
+from runtime.models.titan import materialize, meta_model
 
 # Stats that add up across micro-batches (the loss is normalised by the whole batch's size).
 _SUMMED_STATS = ("loss", "pg_loss", "response_tokens")
@@ -64,6 +66,8 @@ class OptimizerConfig:
         """AdamW over `model` (norm gains and 1-D tensors not decayed) and its LR schedule."""
         decay, no_decay = [], []
         for name, param in model.named_parameters():
+            if not param.requires_grad:  # a LoRA run's frozen base
+                continue
             (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
         optimizer = torch.optim.AdamW(
             [
@@ -93,9 +97,18 @@ def _load_or_init(
     seed: int,
     device: torch.device,
     dtype: torch.dtype,
+    lora: Any = None,
 ) -> torch.nn.Module:
     """The seeded model, or one loaded from `weights`: one process holds all of it (the CPU
-    path), so a source is read whole."""
+    path), so a source is read whole. With `lora`, the LoRA model of that base, its adapter
+    seeded (runtime.models.lora.AdapterInit)."""
+    if lora is not None:
+        model = materialize(meta_model(spec, lora=lora), device)
+        load_into(model, as_source(weights, spec, seed, lora), "the trainer")
+        if dtype != torch.float32:
+            for param in model.parameters():
+                param.data = param.data.to(dtype)
+        return model
     model = build_model(spec, device=device, dtype=dtype, seed=seed)
     if isinstance(weights, WeightSource):
         weights = weights.state_dict()
@@ -109,6 +122,7 @@ class TitanTrainer(trainer_state.Checkpointing):
 
     `weights` (TorchTitan names, e.g. from `load_pretrained`) replace the seeded random init.
     Log-probs use `softmax(logits / temperature)`, the generator's sampling distribution.
+    With `lora` (a recipe's model.lora) only its adapter trains (see FSDPTrainer).
     """
 
     def __init__(
@@ -123,14 +137,16 @@ class TitanTrainer(trainer_state.Checkpointing):
         dtype: torch.dtype = torch.float32,
         tokens_per_micro_batch: int | None = None,
         activation_checkpointing: bool = False,
+        lora: Any = None,
     ):
         self.spec = spec
+        self.lora = lora
         self.optim_config = optim
         self.temperature = temperature
         self.device = torch.device(device)
         self.tokens_per_micro_batch = tokens_per_micro_batch
         self.activation_checkpointing = activation_checkpointing
-        self.model = _load_or_init(spec, weights, seed, self.device, dtype)
+        self.model = _load_or_init(spec, weights, seed, self.device, dtype, lora)
         if activation_checkpointing:
             wrap_blocks(self.model, checkpointing=True, compile=False)
         self.model.train()
@@ -157,6 +173,13 @@ class TitanTrainer(trainer_state.Checkpointing):
     def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
         """Teacher-forced log-probs `[B, T]` of the current policy (0 off the response)."""
         with torch.no_grad():
+            return self._forward_logprobs(tokens, response_mask)
+
+    def reference_logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
+        """A LoRA run's reference: the base's log-probs `[B, T]`, the adapter off."""
+        if self.lora is None:
+            raise RuntimeError("reference_logprobs: a full-parameter trainer has no base to score")
+        with torch.no_grad(), adapter_off(self.model):
             return self._forward_logprobs(tokens, response_mask)
 
     def train_step(
@@ -195,7 +218,7 @@ class TitanTrainer(trainer_state.Checkpointing):
             loss.backward()
             weights.append((float(stats.get("response_tokens", mask.sum())), stats))
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.optim_config.max_grad_norm
+            trainer_state.trained(self.model).values(), self.optim_config.max_grad_norm
         )
         norm = finite_grad_norm(grad_norm, self.step + 1)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -213,20 +236,32 @@ class TitanTrainer(trainer_state.Checkpointing):
         return totals | staging
 
     def hf_state_dict(self) -> dict[str, Tensor]:
-        """The current weights under HF names (detached; copy before mutating)."""
+        """The current weights under HF names (detached; copy before mutating); a LoRA run's
+        adapter alone, under PEFT's names."""
+        if self.lora is not None:
+            adapter = {k: v.detach() for k, v in adapter_state(self.model).items()}
+            return peft_state(adapter, self.spec.family, self.lora, self.spec)
         return to_hf(self.model.state_dict(), self.spec)
 
+    def _model_state(self) -> dict[str, Tensor]:
+        if self.lora is None:
+            return self.model.state_dict()
+        return {k: v.detach() for k, v in trainer_state.trained(self.model).items()}
+
     def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer, scheduler and step: everything a resume needs."""
+        """Model (a LoRA run: its adapter), optimizer, scheduler and step: everything a resume
+        needs."""
         return {
-            "model": self.model.state_dict(),
+            "model": self._model_state(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.model.load_state_dict(state["model"], strict=True)
+        if state["model"].keys() != self._model_state().keys():
+            raise KeyError("checkpoint does not fit the model: its weights are not the trainer's")
+        self.model.load_state_dict(state["model"], strict=self.lora is None)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])

@@ -7,15 +7,15 @@ ranks, into the one-process CPU trainer, or into a plain model for export and ev
 
 Keys are the model's parameter names (the fused q/k/v projection as the model holds it, so a
 save gathers nothing) and, for the optimizer, `torch.distributed.checkpoint.state_dict`'s
-parameter-name keyed form. A checkpoint folder from before DCP (one `trainer.pt`) still loads.
+parameter-name keyed form. The model's part is what the trainer updates (`trained`): every
+weight, or a LoRA run's adapter alone (`lora_a`/`lora_b`; the frozen base is the run's first
+weights, read again on a resume; runtime.backends.checkpoint_read.saved_kind tells them apart). A checkpoint folder from before DCP (one `trainer.pt`) still loads.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 import time
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,9 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-# The folder inside a checkpoint directory (runtime.control.checkpoint) that DCP writes.
-TRAINER_DIR = "trainer"
-LEGACY_FILE = "trainer.pt"
+from runtime.backends.checkpoint_read import TRAINER_DIR, is_legacy, read_all
+
 # Files each rank writes at once (threads of DCP's writer). The state is in host memory when
 # the write starts, so the writer has no GPU work to wait for; with one thread DCP would still
 # synchronise the thread's current CUDA stream every 10 MB, and a training stream blocked in a
@@ -39,9 +38,10 @@ def _single() -> bool:
     return not dist.is_initialized()
 
 
-# DCP warns that a single process is assumed, which is what no_dist says; the write's
-# background thread warns too, so the filter is the process's, for that message alone.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+def trained(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The parameters a trainer updates, by name: every one, or a LoRA run's adapter alone
+    (its frozen base comes from the run's first weights, never from a checkpoint)."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
 def _state(model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def _state(model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int) ->
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     return {
-        "model": dict(model.named_parameters()),
+        "model": trained(model),
         # Creates AdamW's moments (zeros) if no step ran yet: a template to load into.
         "optimizer": get_optimizer_state_dict(model, optimizer),
         "scheduler": scheduler.state_dict(),
@@ -288,112 +288,6 @@ def load(directory: str | Path, model: torch.nn.Module, optimizer: Any, schedule
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     return int(state["step"])
-
-
-def is_legacy(directory: str | Path) -> bool:
-    return (Path(directory) / LEGACY_FILE).exists() and not (Path(directory) / TRAINER_DIR).exists()
-
-
-def saved_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
-    """Parameter name -> shape of the weights a DCP checkpoint holds (its metadata only)."""
-    reader = dcp.FileSystemReader(str(Path(directory) / TRAINER_DIR))
-    out = {}
-    for key, meta in reader.read_metadata().state_dict_metadata.items():
-        if key.startswith("model.") and hasattr(meta, "size"):
-            out[key.removeprefix("model.")] = tuple(meta.size)
-    return out
-
-
-def model_weights(directory: str | Path, spec: Any) -> dict[str, torch.Tensor]:
-    """The policy's weights in a checkpoint, as a one-process model of `spec` holds them: full
-    fp32 CPU tensors under TorchTitan's checkpoint names (q/k/v split), for export and eval."""
-    directory = Path(directory)
-    if is_legacy(directory):
-        state = torch.load(
-            directory / LEGACY_FILE, map_location="cpu", mmap=True, weights_only=True
-        )
-        return dict(state["model"])
-    from runtime.models.titan import materialize, meta_model
-
-    model = materialize(meta_model(spec), "cpu")
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        dcp.load({"model": params}, checkpoint_id=str(directory / TRAINER_DIR), no_dist=True)
-    return {k: v.detach() for k, v in model.state_dict().items()}
-
-
-def model_weight_groups(
-    directory: str | Path, spec: Any, dtype: torch.dtype = torch.float32
-) -> tuple[list[dict[str, torch.Tensor]], Iterator[dict[str, torch.Tensor]]]:
-    """`model_weights` a group at a time: (each group's names and shapes as meta tensors, in
-    the order the groups come; the groups: the tensors outside the blocks, then each block),
-    each group's parameters read from the checkpoint straight into `dtype` when it is asked
-    for and given up before the next, so an export of any size holds one block (a legacy
-    checkpoint, memory-mapped, comes as one group)."""
-    directory = Path(directory)
-    if is_legacy(directory):
-        whole = model_weights(directory, spec)
-        return [{k: v.to("meta") for k, v in whole.items()}], iter([whole])
-    from runtime.models.titan import meta_model
-
-    model = meta_model(spec)
-    outside = torch.nn.ModuleDict({n: m for n, m in model.named_children() if n != "layers"})
-    groups = [("", outside), *((f"layers.{i}.", b) for i, b in model.layers.items())]
-    layout = []
-    for prefix, module in groups:
-        buffers = {prefix + n for n, _ in module.named_buffers()}  # RoPE tables: not stored
-        layout.append(
-            {
-                k: torch.empty(v.shape, dtype=dtype, device="meta")
-                for k, v in module.state_dict(prefix=prefix).items()
-                if k not in buffers
-            }
-        )
-
-    def read() -> Iterator[dict[str, torch.Tensor]]:
-        for prefix, module in groups:
-            # every alias of a parameter (a tied embedding is also the output projection)
-            aliases: dict[int, list[tuple[torch.nn.Module, str]]] = {}
-            named: dict[str, torch.nn.Parameter] = {}
-            for name, param in module.named_parameters(prefix=prefix.rstrip(".")):
-                named[name] = param
-            for owner in module.modules():
-                for leaf, param in owner.named_parameters(recurse=False):
-                    aliases.setdefault(id(param), []).append((owner, leaf))
-            loaded = {n: torch.empty(p.shape, dtype=dtype) for n, p in named.items()}
-            with torch.no_grad():
-                dcp.load(
-                    {"model": loaded}, checkpoint_id=str(directory / TRAINER_DIR), no_dist=True
-                )
-            for name, param in named.items():
-                real = torch.nn.Parameter(loaded[name], requires_grad=False)
-                for owner, leaf in aliases[id(param)]:
-                    setattr(owner, leaf, real)
-            part = {
-                k: v.detach()
-                for k, v in module.state_dict(prefix=prefix).items()
-                if v.device.type != "meta"  # RoPE tables: computed, not stored
-            }
-            yield part
-            del part, loaded
-            for param in named.values():  # back to meta: the block's memory goes
-                for owner, leaf in aliases[id(param)]:
-                    setattr(owner, leaf, param)
-
-    return layout, read()
-
-
-def read_all(directory: str | Path) -> dict[str, Any]:
-    """Everything the trainer wrote, as full tensors in one nested dict (tests, inspection)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    directory = Path(directory)
-    if is_legacy(directory):
-        return torch.load(directory / LEGACY_FILE, map_location="cpu", weights_only=False)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "state.pt"
-        dcp_to_torch_save(str(directory / TRAINER_DIR), str(out))
-        return torch.load(out, weights_only=False)
 
 
 class Checkpointing:

@@ -18,7 +18,8 @@ from typing import Any
 class Family:
     """One model family.
 
-    - `titan_config(spec, inner_attention)`: the TorchTitan decoder config of a `ModelSpec`.
+    - `titan_config(spec, inner_attention, fuse_qkv=True)`: the TorchTitan decoder config of a
+      `ModelSpec` (q, k and v in one projection, or, for LoRA, in three).
     - `adapter(titan_config)`: its TorchTitan <-> HF state-dict adapter.
     - `hf_config(common, spec)`: the transformers config from the keyword arguments every
       family shares (`common`), plus what is the family's own (RoPE scaling).

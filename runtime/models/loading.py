@@ -210,14 +210,25 @@ def weight_source(
 
 
 def as_source(
-    weights: WeightSource | Mapping[str, torch.Tensor] | None, spec: ModelSpec, seed: int
+    weights: WeightSource | Mapping[str, torch.Tensor] | None,
+    spec: ModelSpec,
+    seed: int,
+    lora: Any = None,
 ) -> WeightSource:
-    """What a backend's `weights` argument means: a source, a state dict, or the seeded init."""
+    """What a backend's `weights` argument means: a source, a state dict, or the seeded init;
+    with `lora` (a recipe's model.lora), followed by the adapter's first weights where they
+    do not give them (runtime.models.lora.AdapterInit, seeded by `seed` too)."""
     if weights is None:
-        return SeededWeights(spec, seed)
-    if isinstance(weights, WeightSource):
-        return weights
-    return GivenWeights(weights)
+        source: WeightSource = SeededWeights(spec, seed)
+    elif isinstance(weights, WeightSource):
+        source = weights
+    else:
+        source = GivenWeights(weights)
+    if lora is None:
+        return source
+    from runtime.models.lora import AdapterInit
+
+    return AdapterInit(source, spec, lora, seed)
 
 
 def _merge_fused(model: torch.nn.Module, group: dict[str, torch.Tensor]) -> None:

@@ -11,9 +11,16 @@ from runtime.models.families import family
 from runtime.models.spec import ModelSpec
 
 
-def titan_config(spec: ModelSpec, attention: Attention = "sdpa") -> Any:
-    """The TorchTitan model config for `spec` (what `.build()` turns into the nn.Module)."""
-    return family(spec.family).titan_config(spec, attention)
+def titan_config(spec: ModelSpec, attention: Attention = "sdpa", lora: Any = None) -> Any:
+    """The TorchTitan model config for `spec` (what `.build()` turns into the nn.Module); with
+    `lora` (a recipe's model.lora), q, k and v unfused and the targets wrapped by TorchTitan's
+    LoRA, every other parameter frozen (runtime.models.lora)."""
+    if lora is None:
+        return family(spec.family).titan_config(spec, attention)
+    from runtime.models.lora import converter
+
+    config = family(spec.family).titan_config(spec, attention, fuse_qkv=False)
+    return converter(lora).convert(config)
 
 
 def build_model(
@@ -46,15 +53,21 @@ def build_model(
     return model
 
 
-def meta_model(spec: ModelSpec, attention: Attention = "sdpa") -> Any:
-    """The TorchTitan decoder of `spec` on the meta device: shapes, no storage.
+def meta_model(spec: ModelSpec, attention: Attention = "sdpa", lora: Any = None) -> Any:
+    """The TorchTitan decoder of `spec` on the meta device: shapes, no storage; with `lora`, its
+    adapter the only trainable parameters (checked).
 
     Shard it (FSDP2) while it is on meta, then `materialize` it: each rank allocates only its
-    shards, and `runtime.models.loading.load_into` fills them.
+    shards, and `runtime.models.loading.load_into` fills them (`as_source` with the same
+    `lora` adds the adapter's first weights to the base's).
     """
     with torch.device("meta"):
-        model = titan_config(spec, attention).build()
+        model = titan_config(spec, attention, lora).build()
     _retie(model)
+    if lora is not None:
+        from runtime.models.lora import check_converted
+
+        check_converted(model, spec, lora)
     return model
 
 

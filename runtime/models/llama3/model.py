@@ -29,7 +29,7 @@ def _rope(spec: Any) -> Any:
     )
 
 
-def titan_config(spec: Any, attention: Attention = "sdpa") -> Any:
+def titan_config(spec: Any, attention: Attention = "sdpa", fuse_qkv: bool = True) -> Any:
     return decoder_config(
         spec,
         attention,
@@ -37,4 +37,5 @@ def titan_config(spec: Any, attention: Attention = "sdpa") -> Any:
         model=Llama3Model,
         rope=_rope(spec),
         qk_norm=False,
+        fuse_qkv=fuse_qkv,
     )

@@ -6,11 +6,11 @@ from runtime.models.family import Family
 from runtime.models.qwen3.state_dict import adapter, hf_config, hf_model
 
 
-def titan_config(spec: Any, attention: str = "sdpa") -> Any:
+def titan_config(spec: Any, attention: str = "sdpa", fuse_qkv: bool = True) -> Any:
     # TorchTitan's model code only where a TorchTitan model is built (not in generator procs).
     from runtime.models.qwen3.model import titan_config
 
-    return titan_config(spec, attention)
+    return titan_config(spec, attention, fuse_qkv)
 
 
 FAMILY = Family(

@@ -11,8 +11,14 @@ from torchtitan.models.qwen3.model import Qwen3TransformerBlock
 from runtime.models.decoder import Attention, decoder_config
 
 
-def titan_config(spec: Any, attention: Attention = "sdpa") -> Any:
+def titan_config(spec: Any, attention: Attention = "sdpa", fuse_qkv: bool = True) -> Any:
     rope = CosSinRoPE.Config(dim=spec.head_dim, max_seq_len=spec.max_seq_len, theta=spec.rope_theta)
     return decoder_config(
-        spec, attention, block=Qwen3TransformerBlock, model=Qwen3Model, rope=rope, qk_norm=True
+        spec,
+        attention,
+        block=Qwen3TransformerBlock,
+        model=Qwen3Model,
+        rope=rope,
+        qk_norm=True,
+        fuse_qkv=fuse_qkv,
     )

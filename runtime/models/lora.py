@@ -1,0 +1,266 @@
+"""LoRA on the TorchTitan side: which projections an adapter wraps, how the model is converted
+(TorchTitan's `LoRAConverter`: W x + (alpha / rank) B A x, the base frozen), its first weights,
+switching it off, and its names in the two spaces it lives in.
+
+A recipe's `model.lora` (recipes.run_sections.Lora) names its targets as Hugging Face
+projections; the model holds them as TorchTitan's:
+
+    q_proj k_proj v_proj o_proj gate_proj up_proj down_proj  ->  wq wk wv wo w1 w3 w2
+
+An adapter's tensors under TorchTitan names (`layers.0.attention.qkv_linear.wq.lora_a.weight`,
+`layers.0.feed_forward.w2.lora_b.weight`) are what the trainer holds and checkpoints. Under
+PEFT names (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`,
+`base_model.model.model.layers.0.mlp.down_proj.lora_B.weight`) they are what generators load,
+vLLM reads and an exported adapter folder holds. Two functions convert between them:
+
+- `peft_state(titan_adapter, family, lora, spec) -> dict[str, Tensor]`: TorchTitan -> PEFT;
+- `titan_state(peft_adapter, family, lora, spec) -> dict[str, Tensor]`: PEFT -> TorchTitan.
+
+`family` is the model family's name (spec.family). B's rows are the projection's output rows, so
+where a family's full weights change layout between the two sides (llama3 permutes q and k to
+HF's rotary layout; qwen3 keeps it) B's rows move the same way and A stays as it is. Either
+function takes part of an adapter too (one block), and refuses a name or shape that is not
+`lora`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from runtime.models.loading import WeightSource
+from runtime.models.spec import ModelSpec
+
+# Hugging Face projection -> TorchTitan module name (recipes.names.LORA_TARGETS' order)
+TITAN_NAMES = {
+    "q_proj": "wq",
+    "k_proj": "wk",
+    "v_proj": "wv",
+    "o_proj": "wo",
+    "gate_proj": "w1",
+    "up_proj": "w3",
+    "down_proj": "w2",
+}
+HF_NAMES = {titan: hf for hf, titan in TITAN_NAMES.items()}
+# where each projection sits in a block, on each side
+_TITAN_PLACE = {
+    "wq": "attention.qkv_linear",
+    "wk": "attention.qkv_linear",
+    "wv": "attention.qkv_linear",
+    "wo": "attention",
+    "w1": "feed_forward",
+    "w3": "feed_forward",
+    "w2": "feed_forward",
+}
+_HF_PLACE = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
+PEFT_PREFIX = "base_model.model.model.layers."
+_TITAN_KEY = re.compile(
+    r"^layers\.(\d+)\.(?:attention\.qkv_linear|attention|feed_forward)\.(\w+)\.lora_([ab])\.weight$"
+)
+_PEFT_KEY = re.compile(
+    r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$"
+)
+
+
+def titan_targets(lora: Any) -> list[str]:
+    """The TorchTitan module names `lora` wraps."""
+    return [TITAN_NAMES[name] for name in lora.modules]
+
+
+def converter(lora: Any) -> Any:
+    """TorchTitan's `LoRAConverter` for the recipe's `model.lora`."""
+    from torchtitan.components.lora import LoRAConverter
+
+    if lora.dropout:
+        raise ValueError(f"LoRA dropout {lora.dropout}: TorchTitan's LoRA has none")
+    return LoRAConverter(
+        LoRAConverter.Config(
+            rank=lora.rank, alpha=lora.scaling_alpha, target_modules=titan_targets(lora)
+        )
+    )
+
+
+def _projections(spec: ModelSpec) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of each projection of a block."""
+    q, kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+    d, f = spec.dim, spec.ffn_dim
+    return {
+        "wq": (d, q),
+        "wk": (d, kv),
+        "wv": (d, kv),
+        "wo": (q, d),
+        "w1": (d, f),
+        "w3": (d, f),
+        "w2": (f, d),
+    }
+
+
+def adapter_shapes(spec: ModelSpec, lora: Any) -> dict[str, tuple[int, ...]]:
+    """Every adapter tensor of `lora` on `spec`, TorchTitan name -> shape, block by block."""
+    sizes, out = _projections(spec), {}
+    for layer in range(spec.n_layers):
+        for target in titan_targets(lora):
+            fan_in, fan_out = sizes[target]
+            base = f"layers.{layer}.{_TITAN_PLACE[target]}.{target}"
+            out[f"{base}.lora_a.weight"] = (lora.rank, fan_in)
+            out[f"{base}.lora_b.weight"] = (fan_out, lora.rank)
+    return out
+
+
+def check_converted(model: torch.nn.Module, spec: ModelSpec, lora: Any) -> None:
+    """Fail unless the trainable parameters of a converted `model` are exactly `lora`'s adapter
+    (TorchTitan's converter only logs a target that matched nothing, and trains nothing)."""
+    trainable = {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
+    expected = adapter_shapes(spec, lora)
+    if trainable != expected:
+        missing = sorted(expected.keys() - trainable.keys())
+        extra = sorted(trainable.keys() - expected.keys())
+        raise RuntimeError(
+            f"LoRA on {', '.join(lora.modules)}: {sum(math.prod(s) for s in trainable.values())} "
+            f"trainable parameters, the adapter has {sum(math.prod(s) for s in expected.values())}"
+            f"; not wrapped: {missing[:4]}, trainable but not the adapter's: {extra[:4]}"
+        )
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The adapter's parameters of a converted `model` (live; DTensors when sharded), by
+    TorchTitan name."""
+    return {n: p for n, p in model.named_parameters() if ".lora_a." in n or ".lora_b." in n}
+
+
+@contextlib.contextmanager
+def adapter_off(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """`model` as its frozen base: every LoRA projection's scaling 0 (base + 0 * BAx is the
+    base's output to the bit), restored on the way out, an exception's too."""
+    wrapped = [m for m in model.modules() if hasattr(m, "lora_a") and hasattr(m, "_lora_scaling")]
+    if not wrapped:
+        raise RuntimeError("adapter_off: the model has no LoRA projection")
+    scalings = [m._lora_scaling for m in wrapped]
+    for module in wrapped:
+        module._lora_scaling = 0.0
+    try:
+        yield model
+    finally:
+        for module, scaling in zip(wrapped, scalings, strict=True):
+            module._lora_scaling = scaling
+
+
+@functools.lru_cache(maxsize=8)
+def _hf_rows(spec: ModelSpec) -> dict[str, Tensor]:
+    """For each attention projection whose output rows the family's HF conversion reorders,
+    `rows` with hf_weight = titan_weight[rows], read off the family's own `to_hf` (the rows do
+    not depend on the input width, so a width-2 probe suffices)."""
+    from runtime.models.hf import to_hf
+
+    narrow = dataclasses.replace(spec, dim=2)
+    sizes = _projections(spec)
+    probe = {
+        f"layers.0.attention.qkv_linear.{t}.weight": torch.arange(sizes[t][1], dtype=torch.float64)[
+            :, None
+        ].repeat(1, 2)
+        for t in ("wq", "wk", "wv")
+    }
+    hf = to_hf(probe, narrow)
+    out = {}
+    for target in ("wq", "wk", "wv"):
+        rows = hf[f"model.layers.0.self_attn.{HF_NAMES[target]}.weight"][:, 0].long()
+        if not torch.equal(rows, torch.arange(len(rows))):
+            out[target] = rows
+    return out
+
+
+def _checked(name: str, tensor: Tensor, titan_name: str, spec: ModelSpec, lora: Any) -> None:
+    shape = adapter_shapes(spec, lora).get(titan_name)
+    if shape is None:
+        raise KeyError(f"{name} is not a tensor of the LoRA adapter on {', '.join(lora.modules)}")
+    if tuple(tensor.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)}; the adapter's is {shape}")
+
+
+def _rows(tensor: Tensor, rows: Tensor) -> Tensor:
+    return tensor.index_select(0, rows.to(tensor.device))
+
+
+def peft_state(
+    titan_adapter: dict[str, Tensor], family: str, lora: Any, spec: ModelSpec
+) -> dict[str, Tensor]:
+    """An adapter (or part of one) under PEFT's names, B's rows in HF's layout (see the module
+    docstring)."""
+    if family != spec.family:
+        raise ValueError(f"family {family!r} is not the model's ({spec.family!r})")
+    reorder, out = _hf_rows(spec), {}
+    for name, tensor in titan_adapter.items():
+        match = _TITAN_KEY.match(name)
+        if match is None:
+            raise KeyError(f"{name} is not a LoRA adapter tensor's name")
+        layer, target, side = match.groups()
+        _checked(name, tensor, name, spec, lora)
+        if side == "b" and target in reorder:
+            tensor = _rows(tensor, reorder[target])
+        hf = HF_NAMES[target]
+        out[f"{PEFT_PREFIX}{layer}.{_HF_PLACE[hf]}.{hf}.lora_{side.upper()}.weight"] = tensor
+    return out
+
+
+def titan_state(
+    peft_adapter: dict[str, Tensor], family: str, lora: Any, spec: ModelSpec
+) -> dict[str, Tensor]:
+    """An adapter (or part of one) under PEFT's names, as the TorchTitan model holds it: the
+    inverse of `peft_state`."""
+    if family != spec.family:
+        raise ValueError(f"family {family!r} is not the model's ({spec.family!r})")
+    reorder, out = _hf_rows(spec), {}
+    for name, tensor in peft_adapter.items():
+        match = _PEFT_KEY.match(name)
+        if match is None or match.group(2) not in TITAN_NAMES:
+            raise KeyError(f"{name} is not a PEFT LoRA tensor's name")
+        layer, hf, side = match.groups()
+        target = TITAN_NAMES[hf]
+        titan = f"layers.{layer}.{_TITAN_PLACE[target]}.{target}.lora_{side.lower()}.weight"
+        _checked(name, tensor, titan, spec, lora)
+        if side == "B" and target in reorder:
+            tensor = _rows(tensor, torch.argsort(reorder[target]))
+        out[titan] = tensor
+    return out
+
+
+class AdapterInit(WeightSource):
+    """The base's weights from `base`, then, as a last group, the adapter's first weights that
+    `base` did not give: A as TorchTitan's LoRA draws it (Kaiming uniform, a = sqrt(5)) from a
+    generator seeded by `seed` (the recipe's grpo.seed), the same on any rank count; B zeros,
+    so the policy starts as the base."""
+
+    def __init__(self, base: WeightSource, spec: ModelSpec, lora: Any, seed: int):
+        self.base, self.spec, self.lora, self.seed = base, spec, lora, seed
+
+    def groups(self) -> Iterator[dict[str, Tensor]]:
+        given: set[str] = set()
+        for group in self.base.groups():
+            given.update(group)
+            yield group
+        generator = torch.Generator().manual_seed(self.seed)
+        adapter = {}
+        for name, shape in adapter_shapes(self.spec, self.lora).items():
+            tensor = torch.zeros(shape)
+            if name.endswith("lora_a.weight"):
+                torch.nn.init.kaiming_uniform_(tensor, a=math.sqrt(5), generator=generator)
+            if name not in given:
+                adapter[name] = tensor
+        if adapter:
+            yield adapter
