@@ -663,6 +663,23 @@ def test_a_spread_reference_is_weighed_where_services_share_gpus():
     assert own.share == "none" and len(own.placements_of("reference")[0].gpus) == 1
 
 
+def test_a_spread_reference_leaves_the_count_with_gpus_of_their_own_as_the_recipe_has_it():
+    # the spread reference is planned on a copy of the recipe with the reference over both
+    # GPUs; "N with GPUs of their own" is the recipe's own layout: 1 + 1 + 1 GPUs
+    spread = plan(
+        recipe(
+            "qwen3-1.7b",
+            "layout.share=auto",
+            "grpo.max_policy_age=0",
+            "layout.reference.spread=true",
+        ),
+        2,
+    )
+    assert spread.placements_of("reference")[0].gpus == (0, 1)
+    assert spread.dedicated_gpus == 3
+    assert "minimum 1 GPU with services sharing, 3 with GPUs of their own" in spread.describe()
+
+
 @pytest.mark.parametrize("accelerator", ["H100", "H200"])
 def test_no_accepted_plan_puts_more_on_a_gpu_while_the_trainer_steps_than_the_gpu_has(accelerator):
     # every catalog recipe, both policy modes, one to eight GPUs: what `plan` accepts fits each
