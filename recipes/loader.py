@@ -90,7 +90,7 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
             raise UserError(f"override '{item}' must look like KEY=VALUE, e.g. grpo.steps=20")
         parts = key.strip().split(".")
         parent, last, current = _walk(data, parts)
-        value = _parse_value(item, raw, current)
+        value = _parse_value(item, raw, current, _kinds_at(parts))
         optional = value is None and _section_at(parts)[1]  # model.lora=null: LoRA off
         if isinstance(current, dict) and not isinstance(value, dict) and not optional:
             first = next(iter(current), "KEY")
@@ -157,17 +157,26 @@ def _walk(data: dict[str, Any], parts: list[str]) -> tuple[Any, Any, Any]:
 def _section_at(parts: list[str]) -> tuple[type[BaseModel] | None, bool]:
     """The section a dotted recipe path names (None where it names a value, or nothing
     known), and whether the recipe may leave it out (null)."""
+    kinds = _kinds_at(parts)
+    return _section_of(kinds), type(None) in kinds
+
+
+def _kinds_at(parts: list[str]) -> list[Any]:
+    """The types the field at a dotted recipe path may hold ([] where none is known)."""
     model: type[BaseModel] | None = Recipe
-    optional = False
+    kinds: list[Any] = [Recipe]
     for part in parts:
         if part.isdigit():
             continue  # an item of a list: the list's own section
         if model is None or part not in model.model_fields:
-            return None, False
+            return []
         kinds = _kinds(model.model_fields[part].annotation)
-        optional = type(None) in kinds
-        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
-    return model, optional
+        model = _section_of(kinds)
+    return kinds
+
+
+def _section_of(kinds: list[Any]) -> type[BaseModel] | None:
+    return next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
 
 
 def _kinds(annotation: Any) -> list[Any]:
@@ -176,9 +185,11 @@ def _kinds(annotation: Any) -> list[Any]:
     return [annotation, *inner]
 
 
-def _parse_value(item: str, raw: str, current: Any) -> Any:
+def _parse_value(item: str, raw: str, current: Any, kinds: list[Any]) -> Any:
     # A string field keeps the text as typed: YAML would turn "dataset.config=1" into an int.
-    if isinstance(current, str):
+    # One that may also hold a list (model.lora.targets: all-linear or [q_proj, v_proj]) reads
+    # YAML.
+    if isinstance(current, str) and not any(typing.get_origin(k) is list for k in kinds):
         return raw
     try:
         return yaml.safe_load(raw) if raw.strip() else None

@@ -544,6 +544,12 @@ def test_both_set_forms_turn_lora_on_and_off():
     on = apply_overrides(tiny, LORA)  # a dotted key into an absent section
     assert on.model.lora.rank == 8
     assert apply_overrides(tiny, ["model.lora={rank: 8}", LORA[1]]).model.lora == on.model.lora
+    # targets may be all-linear or a list: a list typed on the command line is a list
+    two = apply_overrides(on, ["model.lora.targets=[q_proj,v_proj]"]).model.lora
+    assert two.targets == ["q_proj", "v_proj"]
+    assert apply_overrides(on, ["model.lora.targets=all-linear"]) == on
+    template = apply_overrides(on, ["dataset.prompt_template={question} [1, 2]"])
+    assert template.dataset.prompt_template == "{question} [1, 2]"  # a string field stays one
     off = apply_overrides(on, ["model.lora=null", "layout.reference.device=gpu"])
     assert off.model.lora is None and off == tiny
     # a mistyped key of the absent section is named with the section's keys
