@@ -531,21 +531,31 @@ LORA_ON_TINY = ("--set", "model.lora.rank=8", "--set", "layout.reference.device=
 )
 def test_a_bad_lora_setting_is_one_line_at_once(capsys, command, setting, expected):
     started = time.monotonic()
-    code, out, err = run_main(capsys, command, "tiny", *LORA_ON_TINY, "--set", setting)
+    code, out, err = run_main(capsys, command, "tiny-lora", "--set", setting)
     assert time.monotonic() - started < 1.0
     assert_user_error(code, err, expected)
     assert out == ""
+
+
+def test_lora_is_set_on_a_recipe_without_it(capsys):
+    code, out, err = run_main(capsys, "plan", "tiny", *LORA_ON_TINY)
+    assert code == 0 and err == ""
+    assert "LoRA rank 8, alpha 16 (2 x rank) on q, k, v, o, gate, up, down" in out
+    code, out, _ = run_main(capsys, "plan", "tiny-gpu", "--set", "model.lora.rank=16", "--json")
+    assert code == 0
+    assert json.loads(out)["settings"]["generator"]["max_lora_rank"] == 16
 
 
 def test_this_runtime_refuses_a_lora_recipe(capsys, tmp_path):
     # the runtime that trains LoRA is not in this build: a run is refused before anything
     # starts (goes with the refusal in runtime/entry.py)
     run_dir = tmp_path / "run"
+    code, _, err = run_main(capsys, "local", "tiny-lora", "--run-dir", str(run_dir))
+    assert_user_error(code, err, "model.lora: this runtime does not train LoRA yet (tiny-lora)")
+    assert not run_dir.exists()
     code, _, err = run_main(capsys, "local", "tiny", *LORA_ON_TINY, "--run-dir", str(run_dir))
     assert_user_error(code, err, "model.lora: this runtime does not train LoRA yet (tiny)")
     assert not run_dir.exists()
-    code, out, _ = run_main(capsys, "plan", "tiny", *LORA_ON_TINY)
-    assert code == 0 and "tiny on CPU" in out
 
 
 @pytest.mark.parametrize("command", ["plan", "validate"])
