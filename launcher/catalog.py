@@ -121,10 +121,11 @@ def derived_summary(recipe: Any) -> str:
     need, least = dedicated_gpus(recipe), minimum_gpus(recipe)
     lay = recipe.layout
     reference = f" + reference {lay.reference.gpus}" if lay.reference.on_gpu else ""
+    inside = " (the reference in its processes)" if lay.reference.in_trainer else ""
     line = (
         f"# derived: minimum {need} x {recipe.resources.accelerator} = generator "
-        f"{lay.generator.tp * lay.generator.replicas}{reference} + trainer {lay.trainer.gpus}; "
-        f"see forgesky plan {recipe.name} --gpus {need}"
+        f"{lay.generator.tp * lay.generator.replicas}{reference} + trainer {lay.trainer.gpus}"
+        f"{inside}; see forgesky plan {recipe.name} --gpus {need}"
     )
     if least < need:
         line += (

@@ -30,7 +30,7 @@ from recipes.memory import (
     trainer_step_bytes,
 )
 from recipes.placements import Placement, shared_services
-from recipes.plan_words import Plan, kv_cut_note
+from recipes.plan_words import Plan, kv_cut_note, lora_words
 from recipes.schema import Recipe
 from recipes.settings import (
     Settings,
@@ -91,7 +91,7 @@ def gpu_plan(
             # the ipc path's buffer of a version, on trainer rank 0's GPU from a publish until
             # the generators have loaded it: a peak of its own, beside a step's (a push to
             # other generators sends from it)
-            publish = trainer_publish_gb(recipe.arch, trainer_gpus) + flat
+            publish = trainer_publish_gb(recipe.arch, trainer_gpus, recipe.model.lora) + flat
             memory["trainer"] = max(memory["trainer"], round(publish, 1))
         rank0_only = memory["trainer"] - step  # GB rank 0 holds beyond the other ranks
         return settings, memory, rank0_only
@@ -129,6 +129,8 @@ def gpu_plan(
         placements=placements,
         memory=memory,
         idle_gpus=idle,
+        reference_in_trainer=lay.reference.in_trainer,
+        lora=lora_words(recipe),
         accelerator=accelerator,
         settings=settings,
         share=share,
@@ -136,7 +138,7 @@ def gpu_plan(
         mps_sm_percent=recipe.layout.mps_sm_percent.limited(),
         while_training_gb=training,
         reference_host_gb=_reference_host_gb(recipe),
-        checkpoint_host_gb=round(checkpoint_bytes(recipe.arch) / GB, 1),
+        checkpoint_host_gb=round(checkpoint_bytes(recipe.arch, recipe.model.lora) / GB, 1),
         export_host_gb=round(export_host_bytes(recipe) / GB, 1),
         reference_step_tflop=_reference_step_tflop(recipe),
         disk=_disk(recipe),
@@ -158,7 +160,12 @@ def while_training(
     GPU hold there (their GB/GPU)."""
     t, sync = settings.trainer, settings.weight_sync
     step = trainer_step_bytes(
-        recipe.arch, t.ranks, t.tokens_per_micro_batch, t.activation_checkpointing, t.compile
+        recipe.arch,
+        t.ranks,
+        t.tokens_per_micro_batch,
+        t.activation_checkpointing,
+        t.compile,
+        recipe.model.lora,
     )
     rank0 = ipc_buffer_held(recipe, sync.transport, sync.expected) + push_buffer_bytes(
         recipe, sync.transport, sync.expected, sync.push_buffer

@@ -48,7 +48,7 @@ from recipes.errors import DoesNotFit, UserError
 from recipes.gpu_plan import expected_paths, gpu_plan
 from recipes.memory import estimate_memory
 from recipes.placements import Placement, Service
-from recipes.plan_words import Candidate, Plan, layout_words
+from recipes.plan_words import Candidate, Plan, layout_words, lora_words
 from recipes.schema import Recipe
 from recipes.settings import plan_settings
 
@@ -226,7 +226,7 @@ def _colocated_placements(recipe: Recipe, gpus: int, replicas: int) -> tuple[Pla
         Placement("generator", r, 0, tuple(range(r * gen_tp, (r + 1) * gen_tp)))
         for r in range(replicas)
     ]
-    if lay.reference.enabled:
+    if lay.reference.enabled and not lay.reference.in_trainer:
         # the last GPUs: GPU 0 holds trainer rank 0, which alone stages each published version
         on = tuple(range(gpus - lay.reference.gpus, gpus)) if lay.reference.on_gpu else ()
         placements.append(Placement("reference", 0, 0, on))
@@ -269,7 +269,7 @@ def _colocated_plan(recipe: Recipe, gpus: int, accelerator: str, replicas: int) 
 def cpu_plan(recipe: Recipe, nodes: int) -> Plan:
     lay = recipe.layout
     units: list[tuple[Service, int]] = [("generator", r) for r in range(lay.generator.replicas)]
-    if lay.reference.enabled:
+    if lay.reference.enabled and not lay.reference.in_trainer:  # in the trainer: its procs
         units.append(("reference", 0))
     placements = [Placement(s, r, (i + 1) % nodes, ()) for i, (s, r) in enumerate(units)]
     placements.append(Placement("trainer", 0, 0, ()))  # node 0: see the module docstring
@@ -296,6 +296,8 @@ def cpu_plan(recipe: Recipe, nodes: int) -> Plan:
         reward_procs=lay.reward.procs,
         placements=tuple(placements),
         memory=estimate_memory(recipe),
+        reference_in_trainer=lay.reference.in_trainer,
+        lora=lora_words(recipe),
         accelerator="cpu",
         minimum_gpus=0,
         settings=settings,

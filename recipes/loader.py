@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import typing
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ _SELF_DESCRIBING = {
     "share",
     "positive",
     "clip",
+    "lora",
 }
 
 
@@ -86,9 +88,11 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise UserError(f"override '{item}' must look like KEY=VALUE, e.g. grpo.steps=20")
-        parent, last, current = _walk(data, key.strip().split("."))
-        value = _parse_value(item, raw, current)
-        if isinstance(current, dict) and not isinstance(value, dict):
+        parts = key.strip().split(".")
+        parent, last, current = _walk(data, parts)
+        value = _parse_value(item, raw, current, _kinds_at(parts))
+        optional = value is None and _section_at(parts)[1]  # model.lora=null: LoRA off
+        if isinstance(current, dict) and not isinstance(value, dict) and not optional:
             first = next(iter(current), "KEY")
             raise UserError(
                 f"override '{item}': {key.strip()} is a section; set its keys, e.g. "
@@ -115,17 +119,23 @@ def _load_file(path: Path) -> Recipe:
 
 
 def _walk(data: dict[str, Any], parts: list[str]) -> tuple[Any, Any, Any]:
-    """(container, key, current value) for a dotted path, checking every step exists."""
+    """(container, key, current value) for a dotted path, checking every step exists. An
+    optional section the recipe leaves out (null, as model.lora) is a section with no keys set
+    yet: `model.lora.rank=16` sets one."""
     node: Any = data
     for depth, part in enumerate(parts):
         where = ".".join(parts[:depth]) or "the top level"
         if isinstance(node, dict):
             if part not in node:
-                meant = _did_you_mean(part, sorted(node))
-                raise UserError(
-                    f"unknown key '{'.'.join(parts)}'; {meant}valid keys under {where}: "
-                    + ", ".join(sorted(node))
-                )
+                section = _section_at(parts[:depth])[0]
+                valid = sorted(section.model_fields if section else node)
+                if part not in valid:
+                    meant = _did_you_mean(part, valid)
+                    raise UserError(
+                        f"unknown key '{'.'.join(parts)}'; {meant}valid keys under {where}: "
+                        + ", ".join(valid)
+                    )
+                node[part] = None
             key: Any = part
         elif isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
@@ -138,13 +148,48 @@ def _walk(data: dict[str, Any], parts: list[str]) -> tuple[Any, Any, Any]:
             raise UserError(f"unknown key '{'.'.join(parts)}': {where} is a value, not a section")
         if depth == len(parts) - 1:
             return node, key, node[key]
+        if node[key] is None and _section_at(parts[: depth + 1])[0] is not None:
+            node[key] = {}
         node = node[key]
     raise AssertionError("unreachable: parts is never empty")
 
 
-def _parse_value(item: str, raw: str, current: Any) -> Any:
+def _section_at(parts: list[str]) -> tuple[type[BaseModel] | None, bool]:
+    """The section a dotted recipe path names (None where it names a value, or nothing
+    known), and whether the recipe may leave it out (null)."""
+    kinds = _kinds_at(parts)
+    return _section_of(kinds), type(None) in kinds
+
+
+def _kinds_at(parts: list[str]) -> list[Any]:
+    """The types the field at a dotted recipe path may hold ([] where none is known)."""
+    model: type[BaseModel] | None = Recipe
+    kinds: list[Any] = [Recipe]
+    for part in parts:
+        if part.isdigit():
+            continue  # an item of a list: the list's own section
+        if model is None or part not in model.model_fields:
+            return []
+        kinds = _kinds(model.model_fields[part].annotation)
+        model = _section_of(kinds)
+    return kinds
+
+
+def _section_of(kinds: list[Any]) -> type[BaseModel] | None:
+    return next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+
+
+def _kinds(annotation: Any) -> list[Any]:
+    """`annotation` and every type inside it (the members of a union, a list's items)."""
+    inner = [k for arg in typing.get_args(annotation) for k in _kinds(arg)]
+    return [annotation, *inner]
+
+
+def _parse_value(item: str, raw: str, current: Any, kinds: list[Any]) -> Any:
     # A string field keeps the text as typed: YAML would turn "dataset.config=1" into an int.
-    if isinstance(current, str):
+    # One that may also hold a list (model.lora.targets: all-linear or [q_proj, v_proj]) reads
+    # YAML.
+    if isinstance(current, str) and not any(typing.get_origin(k) is list for k in kinds):
         return raw
     try:
         return yaml.safe_load(raw) if raw.strip() else None

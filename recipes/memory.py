@@ -20,6 +20,13 @@ A deliberately simple model, used to reject layouts that cannot fit before payin
 - reference: bf16 weights split over its TP group, the trainer's activation and logits term
   (it scores the same sequences, forward only), plus 3 GB.
 
+A LoRA run (`model.lora`) trains an adapter of A parameters (recipes/lora.py) on a frozen base:
+the trainer holds the base in bf16 (2 bytes a parameter, sharded; on one rank the embedding stays
+float32, 2 x vocab x dim more) and 16 bytes an adapter parameter (float32 weights, gradients and
+AdamW moments, sharded); its reference is that base with the adapter off, in the trainer's
+processes, so it has no entry of its own; a version, a checkpoint and the exported model are the
+adapter's; the generator adds vLLM's LoRA slots (recipes.lora.slot_bytes).
+
 The accelerators hold 85.5 GB (H100, sold as 80 GB) and 150.8 GB (H200, sold as 141 GB), as CUDA
 reports them; a CPU recipe is not checked.
 
@@ -33,6 +40,7 @@ import math
 from typing import Any
 
 from recipes.architectures import architecture
+from recipes.lora import adapter_params, max_lora_rank, slot_bytes
 
 Recipe = Any  # recipes.schema.Recipe, which imports this module
 
@@ -61,11 +69,12 @@ def estimate_memory(
     seq = grpo.max_prompt_tokens + grpo.max_response_tokens
 
     activations = arch.n_layers * seq * arch.dim * 2 + seq * arch.vocab_size * 4
-    trainer = 16 * arch.params / shards + activations
+    trainer = trainer_state_bytes(arch, shards, recipe.model.lora) + activations
 
     step_sequences = grpo.prompts_per_step * grpo.group_size * grpo.steps_per_call
     kv_sequences = max(math.ceil(step_sequences / replicas), grpo.group_size)
     generator = 2 * arch.params / layout.generator.tp + kv_gb(recipe, kv_sequences) * GB
+    generator += lora_slot_bytes(recipe) / layout.generator.tp
 
     memory = {"generator": generator, "trainer": trainer}
     if layout.reference.on_gpu:
@@ -75,6 +84,36 @@ def estimate_memory(
             reference += 2 * arch.vocab_size * arch.dim
         memory["reference"] = reference
     return {k: round(v / GB + RUNTIME_OVERHEAD_GB, 1) for k, v in sorted(memory.items())}
+
+
+def trainer_state_bytes(arch: Any, ranks: int, lora: Any = None) -> float:
+    """Bytes of a trainer rank's weights, gradients and optimizer state: 16 a parameter
+    (float32 weights and gradients, AdamW's two moments), sharded over the ranks; with `lora`,
+    the frozen base in bf16 (on one rank with the embedding in float32) and 16 bytes an adapter
+    parameter."""
+    if lora is None:
+        return 16 * arch.params / ranks
+    base = 2 * arch.params / ranks + (2 * arch.vocab_size * arch.dim if ranks == 1 else 0)
+    return base + 16 * adapter_params(arch, lora) / ranks
+
+
+def version_bytes(recipe: Recipe) -> int:
+    """Bytes of a policy version in bf16, as it goes to the generators: the whole model, or a
+    LoRA run's adapter."""
+    lora = recipe.model.lora
+    return 2 * (recipe.arch.params if lora is None else adapter_params(recipe.arch, lora))
+
+
+def lora_slot_bytes(recipe: Recipe) -> int:
+    """Bytes vLLM reserves for a LoRA run's adapters on a generator replica (before TP): its
+    slots at the planned max_lora_rank; 0 without LoRA or on the CPU's generator."""
+    lora = recipe.model.lora
+    vllm = recipe.generator.backend == "vllm" or (
+        recipe.generator.backend == "auto" and not recipe.cpu
+    )
+    if lora is None or not vllm:
+        return 0
+    return slot_bytes(recipe.arch, max_lora_rank(lora.rank) or lora.rank)
 
 
 def kv_gb(recipe: Recipe, sequences: int) -> float:
@@ -92,8 +131,9 @@ def generator_weights_gb(recipe: Recipe) -> float:
 
 def shared_generator_gb(recipe: Recipe, kv_cache_gb: float) -> float:
     """GB a generator replica with a fixed KV cache (where it shares its GPUs) holds on each of
-    them: its weights, the cache and the runtime's overhead."""
-    return generator_weights_gb(recipe) + kv_cache_gb + RUNTIME_OVERHEAD_GB
+    them: its weights (and a LoRA run's adapter slots), the cache and the runtime's overhead."""
+    slots = lora_slot_bytes(recipe) / recipe.layout.generator.tp / GB
+    return generator_weights_gb(recipe) + slots + kv_cache_gb + RUNTIME_OVERHEAD_GB
 
 
 def reference_host_gb(recipe: Recipe) -> float:
@@ -140,9 +180,11 @@ SOFTWARE_DISK_GB = 60.0
 CHECKPOINT_BYTES_PER_PARAM = 12
 
 
-def checkpoint_bytes(arch: Any) -> float:
-    """Bytes of the trainer's part of a checkpoint (and of its host copy) for `arch`."""
-    return CHECKPOINT_BYTES_PER_PARAM * arch.params
+def checkpoint_bytes(arch: Any, lora: Any = None) -> float:
+    """Bytes of the trainer's part of a checkpoint (and of its host copy) for `arch`: what it
+    trains, every parameter or a LoRA adapter's."""
+    trained = arch.params if lora is None else adapter_params(arch, lora)
+    return CHECKPOINT_BYTES_PER_PARAM * trained
 
 
 def disk_plan(recipe: Recipe, *, bucket: bool = False) -> dict[str, float]:
@@ -157,7 +199,7 @@ def disk_plan(recipe: Recipe, *, bucket: bool = False) -> dict[str, float]:
     local_checkpoints = 2 if bucket else KEPT_CHECKPOINTS + 1
     parts = {
         "model download": 0.0 if recipe.model.init == "random" else bf16,
-        "checkpoints": local_checkpoints * checkpoint_bytes(arch) / GB,
+        "checkpoints": local_checkpoints * checkpoint_bytes(arch, recipe.model.lora) / GB,
         "exported model": model_file_bytes(recipe) / GB,
         "software": SOFTWARE_DISK_GB,
     }
@@ -197,7 +239,9 @@ EXPORT_FILE_BYTES = 5 * 10**9
 
 def model_file_bytes(recipe: Recipe) -> int:
     """Bytes of the recipe's model in safetensors of its dtype (`model.dtype`): the exported
-    folder's weights."""
+    folder's weights; a LoRA run exports its adapter, in float32."""
+    if recipe.model.lora is not None:
+        return 4 * adapter_params(recipe.arch, recipe.model.lora)
     return (2 if recipe.model.dtype == "bfloat16" else 4) * recipe.arch.params
 
 
@@ -205,8 +249,10 @@ def export_host_bytes(recipe: Recipe) -> float:
     """Bytes trainer rank 0 holds in host memory while it writes the HF folder at the end of a
     run (beside the checkpoint copy, which is kept), in the dtype it writes: the weights of the
     file being filled and the gathered group in hand (the largest: the embedding and the output
-    projection), or the whole model where that is less."""
+    projection), or the whole model where that is less; a LoRA run's adapter whole."""
     arch = recipe.arch
+    if recipe.model.lora is not None:
+        return float(model_file_bytes(recipe))
     size = model_file_bytes(recipe) / arch.params
     outside = arch.vocab_size * arch.dim * (1 if arch.tie_embeddings else 2)
     return size * min(arch.params, EXPORT_FILE_BYTES / size + outside)
@@ -221,7 +267,7 @@ def host_plan(
     CPU, and the allowance for the processes."""
     arch = architecture(recipe.model.family, recipe.model.size)
     parts = {
-        "checkpoint copy": checkpoint_bytes(arch) / GB,
+        "checkpoint copy": checkpoint_bytes(arch, recipe.model.lora) / GB,
         "export": export_host_bytes(recipe) / GB,
         "reference on CPU": reference_host_gb or 0.0,
         "processes": BASE_HOST_GB + PROCESS_HOST_GB * gpus_on_node0,
@@ -237,37 +283,60 @@ def host_plan(
 PLAN_TOKENS = (16384, 8192, 4096)
 # Share of the GPU's memory the trainer plans to use (the rest: allocator slack, NCCL, spikes).
 PLAN_HEADROOM = 0.9
+# A LoRA trainer on one rank without activation checkpointing: bytes a base parameter allowed
+# for the compiled blocks' and cuBLAS workspaces. Assumed (a full run's 10 less its autocast
+# copies and their gradients) until a GPU run measures it.
+LORA_ONE_RANK_WORKSPACE = 1
 
 
-def trainer_fixed_bytes(arch: Any, ranks: int, checkpointing: bool = False) -> float:
+def trainer_fixed_bytes(
+    arch: Any, ranks: int, checkpointing: bool = False, lora: Any = None
+) -> float:
     """Bytes a trainer rank holds whatever the micro-batch: fp32 weights, gradients and AdamW
     moments (16 bytes a parameter, sharded over the ranks); on one rank without activation
     checkpointing also autocast's bf16 weights, kept for the backward of every layer, their bf16
     gradients and the compiled blocks' and cuBLAS workspaces (10 more); several ranks, or one
     recomputing its layers, instead hold two blocks' bf16 weights and fp32 gradients at a time;
     plus 3 GB. (Qwen3-1.7B, one rank, 8192 tokens, checkpointing: 36.5 GB compiled, 43.7 and
-    40.2 uncompiled, where the 10 bytes a parameter would have said 17 GB more.)"""
+    40.2 uncompiled, where the 10 bytes a parameter would have said 17 GB more.)
+
+    With `lora`, the frozen base in bf16 and the adapter's state (`trainer_state_bytes`); several
+    ranks hold two gathered blocks of bf16 base weights (no gradients); one rank needs no
+    autocast copies of a bf16 base, and without checkpointing keeps LORA_ONE_RANK_WORKSPACE
+    bytes a parameter for the compiled blocks' and cuBLAS workspaces (assumed, not yet
+    measured); plus 3 GB."""
     params = arch.params
+    if lora is not None:
+        if ranks > 1:
+            held = 2 * 2 * params / arch.n_layers
+        else:
+            held = 0 if checkpointing else LORA_ONE_RANK_WORKSPACE * params
+        return trainer_state_bytes(arch, ranks, lora) + held + 3e9
     gathered = 2 * 6 * params / arch.n_layers
     held = 10 * params if ranks == 1 and not checkpointing else gathered
     return 16 * params / ranks + held + 3e9
 
 
-def trainer_checkpoint_bytes(arch: Any, ranks: int) -> float:
+def trainer_checkpoint_bytes(arch: Any, ranks: int, lora: Any = None) -> float:
     """Bytes a trainer rank holds on its GPU while a checkpoint write copies its shards to host
     memory (after a step; nothing is gathered): what it holds whatever the micro-batch, less the
     bf16 weights and gradients a rank without activation checkpointing keeps only within a step
     (Qwen3-1.7B, one rank without checkpointing: 25.3 GB measured, where the step's fixed bytes
     say 47.7)."""
-    return trainer_fixed_bytes(arch, ranks, checkpointing=True)
+    return trainer_fixed_bytes(arch, ranks, checkpointing=True, lora=lora)
 
 
-def trainer_publish_gb(arch: Any, ranks: int) -> float:
+def trainer_publish_gb(arch: Any, ranks: int, lora: Any = None) -> float:
     """GB on trainer rank 0 while a version goes out by a flat buffer that lives only until the
     generators have loaded it (the ipc path): weights and AdamW moments (12 bytes a parameter,
     sharded; gradients are freed after the update), the version's bf16 buffer (2 bytes a
     parameter), the largest gathered group (the embedding and output projection in bf16, one
-    of them in fp32 on its way), plus the runtime's overhead."""
+    of them in fp32 on its way), plus the runtime's overhead. With `lora`: the bf16 base, the
+    adapter's weights and moments, its bf16 version and the gathered adapter in fp32."""
+    if lora is not None:
+        adapter = adapter_params(arch, lora)
+        held = trainer_state_bytes(arch, ranks, lora) - 4 * adapter / ranks  # no gradients
+        return round((held + 2 * adapter + 4 * adapter) / GB + RUNTIME_OVERHEAD_GB, 1)
     outside = arch.vocab_size * arch.dim
     group = 2 * outside * (1 if arch.tie_embeddings else 2) + 4 * outside
     total = 12 * arch.params / ranks + 2 * arch.params + group
@@ -295,12 +364,18 @@ def trainer_token_bytes(arch: Any, checkpointing: bool, compiled: bool = True) -
 
 
 def trainer_step_bytes(
-    arch: Any, ranks: int, tokens: int, checkpointing: bool, compiled: bool = True
+    arch: Any,
+    ranks: int,
+    tokens: int,
+    checkpointing: bool,
+    compiled: bool = True,
+    lora: Any = None,
 ) -> float:
     """Bytes a trainer rank peaks at in a step of `tokens` tokens a micro-batch: what it holds
-    whatever the micro-batch and what each token keeps for backward."""
+    whatever the micro-batch and what each token keeps for backward (the same with LoRA: the
+    base's activations are kept for the input gradients, which is conservative)."""
     per_token = trainer_token_bytes(arch, checkpointing, compiled)
-    return trainer_fixed_bytes(arch, ranks, checkpointing) + tokens * per_token
+    return trainer_fixed_bytes(arch, ranks, checkpointing, lora) + tokens * per_token
 
 
 def trainer_memory_plan(
@@ -311,6 +386,7 @@ def trainer_memory_plan(
     tokens: int | None = None,
     checkpointing: bool | None = None,
     compiled: bool = True,
+    lora: Any = None,
 ) -> tuple[int, bool, float] | None:
     """Tokens per micro-batch and activation checkpointing for a trainer rank with a GPU of
     `gpu_bytes` to itself, and the estimated peak in bytes; None if nothing fits.
@@ -326,7 +402,7 @@ def trainer_memory_plan(
     sizes = PLAN_TOKENS if tokens is None else (tokens,)
     for ckpt in choices:
         for size in sizes:
-            peak = trainer_step_bytes(arch, ranks, size, ckpt, compiled)
+            peak = trainer_step_bytes(arch, ranks, size, ckpt, compiled, lora)
             if peak <= budget:
                 return size, ckpt, peak
     return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from recipes.lora import adapter_params, targets_words
 from recipes.memory import ACCELERATOR_BYTES, ACCELERATOR_GB, GB, PLAN_HEADROOM
 from recipes.placements import Placement, Service
 from recipes.schema import Recipe
@@ -80,6 +81,10 @@ class Plan:
     while_training_gb: dict[str, dict[str, float]] = field(
         default_factory=dict, hash=False, compare=False
     )
+    # a LoRA run: the reference is scored in the trainer's processes (no placement of its
+    # own), and the line under the table that says what trains (`lora_words`)
+    reference_in_trainer: bool = False
+    lora: str = ""
 
     def placements_of(self, service: Service) -> tuple[Placement, ...]:
         """The placements of one service, in replica order."""
@@ -91,6 +96,8 @@ class Plan:
         d["placements"] = [{**p, "gpus": list(p["gpus"])} for p in d["placements"]]
         d["idle_gpus"] = [list(g) for g in self.idle_gpus]
         d["settings"] = self.settings.to_dict() if self.settings else None
+        if not self.lora:  # a run that trains every parameter: as before LoRA was planned
+            del d["reference_in_trainer"], d["lora"]
         return d
 
     def describe(self) -> str:
@@ -100,6 +107,7 @@ class Plan:
         return "\n".join(
             [
                 *self._table(),
+                *([self.lora] if self.lora else []),
                 *self._host_lines(),
                 *self._step_lines(),
                 *self._gpu_memory_lines(),
@@ -155,6 +163,8 @@ class Plan:
     def _host_lines(self) -> list[str]:
         """Node 0's memory beyond the GPUs (a CPU reference, checkpoint staging) and the disk."""
         lines: list[str] = []
+        # a LoRA run's checkpoint and export are the adapter's, well under a GB for most
+        gb = _fine_gb if self.lora else _whole_gb
         if self.reference_host_gb is not None:
             lines.append(
                 f"reference on node 0's CPU (layout.reference.device: cpu): ~"
@@ -164,19 +174,19 @@ class Plan:
         if self.checkpoint_host_gb is not None:
             lines.append(
                 f"checkpoints: each write first copies the trainer's state to node 0's memory "
-                f"(~{self.checkpoint_host_gb:.0f} GB"
+                f"(~{gb(self.checkpoint_host_gb)} GB"
                 + ("" if self.cpu else ", pinned at start-up and reused by every write")
                 + ") and goes to disk while training goes on"
             )
         if self.host:
-            parts = ", ".join(f"{k} {v:.0f}" for k, v in self.host.items() if k != "total")
+            parts = ", ".join(f"{k} {gb(v)}" for k, v in self.host.items() if k != "total")
             lines.append(
                 f"host memory: {self.host['total']:.0f} GB on node 0 ({parts}); the task asks "
                 "for nodes with at least that much"
             )
         if self.disk:
             shown = {k: v for k, v in self.disk.items() if k not in ("total", "without a bucket")}
-            parts = ", ".join(f"{k} {v:.0f}" for k, v in shown.items())
+            parts = ", ".join(f"{k} {gb(v)}" for k, v in shown.items())
             short = self.disk.get("without a bucket")
             lines.append(
                 f"disk: {self.disk['total']:.0f} GB a node ({parts}; resources.disk_gb)"
@@ -228,7 +238,11 @@ class Plan:
         where = "CPU" if self.cpu else self.accelerator
         return [
             f"settings (* planned for {where}; set any with --set SECTION.KEY=VALUE):",
-            *self.settings.describe(cpu=self.cpu, reference=self.reference_enabled),
+            *self.settings.describe(
+                cpu=self.cpu,
+                reference=self.reference_enabled,
+                reference_in_trainer=self.reference_in_trainer,
+            ),
             *([self.kv_note] if self.kv_note else []),
             *self._tight_trainer(),
         ]
@@ -362,11 +376,52 @@ def breakdown(recipe: Recipe) -> str:
     parts = [f"generator {g.tp * g.replicas} = TP{g.tp}×{g.replicas}"]
     if recipe.layout.reference.on_cpu:
         parts.append("reference on CPU")
+    elif lay.reference.in_trainer:
+        parts.append("reference in trainer")
     elif lay.reference.enabled:
         n = lay.reference.gpus
         parts.append(f"reference {n}" + (f" = FSDP{n}" if n > 1 else ""))
     parts.append(f"trainer {t.gpus} = FSDP{t.gpus}")
     return ", ".join(parts)
+
+
+def lora_words(recipe: Recipe) -> str:
+    """The plan's line on a LoRA run (the adapter, its share of the model, where the reference
+    is scored); "" for a run that trains every parameter."""
+    lora = recipe.model.lora
+    if lora is None:
+        return ""
+    arch = recipe.arch
+    trained = adapter_params(arch, lora)
+    alpha = f"alpha {lora.scaling_alpha:g}" + (" (2 x rank)" if lora.alpha is None else "")
+    line = (
+        f"LoRA rank {lora.rank}, {alpha} on {targets_words(lora)}: {_count(trained)} "
+        f"trainable ({100 * trained / arch.params:.3g} % of {_count(arch.params)}), the base "
+        "frozen"
+    )
+    if recipe.layout.reference.in_trainer:
+        line += (
+            "; reference: the base with the adapter off, scored in the trainer's processes "
+            "(no GPU and no copy of the model of its own)"
+        )
+    return line
+
+
+def _whole_gb(value: float) -> str:
+    return f"{value:.0f}"
+
+
+def _fine_gb(value: float) -> str:
+    """GB in tenths below 10 (an adapter's checkpoint: 0.5), whole above."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
+
+
+def _count(n: float) -> str:
+    """ "43.6 M", "8.19 B", "16.4 k": a parameter count, short."""
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f}"
 
 
 def _node_list(nodes: list[int]) -> str:

@@ -184,6 +184,8 @@ def plan(
     return dataclasses.replace(
         best,
         minimum_gpus=minimum_gpus(recipe, accelerator),
+        # the recipe's own layout (a spread reference was planned on a copy with more GPUs)
+        dedicated_gpus=dedicated,
         candidates=candidates if share == "auto" else (),
         shorter_prompts=_shorter_prompts(recipe, best, [p for p, _ in fits])
         if share == "auto"

@@ -7,7 +7,7 @@ Each check here sees one section; checks across sections live in recipes/schema.
 from __future__ import annotations
 
 import string
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
@@ -47,6 +47,70 @@ class Lora(Strict):
     alpha: float | None = None
     dropout: float = 0.0
     targets: list[str] | Literal["all-linear"] = ALL_LINEAR
+
+    @field_validator("rank")
+    @classmethod
+    def _a_rank(cls, rank: int) -> int:
+        if rank < 1:
+            raise PydanticCustomError(
+                "lora",
+                "a LoRA rank is at least 1; remove model.lora to train every parameter",
+            )
+        return rank
+
+    @field_validator("alpha")
+    @classmethod
+    def _a_scale(cls, alpha: float | None) -> float | None:
+        if alpha is not None and alpha <= 0:
+            raise PydanticCustomError(
+                "lora",
+                "must be > 0, got {v} (the adapter is scaled by alpha / rank); leave it out "
+                "for 2 x rank",
+                {"v": alpha},
+            )
+        return alpha
+
+    @field_validator("dropout")
+    @classmethod
+    def _no_dropout(cls, dropout: float) -> float:
+        # TorchTitan's LoRA, the one the trainer runs, has no dropout: a value would be ignored
+        if dropout != 0:
+            raise PydanticCustomError(
+                "lora",
+                "{v} is not supported: TorchTitan's LoRA has no dropout; set 0 or leave it out",
+                {"v": dropout},
+            )
+        return dropout
+
+    @field_validator("targets", mode="before")
+    @classmethod
+    def _a_target_list(cls, targets: Any) -> Any:
+        """The list's form; the names are checked against the family's (recipes/schema.py)."""
+        if targets == ALL_LINEAR:
+            return targets
+        if not isinstance(targets, list):
+            raise PydanticCustomError(
+                "lora",
+                "a list of projections (e.g. [q_proj, v_proj]) or {all}, got {v}",
+                {"all": ALL_LINEAR, "v": repr(targets)},
+            )
+        if not targets:
+            raise PydanticCustomError(
+                "lora",
+                "an empty list wraps nothing; name projections, or {all} for all of them",
+                {"all": ALL_LINEAR},
+            )
+        if ALL_LINEAR in targets:
+            raise PydanticCustomError(
+                "lora",
+                "{all} stands alone (targets: {all}), not in a list",
+                {"all": ALL_LINEAR},
+            )
+        names = [name for name in targets if isinstance(name, str)]  # others: the type check
+        twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+        if twice is not None:
+            raise PydanticCustomError("lora", "{v} is listed twice", {"v": repr(twice)})
+        return targets
 
     @property
     def scaling_alpha(self) -> float:

@@ -22,8 +22,9 @@ from pydantic_core import PydanticCustomError
 from recipes.architectures import ARCHITECTURES, Arch, architecture, sizes
 from recipes.fields import Identifier, Strict
 from recipes.files import same_local
+from recipes.lora import VLLM_LORA_RANKS
 from recipes.memory import estimate_memory, memory_errors
-from recipes.names import BUILTIN_SPLITS
+from recipes.names import ALL_LINEAR, BUILTIN_SPLITS, LORA_TARGETS
 from recipes.run_sections import Dataset, Eval, Grpo, Model
 from recipes.service_sections import (
     GeneratorSettings,
@@ -126,6 +127,81 @@ def _local_split_errors(path: str, split: str, *, same_data: bool) -> list[str]:
     return []
 
 
+def _vllm(r: Recipe) -> bool:
+    """Whether the generators are vLLM's: set so, or auto on GPUs."""
+    return r.generator.backend == "vllm" or (r.generator.backend == "auto" and not r.cpu)
+
+
+def _lora_errors(r: Recipe) -> list[str]:
+    """model.lora against the architecture and the services it needs, and a reference in the
+    trainer's processes (a LoRA run's) against the settings that do not compose with it."""
+    lora, ref, fam, size = r.model.lora, r.layout.reference, r.model.family, r.model.size
+    errors = []
+    if lora is not None:
+        listed = [] if lora.targets == ALL_LINEAR else lora.targets
+        unknown = [name for name in listed if name not in LORA_TARGETS]
+        if unknown:
+            errors.append(
+                f"model.lora.targets: '{unknown[0]}' is not a {fam} projection "
+                f"({', '.join(LORA_TARGETS)}, or {ALL_LINEAR})"
+            )
+        if lora.rank > r.arch.dim:
+            errors.append(
+                f"model.lora.rank: {lora.rank} exceeds the {fam} {size} hidden size {r.arch.dim}"
+            )
+        elif lora.rank > VLLM_LORA_RANKS[-1] and _vllm(r):
+            errors.append(
+                f"model.lora.rank: {lora.rank} exceeds {VLLM_LORA_RANKS[-1]}, the largest LoRA "
+                "rank vLLM serves (the GPU generator); lower it"
+            )
+        if r.weight_sync.push_buffer == "groups":
+            errors.append(
+                "weight_sync.push_buffer: groups streams a full model's blocks; a LoRA version "
+                "is the adapter alone and goes whole; leave it auto"
+            )
+        if ref.enabled and not ref.in_trainer:
+            errors.append(
+                "layout.reference.device: a LoRA run's reference is its base with the adapter "
+                "off, in the trainer's processes; set layout.reference.device=trainer (or "
+                "layout.reference.enabled=false)"
+            )
+    elif ref.in_trainer:
+        errors.append(
+            "layout.reference.device: trainer scores the reference as the base with the "
+            "adapter off, which only a LoRA run has (model.lora); set "
+            "layout.reference.device=gpu (or cpu)"
+        )
+    if not ref.in_trainer:
+        return errors
+    # the reference runs on the trainer's ranks and GPUs: settings of its own would do nothing
+    where = "a reference in the trainer's processes"
+    if ref.gpus != 1:
+        errors.append(
+            f"layout.reference.gpus: {where} takes no GPU of its own (it runs on the "
+            f"trainer's); set it to 1, got {ref.gpus}"
+        )
+    if ref.spread:
+        errors.append(
+            f"layout.reference.spread: {where} runs on every trainer GPU already; set it to false"
+        )
+    if r.reference.ranks != "auto":
+        errors.append(
+            f"reference.ranks: {where} runs on the trainer's ranks (trainer.ranks); leave it "
+            f"auto, got {r.reference.ranks}"
+        )
+    if r.reference.compile != "auto":
+        errors.append(
+            f"reference.compile: {where} runs the trainer's model, compiled as trainer.compile "
+            "says; leave it auto"
+        )
+    if r.layout.mps_sm_percent.reference < 100:
+        errors.append(
+            f"layout.mps_sm_percent.reference: {where} runs under the trainer's share "
+            "(layout.mps_sm_percent.trainer); leave it 100"
+        )
+    return errors
+
+
 def _consistency_errors(r: Recipe) -> list[str]:
     fam, size = r.model.family, r.model.size
     if (fam, size) not in ARCHITECTURES:
@@ -136,9 +212,7 @@ def _consistency_errors(r: Recipe) -> list[str]:
         errors.append(
             f"model.thinking: {fam} models have no thinking mode (Qwen3 has); leave it unset"
         )
-    if r.model.lora is not None:
-        # The one place that holds LoRA back until the trainer, generators and export take it.
-        errors.append("model.lora: LoRA training is not in this build yet; remove model.lora")
+    errors += _lora_errors(r)
     seq = r.grpo.max_prompt_tokens + r.grpo.max_response_tokens
     if seq > arch.max_seq_len:
         errors.append(

@@ -27,8 +27,10 @@ class ReferenceLayout(Strict):
     # trainer's; each scores its share of a batch's rows.
     gpus: int = Field(default=1, ge=1)
     # gpu, or cpu: the reference scores in float32 on node 0's CPU cores, taking no GPU (slow:
-    # for small models where a GPU is dearer than the time; the host needs the memory)
-    device: Literal["gpu", "cpu"] = "gpu"
+    # for small models where a GPU is dearer than the time; the host needs the memory), or
+    # trainer: a LoRA run's reference is its frozen base with the adapter off, scored in the
+    # trainer's processes on the trainer's GPUs (no GPU and no copy of the model of its own)
+    device: Literal["gpu", "cpu", "trainer"] = "gpu"
     # Where services share GPUs (layout.share all or trainer_reference), the planner also
     # weighs the reference sharded over every GPU the trainer has (its rows split over more
     # ranks: a shorter turn, a smaller shard on each GPU) and keeps the faster that fits.
@@ -41,6 +43,12 @@ class ReferenceLayout(Strict):
     @property
     def on_cpu(self) -> bool:
         return self.enabled and self.device == "cpu"
+
+    @property
+    def in_trainer(self) -> bool:
+        """Scored by the trainer's processes (a LoRA run): neither on a GPU of its own nor on
+        the CPU, so `on_gpu` and `on_cpu` are both false."""
+        return self.enabled and self.device == "trainer"
 
 
 class TrainerLayout(Strict):

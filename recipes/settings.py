@@ -26,6 +26,10 @@ Planned values:
 - trainer.compile, reference.compile: on GPUs.
 - reference.tokens_per_micro_batch: the trainer memory plan of a one-rank trainer on the
   reference's GPU (the reference holds less, so this is conservative); 8192 when shared.
+  A reference in the trainer's processes (a LoRA run's) takes the trainer's ranks, micro-batch
+  and compile.
+- generator max_lora_rank / max_loras (a LoRA run on vLLM): the smallest rank vLLM allows at
+  least model.lora.rank, and two adapters at once (recipes/lora.py); they follow from the recipe.
 - weight_sync.transport stays "auto" until the run starts: each generator's path then follows
   where it and the trainer are (`plan` shows the path it expects). Where generators take the
   push path alone, weight_sync.push_buffer "version" sends each version from a flat buffer
@@ -45,6 +49,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from recipes.errors import DoesNotFit, UserError
+from recipes.lora import VLLM_MAX_LORAS, max_lora_rank
 from recipes.memory import (
     ACCELERATOR_BYTES,
     GB,
@@ -53,10 +58,12 @@ from recipes.memory import (
     RUNTIME_OVERHEAD_GB,
     generator_weights_gb,
     kv_gb,
+    lora_slot_bytes,
     shared_generator_gb,
     trainer_fixed_bytes,
     trainer_memory_plan,
     trainer_token_bytes,
+    version_bytes,
 )
 
 SHARED_TOKENS = 8192
@@ -70,6 +77,9 @@ class GeneratorSettings:
     gpu_memory_utilization: float
     kv_cache_gb: float | None  # None: vLLM profiles the GPU
     enforce_eager: bool
+    # a LoRA run on vLLM: the engine's adapter rank and how many adapters it holds at once
+    max_lora_rank: int | None = None
+    max_loras: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,11 +120,16 @@ class Settings:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        for key in _LORA_ONLY:  # a run that trains every parameter has none of them
+            if d["generator"][key] is None:
+                del d["generator"][key]
         d["planned"] = list(self.planned)
         d["weight_sync"]["expected"] = list(self.weight_sync.expected)
         return d
 
-    def describe(self, cpu: bool = False, reference: bool = True) -> list[str]:
+    def describe(
+        self, cpu: bool = False, reference: bool = True, reference_in_trainer: bool = False
+    ) -> list[str]:
         """One line per service: `key value`, marked `*` where planned (GPU-only settings
         left out on CPU, the reference's where there is none)."""
         lines = []
@@ -126,6 +141,8 @@ class Settings:
                 if key in ("peak_gb", "note", "expected") or (cpu and key in _GPU_ONLY):
                     continue
                 if key == "push_buffer" and value == "none":
+                    continue
+                if key in _LORA_ONLY and value is None:
                     continue
                 if key == "kv_cache_gb" and value is None:
                     value = "profiled"
@@ -140,6 +157,8 @@ class Settings:
                 line += f" (~{self.trainer.peak_gb:.0f} GB a rank)"
             if section == "trainer" and self.trainer.note:
                 line += f" ({self.trainer.note})"
+            if section == "reference" and reference_in_trainer:
+                line += " (in the trainer's processes: its ranks, micro-batch and compile)"
             if section == "weight_sync" and self.weight_sync.expected:
                 line += f" (expected: {', '.join(self.weight_sync.expected)})"
             lines.append(line)
@@ -147,6 +166,7 @@ class Settings:
 
 
 _GPU_ONLY = ("gpu_memory_utilization", "kv_cache_gb", "enforce_eager", "compile")
+_LORA_ONLY = ("max_lora_rank", "max_loras")
 
 
 def plan_settings(
@@ -197,7 +217,11 @@ def plan_settings(
     )
     if not cpu and kv is not None:
         _check_kv(recipe, accelerator, kv)
-    generator = GeneratorSettings(backend, share, kv, gen.enforce_eager)
+    lora = recipe.model.lora
+    slots: tuple[int | None, int | None] = (None, None)
+    if lora is not None and backend == "vllm":
+        slots = (max_lora_rank(lora.rank), VLLM_MAX_LORAS)
+    generator = GeneratorSettings(backend, share, kv, gen.enforce_eager, *slots)
 
     ranks = pick("trainer", "ranks", 1 if cpu else trainer_gpus)
     sync = recipe.weight_sync
@@ -211,7 +235,7 @@ def plan_settings(
     buffer = sync.push_buffer
     if flat and "trainer" not in shared:
         room = ACCELERATOR_BYTES[accelerator] - flat
-        if trainer_memory_plan(recipe.arch, ranks, room) is None:
+        if trainer_memory_plan(recipe.arch, ranks, room, lora=lora) is None:
             if buffer == "version":
                 raise DoesNotFit(
                     f"weight_sync.push_buffer version: a whole version ({flat / GB:.1f} GB) "
@@ -242,7 +266,7 @@ def plan_settings(
             )
         elif "generator.gpu_memory_utilization" in planned and share > room:
             share = room
-            generator = GeneratorSettings(backend, share, kv, gen.enforce_eager)
+            generator = GeneratorSettings(backend, share, kv, gen.enforce_eager, *slots)
     reserve = flat
     if not cpu and "trainer" in shared:
         # what stays on the trainer's GPUs through its turn: the others' weights and caches
@@ -266,10 +290,14 @@ def plan_settings(
     if ref_gpu and "reference" not in shared:
         fit = trainer_memory_plan(recipe.arch, 1, ACCELERATOR_BYTES[accelerator])
         ref_tokens = fit[0] if fit else SHARED_TOKENS
+    ref_ranks, ref_compile = recipe.layout.reference.gpus if ref_gpu else 1, ref_gpu
+    if recipe.layout.reference.in_trainer:  # the trainer's processes score it
+        ref_ranks, ref_tokens = trainer.ranks, trainer.tokens_per_micro_batch
+        ref_compile = trainer.compile
     reference = ReferenceSettings(
-        ranks=pick("reference", "ranks", recipe.layout.reference.gpus if ref_gpu else 1),
+        ranks=pick("reference", "ranks", ref_ranks),
         tokens_per_micro_batch=pick("reference", "tokens_per_micro_batch", ref_tokens),
-        compile=pick("reference", "compile", ref_gpu),
+        compile=pick("reference", "compile", ref_compile),
     )
     push_buffer = _push_buffer(buffer, transport, expected_paths)
     if sync.push_buffer == "auto" and push_buffer != "none":
@@ -297,7 +325,7 @@ def push_buffer_bytes(
     H200 ranks, ipc and push: 46.5 GB at a publish, one buffer; qwen3-8b on four, before the
     push borrowed it: 63.8 GB, two)."""
     if pushes_alone(transport, expected_paths) and push_buffer != "groups":
-        return 2 * recipe.arch.params
+        return version_bytes(recipe)
     return 0.0
 
 
@@ -328,7 +356,7 @@ def check_push_buffer(recipe: Any, sync: WeightSyncSettings) -> None:
 def push_receive_bytes(recipe: Any, expected_paths: tuple[str, ...]) -> float:
     """Bytes of the flat bf16 buffer a generator taking the push path receives each version
     into, on the first GPU of its group, beside vLLM (runtime/weights/push.py)."""
-    return 2 * recipe.arch.params if "push" in expected_paths else 0.0
+    return version_bytes(recipe) if "push" in expected_paths else 0.0
 
 
 def _share_beside(accelerator: str, receive: float) -> float:
@@ -342,7 +370,8 @@ def _least_share(recipe: Any, accelerator: str) -> float:
     """The share of the GPU vLLM needs at the least: its weights, one group's KV cache and
     the runtime's overhead."""
     group = kv_gb(recipe, recipe.grpo.group_size)
-    need = generator_weights_gb(recipe) + group + RUNTIME_OVERHEAD_GB
+    slots = lora_slot_bytes(recipe) / recipe.layout.generator.tp / GB
+    need = generator_weights_gb(recipe) + slots + group + RUNTIME_OVERHEAD_GB
     return math.ceil(need * GB / ACCELERATOR_BYTES[accelerator] * 100) / 100
 
 
@@ -352,7 +381,7 @@ def ipc_buffer_held(recipe: Any, transport: str, expected_paths: tuple[str, ...]
     generation in flight, i.e. through the next step (measured, qwen3-8b on two H200s: 97.3 GB
     in a step, 16.4 of them the buffer)."""
     if "ipc" in expected_paths and transport != "store" and recipe.grpo.max_policy_age:
-        return 2 * recipe.arch.params
+        return version_bytes(recipe)
     return 0.0
 
 
@@ -386,14 +415,21 @@ def _trainer_plan(
         return given_tokens or SHARED_TOKENS, bool(given_ckpt), None, None
     compiled = t.compile is not False  # "auto" compiles on a GPU
     arch, gpu = recipe.arch, ACCELERATOR_BYTES[accelerator] - reserve - held
+    lora = recipe.model.lora
     fit = trainer_memory_plan(
-        arch, ranks, gpu, tokens=given_tokens, checkpointing=given_ckpt, compiled=compiled
+        arch,
+        ranks,
+        gpu,
+        tokens=given_tokens,
+        checkpointing=given_ckpt,
+        compiled=compiled,
+        lora=lora,
     )
     if fit is not None:
         return (*fit, None)
     tokens = given_tokens or (SHARED_TOKENS if shared else PLAN_TOKENS[-1])
     ckpt = True if given_ckpt is None else given_ckpt
-    fixed = trainer_fixed_bytes(arch, ranks, ckpt)
+    fixed = trainer_fixed_bytes(arch, ranks, ckpt, lora)
     per_token = trainer_token_bytes(arch, ckpt, compiled)
     need = fixed + tokens * per_token
     if shared and given_tokens is None and given_ckpt is None:
@@ -406,7 +442,7 @@ def _trainer_plan(
         # Nothing fits the finer model though the coarse estimate let the recipe through:
         # the smallest micro-batch, recomputed, is the best chance.
         return tokens, ckpt, need, None
-    smallest = trainer_fixed_bytes(arch, ranks, True) + SHARED_TOKENS * trainer_token_bytes(
+    smallest = trainer_fixed_bytes(arch, ranks, True, lora) + SHARED_TOKENS * trainer_token_bytes(
         arch, True, compiled
     )
     if shared and need <= smallest:

@@ -15,23 +15,29 @@ from recipes import (
     plan,
 )
 from recipes.loader import catalog_path
-from recipes.memory import ACCELERATOR_GB
+from recipes.memory import ACCELERATOR_GB, version_bytes
 
 NAMES = [
     "llama3.1-8b",
+    "llama3.1-8b-lora",
     "llama3.2-1b",
     "llama3.2-3b",
     "qwen3-0.6b",
     "qwen3-1.7b",
     "qwen3-14b",
     "qwen3-32b",
+    "qwen3-32b-lora",
     "qwen3-4b",
     "qwen3-8b",
+    "qwen3-8b-lora",
     "tiny",
     "tiny-gpu",
+    "tiny-lora",
 ]
-GPU_NAMES = [n for n in NAMES if n != "tiny"]
+CPU_NAMES = ["tiny", "tiny-lora"]
+GPU_NAMES = [n for n in NAMES if n not in CPU_NAMES]
 MODEL_NAMES = [n for n in GPU_NAMES if n != "tiny-gpu"]  # the Qwen3 and Llama recipes
+LORA_NAMES = [n for n in NAMES if n.endswith("-lora")]
 
 
 def header(name: str) -> str:
@@ -69,10 +75,11 @@ def test_header_states_the_computed_minimum_and_run_command(name):
     assert f"forgesky cp {name} " in text
 
 
-def test_tiny_header_says_cpu():
-    text = header("tiny")
-    assert "Minimum: 0 GPUs (runs on CPU)" in text and "forgesky local tiny" in text
-    assert minimum_gpus(load_recipe("tiny")) == 0
+@pytest.mark.parametrize("name", CPU_NAMES)
+def test_tiny_header_says_cpu(name):
+    text = header(name)
+    assert "Minimum: 0 GPUs (runs on CPU)" in text and f"forgesky local {name}\n" in text
+    assert minimum_gpus(load_recipe(name)) == 0
 
 
 @pytest.mark.parametrize(
@@ -145,9 +152,10 @@ def test_every_gpu_recipe_fits_h100_at_its_minimum(name):
     r = load_recipe(name)
     assert r.resources.accelerator == "H100"
     memory = estimate_memory(r)
+    # a reference in the trainer's processes (a LoRA run's) holds nothing of its own
     services = (
         {"generator", "reference", "trainer"}
-        if r.layout.reference.enabled
+        if r.layout.reference.on_gpu
         else {
             "generator",
             "trainer",
@@ -157,8 +165,9 @@ def test_every_gpu_recipe_fits_h100_at_its_minimum(name):
     assert all(0 < gb <= ACCELERATOR_GB["H100"] for gb in memory.values()), memory
     p = plan(apply_overrides(r, ["layout.share=none"]), dedicated_gpus(r))
     # the trainer also holds the push path's flat bf16 buffer where it pushes a whole version
+    # (a LoRA run's: the adapter)
     whole = p.settings.weight_sync.push_buffer == "version"
-    buffer = 2 * r.arch.params / 1e9 if whole else 0.0
+    buffer = version_bytes(r) / 1e9 if whole else 0.0
     assert p.memory == {**memory, "trainer": round(memory["trainer"] + buffer, 1)}
     assert p.memory["trainer"] <= ACCELERATOR_GB["H100"] and not p.idle_gpus
 
@@ -192,3 +201,36 @@ def test_tiny_gpu_recipe_runs_the_tiny_task_on_two_gpus_without_a_reference():
     assert p.settings.weight_sync.expected == ("push",)  # generator and trainer apart
     assert r.arch.head_dim == 64 and r.model.tokenizer == "builtin:tiny"
     assert r.grpo.max_prompt_tokens + r.grpo.max_response_tokens <= r.arch.max_seq_len
+
+
+@pytest.mark.parametrize(
+    ("name", "need", "shared", "on_h200", "gated"),
+    [
+        ("qwen3-8b-lora", 2, 1, 1, False),
+        ("llama3.1-8b-lora", 2, 1, 1, True),
+        ("qwen3-32b-lora", 4, 4, 2, False),
+    ],
+)
+def test_lora_minimums(name, need, shared, on_h200, gated):
+    # the base in bf16 and a rank-16 adapter's state: an 8B model's trainer fits one H100 beside
+    # its generator (4096 tokens recomputed); a 32B one needs two trainer ranks on H100s, one
+    # GPU each on H200s shared with the generator's
+    r = load_recipe(name)
+    assert (dedicated_gpus(r), minimum_gpus(r), minimum_gpus(r, "H200")) == (need, shared, on_h200)
+    assert r.model.gated is gated
+    assert launch_gpus(r) == need
+
+
+@pytest.mark.parametrize("name", LORA_NAMES)
+def test_a_lora_recipe_is_its_parents_run_with_an_adapter(name):
+    parent = name.removesuffix("-lora")
+    r, full = load_recipe(name), load_recipe(parent)
+    lora = r.model.lora
+    rank = 8 if r.cpu else 16
+    assert (lora.rank, lora.scaling_alpha, lora.targets) == (rank, 2 * rank, "all-linear")
+    assert r.layout.reference.in_trainer and full.model.lora is None
+    assert r.model.model_copy(update={"lora": None}) == full.model
+    assert (r.dataset, r.eval, r.resources) == (full.dataset, full.eval, full.resources)
+    assert r.grpo.learning_rate > full.grpo.learning_rate  # an adapter takes larger steps
+    same = r.grpo.model_copy(update={"learning_rate": full.grpo.learning_rate})
+    assert same == full.grpo

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -513,6 +514,48 @@ def test_local_forwards_to_the_runtime_entry(capsys):
     code, _, err = run_main(capsys, "local", "no-such")
     assert code == 2
     assert "unknown recipe 'no-such'" in err
+
+
+LORA_ON_TINY = ("--set", "model.lora.rank=8", "--set", "layout.reference.device=trainer")
+
+
+@pytest.mark.parametrize("command", ["plan", "validate"])
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("model.lora.rank=0", "model.lora.rank: a LoRA rank is at least 1"),
+        ("model.lora.dropout=0.1", "model.lora.dropout: 0.1 is not supported"),
+        ("model.lora.targets=[q]", "model.lora.targets: 'q' is not a qwen3 projection"),
+        ("layout.reference.device=gpu", "set layout.reference.device=trainer"),
+    ],
+)
+def test_a_bad_lora_setting_is_one_line_at_once(capsys, command, setting, expected):
+    started = time.monotonic()
+    code, out, err = run_main(capsys, command, "tiny-lora", "--set", setting)
+    assert time.monotonic() - started < 1.0
+    assert_user_error(code, err, expected)
+    assert out == ""
+
+
+def test_lora_is_set_on_a_recipe_without_it(capsys):
+    code, out, err = run_main(capsys, "plan", "tiny", *LORA_ON_TINY)
+    assert code == 0 and err == ""
+    assert "LoRA rank 8, alpha 16 (2 x rank) on q, k, v, o, gate, up, down" in out
+    code, out, _ = run_main(capsys, "plan", "tiny-gpu", "--set", "model.lora.rank=16", "--json")
+    assert code == 0
+    assert json.loads(out)["settings"]["generator"]["max_lora_rank"] == 16
+
+
+def test_this_runtime_refuses_a_lora_recipe(capsys, tmp_path):
+    # the runtime that trains LoRA is not in this build: a run is refused before anything
+    # starts (goes with the refusal in runtime/entry.py)
+    run_dir = tmp_path / "run"
+    code, _, err = run_main(capsys, "local", "tiny-lora", "--run-dir", str(run_dir))
+    assert_user_error(code, err, "model.lora: this runtime does not train LoRA yet (tiny-lora)")
+    assert not run_dir.exists()
+    code, _, err = run_main(capsys, "local", "tiny", *LORA_ON_TINY, "--run-dir", str(run_dir))
+    assert_user_error(code, err, "model.lora: this runtime does not train LoRA yet (tiny)")
+    assert not run_dir.exists()
 
 
 @pytest.mark.parametrize("command", ["plan", "validate"])

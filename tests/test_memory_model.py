@@ -10,8 +10,29 @@ import math
 
 import pytest
 
-from recipes import UserError, architecture, list_recipes, load_recipe, minimum_gpus, plan
-from recipes.memory import GB, RUNTIME_OVERHEAD_GB, trainer_fixed_bytes
+from recipes import (
+    UserError,
+    apply_overrides,
+    architecture,
+    estimate_memory,
+    list_recipes,
+    load_recipe,
+    minimum_gpus,
+    plan,
+)
+from recipes.lora import adapter_params, max_lora_rank, slot_bytes
+from recipes.memory import (
+    GB,
+    LORA_ONE_RANK_WORKSPACE,
+    RUNTIME_OVERHEAD_GB,
+    checkpoint_bytes,
+    disk_plan,
+    lora_slot_bytes,
+    model_file_bytes,
+    trainer_fixed_bytes,
+    trainer_step_bytes,
+    version_bytes,
+)
 from runtime.backends import build
 from runtime.models.titan import meta_model
 
@@ -64,15 +85,21 @@ def test_every_gpu_estimate_covers_its_exact_shard(name: str):
     params = shapes(recipe)
     checked = 0
     for gpus, p in _plans(recipe):
-        # trainer: fp32 weights, gradients and two AdamW moments of this rank's shard
+        # trainer: fp32 weights, gradients and two AdamW moments of this rank's shard; with
+        # LoRA the frozen base's shard in bf16 and those 16 bytes of the adapter's
         ranks = p.trainer_gpus
-        state = 16 * sum(fsdp_shard(s, ranks) for s in params)
+        lora = recipe.model.lora
+        if lora is None:
+            state = 16 * sum(fsdp_shard(s, ranks) for s in params)
+        else:
+            state = 2 * sum(fsdp_shard(s, ranks) for s in params)
+            state += 16 * math.ceil(adapter_params(arch, lora) / ranks)
         assert p.memory["trainer"] * GB + ROUNDING >= state + RUNTIME_OVERHEAD_GB * GB, (
             gpus,
             "trainer",
         )
         for checkpointing in (False, True):
-            assert trainer_fixed_bytes(arch, ranks, checkpointing) >= state, (gpus, "plan")
+            assert trainer_fixed_bytes(arch, ranks, checkpointing, lora) >= state, (gpus, "plan")
         # generator and reference: bf16 weights of one tensor-parallel rank
         weights = 2 * sum(tp_shard(s, p.generator_tp) for s in params)
         assert p.memory["generator"] * GB + ROUNDING >= weights + RUNTIME_OVERHEAD_GB * GB, (
@@ -194,3 +221,96 @@ def test_the_trainer_estimate_covers_every_measured_step_and_start_up():
         step = row["step_gb"]
         assert step["estimate"] >= step["measured"], row
         assert row.get("startup_below_step_estimate", True), row
+
+
+# --- LoRA: the adapter's size and what a LoRA run holds ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "adapter"),
+    [
+        # rank 16 x (in + out) of q, k, v, o, gate, up, down, in every block
+        ("qwen3-8b-lora", 36 * 16 * (2 * 8192 + 2 * 5120 + 3 * 16384)),
+        ("llama3.1-8b-lora", 32 * 16 * (2 * 8192 + 2 * 5120 + 3 * 18432)),
+        ("qwen3-32b-lora", 64 * 16 * (2 * 13312 + 2 * 6144 + 3 * 30720)),
+        ("tiny-lora", 2 * 8 * (2 * 128 + 2 * 96 + 3 * 192)),
+    ],
+)
+def test_the_adapter_is_rank_times_in_plus_out_of_each_projection(name, adapter):
+    r = load_recipe(name)
+    assert adapter_params(r.arch, r.model.lora) == adapter
+    assert version_bytes(r) == 2 * adapter  # bf16, as a version goes to the generators
+    assert checkpoint_bytes(r.arch, r.model.lora) == 12 * adapter  # fp32 weights, two moments
+    assert model_file_bytes(r) == 4 * adapter  # the exported adapter, fp32
+    assert disk_plan(r)["exported model"] == round(4 * adapter / GB, 1)
+    two_q = apply_overrides(r, ["model.lora.targets=[q_proj, v_proj]"]).model.lora
+    assert adapter_params(r.arch, two_q) < adapter
+
+
+@pytest.mark.parametrize(
+    ("name", "tokens", "peaks"),
+    [
+        # GB a trainer rank peaks at with activation checkpointing, on 1, 2 and 4 ranks
+        ("qwen3-8b-lora", 4096, (26.3, 17.5, 13.2)),
+        ("qwen3-8b-lora", 8192, (31.4, 22.5, 18.2)),
+        ("qwen3-32b-lora", 4096, (81.1, 47.8, 30.9)),
+        ("qwen3-32b-lora", 8192, (90.0, 56.7, 39.8)),
+    ],
+)
+def test_a_lora_trainer_holds_the_bf16_base_and_the_adapters_state(name, tokens, peaks):
+    r = load_recipe(name)
+    arch, lora = r.arch, r.model.lora
+    got = tuple(
+        round(trainer_step_bytes(arch, ranks, tokens, True, True, lora) / GB, 1)
+        for ranks in (1, 2, 4)
+    )
+    assert got == peaks
+    # the base in bf16 (the embedding in fp32 on one rank) and 16 bytes an adapter parameter
+    one = 2 * arch.params + 2 * arch.vocab_size * arch.dim + 16 * adapter_params(arch, lora)
+    assert trainer_fixed_bytes(arch, 1, True, lora) == one + 3e9
+    # against every parameter trained: a fraction
+    assert trainer_fixed_bytes(arch, 2, True, lora) < trainer_fixed_bytes(arch, 2, True) / 4
+
+
+def test_one_lora_rank_without_checkpointing_keeps_an_assumed_workspace():
+    # no autocast copies of a bf16 base, but a workspace allowance of a byte a parameter until
+    # a GPU run measures it: qwen3-8b at 8192 tokens then does not fit an H100's plan
+    r = load_recipe("qwen3-8b-lora")
+    arch, lora = r.arch, r.model.lora
+    assert LORA_ONE_RANK_WORKSPACE == 1
+    assert trainer_fixed_bytes(arch, 1, False, lora) - trainer_fixed_bytes(
+        arch, 1, True, lora
+    ) == pytest.approx(arch.params)
+    assert round(trainer_step_bytes(arch, 1, 8192, False, True, lora) / GB, 1) == 90.7
+
+
+def test_a_lora_generator_reserves_vllms_adapter_slots():
+    r = load_recipe("qwen3-8b-lora")
+    full = apply_overrides(
+        r, ["model.lora=null", "layout.reference.device=gpu", "layout.trainer.gpus=2"]
+    )
+    # two adapters of max_lora_rank 16 on every linear, bf16: 0.17 GB for an 8B model
+    assert lora_slot_bytes(r) == 2 * 2 * adapter_params(r.arch, r.model.lora)
+    assert round(lora_slot_bytes(r) / GB, 2) == 0.17
+    slots = lora_slot_bytes(r) / GB  # each estimate is rounded to 0.1 GB
+    gap = estimate_memory(r)["generator"] - estimate_memory(full)["generator"]
+    assert gap == pytest.approx(slots, abs=0.1)
+    assert lora_slot_bytes(full) == 0
+    assert lora_slot_bytes(load_recipe("tiny-lora")) == 0  # transformers' generate: no slots
+    # rank 17 is served at vLLM's rank 32: slots of that rank
+    wider = apply_overrides(r, ["model.lora.rank=17"])
+    assert lora_slot_bytes(wider) == 2 * slot_bytes(r.arch, 16)
+
+
+def test_a_reference_in_the_trainer_has_no_memory_of_its_own():
+    r = load_recipe("qwen3-8b-lora")
+    assert set(estimate_memory(r)) == {"generator", "trainer"}
+    assert "reference" in estimate_memory(load_recipe("qwen3-8b"))
+
+
+def test_vllms_lora_rank_is_the_smallest_allowed_one_at_least_the_recipes():
+    got = {rank: max_lora_rank(rank) for rank in (1, 2, 8, 9, 16, 17, 100, 257, 320, 321, 512)}
+    assert got == {
+        1: 1, 2: 8, 8: 8, 9: 16, 16: 16, 17: 32, 100: 128, 257: 320, 320: 320, 321: 512, 512: 512,
+    }  # fmt: skip
+    assert max_lora_rank(513) is None

@@ -17,7 +17,15 @@ from recipes import (
     minimum_gpus,
     plan,
 )
-from recipes.memory import GB
+from recipes.costs import (
+    LORA_GENERATE_ASSUMED,
+    LORA_LOAD_S_ASSUMED,
+    LORA_TRAIN_ASSUMED,
+    predict_step,
+)
+from recipes.lora import adapter_params
+from recipes.measured import MEASURED
+from recipes.memory import GB, trainer_step_bytes
 
 
 @functools.cache
@@ -663,6 +671,23 @@ def test_a_spread_reference_is_weighed_where_services_share_gpus():
     assert own.share == "none" and len(own.placements_of("reference")[0].gpus) == 1
 
 
+def test_a_spread_reference_leaves_the_count_with_gpus_of_their_own_as_the_recipe_has_it():
+    # the spread reference is planned on a copy of the recipe with the reference over both
+    # GPUs; "N with GPUs of their own" is the recipe's own layout: 1 + 1 + 1 GPUs
+    spread = plan(
+        recipe(
+            "qwen3-1.7b",
+            "layout.share=auto",
+            "grpo.max_policy_age=0",
+            "layout.reference.spread=true",
+        ),
+        2,
+    )
+    assert spread.placements_of("reference")[0].gpus == (0, 1)
+    assert spread.dedicated_gpus == 3
+    assert "minimum 1 GPU with services sharing, 3 with GPUs of their own" in spread.describe()
+
+
 @pytest.mark.parametrize("accelerator", ["H100", "H200"])
 def test_no_accepted_plan_puts_more_on_a_gpu_while_the_trainer_steps_than_the_gpu_has(accelerator):
     # every catalog recipe, both policy modes, one to eight GPUs: what `plan` accepts fits each
@@ -786,3 +811,107 @@ def test_a_plan_ranked_at_the_longest_prompt_says_where_shorter_ones_change_its_
     assert plan(base, 1, accelerator="H200").shorter_prompts == ""
     fixed = apply_overrides(base, ["layout.share=all"])
     assert plan(fixed, 2, accelerator="H200").shorter_prompts == ""
+
+
+# --- LoRA: the reference in the trainer, the adapter as a version ---------------------------------
+
+
+def test_qwen3_8b_lora_on_one_gpu_has_no_reference_placement_and_says_what_trains():
+    p = plan(load_recipe("qwen3-8b-lora"), 1)
+    assert (p.minimum_gpus, p.dedicated_gpus, p.share) == (1, 2, "all")
+    assert {x.service for x in p.placements} == {"generator", "trainer", "reward"}
+    assert p.reference_in_trainer and p.reference_enabled and "reference" not in p.memory
+    text = p.describe()
+    assert (
+        "LoRA rank 16, alpha 32 on q, k, v, o, gate, up, down: 43.6 M trainable (0.533 % of "
+        "8.19 B), the base frozen; reference: the base with the adapter off, scored in the "
+        "trainer's processes (no GPU and no copy of the model of its own)"
+    ) in text
+    assert text.splitlines().index(p.lora) == len(p.placements) + 2  # right under the table
+    s = p.settings
+    assert (s.generator.max_lora_rank, s.generator.max_loras) == (16, 2)
+    assert "max_lora_rank 16, max_loras 2" in text
+    # the reference scores on the trainer's ranks, with its micro-batch and compile
+    assert (s.reference.ranks, s.reference.tokens_per_micro_batch, s.reference.compile) == (
+        s.trainer.ranks,
+        s.trainer.tokens_per_micro_batch,
+        s.trainer.compile,
+    )
+    assert "(in the trainer's processes: its ranks, micro-batch and compile)" in text
+    # the shared H100: the generator's weights, KV cache and adapter slots beside a trainer of
+    # a bf16 base, recomputing its layers
+    assert s.trainer.activation_checkpointing
+    assert sum(p.while_training_gb["node 0 GPU 0"].values()) <= 85.5
+    d = json.loads(json.dumps(p.to_dict()))
+    assert d["reference_in_trainer"] is True and d["lora"] == p.lora
+    assert d["settings"]["generator"]["max_lora_rank"] == 16
+
+
+def test_a_full_plan_has_no_lora_keys():
+    p = plan(load_recipe("qwen3-8b"), 8)
+    d = p.to_dict()
+    assert "lora" not in d and "reference_in_trainer" not in d
+    assert "max_lora_rank" not in d["settings"]["generator"]
+    assert "LoRA" not in p.describe() and "max_lora" not in p.describe()
+
+
+def test_a_lora_version_is_the_adapter_on_every_path():
+    r = load_recipe("qwen3-8b-lora")
+    adapter = 2 * adapter_params(r.arch, r.model.lora)
+    own = plan(r, 2, accelerator="H100")  # apart: the push path
+    if own.share != "none":
+        own = plan(apply_overrides(r, ["layout.share=none"]), 2)
+    assert own.settings.weight_sync.expected == ("push",)
+    assert own.settings.weight_sync.push_buffer == "version"  # tens of MB go whole
+    shared = plan(r, 1)
+    assert shared.settings.weight_sync.expected == ("ipc",)
+    # trainer rank 0 holds a version's buffer: the adapter's bytes, not the model's
+    ranks = own.trainer_gpus
+    t = own.settings.trainer
+    step = trainer_step_bytes(
+        r.arch, ranks, t.tokens_per_micro_batch, t.activation_checkpointing, t.compile, r.model.lora
+    )
+    assert own.while_training_gb["node 0 GPU 1"]["trainer"] == round((step + adapter) / GB, 1)
+
+
+def test_the_cpu_lora_plan_runs_no_reference_process():
+    p = plan(load_recipe("tiny-lora"), 0)
+    assert {x.service for x in p.placements} == {"generator", "trainer", "reward"}
+    assert p.reference_in_trainer and p.lora.startswith("LoRA rank 8, alpha 16 on q, k, v, o")
+    assert p.settings.generator.max_lora_rank is None  # transformers' generate merges it
+    assert "max_lora" not in p.describe()
+    assert p.settings.reference.ranks == p.settings.trainer.ranks
+
+
+def test_a_lora_step_is_predicted_with_the_assumed_factors():
+    r = load_recipe("qwen3-8b-lora")
+    # the same run training every parameter, predicted on the same placements
+    full = apply_overrides(
+        r, ["model.lora=null", "layout.reference.enabled=false", "layout.trainer.gpus=2"]
+    )
+    p = plan(apply_overrides(r, ["layout.share=none"]), 2)
+    paths = p.settings.weight_sync.expected
+    ckpt = p.settings.trainer.activation_checkpointing
+    lora = predict_step(r, "H100", p.placements, trainer_checkpointing=ckpt, transports=paths)
+    plain = predict_step(full, "H100", p.placements, trainer_checkpointing=ckpt, transports=paths)
+    assert lora.work["train"] == pytest.approx(plain.work["train"] * LORA_TRAIN_ASSUMED)
+    assert lora.work["generate"] == pytest.approx(plain.work["generate"] / LORA_GENERATE_ASSUMED)
+    adapter_gb = 2 * adapter_params(r.arch, r.model.lora) / 1e9
+    assert lora.work["sync"] == pytest.approx(
+        adapter_gb * MEASURED["sync"]["push"]["s_per_gb"] + LORA_LOAD_S_ASSUMED
+    )
+    assert lora.work["sync"] < plain.work["sync"] / 4  # 87 MB against 16.4 GB, plus the load
+    # the reference is the trainer's work, on the trainer's GPU, in its turn
+    assert lora.work["reference"] > 0 and plain.work["reference"] == 0
+    assert lora.busy["trainer"] == pytest.approx(
+        lora.work["train"] + lora.work["sync"] + lora.work["reference"]
+    )
+
+
+def test_too_few_gpus_for_a_lora_recipe_names_the_reference_in_the_trainer():
+    message = error_of(load_recipe("qwen3-32b-lora"), 3)
+    assert message.startswith(
+        "qwen3-32b-lora needs at least 4 GPUs (generator 2 = TP2×1, reference in trainer, "
+        "trainer 2 = FSDP2), also with services sharing GPUs on an H100; got 3"
+    )
+    assert plan(load_recipe("qwen3-32b-lora"), 2, accelerator="H200").share == "all"

@@ -504,3 +504,208 @@ def test_thinking_mode_is_qwen3s_only():
     message = error_of(apply_overrides, recipe, ["model.thinking=true"])
     assert "model.thinking: llama3 models have no thinking mode" in message
     assert apply_overrides(load_recipe("qwen3-8b"), ["model.thinking=true"]).model.thinking
+
+
+# --- model.lora ----------------------------------------------------------------------------------
+
+LORA = ["model.lora.rank=8", "layout.reference.device=trainer"]
+
+
+def test_a_lora_section_parses_with_its_defaults():
+    r = apply_overrides(load_recipe("tiny"), LORA)
+    lora = r.model.lora
+    assert (lora.rank, lora.alpha, lora.dropout, lora.targets) == (8, None, 0.0, "all-linear")
+    assert (lora.scaling_alpha, lora.scaling) == (16.0, 2.0)
+    assert lora.modules == (
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    )  # fmt: skip
+    assert r.layout.reference.in_trainer
+    assert not r.layout.reference.on_gpu and not r.layout.reference.on_cpu
+    full = {"rank": 16, "alpha": 8, "dropout": 0, "targets": ["v_proj", "q_proj"]}
+    lora = apply_overrides(r, [f"model.lora={full}"]).model.lora
+    assert (lora.scaling, lora.modules) == (0.5, ("q_proj", "v_proj"))
+
+
+def test_the_recorded_recipe_carries_model_lora_as_written():
+    # RUN_DIR/config.json and W&B's config are model_dump(mode="json"): alpha stays None (not
+    # 2 x rank), so the recorded recipe validates to the same one
+    r = apply_overrides(load_recipe("tiny"), LORA)
+    dumped = r.model_dump(mode="json")
+    assert dumped["model"]["lora"] == {
+        "rank": 8, "alpha": None, "dropout": 0.0, "targets": "all-linear",
+    }  # fmt: skip
+    assert schema.Recipe.model_validate(dumped) == r
+    assert load_recipe("tiny").model_dump(mode="json")["model"]["lora"] is None
+
+
+def test_both_set_forms_turn_lora_on_and_off():
+    tiny = load_recipe("tiny")
+    assert tiny.model.lora is None
+    on = apply_overrides(tiny, LORA)  # a dotted key into an absent section
+    assert on.model.lora.rank == 8
+    assert apply_overrides(tiny, ["model.lora={rank: 8}", LORA[1]]).model.lora == on.model.lora
+    # targets may be all-linear or a list: a list typed on the command line is a list
+    two = apply_overrides(on, ["model.lora.targets=[q_proj,v_proj]"]).model.lora
+    assert two.targets == ["q_proj", "v_proj"]
+    assert apply_overrides(on, ["model.lora.targets=all-linear"]) == on
+    template = apply_overrides(on, ["dataset.prompt_template={question} [1, 2]"])
+    assert template.dataset.prompt_template == "{question} [1, 2]"  # a string field stays one
+    off = apply_overrides(on, ["model.lora=null", "layout.reference.device=gpu"])
+    assert off.model.lora is None and off == tiny
+    # a mistyped key of the absent section is named with the section's keys
+    assert error_of(apply_overrides, tiny, ["model.lora.rnak=8"]) == (
+        "unknown key 'model.lora.rnak'; did you mean rank? valid keys under model.lora: "
+        "alpha, dropout, rank, targets"
+    )
+    # a value still is not a section, and a required section cannot be null
+    assert "model.tokenizer is a value, not a section" in error_of(
+        apply_overrides, tiny, ["model.tokenizer.x=1"]
+    )
+    assert "model is a section; set its keys" in error_of(apply_overrides, tiny, ["model=null"])
+    assert error_of(apply_overrides, tiny, ["model.lora.alpha=4"]).endswith(
+        "model.lora.rank: required field is missing"
+    )
+
+
+@pytest.mark.parametrize(
+    ("base", "overrides", "expected"),
+    [
+        (
+            "tiny",
+            ["model.lora.rank=0"],
+            "model.lora.rank: a LoRA rank is at least 1; remove model.lora to train every "
+            "parameter",
+        ),
+        (
+            "tiny",
+            ["model.lora.rank=-4"],
+            "model.lora.rank: a LoRA rank is at least 1; remove model.lora to train every "
+            "parameter",
+        ),
+        (
+            "tiny",
+            ["model.lora.rank=65"],
+            "model.lora.rank: 65 exceeds the qwen3 tiny hidden size 64",
+        ),
+        (
+            "qwen3-8b",
+            ["model.lora.rank=1024"],
+            "model.lora.rank: 1024 exceeds 512, the largest LoRA rank vLLM serves (the GPU "
+            "generator); lower it",
+        ),
+        (
+            "tiny",
+            ["model.lora.alpha=0"],
+            "model.lora.alpha: must be > 0, got 0.0 (the adapter is scaled by alpha / rank); "
+            "leave it out for 2 x rank",
+        ),
+        (
+            "tiny",
+            ["model.lora.dropout=0.05"],
+            "model.lora.dropout: 0.05 is not supported: TorchTitan's LoRA has no dropout; set 0 "
+            "or leave it out",
+        ),
+        (
+            "tiny",
+            ["model.lora.targets=[qkv_proj]"],
+            "model.lora.targets: 'qkv_proj' is not a qwen3 projection (q_proj, k_proj, v_proj, "
+            "o_proj, gate_proj, up_proj, down_proj, or all-linear)",
+        ),
+        (
+            "llama3.1-8b",
+            ["model.lora.targets=[q_proj, wq]"],
+            "model.lora.targets: 'wq' is not a llama3 projection (q_proj, k_proj, v_proj, "
+            "o_proj, gate_proj, up_proj, down_proj, or all-linear)",
+        ),
+        (
+            "tiny",
+            ["model.lora.targets=[]"],
+            "model.lora.targets: an empty list wraps nothing; name projections, or all-linear "
+            "for all of them",
+        ),
+        (
+            "tiny",
+            ["model.lora.targets=[q_proj, v_proj, q_proj]"],
+            "model.lora.targets: 'q_proj' is listed twice",
+        ),
+        (
+            "tiny",
+            ["model.lora.targets=[q_proj, all-linear]"],
+            "model.lora.targets: all-linear stands alone (targets: all-linear), not in a list",
+        ),
+        (
+            "tiny",
+            ["model.lora.targets=q_proj"],
+            "model.lora.targets: a list of projections (e.g. [q_proj, v_proj]) or all-linear, "
+            "got 'q_proj'",
+        ),
+        (
+            "tiny",
+            ["weight_sync.push_buffer=groups"],
+            "weight_sync.push_buffer: groups streams a full model's blocks; a LoRA version is "
+            "the adapter alone and goes whole; leave it auto",
+        ),
+        (
+            "tiny",
+            ["layout.reference.device=gpu"],
+            "layout.reference.device: a LoRA run's reference is its base with the adapter off, "
+            "in the trainer's processes; set layout.reference.device=trainer (or "
+            "layout.reference.enabled=false)",
+        ),
+        (
+            "tiny",
+            ["layout.reference.device=cpu"],
+            "layout.reference.device: a LoRA run's reference is its base with the adapter off",
+        ),
+        (
+            "tiny",
+            ["model.lora=null"],
+            "layout.reference.device: trainer scores the reference as the base with the "
+            "adapter off, which only a LoRA run has (model.lora); set "
+            "layout.reference.device=gpu (or cpu)",
+        ),
+        (
+            "tiny",
+            ["layout.reference.gpus=2"],
+            "layout.reference.gpus: a reference in the trainer's processes takes no GPU of its "
+            "own (it runs on the trainer's); set it to 1, got 2",
+        ),
+        (
+            "qwen3-8b",
+            ["layout.reference.spread=true"],
+            "layout.reference.spread: a reference in the trainer's processes runs on every "
+            "trainer GPU already; set it to false",
+        ),
+        (
+            "qwen3-8b",
+            ["reference.ranks=2"],
+            "reference.ranks: a reference in the trainer's processes runs on the trainer's "
+            "ranks (trainer.ranks); leave it auto, got 2",
+        ),
+        (
+            "qwen3-8b",
+            ["reference.compile=true"],
+            "reference.compile: a reference in the trainer's processes runs the trainer's "
+            "model, compiled as trainer.compile says; leave it auto",
+        ),
+        (
+            "qwen3-8b",
+            ["layout.sharing=mps", "layout.mps_sm_percent.reference=50"],
+            "layout.mps_sm_percent.reference: a reference in the trainer's processes runs "
+            "under the trainer's share (layout.mps_sm_percent.trainer); leave it 100",
+        ),
+    ],
+)
+def test_each_bad_lora_setting_is_one_line(base, overrides, expected):
+    message = error_of(apply_overrides, load_recipe(base), [*LORA, *overrides])
+    assert message.startswith(f"{base} with ")
+    assert expected in message
+
+
+def test_a_reference_in_the_trainer_needs_lora_and_a_disabled_one_needs_no_device():
+    tiny = load_recipe("tiny")
+    assert "which only a LoRA run has (model.lora)" in error_of(
+        apply_overrides, tiny, ["layout.reference.device=trainer"]
+    )
+    alone = apply_overrides(tiny, ["model.lora.rank=8", "layout.reference.enabled=false"])
+    assert alone.model.lora.rank == 8 and not alone.layout.reference.in_trainer
