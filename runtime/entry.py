@@ -171,13 +171,6 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named:
         overrides.append(f"grpo.checkpoint_interval={args.checkpoint_every}")
     if overrides:
         recipe = apply_overrides(recipe, overrides)
-    # LoRA: recipes/ plans and validates it, the trainer, generators and export do not train it
-    # yet; this refusal goes when they do (its test: test_this_runtime_refuses_a_lora_recipe).
-    if recipe.model.lora is not None:
-        raise UserError(
-            f"model.lora: this runtime does not train LoRA yet ({recipe.name}); plan, validate "
-            "and render take it, a run needs a recipe without model.lora"
-        )
     gpus = args.gpus if args.gpus is not None else _default_gpus(recipe)
     cluster = cluster_from_env(port=args.worker_port)
     nodes = args.nodes if args.nodes is not None else (cluster.nodes if recipe.cpu else None)

@@ -25,6 +25,7 @@ PROMPT_TOKEN = 5000
 class FakeServices:
     generators: int = 1
     has_reference: bool = True
+    reference_unit: str = "reference"
     pad_id: int = 0
     group_size: int = 4
     generate_s: float = 0.0  # seconds per generate call (jittered by `jitter`)

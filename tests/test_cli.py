@@ -546,18 +546,6 @@ def test_lora_is_set_on_a_recipe_without_it(capsys):
     assert json.loads(out)["settings"]["generator"]["max_lora_rank"] == 16
 
 
-def test_this_runtime_refuses_a_lora_recipe(capsys, tmp_path):
-    # the runtime that trains LoRA is not in this build: a run is refused before anything
-    # starts (goes with the refusal in runtime/entry.py)
-    run_dir = tmp_path / "run"
-    code, _, err = run_main(capsys, "local", "tiny-lora", "--run-dir", str(run_dir))
-    assert_user_error(code, err, "model.lora: this runtime does not train LoRA yet (tiny-lora)")
-    assert not run_dir.exists()
-    code, _, err = run_main(capsys, "local", "tiny", *LORA_ON_TINY, "--run-dir", str(run_dir))
-    assert_user_error(code, err, "model.lora: this runtime does not train LoRA yet (tiny)")
-    assert not run_dir.exists()
-
-
 @pytest.mark.parametrize("command", ["plan", "validate"])
 def test_a_count_clouds_do_not_sell_is_planned_with_a_line_saying_so(capsys, command):
     code, out, err = run_main(capsys, command, "qwen3-8b", "--gpus", "5")

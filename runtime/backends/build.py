@@ -184,9 +184,12 @@ class GeneratorConfig:
 
     def build(self, tokenizer: Any) -> Any:
         """`VLLMGenerator` (backend vllm) or `HFGenerator` (hf). Its weights are random until
-        the first `load_weights` (the trainer publishes version 0)."""
+        the first `load_weights` (the trainer publishes version 0), except under LoRA: there
+        the generator loads the frozen base itself, here (`lora_base`), and every version the
+        trainer publishes is the adapter alone."""
         recipe, s = self.recipe, self.settings
         spec, g = model_spec(recipe), recipe.grpo
+        model_dir, weights = lora_base(recipe, spec, vllm=s.backend == "vllm")
         if s.backend == "vllm":
             from runtime.backends.vllm_generator import VLLMGenerator
 
@@ -217,6 +220,8 @@ class GeneratorConfig:
                 seed=g.seed,
                 enforce_eager=s.enforce_eager,
                 lora=recipe.model.lora,
+                model_dir=model_dir,
+                weights=weights,
             )
         from runtime.backends import HFGenerator
 
@@ -228,7 +233,25 @@ class GeneratorConfig:
             dtype=dtype(recipe),
             seed=g.seed,
             lora=recipe.model.lora,
+            weights=weights,
         )
+
+
+def lora_base(recipe: Any, spec: ModelSpec, vllm: bool) -> tuple[Any, Any]:
+    """A LoRA run's frozen base for a generator, (a Hugging Face folder vLLM reads itself, or
+    the weights under HF names); (None, None) for a full-parameter run, whose versions carry
+    every weight. The base is the trainer's own: the same checkpoint, or the same seeded
+    init (built whole on the host, 4 bytes a parameter, as the trainer builds it)."""
+    if recipe.model.lora is None:
+        return None, None
+    source = initial_weights(recipe, spec)
+    if vllm and source is not None:
+        return source.folder, None
+    from runtime.models.hf import to_hf
+    from runtime.models.loading import SeededWeights
+
+    source = source or SeededWeights(spec, recipe.grpo.seed)
+    return None, to_hf(source.state_dict(), spec)
 
 
 @dataclass(frozen=True)

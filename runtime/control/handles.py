@@ -15,6 +15,7 @@ from torch import Tensor
 class ServiceHandles(Protocol):
     generators: int  # generator replicas
     has_reference: bool
+    reference_unit: str  # whose GPU turn reference scoring takes: "reference" or "trainer"
     pad_id: int
 
     async def generate(

@@ -208,7 +208,7 @@ class Rollouts:
         if not self.services.has_reference:
             return
         batch = collate_groups(groups, self.services.pad_id)
-        async with self.turns.turn("reference"):
+        async with self.turns.turn(self.services.reference_unit):
             start = time.perf_counter()
             rows = iter(await self.services.reference_logprobs(batch.tokens, batch.response_mask))
             self.notes.add("time/reference_s", time.perf_counter() - start)

@@ -206,7 +206,10 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
         print(warning, file=sys.stderr, flush=True)
     start = time.perf_counter()
     services = ["weight store", "trainer", "generator"]
-    services += ["reference"] if config.plan.reference_enabled else []
+    if config.plan.reference_in_trainer:
+        services += ["reference (in the trainer)"]
+    elif config.plan.reference_enabled:
+        services += ["reference"]
     print(f"starting services ({', '.join([*services, 'reward'])}) ...", flush=True)
 
     async def start_up() -> Controller:

@@ -76,6 +76,8 @@ class Services:
     reward_procs: int
     pad_id: int
     watchdog: Watchdog | None = None  # deadlines for every call (None: wait as long as it takes)
+    # A LoRA run's reference: the base with the adapter off, scored by the trainer's ranks.
+    reference_in_trainer: bool = False
 
     @property
     def generators(self) -> int:
@@ -83,7 +85,12 @@ class Services:
 
     @property
     def has_reference(self) -> bool:
-        return self.reference is not None
+        return self.reference is not None or self.reference_in_trainer
+
+    @property
+    def reference_unit(self) -> str:
+        """Whose GPU turn reference scoring takes (runtime/control/turns.py)."""
+        return "trainer" if self.reference_in_trainer else "reference"
 
     async def call(self, service: str, awaitable: Any, kind: str) -> Any:
         """A supervised call of `service`; `kind` names it for the watchdog's deadlines."""
@@ -130,11 +137,16 @@ class Services:
         return [score for chunk in await asyncio.gather(*calls) for score in chunk]
 
     async def reference_logprobs(self, tokens: Tensor, mask: Tensor) -> list[list[float]]:
-        assert self.reference is not None
         # every reference rank scores its share of the rows (one rank: all of them)
-        answers = await self.call(
-            "reference", each_rank(self.reference, "logprobs", tokens, mask), kind="logprobs"
-        )
+        if self.reference_in_trainer:
+            # Its ranks run collectives as a train step does: each_rank sends to every rank in
+            # one go, so a step and a scoring reach all of them in the same order.
+            scoring = each_rank(self.trainer, "reference_logprobs", tokens, mask)
+            answers = await self.call("trainer", scoring, kind="logprobs")
+        else:
+            assert self.reference is not None
+            scoring = each_rank(self.reference, "logprobs", tokens, mask)
+            answers = await self.call("reference", scoring, kind="logprobs")
         shares = sorted((a["first"], a["logprobs"]) for a in answers)
         return [row for _, rows in shares for row in rows]
 

@@ -215,6 +215,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
         plan.reward_procs,
         pad_id,
         watchdog=Watchdog(recipe.watchdog, places=_places(plan)),
+        reference_in_trainer=plan.reference_in_trainer,
     )
 
 
