@@ -72,6 +72,16 @@ def test_no_group_is_trained_on_staler_than_max_policy_age(tmp_path, age, genera
         assert any(s > 0 for s in services.staleness)
 
 
+def test_ready_time_spans_the_publish_and_the_slowest_load(tmp_path):
+    """sync/ready_s: from a step's end until every generator holds its version, so at least
+    the slowest load; logged from the switch that ended last."""
+    cfg = config(tmp_path, "grpo.max_policy_age=0")
+    services = FakeServices(generators=2, load_s=0.05)
+    rows = asyncio.run(run(cfg, services)).metrics.records
+    assert rows[0]["sync/ready_s"] == 0.0  # step 1 logs before any switch ended
+    assert all(r["sync/ready_s"] >= 0.05 for r in rows[1:]), [r["sync/ready_s"] for r in rows]
+
+
 def test_lock_step_trains_every_prompt_once_in_order(tmp_path):
     cfg = config(tmp_path, "grpo.max_policy_age=0")
     services = FakeServices()

@@ -150,11 +150,12 @@ class Controller:
             )
             async with self.turns.turn("trainer"):
                 stats = await s.train_step(batch)
+                trained_at = time.perf_counter()
                 self.step += 1
                 self.progress.version += 1
                 self.progress.training = False
                 pub = await s.publish(self.version)
-            self.policy.switch(self.version)
+            self.policy.switch(self.version, trained_at)
             evaluations = await self._evaluate(total)
             step_s = time.perf_counter() - t0
             record = {
@@ -167,6 +168,8 @@ class Controller:
                 "time/wait_rollouts_s": t_wait,
                 "time/weight_sync_s": pub["seconds"] + self.policy.last_load_s,
                 "time/publish_s": pub["seconds"],
+                # the last switch that ended (this step's may still be loading)
+                "sync/ready_s": self.policy.last_ready_s,
                 **{f"time/{k}": pub[k] for k in ("push_s", "push_wait_s") if k in pub},
                 "time/train_s": stats.get("time/train_s", 0.0),
                 "buffer/dropped_stale": rollouts.buffer.dropped_stale,

@@ -9,6 +9,7 @@ trainer frees v's direct-path buffers (the generators hold their copies) and v-1
 from __future__ import annotations
 
 import asyncio
+import time
 
 from runtime.control.handles import ServiceHandles
 from runtime.control.progress import Progress
@@ -33,6 +34,9 @@ class PolicySync:
         self.mode = mode  # the recipe's weight_sync.transport
         self.paths: list[str] = ["store"] * services.generators
         self.last_load_s = 0.0  # the slowest generator's last load
+        # From the train step's end to the last generator holding its version (publish, any
+        # generation still in flight, the load): how soon sampling can use a new policy.
+        self.last_ready_s = 0.0
         self._tasks: set[asyncio.Task] = set()
 
     async def connect(self) -> None:
@@ -66,9 +70,11 @@ class PolicySync:
         self.progress.loaded = [int(r["version"]) for r in loads]
         await s.version_loaded(version)
 
-    def switch(self, version: int) -> None:
-        """Every generator loads `version` after its generation in flight; then v-1 is dropped."""
+    def switch(self, version: int, trained_at: float | None = None) -> None:
+        """Every generator loads `version` after its generation in flight; then v-1 is dropped.
+        `trained_at`: when the step that made it ended (time.perf_counter), for `last_ready_s`."""
         s = self.services
+        since = time.perf_counter() if trained_at is None else trained_at
 
         async def load(replica: int) -> float:
             async with self.turns.turn(f"generator{replica}"):
@@ -82,6 +88,7 @@ class PolicySync:
         async def switch() -> None:
             loads = await asyncio.gather(*(load(r) for r in range(s.generators)))
             self.last_load_s = max(loads)
+            self.last_ready_s = time.perf_counter() - since
             await s.version_loaded(version)
             if version - 1 >= 0:
                 await s.drop(version - 1)
