@@ -123,21 +123,14 @@ def test_each_version_is_a_folder_the_one_before_removed_and_samples_are_the_mer
     assert base_only.mean() > 5 * right.mean() and previous.mean() > 5 * right.mean()
 
 
-def test_an_exported_adapter_folder_serves_the_same_policy(engine, tmp_path):
+def test_an_exported_adapter_folder_serves_the_same_policy(engine, w0, tmp_path):
     """What `forgesky export` writes of a LoRA run (fp32, with forgesky.json) is an adapter vLLM
-    serves from its path: greedy decoding equals the version loaded through the slots."""
+    serves from its path: its samples are the merged model's, as a version's are. (Greedy
+    tokens are not compared: LoRA kernels need not give bit-equal logits from one call to the
+    next, and one near-tie changes the rest of a sequence.)"""
     from vllm.lora.request import LoRARequest
 
     tensors = adapter(seed=7)
-    engine.incoming_version = 7
-    engine.load_weights(tensors)
-    prompts = random_prompts(8, SMALL.vocab_size, seed=2)
-
-    def greedy():
-        out = engine.generate(prompts, n=1, max_new_tokens=32, temperature=0, logprobs=False)
-        return [c.response_ids for c in out]
-
-    loaded = greedy()
     folder = write_adapter_folder(
         tmp_path / "adapter",
         {k: v.float() for k, v in tensors.items()},
@@ -149,12 +142,11 @@ def test_an_exported_adapter_folder_serves_the_same_policy(engine, tmp_path):
     slot = engine.slots.current
     engine.slots.current = LoRARequest("exported", 1000, str(folder))
     try:
-        exported = greedy()
+        prompts = random_prompts(8, SMALL.vocab_size, seed=2)
+        out = engine.generate(prompts, n=4, max_new_tokens=MAX_NEW, temperature=T, seed=5)
     finally:
         engine.slots.current = slot
-    assert exported == loaded
-    engine.slots.current = None  # the base alone decodes otherwise
-    try:
-        assert greedy() != loaded
-    finally:
-        engine.slots.current = slot
+    _assert_not_degenerate(out)
+    weights = merged(w0, tensors)
+    right = _assert_matches(out, weights, scorer(weights))
+    assert _mismatch(out, scorer(w0)).mean() > 5 * right.mean()
