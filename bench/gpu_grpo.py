@@ -216,6 +216,7 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
         records = (
             [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
         )
+        written = written_gb(run_dir)
     finally:
         window.stop()
         sampler.stop()
@@ -232,6 +233,7 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
         "share": run_plan.share,
         "wall_s": wall,
         "set_by_hand": list(args.set or []),
+        **written,
         "settings": run_plan.settings.to_dict(),
         **prediction(recipe, run_plan, summary),
         **summary,
@@ -239,6 +241,21 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_clocks": sampler.clocks(),
         "host_cpu": sampler.host_cpu(),
         **stacks(recorder, stacks_from),
+    }
+
+
+def written_gb(run_dir: Path) -> dict[str, float | None]:
+    """GB on disk of the run's last checkpoint and of its model folder (a LoRA run: the
+    adapter), None where the run wrote none."""
+
+    def size(path: Path) -> float | None:
+        files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else []
+        return round(sum(f.stat().st_size for f in files) / 1e9, 4) if files else None
+
+    steps = sorted((run_dir / "checkpoints").glob("step_*"))
+    return {
+        "checkpoint_gb": size(steps[-1]) if steps else None,
+        "model_gb": size(run_dir / "model"),
     }
 
 
@@ -331,6 +348,7 @@ def summarize(
     peak: float | None,
 ) -> dict[str, Any]:
     """The benchmark's numbers from a run's metrics records (the first `warmup` left out)."""
+    from recipes.lora import adapter_bytes
     from runtime.backends.build import model_spec
 
     if not records:
@@ -350,12 +368,16 @@ def summarize(
     generate_s = mean([r["time/generate_s"] for r in measured if "time/generate_s" in r])
     engine_s = mean([r["time/engine_s"] for r in measured if "time/engine_s" in r])
     sync_s = mean([r["time/weight_sync_s"] for r in measured])
-    weight_bytes = params * (2 if recipe.model.dtype == "bfloat16" else 4)
+    lora = recipe.model.lora
+    # what a version carries: every weight, or under LoRA the adapter alone
+    width = 2 if recipe.model.dtype == "bfloat16" else 4
+    weight_bytes = adapter_bytes(recipe.arch, lora, width) if lora else params * width
     train_tokens = completions * (prompt_len + response_len)
     used_gpus = run_plan.total_gpus or 1
     train_gpus = trainer_gpus(run_plan.placements)
     return {
         "recipe": recipe.name,
+        "lora": lora.model_dump() if lora else None,
         "overrides": [*OFFLINE, *NO_EVAL, f"grpo.max_response_tokens={g.max_response_tokens}"],
         "gpus_used": used_gpus,
         "placements": placement_rows(run_plan.placements),
@@ -390,6 +412,9 @@ def summarize(
         # publish + the slowest generator's load of the version (the path's latency, a
         # generation in flight not counted), and the publish alone: the trainer's stall
         "weight_sync_s": sync_s,
+        # from the train step's end until every generator holds the version (runtime/control/
+        # policy.py): with on-policy steps, how soon sampling uses the new policy
+        "sync_ready_s": mean([r["sync/ready_s"] for r in measured if r.get("sync/ready_s")]),
         "publish_s": mean([r["time/publish_s"] for r in measured if "time/publish_s" in r]),
         # Direct path (runtime.weights.direct): the trainer's broadcast, in the background.
         "push_s": mean([r["time/push_s"] for r in measured if "time/push_s" in r]),
@@ -404,7 +429,9 @@ def summarize(
         # Model FLOPs (training_flops: attention included) per trainer GPU-second over peak.
         "mfu": per(
             sum(
-                training_flops(spec, completions, prompt_len + response_len, response_len).values()
+                training_flops(
+                    spec, completions, prompt_len + response_len, response_len, lora=bool(lora)
+                ).values()
             ),
             train_s * peak * train_gpus,
         )
@@ -534,11 +561,12 @@ def attention_flops_per_token(spec: Any, seq_len: float) -> float:
 
 
 def training_flops(
-    spec: Any, sequences: float, seq_len: float, response_len: float
+    spec: Any, sequences: float, seq_len: float, response_len: float, lora: bool = False
 ) -> dict[str, float]:
     """Model FLOPs (forward + backward) of one training pass, as the trainer computes them.
 
-    - `dense`: 6 x the weights' multiply-adds. The body (every weight but the embedding and
+    - `dense`: 6 x the weights' multiply-adds (LoRA: 4 x, the frozen base has no weight
+      gradients; the adapter's own, under 1 % at rank 16, are not counted). The body (every weight but the embedding and
       the output projection) runs on every token; the output projection only on response
       positions (`response_logprobs`); the embedding lookup costs no FLOPs.
     - `attention`: causal attention, 6 * layers * seq * heads * head_dim per token.
@@ -547,7 +575,7 @@ def training_flops(
     head = spec.vocab_size * spec.dim
     body = spec.num_params() - head * (1 if spec.tie_embeddings else 2)
     tokens = sequences * seq_len
-    dense = 6 * (body * tokens + head * sequences * response_len)
+    dense = (4 if lora else 6) * (body * tokens + head * sequences * response_len)
     return {"dense": dense, "attention": attention_flops_per_token(spec, seq_len) * tokens}
 
 
