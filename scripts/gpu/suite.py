@@ -120,7 +120,12 @@ GROUPS: dict[str, Group] = {
         (R + "test_tiny_gpu_learns_on_one_gpu_colocated", "tests/test_gpu_vllm.py"),
     ),
     # an engine of its own (built with LoRA), in a process of its own
-    "lora": Group(1, 3.0, ("tests/test_gpu_lora.py",)),
+    # the runtime test first, for the same reason as the vllm group's
+    "lora": Group(
+        1,
+        6.0,
+        (R + "test_tiny_gpu_learns_with_a_lora_adapter_through_vllm", "tests/test_gpu_lora.py"),
+    ),
 }
 
 
