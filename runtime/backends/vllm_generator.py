@@ -85,6 +85,20 @@ def engine_environment(top_p: float, *, engine_in_process: bool = True) -> dict[
     }
 
 
+def _write_weights(
+    folder: Path, weights: Mapping[str, Tensor], spec: ModelSpec, dtype: torch.dtype
+) -> None:
+    """HF-named `weights` as `folder/model.safetensors` in `dtype` (a tied output projection
+    left out, as Hugging Face writes it)."""
+    from safetensors.torch import save_file
+
+    tied = {"lm_head.weight"} if spec.tie_embeddings else set()
+    save_file(
+        {k: v.detach().to("cpu", dtype).contiguous() for k, v in weights.items() if k not in tied},
+        str(folder / "model.safetensors"),
+    )
+
+
 def write_model_dir(spec: ModelSpec, directory: str | Path, **token_ids: Any) -> Path:
     """A folder vLLM can start from: the architecture's `config.json` (no weights, no tokenizer).
 
@@ -197,6 +211,13 @@ class VLLMGenerator:
             eos_token_id=self.eos_ids[0],
             pad_token_id=pad_token_id,
         )
+        if lora is not None and model_dir is None and weights is not None:
+            # Under LoRA vLLM wraps every targeted layer once the engine is built, and its
+            # load_weights no longer finds them by their names: the base goes in as files it
+            # reads at start-up, and `weights` are not loaded again.
+            with _took("writing the base for vLLM"):
+                _write_weights(folder, weights, spec, dtype)
+            model_dir, weights = folder, None
         options: dict[str, Any] = {}
         if max_num_seqs is not None:
             options["max_num_seqs"] = max_num_seqs
