@@ -197,10 +197,21 @@ def _check_recorded_model(source: Source, recipe: Any, command: str) -> None:
 
 
 def full_model(recipe: Any) -> Any:
-    """The recipe for the model with any LoRA adapter merged in: its `model.lora` dropped."""
+    """The recipe for the model with any LoRA adapter merged in: its `model.lora` dropped, and
+    a reference scored in the trainer (the base with the adapter off, which a full model has
+    not) made one of its own, as in the full-parameter recipes: a recipe that validates, for
+    eval's generator and the merged folder's record."""
+    from recipes.service_sections import ReferenceLayout
+
     if recipe.model.lora is None:
         return recipe
-    return recipe.model_copy(update={"model": recipe.model.model_copy(update={"lora": None})})
+    layout = recipe.layout
+    if layout.reference.device == "trainer":
+        device = ReferenceLayout.model_fields["device"].default
+        reference = layout.reference.model_copy(update={"device": device})
+        layout = layout.model_copy(update={"reference": reference})
+    model = recipe.model.model_copy(update={"lora": None})
+    return recipe.model_copy(update={"model": model, "layout": layout})
 
 
 def held_out_prompts(recipe: Any) -> list[Any]:

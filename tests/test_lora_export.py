@@ -14,7 +14,7 @@ from test_peft_format import random_adapter
 from transformers import AutoModelForCausalLM
 
 from launcher.cli import main
-from recipes import load_recipe
+from recipes import load_recipe, validate_recipe
 from recipes.run_sections import Lora
 from runtime import export
 from runtime.backends import build
@@ -141,6 +141,18 @@ def test_full_model_drops_only_the_adapter():
     assert full_model(recipe).model.lora is None
     assert full_model(recipe).model.model_dump(exclude={"lora"}) == recipe.model.model_dump(
         exclude={"lora"}
+    )
+
+
+def test_full_model_of_a_lora_recipe_is_a_recipe_that_validates():
+    # a LoRA recipe scores its reference in the trainer, which only a LoRA run can: the full
+    # model (eval's generator, the merged folder's record) has a reference of its own
+    recipe = load_recipe("tiny-lora")
+    full = full_model(recipe)
+    assert full.layout.reference.device == "gpu" and full.layout.reference.enabled
+    assert validate_recipe(full.model_dump(mode="json"), "merged") == full
+    assert full.layout.model_dump(exclude={"reference"}) == recipe.layout.model_dump(
+        exclude={"reference"}
     )
 
 
