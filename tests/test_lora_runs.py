@@ -7,10 +7,12 @@ its adapter folder and of the merged folder answer alike. The run is conftest's 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from fault_runs import lock_step_args
 from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -21,6 +23,8 @@ from recipes.memory import checkpoint_bytes, model_file_bytes
 from runtime.backends import build
 from runtime.control import checkpoint
 from runtime.control.checkpoint import approx_size
+from runtime.control.run import finished_already
+from runtime.entry import parse_config
 from runtime.eval_weights import base_groups
 from runtime.models import build_hf_model
 from runtime.models.peft_format import CONFIG_FILE, WEIGHTS_FILE
@@ -136,3 +140,22 @@ def test_eval_of_the_run_its_checkpoint_its_adapter_and_the_merged_model_agree(
     assert results["run"]["eval/prompts"] == 10
     for name in ("checkpoint 8", "adapter", "merged"):
         assert results[name] == results["run"], name
+
+
+def test_a_finished_lora_run_started_again_writes_its_adapter_from_the_checkpoint(
+    tiny_lora_run, tmp_path, capsys
+):
+    run = shutil.copytree(tiny_lora_run[0], tmp_path / "run")
+    shutil.rmtree(run / "model")  # ended before writing it
+    assert finished_already(parse_config(lock_step_args(run, recipe="tiny-lora")))
+    size = approx_size(model_file_bytes(RECIPE))
+    assert capsys.readouterr().out.splitlines() == [
+        f"forgesky: run dir {run} is at step 8 of 8 already: nothing to train, no service "
+        f"started; writing its adapter from that checkpoint ({size} of fp32 safetensors) ...",
+        f"adapter -> {run / 'model'} (PEFT; `forgesky export {run} --merge --out DIR` for a full "
+        "model)",
+    ]
+    written, at_end = load_file(run / "model" / WEIGHTS_FILE), tiny_lora_run[0] / "model"
+    expected = load_file(at_end / WEIGHTS_FILE)
+    assert written.keys() == expected.keys()
+    assert all(torch.equal(written[k], expected[k]) for k in written)
