@@ -149,8 +149,8 @@ def resolve_recipe(
 def _exported_recipe(path: Path, command: str, adapter: bool = False) -> Any:
     """The recipe a model folder's forgesky.json records: the recipe itself where the export
     wrote it, else (an older export) the catalog recipe it names. For an `adapter` folder, less
-    its `model.lora`: the folder's adapter_config.json says what the adapter is, the recipe
-    what it is evaluated on and merged into."""
+    its `model.lora` (`full_model`): the folder's adapter_config.json says what the adapter is,
+    the recipe what it is evaluated on and merged into."""
     from recipes import list_recipes, load_recipe, validate_recipe
 
     where = str(path)
@@ -161,10 +161,8 @@ def _exported_recipe(path: Path, command: str, adapter: bool = False) -> Any:
     if not isinstance(record, dict):
         raise UserError(f"{command}: {where} is not what an export records; pass --recipe")
     if isinstance(record.get("recipe_config"), dict):
-        data = dict(record["recipe_config"])
-        if adapter and isinstance(data.get("model"), dict):
-            data["model"] = {k: v for k, v in data["model"].items() if k != "lora"}
-        return validate_recipe(data, where)
+        recipe = validate_recipe(dict(record["recipe_config"]), where)
+        return full_model(recipe) if adapter else recipe
     name = record.get("recipe")
     if not isinstance(name, str) or not name.strip():
         raise UserError(f"{command}: {where} names no recipe; pass --recipe")
@@ -173,7 +171,7 @@ def _exported_recipe(path: Path, command: str, adapter: bool = False) -> Any:
             f"{command}: {where} names recipe {name!r}, which is not in the catalog; pass "
             "--recipe with the recipe file the run used"
         )
-    return load_recipe(name)
+    return full_model(load_recipe(name)) if adapter else load_recipe(name)
 
 
 def _check_recorded_model(source: Source, recipe: Any, command: str) -> None:
@@ -197,10 +195,21 @@ def _check_recorded_model(source: Source, recipe: Any, command: str) -> None:
 
 
 def full_model(recipe: Any) -> Any:
-    """The recipe for the model with any LoRA adapter merged in: its `model.lora` dropped."""
+    """The recipe for the model with any LoRA adapter merged in: its `model.lora` dropped, and
+    a reference scored in the trainer (the base with the adapter off, which a full model has
+    not) made one of its own, as in the full-parameter recipes: a recipe that validates, for
+    eval's generator and the merged folder's record."""
+    from recipes.service_sections import ReferenceLayout
+
     if recipe.model.lora is None:
         return recipe
-    return recipe.model_copy(update={"model": recipe.model.model_copy(update={"lora": None})})
+    layout = recipe.layout
+    if layout.reference.device == "trainer":
+        device = ReferenceLayout.model_fields["device"].default
+        reference = layout.reference.model_copy(update={"device": device})
+        layout = layout.model_copy(update={"reference": reference})
+    model = recipe.model.model_copy(update={"lora": None})
+    return recipe.model_copy(update={"model": model, "layout": layout})
 
 
 def held_out_prompts(recipe: Any) -> list[Any]:

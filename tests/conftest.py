@@ -93,6 +93,21 @@ def _describe(failure: Any) -> str:
         return repr(failure)
 
 
+@pytest.fixture(scope="session")
+def tiny_lora_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """(run dir, output) of a real `tiny-lora` run, uninterrupted, in lock-step (tests/
+    fault_runs.py's lock_step_args): what test_faults.py resumes a LoRA run against, and the
+    run whose checkpoints test_lora_runs.py exports and evaluates (one run for both: each is
+    half a minute of the suite)."""
+    from fault_runs import STEPS, RuntimeRun, lock_step_args
+
+    run_dir = tmp_path_factory.mktemp("tiny-lora") / "run"
+    run = RuntimeRun(lock_step_args(run_dir, recipe="tiny-lora"))
+    assert run.finish(timeout=600) == 0, run.output
+    assert f"finished at step {STEPS}" in run.output, run.output
+    return run_dir, run.output
+
+
 @pytest.fixture
 def token_batch() -> Any:
     """`token_batch(vocab, rows, width, prompt=8, seed=0, short=None, empty=False)`: random

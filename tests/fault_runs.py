@@ -35,9 +35,20 @@ from runtime.control.metrics import read_metrics
 from runtime.procs.host import STACKS_SIGNAL, STACKS_THREAD
 
 STARTUP_TIMEOUT_S = 600.0
+# The runs tests/test_faults.py interrupts and compares: this many steps, a checkpoint every
+# EVERY, in lock-step (`grpo.max_policy_age=0`: deterministic, see test_faults.py).
+STEPS, EVERY = 8, 2
 KINDS = ("checkpoint_write", "weight_sync", "step", "startup", "restore")
 _STEP_LINE = re.compile(r"^step (\d+)/(\d+) ")
 _RESUMED = re.compile(r"^resumed from step (\d+)")
+
+
+def lock_step_args(run_dir: Path, *extra: str, recipe: str = "tiny") -> list[str]:
+    """`python -m runtime` arguments of a lock-step run of `recipe` (STEPS, EVERY) in `run_dir`."""
+    return [
+        "--recipe", recipe, "--steps", str(STEPS), "--checkpoint-every", str(EVERY),
+        "--set", "grpo.max_policy_age=0", "--run-dir", str(run_dir), *extra,
+    ]  # fmt: skip
 
 
 class RunEnded(AssertionError):

@@ -1,6 +1,7 @@
 """Preemption on CPU with real processes: kill -9 and SIGTERM, restart, resume, same result.
 
-All runs here are the tiny recipe for 8 steps with a checkpoint every 2, in lock-step
+All runs here are the tiny recipe (the SIGTERM test also tiny-lora, a LoRA run) for 8 steps with
+a checkpoint every 2, in lock-step
 (`grpo.max_policy_age=0`: a rollout starts only once the generator holds the version that will
 train on it), which makes a run deterministic: generation seeds come from a call counter saved in
 the checkpoint, and every process uses the same thread count, so an interrupted run that resumes
@@ -27,9 +28,11 @@ from pathlib import Path
 import pytest
 import torch
 from fault_runs import (
+    STEPS,
     Point,
     RuntimeRun,
     final_weights,
+    lock_step_args,
     partial_dirs,
     raw_metrics,
     run_to_point,
@@ -45,16 +48,11 @@ from runtime.control.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
-STEPS, EVERY = 8, 2
 # Fields that depend only on what was trained on (timings do not).
 DETERMINISTIC = ("reward/mean", "reward/std", "loss", "kl", "policy_version", "response/len_mean")
 
 
-def args(run_dir: Path, *extra: str) -> list[str]:
-    return [
-        "--recipe", "tiny", "--steps", str(STEPS), "--checkpoint-every", str(EVERY),
-        "--set", "grpo.max_policy_age=0", "--run-dir", str(run_dir), *extra,
-    ]  # fmt: skip
+args = lock_step_args
 
 
 @pytest.fixture(scope="module")
@@ -177,11 +175,18 @@ def test_kill_9_at_random_points_resumes_from_the_last_committed_checkpoint(
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.parametrize("recipe", ["tiny", "tiny-lora"])
 def test_sigterm_checkpoints_exits_0_and_the_resumed_run_matches_an_uninterrupted_one(
-    reference: Path, tmp_path: Path
+    recipe: str, request: pytest.FixtureRequest, tmp_path: Path
 ):
+    """Also for a LoRA run (its checkpoint: the adapter, its moments, the scheduler and the
+    step; the frozen base is the seeded init again), resumed in lock-step to the same bits."""
+    if recipe == "tiny":
+        reference = request.getfixturevalue("reference")
+    else:
+        reference = request.getfixturevalue("tiny_lora_run")[0]
     run_dir = tmp_path / "run"
-    first = RuntimeRun(args(run_dir, "--wandb", "offline"))
+    first = RuntimeRun(args(run_dir, "--wandb", "offline", recipe=recipe))
     first.wait_line(r"^step 3/", timeout=600)
     first.proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
@@ -194,7 +199,7 @@ def test_sigterm_checkpoints_exits_0_and_the_resumed_run_matches_an_uninterrupte
     time.sleep(0.5)
     assert session_pids(first.proc.pid) == []
 
-    second = RuntimeRun(args(run_dir, "--wandb", "offline"))
+    second = RuntimeRun(args(run_dir, "--wandb", "offline", recipe=recipe))
     assert second.finish(timeout=600) == 0, second.output
     assert second.resumed_from() == stopped_at, second.output
     # resumed exactly where it stopped: no step redone, none missing, one file
@@ -206,7 +211,10 @@ def test_sigterm_checkpoints_exits_0_and_the_resumed_run_matches_an_uninterrupte
     assert [{k: r[k] for k in DETERMINISTIC} for r in ours] == [
         {k: r[k] for k in DETERMINISTIC} for r in theirs
     ]
-    assert tensors_differ(final_weights(run_dir), final_weights(reference)) == []
+    final = final_weights(run_dir)
+    assert tensors_differ(final, final_weights(reference)) == []
+    if recipe == "tiny-lora":  # what it resumed and compared is the adapter alone
+        assert final["model"] and all(".lora_" in k for k in final["model"]), list(final["model"])
 
     # the W&B run continues under the id the checkpoint carried
     state = torch.load(

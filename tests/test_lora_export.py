@@ -14,7 +14,7 @@ from test_peft_format import random_adapter
 from transformers import AutoModelForCausalLM
 
 from launcher.cli import main
-from recipes import load_recipe
+from recipes import apply_overrides, load_recipe, validate_recipe
 from recipes.run_sections import Lora
 from runtime import export
 from runtime.backends import build
@@ -28,9 +28,18 @@ TOKENS = torch.tensor([[1, 5, 9, 2, 7, 13, 11, 4], [3, 3, 8, 10, 1, 0, 6, 2]])  
 
 
 def lora_recipe():
-    """`tiny` with LoRA, as a LoRA run records it."""
-    tiny = load_recipe("tiny")
-    return tiny.model_copy(update={"model": tiny.model.model_copy(update={"lora": LORA})})
+    """`tiny` with LoRA, as a LoRA run records it (its reference in the trainer)."""
+    recipe = apply_overrides(
+        load_recipe("tiny"),
+        [
+            "model.lora.rank=8",
+            "model.lora.alpha=16",
+            "model.lora.targets=[q_proj,v_proj,down_proj]",
+            "layout.reference.device=trainer",
+        ],
+    )
+    assert recipe.model.lora == LORA
+    return recipe
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +150,18 @@ def test_full_model_drops_only_the_adapter():
     assert full_model(recipe).model.lora is None
     assert full_model(recipe).model.model_dump(exclude={"lora"}) == recipe.model.model_dump(
         exclude={"lora"}
+    )
+
+
+def test_full_model_of_a_lora_recipe_is_a_recipe_that_validates():
+    # a LoRA recipe scores its reference in the trainer, which only a LoRA run can: the full
+    # model (eval's generator, the merged folder's record) has a reference of its own
+    recipe = load_recipe("tiny-lora")
+    full = full_model(recipe)
+    assert full.layout.reference.device == "gpu" and full.layout.reference.enabled
+    assert validate_recipe(full.model_dump(mode="json"), "merged") == full
+    assert full.layout.model_dump(exclude={"reference"}) == recipe.layout.model_dump(
+        exclude={"reference"}
     )
 
 

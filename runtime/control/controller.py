@@ -238,7 +238,7 @@ class Controller:
                 f"checkpoint step {self.step} -> {saved[-1].path} (already committed)", flush=True
             )
             return saved[-1].path
-        total = checkpoint_bytes(self.recipe.arch)
+        total = checkpoint_bytes(self.recipe.arch, self.recipe.model.lora)
         if not self._room_for(root, total):
             return None
         partial = checkpoint.begin(root, self.step)

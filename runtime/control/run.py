@@ -10,9 +10,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from recipes import UserError
 from recipes.architectures import same_shapes
 from recipes.memory import checkpoint_bytes, model_file_bytes
+from recipes.names import ALL_LINEAR, LORA_TARGETS
+from recipes.run_sections import Lora
 from runtime.control import checkpoint
 from runtime.control.checkpoint import approx_size
 from runtime.control.config import RunConfig
@@ -118,16 +122,80 @@ def _check_same_model(config: RunConfig, saved: list[checkpoint.Checkpoint]) -> 
     if not saved:
         return
     _, data = _read_record(config.run_dir)
+    new = config.recipe.model
     if not is_run_record(data):
-        return  # nothing recorded to compare: the trainer's load says what does not fit
-    old, new = data["model"], config.recipe.model
-    if same_shapes(old, new.family, new.size):
+        # nothing recorded (a run dir whose config.json was lost): the checkpoint's metadata
+        # says whether it holds an adapter, of which rank and targets
+        _check_same_training(config, _saved_training(saved), new.lora)
         return
+    old = data["model"]
+    if not same_shapes(old, new.family, new.size):
+        raise UserError(
+            f"run dir {config.run_dir} holds checkpoints of {old.get('hf_id')} "
+            f"({old.get('family')} {old.get('size')}) and this recipe trains {new.hf_id} "
+            f"({new.family} {new.size}): it cannot resume them; use a new --run-dir"
+        )
+    try:
+        recorded = _recorded_training(old.get("lora"))
+    except ValidationError:  # a hand-edited record: the checkpoint itself says
+        recorded = _saved_training(saved)
+    _check_same_training(config, recorded, new.lora)
+
+
+# What a run dir's checkpoints train: None for every parameter, else a LoRA adapter's (rank,
+# alpha or None where unknown, targets as Hugging Face projection names).
+Training = tuple[int, float | None, tuple[str, ...]] | None
+
+
+def _recorded_training(lora: Any) -> Training:
+    """What the recorded config's `model.lora` trained (as Lora dumps it)."""
+    if lora is None:
+        return None
+    section = Lora.model_validate(lora)
+    return section.rank, section.scaling_alpha, section.modules
+
+
+def _saved_training(saved: list[checkpoint.Checkpoint]) -> Training:
+    """What the newest whole checkpoint trained, from its metadata (torch: loaded only here).
+    Damaged ones are the resume's to report, which skips them as this does."""
+    from runtime.backends.checkpoint_read import saved_kind
+
+    for ckpt in reversed(saved):
+        try:
+            checkpoint.verify(ckpt)
+        except UserError:
+            continue
+        kind = saved_kind(ckpt.path)
+        return None if kind[0] == "full" else (kind[1], None, kind[2])
+    return None
+
+
+def _check_same_training(config: RunConfig, old: Training, lora: Any) -> None:
+    """A LoRA adapter's checkpoints resume only into the same adapter (rank, alpha, targets),
+    and a full run's only into a full run: the optimizer holds other parameters otherwise."""
+    new = None if lora is None else (lora.rank, lora.scaling_alpha, lora.modules)
+    if old is None and new is None:
+        return
+    if old is not None and new is not None:
+        if old[0] == new[0] and old[2] == new[2] and old[1] in (None, new[1]):
+            return
+        trains = f"one of {_adapter_words(new, old[1] is not None)}"
+    else:
+        trains = "every parameter" if new is None else f"a LoRA adapter ({_adapter_words(new)})"
+    holds = "every parameter" if old is None else f"a LoRA adapter ({_adapter_words(old)})"
     raise UserError(
-        f"run dir {config.run_dir} holds checkpoints of {old.get('hf_id')} "
-        f"({old.get('family')} {old.get('size')}) and this recipe trains {new.hf_id} "
-        f"({new.family} {new.size}): it cannot resume them; use a new --run-dir"
+        f"run dir {config.run_dir} holds checkpoints of {holds} and this recipe trains "
+        f"{trains}: it cannot resume them; use a new --run-dir"
     )
+
+
+def _adapter_words(training: Training, alpha: bool = True) -> str:
+    """ "rank 8, alpha 16 on all-linear": an adapter as the recipe's model.lora names it."""
+    assert training is not None
+    rank, scaling_alpha, modules = training
+    shown = f", alpha {scaling_alpha:g}" if alpha and scaling_alpha is not None else ""
+    where = ALL_LINEAR if modules == LORA_TARGETS else ", ".join(modules)
+    return f"rank {rank}{shown} on {where}"
 
 
 def _check_steps_left(config: RunConfig, saved: list[checkpoint.Checkpoint]) -> None:
@@ -172,17 +240,35 @@ def finished_already(config: RunConfig) -> bool:
         print(f"{done}, nothing started", flush=True)
         print(no_room, file=sys.stderr, flush=True)
         return True
-    size = approx_size(model_file_bytes(config.recipe))
+    what, size, written = _model_words(config)
     print(
-        f"{done}, no service started; writing its model from that checkpoint ({size} of "
-        f"{config.recipe.model.dtype} safetensors) ...",
+        f"{done}, no service started; writing its {what} from that checkpoint ({size}) ...",
         flush=True,
     )
     from runtime.export import write_run_model
 
     write_run_model(run_dir, config.recipe, steps)
-    print(f"model -> {model} (Hugging Face format: transformers, vLLM)", flush=True)
+    print(written, flush=True)
     return True
+
+
+def _model_words(config: RunConfig) -> tuple[str, str, str]:
+    """What RUN_DIR/model is, its size and files, and the line that says it is written: a
+    full model, or a LoRA run's adapter as a PEFT folder."""
+    recipe, model = config.recipe, config.run_dir / "model"
+    size = approx_size(model_file_bytes(recipe))
+    if recipe.model.lora is None:
+        return (
+            "model",
+            f"{size} of {recipe.model.dtype} safetensors",
+            f"model -> {model} (Hugging Face format: transformers, vLLM)",
+        )
+    return (
+        "adapter",
+        f"{size} of fp32 safetensors",
+        f"adapter -> {model} (PEFT; `forgesky export {config.run_dir} --merge --out DIR` for a "
+        "full model)",
+    )
 
 
 def _model_step(model: Path) -> int | None:
@@ -201,7 +287,7 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
 
     recipe = config.recipe
     print(config.plan.describe(), flush=True)
-    warning = room_warning(config.checkpoint_dir, checkpoint_bytes(recipe.arch))
+    warning = room_warning(config.checkpoint_dir, checkpoint_bytes(recipe.arch, recipe.model.lora))
     if warning:
         print(warning, file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -263,25 +349,10 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
             "step": controller.step,
             "run_dir": str(config.run_dir),
         }
-        model = config.run_dir / "model"
-        if recipe.model.lora is None:
-            size = approx_size(model_file_bytes(recipe))
-            print(f"writing the model ({size} of {recipe.model.dtype} safetensors) ...", flush=True)
-            await controller.services.export(str(model), provenance)
-            print(f"model -> {model} (Hugging Face format: transformers, vLLM)", flush=True)
-        else:
-            from runtime.backends.build import model_spec
-            from runtime.models.peft_format import adapter_layout
-
-            layout = adapter_layout(model_spec(recipe), recipe.model.lora)
-            size = approx_size(4 * sum(rows * cols for rows, cols in layout.values()))
-            print(f"writing the adapter ({size} of fp32 safetensors) ...", flush=True)
-            await controller.services.export(str(model), provenance)
-            print(
-                f"adapter -> {model} (PEFT; `forgesky export {config.run_dir} --merge --out DIR` "
-                "for a full model)",
-                flush=True,
-            )
+        what, size, written = _model_words(config)
+        print(f"writing the {what} ({size}) ...", flush=True)
+        await controller.services.export(str(config.run_dir / "model"), provenance)
+        print(written, flush=True)
     status = "finished" if finished else "stopped"
     print(f"{status} at step {controller.step}; outputs in {config.run_dir}", flush=True)
 

@@ -29,7 +29,11 @@ async def each_rank(
     ends the wait: its peers may be waiting for it in a collective (a rank out of memory in its
     loss leaves the others in the backward's reduce-scatter) and would never answer. Where that
     first failure is a consequence of another's (`failures.is_consequence`), the others get
-    `grace` s to fail too, and the one raised is `failures.first_cause` of them all."""
+    `grace` s to fail too, and the one raised is `failures.first_cause` of them all.
+
+    Every rank's message is sent before the first await: two calls in flight at once (a LoRA
+    run's train step and reference scoring, both collectives) reach every rank in the same
+    order, as Monarch delivers one sender's messages to an actor in order."""
     ranks = mesh.flatten("rank")
     calls = [
         asyncio.ensure_future(_awaited(getattr(ranks.slice(rank=i), endpoint).call_one(*args)))

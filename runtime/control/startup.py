@@ -200,7 +200,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
         )
     _say_sm_shares(answers, gens, reference is not None)
     if info.get("checkpoint_copy"):
-        size = approx_size(checkpoint_bytes(recipe.arch))
+        size = approx_size(checkpoint_bytes(recipe.arch, recipe.model.lora))
         print(
             f"trainer: its host copy for checkpoints ({size} over its ranks, pinned) was started "
             "while the other services started",
