@@ -154,6 +154,14 @@ def _lora_errors(r: Recipe) -> list[str]:
                 f"model.lora.rank: {lora.rank} exceeds {VLLM_LORA_RANKS[-1]}, the largest LoRA "
                 "rank vLLM serves (the GPU generator); lower it"
             )
+        if r.arch.vocab_size < r.arch.dim and _vllm(r):
+            # vLLM 0.24 warms its LoRA layers up with a dummy adapter on the output head too,
+            # sized by the hidden size along the vocabulary (a copy that fails when it is larger)
+            errors.append(
+                f"model.lora: vLLM serves LoRA only for a vocabulary at least the hidden size "
+                f"(the {fam} {size} model has {r.arch.vocab_size} tokens, hidden size "
+                f"{r.arch.dim}); set generator.backend=hf"
+            )
         if r.weight_sync.push_buffer == "groups":
             errors.append(
                 "weight_sync.push_buffer: groups streams a full model's blocks; a LoRA version "

@@ -69,14 +69,17 @@ def test_tiny_gpu_learns_on_one_gpu_colocated(tmp_path: Path, nothing_left, loss
 
 # An adapter on tiny-gpu's frozen random base: rank 16 (10 % of the model's parameters) at
 # lr 3e-3 reached a mean reward of 0.82 by step 30 and 0.85 at step 60 in the same loop on a CPU
-# (float32, the HF generator); 2e-2 did not learn in 60 steps.
-LORA_SETTINGS = ("model.lora.rank=16", "grpo.learning_rate=3e-3")
+# (float32); 2e-2 did not learn in 60 steps. vLLM serves no LoRA for tiny-gpu's 14-token
+# vocabulary (recipes refuse it), so the HF generator samples here; vLLM's adapters are
+# tests/test_gpu_lora.py's, and a qwen3-8b-lora run's (bench/gpu_grpo.py).
+LORA_SETTINGS = ("model.lora.rank=16", "grpo.learning_rate=3e-3", "generator.backend=hf")
 
 
-def test_tiny_gpu_learns_with_a_lora_adapter_through_vllm(tmp_path: Path, nothing_left):
-    """tiny-gpu as a LoRA run on one GPU: vLLM loads the frozen base itself and serves each
-    version as an adapter (one folder in /dev/shm each), the weights going by CUDA IPC; the
-    policy learns, and the run leaves a PEFT adapter folder that `forgesky eval` takes."""
+def test_tiny_gpu_learns_with_a_lora_adapter(tmp_path: Path, nothing_left):
+    """tiny-gpu as a LoRA run on one GPU: the FSDP trainer keeps the base frozen in bf16 and
+    trains the adapter alone, each version is the adapter (merged by the generator into its own
+    copy of the base), the policy learns, and the run leaves a PEFT adapter folder that
+    `forgesky eval` takes."""
     run_dir = tmp_path / "run"
     args = ["--recipe", "tiny-gpu", "--gpus", "1", "--run-dir", str(run_dir)]
     sets = [x for s in ("layout.share=all", *LORA_SETTINGS) for x in ("--set", s)]
@@ -84,14 +87,13 @@ def test_tiny_gpu_learns_with_a_lora_adapter_through_vllm(tmp_path: Path, nothin
     code, out = finish(proc, timeout=900)
     print(out)
     assert code == 0, out
-    assert "LoRA rank 16" in out and "max_lora_rank 16" in out
+    assert "LoRA rank 16" in out and "FSDPTrainer" in out
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 61))
     first = statistics.mean(r["reward/mean"] for r in rows[:5])
     last = statistics.mean(r["reward/mean"] for r in rows[-5:])
     print(f"reward: first five steps {first:.3f}, last five {last:.3f}")
     assert first < 0.3 and last >= 0.7, (first, last)
-    # a version is the adapter alone: rank x (in + out) of 7 projections in 4 blocks, in bf16
     print("sync/ready_s", [round(r["sync/ready_s"], 4) for r in rows[1:6]])
     assert {p.name for p in (run_dir / "model").iterdir()} >= {
         "adapter_config.json",

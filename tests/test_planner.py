@@ -698,10 +698,14 @@ def test_no_accepted_plan_puts_more_on_a_gpu_while_the_trainer_steps_than_the_gp
     accepted = 0
     for name in list_recipes():
         for age in (0, 1):
-            r = recipe(
-                name, "layout.share=auto", f"grpo.max_policy_age={age}",
-                f"resources.accelerator={accelerator}",
-            )  # fmt: skip
+            try:
+                r = recipe(
+                    name, "layout.share=auto", f"grpo.max_policy_age={age}",
+                    f"resources.accelerator={accelerator}",
+                )  # fmt: skip
+            except UserError:  # tiny-lora on a GPU: vLLM serves no LoRA for its 14-token model
+                assert name == "tiny-lora"
+                continue
             if r.cpu:
                 continue
             for gpus in (1, 2, 3, 4, 5, 8):

@@ -124,7 +124,7 @@ GROUPS: dict[str, Group] = {
     "lora": Group(
         1,
         6.0,
-        (R + "test_tiny_gpu_learns_with_a_lora_adapter_through_vllm", "tests/test_gpu_lora.py"),
+        (R + "test_tiny_gpu_learns_with_a_lora_adapter", "tests/test_gpu_lora.py"),
     ),
 }
 
