@@ -17,6 +17,17 @@ reward of 0.8 in about 30 steps where 16 need about 47 (fewer, larger steps win 
 also pays the pipeline's fixed overhead); lr 5e-3 was the most consistent across seeds (1e-2 is
 faster on some seeds and wobbles on others); per-position credit (instead of prefix credit) lets
 the policy collapse onto constant digits first and learns far slower.
+
+With --lora-rank (the `tiny-lora` recipe) only an adapter trains, on the frozen random base, and
+the frozen tied head is the limit: its rows have norm ~0.16 and the final norm fixes the hidden
+state's, so at temperature 1 no hidden state gives one digit more than ~0.22 of the probability
+and no lr (1e-2 .. 1e-1), rank (8 .. 64) or alpha (rank .. 4 x rank) lifts the mean reward
+over 5 steps above ~0.12. Sampling at temperature 0.2 raises that bound to ~0.98; there rank 16,
+alpha 32, lr 7e-3 decaying linearly over 150 steps reaches 0.8 on seeds 0-7 (bench/results/tiny_lora_learning.json; the sweep behind
+it: bench/results/tiny_lora_sweep.json):
+
+    .venv/bin/python bench/tiny_learning.py --lora-rank 16 --lr 7e-3 --temperature 0.2 \\
+        --lr-schedule linear --steps 150 --seed 0-7 --out bench/results/tiny_lora_learning.json
 """
 
 from __future__ import annotations
@@ -298,6 +309,10 @@ def run(args: argparse.Namespace, point: Point, verbose: bool) -> dict[str, Any]
         "reached": reached,
         "first3": round(statistics.mean(rewards[:3]), 4),
         "last5": round(statistics.mean(rewards[-5:]), 4),
+        # the plateau where a run never reaches the target
+        "best5": round(
+            max(statistics.mean(rewards[i : i + 5]) for i in range(len(rewards) - 4)), 4
+        ),
         "per_step_ms": breakdown,
         "curve": {key: [c[key] for c in curve] for key in curve[0]},
     }
@@ -322,6 +337,7 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "reached": sum(s is not None for s in steps),
                 "first3": [r["first3"] for r in group],
                 "last5": [r["last5"] for r in group],
+                "best5": [r["best5"] for r in group],
                 "min_last5": min(r["last5"] for r in group),
                 "max_first3": max(r["first3"] for r in group),
             }
@@ -342,13 +358,17 @@ def dumps(value: Any, indent: str = "") -> str:
 
 
 def summary_table(runs: list[dict[str, Any]], target: float) -> str:
-    lines = [f"steps to a mean reward of {target} (-: not reached); min last-5 mean; max first-3"]
+    lines = [
+        f"steps to a mean reward of {target} (-: not reached); the lowest last-5 mean, "
+        "the highest mean over any 5 steps, the highest first-3 mean"
+    ]
     for row in summary(runs):
         steps = " ".join("-" if s is None else str(s) for s in row["steps_to_target"])
         lines.append(
             f"lr={row['lr']:g} T={row['temperature']:g} rank={row['lora_rank']} "
             f"alpha={row['lora_alpha']:g}: {row['reached']}/{len(row['seeds'])} [{steps}]  "
-            f"last5>={row['min_last5']:.3f}  first3<={row['max_first3']:.3f}"
+            f"last5>={row['min_last5']:.3f}  best5<={max(row['best5']):.3f}  "
+            f"first3<={row['max_first3']:.3f}"
         )
     return "\n".join(lines)
 
