@@ -42,6 +42,9 @@ EXPORT_RECORD = "forgesky.json"
 # The files of a LoRA adapter folder (runtime.models.peft_format's, named here too: a SOURCE is
 # told apart before torch loads).
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# A recipe without its adapter has no base in the trainer to score the reference: it goes back
+# to the schema's default device (nothing here runs it; the recipe must only validate).
+_OWN_DEVICE = "gpu"
 
 
 def resolve_source(text: str, command: str = "eval") -> Source:
@@ -164,6 +167,9 @@ def _exported_recipe(path: Path, command: str, adapter: bool = False) -> Any:
         data = dict(record["recipe_config"])
         if adapter and isinstance(data.get("model"), dict):
             data["model"] = {k: v for k, v in data["model"].items() if k != "lora"}
+            reference = data.get("layout", {}).get("reference")
+            if isinstance(reference, dict) and reference.get("device") == "trainer":
+                data["layout"]["reference"] = {**reference, "device": _OWN_DEVICE}
         return validate_recipe(data, where)
     name = record.get("recipe")
     if not isinstance(name, str) or not name.strip():
@@ -197,10 +203,16 @@ def _check_recorded_model(source: Source, recipe: Any, command: str) -> None:
 
 
 def full_model(recipe: Any) -> Any:
-    """The recipe for the model with any LoRA adapter merged in: its `model.lora` dropped."""
+    """The recipe for the model with any LoRA adapter merged in: its `model.lora` dropped, and
+    a reference in the trainer (which only a LoRA run has) back to its own device."""
     if recipe.model.lora is None:
         return recipe
-    return recipe.model_copy(update={"model": recipe.model.model_copy(update={"lora": None})})
+    layout = recipe.layout
+    if layout.reference.in_trainer:
+        reference = layout.reference.model_copy(update={"device": _OWN_DEVICE})
+        layout = layout.model_copy(update={"reference": reference})
+    model = recipe.model.model_copy(update={"lora": None})
+    return recipe.model_copy(update={"model": model, "layout": layout})
 
 
 def held_out_prompts(recipe: Any) -> list[Any]:
