@@ -226,11 +226,15 @@ def test_a_lora_recipe_is_its_parents_run_with_an_adapter(name):
     parent = name.removesuffix("-lora")
     r, full = load_recipe(name), load_recipe(parent)
     lora = r.model.lora
-    rank = 8 if r.cpu else 16
-    assert (lora.rank, lora.scaling_alpha, lora.targets) == (rank, 2 * rank, "all-linear")
+    assert (lora.rank, lora.scaling_alpha, lora.targets) == (16, 32, "all-linear")
     assert r.layout.reference.in_trainer and full.model.lora is None
     assert r.model.model_copy(update={"lora": None}) == full.model
     assert (r.dataset, r.eval, r.resources) == (full.dataset, full.eval, full.resources)
     assert r.grpo.learning_rate > full.grpo.learning_rate  # an adapter takes larger steps
-    same = r.grpo.model_copy(update={"learning_rate": full.grpo.learning_rate})
-    assert same == full.grpo
+    changed = {"learning_rate": full.grpo.learning_rate}
+    if r.cpu:
+        # the frozen random head caps the reward near 0.1 at temperature 1; tiny-lora samples
+        # at 0.2 and takes longer (bench/results/tiny_lora_learning.json)
+        assert (r.grpo.temperature, r.grpo.steps) == (0.2, 150)
+        changed |= {"temperature": full.grpo.temperature, "steps": full.grpo.steps}
+    assert r.grpo.model_copy(update=changed) == full.grpo

@@ -170,3 +170,12 @@ def test_eval_tells_an_adapter_folder_by_the_files_peft_format_writes():
     from runtime.models.peft_format import WEIGHTS_FILE
 
     assert set(ADAPTER_FILES) == {CONFIG_FILE, WEIGHTS_FILE}
+
+
+def test_a_lora_recipe_without_its_adapter_is_a_valid_recipe():
+    # (forgesky eval of a tiny-lora run or its adapter folder refused the recipe it merged to:
+    # its reference stayed in the trainer, which only a LoRA run has)
+    merged = full_model(load_recipe("tiny-lora"))
+    assert merged.model.lora is None and not merged.layout.reference.in_trainer
+    again = validate_recipe(merged.model_dump(mode="json"), "tiny-lora merged")
+    assert again.layout.reference.enabled and again.model.lora is None

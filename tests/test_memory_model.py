@@ -233,7 +233,7 @@ def test_the_trainer_estimate_covers_every_measured_step_and_start_up():
         ("qwen3-8b-lora", 36 * 16 * (2 * 8192 + 2 * 5120 + 3 * 16384)),
         ("llama3.1-8b-lora", 32 * 16 * (2 * 8192 + 2 * 5120 + 3 * 18432)),
         ("qwen3-32b-lora", 64 * 16 * (2 * 13312 + 2 * 6144 + 3 * 30720)),
-        ("tiny-lora", 2 * 8 * (2 * 128 + 2 * 96 + 3 * 192)),
+        ("tiny-lora", 2 * 16 * (2 * 128 + 2 * 96 + 3 * 192)),
     ],
 )
 def test_the_adapter_is_rank_times_in_plus_out_of_each_projection(name, adapter):

@@ -881,7 +881,7 @@ def test_a_lora_version_is_the_adapter_on_every_path():
 def test_the_cpu_lora_plan_runs_no_reference_process():
     p = plan(load_recipe("tiny-lora"), 0)
     assert {x.service for x in p.placements} == {"generator", "trainer", "reward"}
-    assert p.reference_in_trainer and p.lora.startswith("LoRA rank 8, alpha 16 on q, k, v, o")
+    assert p.reference_in_trainer and p.lora.startswith("LoRA rank 16, alpha 32 on q, k, v, o")
     assert p.settings.generator.max_lora_rank is None  # transformers' generate merges it
     assert "max_lora" not in p.describe()
     assert p.settings.reference.ranks == p.settings.trainer.ranks

@@ -100,6 +100,40 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left, loss):
     assert any(p.name.startswith("step_") for p in (run_dir / "checkpoints").iterdir())
 
 
+def test_tiny_lora_run_trains_the_adapter_alone_and_leaves_a_peft_folder(
+    tmp_path: Path, nothing_left
+):
+    """`forgesky local tiny-lora` (the same entry point): no reference proc, the reference's kl
+    is 0 before the adapter moves, the reward rises, the run leaves a PEFT adapter folder and
+    `forgesky eval` reads the run. Learning to 0.8 is test_tiny's (in process, 150 steps)."""
+    run_dir = tmp_path / "run"
+    proc = start(["--recipe", "tiny-lora", "--steps", "30", "--run-dir", str(run_dir)])
+    code, out = finish(proc, timeout=600)
+    assert code == 0, out
+    nothing_left(out, proc.pid)
+    assert "reference (in the trainer)" in out
+    assert not any(line.strip().startswith("reference ready") for line in out.splitlines()), out
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 31))
+    assert rows[0]["kl"] == 0  # B starts at zero: the policy is its base
+    first = sum(r["reward/mean"] for r in rows[:5]) / 5
+    last = sum(r["reward/mean"] for r in rows[-5:]) / 5
+    # over 30 steps the 5-step mean rose by 0.18-0.66 on seeds 0-7 (bench/tiny_learning.py
+    # --lag 1); a broken sign, advantage or adapter sync leaves it where it started
+    assert last >= first + 0.1, (first, last)
+    model = run_dir / "model"
+    assert f"adapter -> {model}" in out
+    assert (model / "adapter_model.safetensors").is_file()
+    config = json.loads((model / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 16, 32)
+    out_file = tmp_path / "eval.json"
+    assert cli_main(["eval", str(run_dir), "--out", str(out_file)]) == 0
+    offline = json.loads(out_file.read_text())
+    assert offline["step"] == 30 and 0 <= offline["eval/pass@1"] <= 1
+    final = [r for r in rows if "eval/pass@1" in r][-1]
+    assert offline["eval/pass@1"] == pytest.approx(final["eval/pass@1"])
+
+
 def test_a_run_with_wandb_offline_ends_without_a_traceback(tmp_path: Path, nothing_left):
     # (wandb's exit hook said goodbye to its service process after the run's clean-up had
     # ended it: a ConnectionResetError traceback after every run)
