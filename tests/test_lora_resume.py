@@ -20,7 +20,7 @@ from runtime.control import checkpoint
 from runtime.control.run import prepare_run_dir, recorded_config, write_recorded
 from runtime.entry import parse_config
 
-ADAPTER = "a LoRA adapter (rank 8, alpha 16 on all-linear)"
+ADAPTER = "a LoRA adapter (rank 16, alpha 32 on all-linear)"
 
 
 def run_dir_of(root: Path, recipe_name: str, *overrides: str, record: bool = True) -> Path:
@@ -118,9 +118,9 @@ def test_a_full_runs_checkpoints_do_not_resume_into_an_adapter(full_run):
 @pytest.mark.parametrize(
     ("change", "trains"),
     [
-        ("model.lora.rank=16", "rank 16, alpha 16 on all-linear"),
-        ("model.lora.alpha=8", "rank 8, alpha 8 on all-linear"),
-        ("model.lora.targets=[q_proj,v_proj]", "rank 8, alpha 16 on q_proj, v_proj"),
+        ("model.lora.rank=8", "rank 8, alpha 32 on all-linear"),
+        ("model.lora.alpha=8", "rank 16, alpha 8 on all-linear"),
+        ("model.lora.targets=[q_proj,v_proj]", "rank 16, alpha 32 on q_proj, v_proj"),
     ],
 )
 def test_an_adapter_of_another_rank_alpha_or_targets_is_refused(lora_run, change, trains):
@@ -135,7 +135,7 @@ def test_an_adapter_of_another_rank_alpha_or_targets_is_refused(lora_run, change
 
 def test_the_same_adapter_resumes(lora_run, full_run):
     check(lora_run, "tiny-lora")
-    # alpha left out is 2 x rank: the same adapter as alpha 16 at rank 8
+    # alpha left out is 2 x rank: the same adapter as alpha 32 at rank 16
     check(lora_run, "tiny-lora", "--set", "model.lora.alpha=null")
     check(full_run, "tiny")
 
@@ -146,13 +146,13 @@ def test_without_a_recorded_config_the_checkpoint_says_what_it_trained(tmp_path)
     line, _ = refused(tmp_path, python_m_runtime("tiny", "--run-dir", "run"))
     # rank and targets are in the checkpoint's shapes; alpha is not
     assert line == (
-        "forgesky: error: run dir run holds checkpoints of a LoRA adapter (rank 8 on "
+        "forgesky: error: run dir run holds checkpoints of a LoRA adapter (rank 16 on "
         "all-linear) and this recipe trains every parameter: it cannot resume them; use a new "
         "--run-dir"
     )
-    with pytest.raises(UserError, match=r"rank 8 on all-linear\) and this recipe trains one of "):
-        check(run, "tiny-lora", "--set", "model.lora.rank=16")
-    with pytest.raises(UserError, match=r"rank 8 on all-linear\) .* one of rank 8 on k_proj: it"):
+    with pytest.raises(UserError, match=r"rank 16 on all-linear\) and this recipe trains one of "):
+        check(run, "tiny-lora", "--set", "model.lora.rank=8")
+    with pytest.raises(UserError, match=r"rank 16 on all-linear\) .* one of rank 16 on k_proj: it"):
         check(run, "tiny-lora", "--set", "model.lora.targets=[k_proj]")
     check(run, "tiny-lora")
     check(run, "tiny-lora", "--set", "model.lora.alpha=4")  # (what it cannot know it lets by)
