@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from runtime.models.loading import WeightSource
+from runtime.models.peft_format import adapter_key
 from runtime.models.spec import ModelSpec
 
 # Hugging Face projection -> TorchTitan module name (recipes.names.LORA_TARGETS' order)
@@ -50,7 +51,7 @@ TITAN_NAMES = {
     "down_proj": "w2",
 }
 HF_NAMES = {titan: hf for hf, titan in TITAN_NAMES.items()}
-# where each projection sits in a block, on each side
+# where each projection sits in a TorchTitan block (PEFT's side: peft_format.adapter_key)
 _TITAN_PLACE = {
     "wq": "attention.qkv_linear",
     "wk": "attention.qkv_linear",
@@ -60,16 +61,6 @@ _TITAN_PLACE = {
     "w3": "feed_forward",
     "w2": "feed_forward",
 }
-_HF_PLACE = {
-    "q_proj": "self_attn",
-    "k_proj": "self_attn",
-    "v_proj": "self_attn",
-    "o_proj": "self_attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-}
-PEFT_PREFIX = "base_model.model.model.layers."
 _TITAN_KEY = re.compile(
     r"^layers\.(\d+)\.(?:attention\.qkv_linear|attention|feed_forward)\.(\w+)\.lora_([ab])\.weight$"
 )
@@ -214,7 +205,7 @@ def peft_state(
         if side == "b" and target in reorder:
             tensor = _rows(tensor, reorder[target])
         hf = HF_NAMES[target]
-        out[f"{PEFT_PREFIX}{layer}.{_HF_PLACE[hf]}.{hf}.lora_{side.upper()}.weight"] = tensor
+        out[adapter_key(int(layer), hf, side.upper())] = tensor
     return out
 
 
