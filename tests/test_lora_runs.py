@@ -93,7 +93,7 @@ def test_the_run_says_what_it_saves_at_the_adapters_size(tiny_lora_run):
 def test_the_exported_adapter_loads_in_peft_with_the_trainers_logits(run, exported):
     folder = exported["adapter"]
     config = json.loads((folder / CONFIG_FILE).read_text())
-    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 8, 16)
+    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 16, 32)
     assert sorted(config["target_modules"]) == sorted(RECIPE.model.lora.modules)
     # the adapter the run wrote at its end from the trainer's memory, bit for bit
     ours, at_end = load_file(folder / WEIGHTS_FILE), load_file(run / "model" / WEIGHTS_FILE)
