@@ -284,9 +284,11 @@ PLAN_TOKENS = (16384, 8192, 4096)
 # Share of the GPU's memory the trainer plans to use (the rest: allocator slack, NCCL, spikes).
 PLAN_HEADROOM = 0.9
 # A LoRA trainer on one rank without activation checkpointing: bytes a base parameter allowed
-# for the compiled blocks' and cuBLAS workspaces. Assumed (a full run's 10 less its autocast
-# copies and their gradients) until a GPU run measures it.
-LORA_ONE_RANK_WORKSPACE = 1
+# for the compiled blocks' and cuBLAS workspaces beyond the activations. None needed: qwen3-8b
+# rank 16, one H200, 8192 tokens a micro-batch, compiled, peaked at 67.4 GB in its step, where
+# the model without any says 82.5 (bench/results/gpu_h200_2026-11-28-lora; 1 a parameter was
+# assumed before and said 90.7).
+LORA_ONE_RANK_WORKSPACE = 0
 
 
 def trainer_fixed_bytes(
@@ -303,8 +305,8 @@ def trainer_fixed_bytes(
     With `lora`, the frozen base in bf16 and the adapter's state (`trainer_state_bytes`); several
     ranks hold two gathered blocks of bf16 base weights (no gradients); one rank needs no
     autocast copies of a bf16 base, and without checkpointing keeps LORA_ONE_RANK_WORKSPACE
-    bytes a parameter for the compiled blocks' and cuBLAS workspaces (assumed, not yet
-    measured); plus 3 GB."""
+    bytes a parameter for the compiled blocks' and cuBLAS workspaces (measured: none); plus
+    3 GB."""
     params = arch.params
     if lora is not None:
         if ranks > 1:

@@ -272,16 +272,16 @@ def test_a_lora_trainer_holds_the_bf16_base_and_the_adapters_state(name, tokens,
     assert trainer_fixed_bytes(arch, 2, True, lora) < trainer_fixed_bytes(arch, 2, True) / 4
 
 
-def test_one_lora_rank_without_checkpointing_keeps_an_assumed_workspace():
-    # no autocast copies of a bf16 base, but a workspace allowance of a byte a parameter until
-    # a GPU run measures it: qwen3-8b at 8192 tokens then does not fit an H100's plan
+def test_one_lora_rank_without_checkpointing_is_planned_above_its_measured_peak():
+    # no autocast copies of a bf16 base and no workspace beyond the activations: qwen3-8b rank
+    # 16 on one H200 at 8192 tokens, compiled, peaked at 67.4 GB in its step (the trainer's
+    # allocator; bench/results/gpu_h200_2026-11-28-lora): the estimate stays above it
     r = load_recipe("qwen3-8b-lora")
     arch, lora = r.arch, r.model.lora
-    assert LORA_ONE_RANK_WORKSPACE == 1
-    assert trainer_fixed_bytes(arch, 1, False, lora) - trainer_fixed_bytes(
-        arch, 1, True, lora
-    ) == pytest.approx(arch.params)
-    assert round(trainer_step_bytes(arch, 1, 8192, False, True, lora) / GB, 1) == 90.7
+    assert LORA_ONE_RANK_WORKSPACE == 0
+    assert trainer_fixed_bytes(arch, 1, False, lora) == trainer_fixed_bytes(arch, 1, True, lora)
+    estimate = trainer_step_bytes(arch, 1, 8192, False, True, lora) / GB
+    assert round(estimate, 1) == 82.5 and estimate > 67.4
 
 
 def test_a_lora_generator_reserves_vllms_adapter_slots():
