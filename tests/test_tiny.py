@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -100,6 +101,55 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def learn(
+    trainer: TitanTrainer,
+    generator: HFGenerator,
+    *,
+    steps: int,
+    seed: int,
+    prompts: int = 32,
+    group: int = 8,
+    max_tokens: int = 3,
+    temperature: float = 1.0,
+    scale_by_std: bool = True,
+    **loss: Any,
+) -> list[float]:
+    """GRPO on the tiny task, one process: sample, score, step, hand the trainer's version to
+    the generator; each step's mean reward."""
+    tok = tiny.tokenizer()
+    stream = TinyTask().prompts(seed=seed)
+    rewards = []
+    for _ in range(steps):
+        pairs = [next(stream) for _ in range(prompts)]
+        completions = generator.generate(
+            [tok(q)["input_ids"] for q, _ in pairs],
+            n=group,
+            max_new_tokens=max_tokens,
+            temperature=temperature,
+        )
+        texts = tok.batch_decode([c.response_ids for c in completions], skip_special_tokens=True)
+        r = torch.tensor(
+            [
+                tiny_reward(pairs[c.prompt_index][0], text, pairs[c.prompt_index][1])
+                for c, text in zip(completions, texts, strict=True)
+            ]
+        )
+        batch = collate(completions, pad_id=tok.pad_token_id)
+        trainer.train_step(
+            batch.tokens,
+            batch.response_mask,
+            group_advantages(r, group, scale_by_std=scale_by_std),
+            batch.logprobs,
+            None,
+            policy_loss,
+            max_response_tokens=max_tokens,
+            **loss,
+        )
+        generator.load_weights(trainer.hf_state_dict())
+        rewards.append(r.mean().item())
+    return rewards
+
+
 @pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo"])
 def test_random_policy_learns_the_task_with_every_loss(one_thread, loss):
     """The tiny recipe's promise, with each built-in loss: from random weights to mean reward
@@ -115,34 +165,10 @@ def test_random_policy_learns_the_task_with_every_loss(one_thread, loss):
         spec, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seed=0,
         weights=trainer.hf_state_dict(),
     )  # fmt: skip
-    stream = TinyTask().prompts(seed=0)
-    rewards = []
-    for _ in range(45):
-        pairs = [next(stream) for _ in range(32)]
-        completions = generator.generate(
-            [tok(q)["input_ids"] for q, _ in pairs], n=8, max_new_tokens=3
-        )
-        texts = tok.batch_decode([c.response_ids for c in completions], skip_special_tokens=True)
-        r = torch.tensor(
-            [
-                tiny_reward(pairs[c.prompt_index][0], text, pairs[c.prompt_index][1])
-                for c, text in zip(completions, texts, strict=True)
-            ]
-        )
-        batch = collate(completions, pad_id=tok.pad_token_id)
-        trainer.train_step(
-            batch.tokens,
-            batch.response_mask,
-            group_advantages(r, 8, scale_by_std=loss != "dr_grpo"),
-            batch.logprobs,
-            None,
-            policy_loss,
-            variant=loss,
-            clip_high=0.28,
-            max_response_tokens=3,
-        )
-        generator.load_weights(trainer.hf_state_dict())
-        rewards.append(r.mean().item())
+    rewards = learn(
+        trainer, generator, steps=45, seed=0,
+        scale_by_std=loss != "dr_grpo", variant=loss, clip_high=0.28,
+    )  # fmt: skip
     assert statistics.mean(rewards[:3]) < 0.1
     assert statistics.mean(rewards[-5:]) >= 0.8
 
@@ -166,38 +192,11 @@ def test_random_policy_learns_the_task_with_lora(one_thread):
     version = trainer.hf_state_dict()
     assert all(".lora_A." in k or ".lora_B." in k for k in version)
     generator.load_weights(version)
-    stream = TinyTask().prompts(seed=g.seed)
-    rewards = []
-    for _ in range(g.steps):
-        pairs = [next(stream) for _ in range(g.prompts_per_step)]
-        completions = generator.generate(
-            [tok(q)["input_ids"] for q, _ in pairs],
-            n=g.group_size,
-            max_new_tokens=g.max_response_tokens,
-            temperature=g.temperature,
-        )
-        texts = tok.batch_decode([c.response_ids for c in completions], skip_special_tokens=True)
-        r = torch.tensor(
-            [
-                tiny_reward(pairs[c.prompt_index][0], text, pairs[c.prompt_index][1])
-                for c, text in zip(completions, texts, strict=True)
-            ]
-        )
-        batch = collate(completions, pad_id=tok.pad_token_id)
-        trainer.train_step(
-            batch.tokens,
-            batch.response_mask,
-            group_advantages(r, g.group_size),
-            batch.logprobs,
-            None,
-            policy_loss,
-            variant=g.loss,
-            clip_low=g.clip_low,
-            clip_high=g.clip_high,
-            max_response_tokens=g.max_response_tokens,
-        )
-        generator.load_weights(trainer.hf_state_dict())
-        rewards.append(r.mean().item())
+    rewards = learn(
+        trainer, generator, steps=g.steps, seed=g.seed, prompts=g.prompts_per_step,
+        group=g.group_size, max_tokens=g.max_response_tokens, temperature=g.temperature,
+        variant=g.loss, clip_low=g.clip_low, clip_high=g.clip_high,
+    )  # fmt: skip
     windows = [statistics.mean(rewards[i : i + 5]) for i in range(len(rewards) - 4)]
     # seeds 0-7 (bench/results/tiny_lora_learning.json): first 3 steps <= 0.07, every seed's
     # 5-step mean reaches 0.8 (by step 94), and ends at 0.77-0.96
