@@ -2,7 +2,8 @@
 a GPU machine with vllm).
 
 The base is a small random Qwen3 saved as a Hugging Face folder, which the engine loads itself;
-versions are adapters alone (PEFT names), one folder in /dev/shm each. Sampled log-probs are
+versions are adapters alone (PEFT names), handed to vLLM from memory (or, as for an engine of
+other processes, as a folder in /dev/shm). Sampled log-probs are
 checked against the base with the adapter merged in Hugging Face names (runtime.models.peft_format)
 and scored by the trainer's code, within the tolerance tests/test_gpu_vllm.py uses.
 """
@@ -93,34 +94,66 @@ def test_the_ranks_an_engine_is_built_for_are_vllms():
     assert typing.get_args(MaxLoRARanks) == MAX_LORA_RANKS
 
 
-def test_each_version_is_a_folder_the_one_before_removed_and_samples_are_the_merged_model(
-    engine, w0
-):
+def _samples_are(engine, w0, tensors, others, seed):
+    """The engine's samples are `tensors`'s merged model's, and none of `others`'s."""
+    prompts = random_prompts(8, SMALL.vocab_size, seed=seed)
+    out = engine.generate(prompts, n=4, max_new_tokens=MAX_NEW, temperature=T, seed=seed + 2)
+    _assert_not_degenerate(out)
+    weights = merged(w0, tensors)
+    right = _assert_matches(out, weights, scorer(weights))
+    for name, other in others.items():
+        wrong = _mismatch(out, scorer(other))
+        print(f"against {name} {wrong.mean():.3f}")
+        assert wrong.mean() > 5 * right.mean()
+
+
+def test_each_version_goes_in_from_memory_the_one_before_removed(engine, w0):
+    """TP=1 in this process: a version's tensors go to vLLM's LoRA manager as they are, no
+    folder is written, and the samples are the merged model's."""
     slots, core = engine.slots, engine.llm.llm_engine
+    assert slots.from_memory is not None
     versions = {v: adapter(seed=v) for v in (0, 1)}
     engine.incoming_version = 0
     engine.load_weights(versions[0])
-    assert sorted(p.name for p in slots.folder(0).iterdir()) == [
-        "adapter_config.json",
-        "adapter_model.safetensors",
-    ]
     assert core.list_loras() == {1}
     engine.incoming_version = 1
     engine.load_weights(versions[1])
-    print(f"adapter version loaded in {engine.load_seconds * 1e3:.1f} ms")
-    assert sorted(p.name for p in slots.root.iterdir()) == ["v1"]
+    print(
+        f"adapter version loaded from memory in {engine.load_seconds * 1e3:.1f} ms "
+        f"({', '.join(f'{k} {v * 1e3:.1f} ms' for k, v in slots.timings.items())})"
+    )
+    assert not slots.root.exists()  # nothing written
     assert core.list_loras() == {2} and slots.current.lora_name == "policy-v1"
+    # what was handed over is untouched (vLLM folds the scale into its own copy)
+    assert all(torch.equal(v, adapter(seed=1)[k]) for k, v in versions[1].items())
+    _samples_are(
+        engine,
+        w0,
+        versions[1],
+        {"the base alone": w0, "version 0": merged(w0, versions[0])},
+        seed=1,
+    )
 
-    prompts = random_prompts(8, SMALL.vocab_size, seed=1)
-    out = engine.generate(prompts, n=4, max_new_tokens=MAX_NEW, temperature=T, seed=3)
-    _assert_not_degenerate(out)
-    weights = merged(w0, versions[1])
-    right = _assert_matches(out, weights, scorer(weights))
-    # the samples are version 1's: neither the base alone nor version 0 gives their log-probs
-    base_only = _mismatch(out, scorer(w0))
-    previous = _mismatch(out, scorer(merged(w0, versions[0])))
-    print(f"against the base alone {base_only.mean():.3f}, version 0 {previous.mean():.3f}")
-    assert base_only.mean() > 5 * right.mean() and previous.mean() > 5 * right.mean()
+
+def test_a_version_from_a_folder_as_an_engine_of_its_own_process_takes_it(engine, w0):
+    """The path for an engine whose workers are other processes (TP>1): a PEFT folder in
+    /dev/shm that vLLM's add_lora reads."""
+    slots, core = engine.slots, engine.llm.llm_engine
+    from_memory, slots.from_memory = slots.from_memory, None
+    try:
+        version = slots.next_version()
+        tensors = adapter(seed=2)
+        engine.incoming_version = version
+        engine.load_weights(tensors)
+        print(f"adapter version loaded from a folder in {engine.load_seconds * 1e3:.1f} ms")
+        assert sorted(p.name for p in slots.folder(version).iterdir()) == [
+            "adapter_config.json",
+            "adapter_model.safetensors",
+        ]
+        assert core.list_loras() == {version + 1}
+        _samples_are(engine, w0, tensors, {"the base alone": w0}, seed=4)
+    finally:
+        slots.from_memory = from_memory
 
 
 def test_an_exported_adapter_folder_serves_the_same_policy(engine, w0, tmp_path):

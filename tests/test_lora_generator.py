@@ -169,6 +169,31 @@ def test_slots_write_register_then_drop_the_version_before(tmp_path):
     assert not slots.root.exists()
 
 
+def test_slots_hand_a_version_over_from_memory_without_a_folder(tmp_path):
+    engine = RecordingEngine()
+    handed = []
+
+    def from_memory(lora_id, tensors, config):
+        handed.append((lora_id, tensors, config))
+        engine.registered.add(lora_id)
+        return {"build_s": 0.0}
+
+    slots = LoraSlots(
+        engine, LORA, root=tmp_path / "lora", request_type=request, from_memory=from_memory
+    )
+    versions = {v: random_adapter(QWEN, LORA, seed=v) for v in (0, 1)}
+    slots.load(0, versions[0])
+    assert slots.load(1, versions[1]) == ("policy-v1", 2, str(tmp_path / "lora/v1"))
+    assert [h[0] for h in handed] == [1, 2] and handed[1][1] is versions[1]
+    # the config vLLM's PEFTHelper reads: rank, alpha and the HF names of the targets
+    config = handed[1][2]
+    assert (config["r"], config["lora_alpha"], config["bias"]) == (8, 16, "none")
+    assert sorted(config["target_modules"]) == sorted(LORA.modules)
+    assert engine.calls == [("remove", 1)] and engine.registered == {2}
+    assert not slots.root.exists() and slots.timings == {"build_s": 0.0}
+    slots.close()
+
+
 def test_an_adapter_the_engine_refuses_is_an_error(tmp_path):
     slots = LoraSlots(
         RecordingEngine(accept=False), LORA, root=tmp_path / "lora", request_type=request

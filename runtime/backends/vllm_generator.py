@@ -157,7 +157,8 @@ class VLLMGenerator:
     With `lora` (a recipe's `model.lora`) the engine serves LoRA adapters: a version of the
     adapter alone (PEFT names) goes to `runtime.backends.vllm_lora.LoraSlots` under the number
     `incoming_version` gives (the actor sets it before each load), and every generation uses
-    the newest; a version of base weights loads as without LoRA.
+    the newest (from memory with TP=1, else from a folder in /dev/shm); a version of base
+    weights loads as without LoRA.
     """
 
     def __init__(
@@ -246,7 +247,11 @@ class VLLMGenerator:
         if lora is not None:
             from runtime.backends.vllm_lora import LoraSlots
 
-            self.slots = LoraSlots(self.llm.llm_engine, lora)
+            # the worker is this process's only with TP=1 in process: tensors reach it as they are
+            direct = tensor_parallel_size == 1 and engine_in_process
+            self.slots = LoraSlots(
+                self.llm.llm_engine, lora, from_memory=self._adapter_from_memory if direct else None
+            )
         if weights is not None:
             self.load_weights(weights)
 
@@ -270,7 +275,7 @@ class VLLMGenerator:
     @property
     def ipc_opens(self) -> int:
         """How many processes open a version handed over by CUDA IPC (`load_ipc`): under LoRA
-        this one alone (it writes the adapter's file)."""
+        this one alone (it hands the adapter to vLLM)."""
         return 1 if self.slots is not None else self.tensor_parallel_size
 
     def load_flat(self, flat: Tensor, entries: Mapping[str, Any]) -> None:
@@ -326,6 +331,13 @@ class VLLMGenerator:
         version, self.incoming_version = self.incoming_version, None
         self.slots.load(self.slots.next_version() if version is None else version, tensors)
         self.load_seconds = time.perf_counter() - start
+
+    def _adapter_from_memory(
+        self, lora_id: int, tensors: Mapping[str, Tensor], config: dict[str, Any]
+    ) -> dict[str, float]:
+        from runtime.backends.vllm_worker import add_adapter_on_worker
+
+        return self.llm.collective_rpc(add_adapter_on_worker, args=(lora_id, tensors, config))[0]
 
     def _after_load(self, missing: Sequence[Sequence[str]], start: float) -> None:
         if any(missing):

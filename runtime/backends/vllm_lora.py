@@ -1,12 +1,15 @@
-"""The policy as a vLLM LoRA adapter: each version is written as a PEFT folder in shared memory and
-registered with the engine, which samples with it while the base weights stay where they are.
+"""The policy as a vLLM LoRA adapter: each version is registered with the engine, which samples
+with it while the base weights stay where they are.
 
-vLLM loads an adapter from a path only, so version v goes to `/dev/shm/forgesky-lora-<pid>/v<v>/`
-(`adapter_model.safetensors` and `adapter_config.json`, runtime.models.peft_format) and is added
-eagerly as `LoRARequest("policy-v<v>", v + 1, path)`: the load happens in the weight update, which
-times it, not in the first generation after it. The previous version is then removed and its
-folder deleted. Two slots (`max_loras=2`) let v load while v-1 is still registered. vLLM keys its
-prefix cache on the adapter's name, new with every version, so no cache reset is needed.
+Version v is `LoRARequest("policy-v<v>", v + 1, path)`, added eagerly: the load happens in the
+weight update, which times it, not in the first generation after it. With the engine's worker in
+this process (TP=1) the adapter goes in from memory, the tensors handed straight to the worker's
+LoRA manager (runtime.backends.vllm_worker.add_adapter_on_worker); otherwise vLLM's public
+`add_lora` reads it from a path, so it is first written as a PEFT folder in shared memory,
+`/dev/shm/forgesky-lora-<pid>/v<v>/` (runtime.models.peft_format). The previous version is then
+removed (and its folder deleted). Two slots (`max_loras=2`) let v load while v-1 is still
+registered. vLLM keys its prefix cache on the adapter's name, new with every version, so no cache
+reset is needed.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from torch import Tensor
 
-from runtime.models.peft_format import write_adapter_folder
+from runtime.models.peft_format import adapter_config, write_adapter_folder
 
 # vLLM 0.24's `vllm.config.lora.MaxLoRARanks`: the ranks an engine can be built for.
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -57,6 +60,8 @@ class LoraSlots:
     `add_lora` and `remove_lora`); `current` is the request every generation passes.
 
     `request_type` builds a request from (name, id, path): vLLM's `LoRARequest` unless given.
+    `from_memory(id, tensors, adapter_config)`, where given, registers a version from its
+    tensors (no folder is written) and returns the seconds its parts took.
     """
 
     def __init__(
@@ -65,12 +70,16 @@ class LoraSlots:
         lora: Any,
         root: str | Path | None = None,
         request_type: Callable[..., Any] = _vllm_request,
+        from_memory: Callable[[int, Mapping[str, Tensor], dict[str, Any]], dict[str, float]]
+        | None = None,
     ):
         self.engine, self.lora = engine, lora
         shm = Path("/dev/shm")
         parent = shm if shm.is_dir() else Path(tempfile.gettempdir())
         self.root = Path(root) if root is not None else parent / f"forgesky-lora-{os.getpid()}"
         self.request_type = request_type
+        self.from_memory = from_memory
+        self.timings: dict[str, float] = {}
         self.current: Any = None
         self.version: int | None = None
 
@@ -83,15 +92,18 @@ class LoraSlots:
         return self.request_type(f"policy-v{version}", version + 1, str(self.folder(version)))
 
     def load(self, version: int, tensors: Mapping[str, Tensor]) -> Any:
-        """Write version `version` (PEFT names, any device, views included), register it, then
-        drop the one before; returns its request."""
+        """Register version `version` (PEFT names, any device, views included), then drop the
+        one before; returns its request."""
         if self.version is not None and version <= self.version:
             # an id vLLM has seen keeps its first adapter: the new one would never be read
             raise ValueError(f"adapter version {version} after version {self.version}")
-        write_adapter_folder(self.folder(version), tensors, self.lora, None)
         request = self.request(version)
-        if not self.engine.add_lora(request):
-            raise RuntimeError(f"vLLM did not add the adapter of policy version {version}")
+        if self.from_memory is not None:
+            self.timings = self.from_memory(version + 1, tensors, adapter_config(self.lora, None))
+        else:
+            write_adapter_folder(self.folder(version), tensors, self.lora, None)
+            if not self.engine.add_lora(request):
+                raise RuntimeError(f"vLLM did not add the adapter of policy version {version}")
         previous = self.version
         self.current, self.version = request, version
         if previous is not None:

@@ -73,3 +73,50 @@ def load_flat_on_worker(
         return load_on_worker(worker, tensors)
     finally:
         del tensors, flat  # the mapping closes with the last reference
+
+
+def add_adapter_on_worker(
+    worker: Any, lora_id: int, tensors: Mapping[str, Tensor], config: Mapping[str, Any]
+) -> dict[str, float]:
+    """Runs inside a vLLM worker of this process (TP=1): register a LoRA adapter from tensors in
+    memory (PEFT names, `config` its adapter_config.json) under `lora_id` and put it in a GPU
+    slot, the steps of vLLM's own `add_lora` without the folder it reads from. Returns the
+    seconds of building it (vLLM's `LoRAModel`) and of copying it into the slot.
+
+    vLLM folds the scale into B in place: it gets copies, never the sender's memory (a CUDA IPC
+    view of the trainer's buffer)."""
+    import time
+
+    from vllm.lora.peft_helper import PEFTHelper
+
+    start = time.perf_counter()
+    manager = worker.model_runner.lora_manager
+    adapters = manager._adapter_manager
+    if lora_id in adapters.list_adapters():
+        raise ValueError(f"vLLM already holds an adapter numbered {lora_id}")
+    helper = PEFTHelper.from_dict(
+        {**config, "vllm_max_position_embeddings": manager.max_position_embeddings}
+    )
+    helper.validate_legal(manager.lora_config)
+    names = list(tensors)
+    with torch.no_grad():
+        own = torch._foreach_mul([tensors[n] for n in names], 1.0)
+        copies = dict(zip(names, own, strict=True))
+    model = adapters.model
+    lora = manager._lora_model_cls.from_lora_tensors(
+        lora_model_id=lora_id,
+        tensors=copies,
+        peft_helper=helper,
+        device=str(manager.device),
+        dtype=manager.lora_config.lora_dtype,
+        model_vocab_size=manager.vocab_size,
+        weights_mapper=getattr(model, "hf_to_vllm_mapper", None),
+        skip_prefixes=getattr(model, "lora_skip_prefixes", None),
+    )
+    if len(adapters) + 1 > adapters.capacity:
+        adapters.remove_oldest_adapter()
+    adapters.add_adapter(lora)
+    built = time.perf_counter()
+    adapters.activate_adapter(lora_id)
+    torch.cuda.synchronize()
+    return {"build_s": built - start, "activate_s": time.perf_counter() - built}
