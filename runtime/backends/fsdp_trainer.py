@@ -84,7 +84,15 @@ def init_distributed() -> int:
 
 
 def _full(tensor: Tensor) -> Tensor:
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    """The whole tensor of a (possibly sharded) parameter. On a mesh of one rank the local shard
+    is already whole: no collective (hundreds of adapter matrices each publish)."""
+    if not hasattr(tensor, "full_tensor"):
+        return tensor
+    if tensor.device_mesh.size() == 1:
+        local = tensor.to_local()
+        if local.shape == tensor.shape:
+            return local
+    return tensor.full_tensor()
 
 
 class FSDPTrainer(trainer_state.Checkpointing):

@@ -37,9 +37,11 @@ def views(buffer: torch.Tensor, entries: Mapping[str, TensorEntry]) -> dict[str,
 
 def fill(buffer: torch.Tensor, entries: Mapping[str, TensorEntry], state_dict: Any) -> None:
     """Copy `state_dict` into `buffer` at `entries` (asynchronously on a GPU)."""
+    targets = views(buffer, entries)
+    names = list(targets)
     with torch.no_grad():
-        for name, view in views(buffer, entries).items():
-            view.copy_(state_dict[name], non_blocking=True)
+        # one multi-tensor copy: a LoRA version is hundreds of small matrices
+        torch._foreach_copy_([targets[n] for n in names], [state_dict[n] for n in names], True)
 
 
 def indexed(device: torch.device) -> torch.device:
