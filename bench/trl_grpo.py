@@ -23,6 +23,13 @@ the shape of `gpu_grpo.py grpo` on the qwen3-1.7b recipe, without the Hub:
   every block too). vLLM gets 0.3 of the GPU (TRL's default); the reward is plain Python (the
   share of distinct token ids in a completion: cheap, and it varies, so advantages are not 0).
 
+`--lora-rank 16` trains a LoRA adapter instead (TRL's `peft_config`: PEFT's `LoraConfig` on
+all-linear, alpha 2 x rank unless `--lora-alpha`, no dropout), the side of `gpu_grpo.py grpo
+--recipe qwen3-8b-lora`: TRL then loads the model in bf16 (`--model-dtype`; the adapter is fp32,
+PEFT's autocast), has no reference model (the base with the adapter off gives the reference
+log-probs), and before each generation merges the adapter into the base and sends vLLM the
+merged weights.
+
 `--trainer async` runs TRL's asynchronous GRPO trainer (`trl.experimental.async_grpo`) instead,
 as its docs set it up: a `vllm serve` process of its own on the last visible GPU
 (`VLLM_SERVER_DEV_MODE=1`, weights sent over NCCL: `--weight-transfer-config
@@ -243,6 +250,28 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         report_to="none",
         disable_tqdm=True,
         use_cpu=args.dry_cpu,
+        **(
+            {"model_init_kwargs": {"dtype": args.model_dtype}}
+            if args.model_dtype != "float32"
+            else {}
+        ),
+    )
+
+
+def peft_config(args: argparse.Namespace) -> Any:
+    """The LoRA adapter TRL trains (`peft_config`), as the recipe's `model.lora` on all-linear
+    (q, k, v, o, gate, up, down; PEFT's "all-linear" leaves the output head out, as ours does);
+    None for full-parameter training."""
+    if not args.lora_rank:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=args.lora_rank,
+        lora_alpha=args.lora_alpha or 2 * args.lora_rank,
+        lora_dropout=0.0,
+        target_modules="all-linear",
+        task_type="CAUSAL_LM",
     )
 
 
@@ -295,6 +324,7 @@ def build_trainer(
         args=config,
         train_dataset=Dataset.from_list(rows),
         callbacks=[callback],
+        **({"peft_config": peft_config(args)} if args.lora_rank else {}),
     )
     init_s = time.perf_counter() - start
     return trainer, init_s, [len(ids) for ids in trainer.processing_class(text=texts)["input_ids"]]
@@ -535,6 +565,16 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "policy_dtype": str(trainer.model.dtype).removeprefix("torch."),
             "reference_model": trainer.ref_model is not None,
             "reward": distinct_share_of_ids.__name__,
+            "lora": None
+            if not args.lora_rank
+            else {
+                "rank": args.lora_rank,
+                "alpha": args.lora_alpha or 2 * args.lora_rank,
+                "targets": "all-linear",
+                "trainable_params": sum(
+                    p.numel() for p in trainer.model.parameters() if p.requires_grad
+                ),
+            },
         },
         "processes": world,
         "completions_per_step": completions,
@@ -632,6 +672,22 @@ def main() -> int:
     p.add_argument("--server-port", type=int, default=8011, help="async: the server's port")
     p.add_argument("--server-log", default=None, help="async: where the server's output goes")
     p.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="train a LoRA adapter of this rank on all-linear through TRL's peft_config "
+        "(0: every parameter); the reference is then the base with the adapter off (TRL's way)",
+    )
+    p.add_argument("--lora-alpha", type=int, default=None, help="LoRA alpha (default 2 x rank)")
+    p.add_argument(
+        "--model-dtype",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help="the dtype TRL loads the model in (model_init_kwargs; TRL's default float32, "
+        "default bfloat16 with --lora-rank: a frozen base needs no fp32 master copy, as in "
+        "TRL's PEFT examples)",
+    )
+    p.add_argument(
         "--dry-cpu",
         action="store_true",
         help="CPU check: tiny model, HF generate instead of vLLM, short lengths, real TRL",
@@ -651,12 +707,18 @@ def main() -> int:
             architecture("qwen3", args.model_size)
         except UserError as e:
             fail(f"--model-size: {e}")
+    if args.lora_rank < 0:
+        fail("--lora-rank must be 0 (off) or positive")
+    if args.model_dtype is None:
+        args.model_dtype = "bfloat16" if args.lora_rank else "float32"
     if args.prompt_tokens < 2:
         fail("--prompt-tokens must be at least 2 (<bos> and one character)")
     default_out = Path(tempfile.gettempdir()) / "trl_grpo_dry_cpu.json" if dry else None
     out = Path(args.out or default_out or ROOT / "bench/results/gpu_grpo.json")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+    if args.trainer == "async" and args.lora_rank:
+        fail("--lora-rank is for --trainer grpo")
     if args.trainer == "async" and dry:
         fail("--trainer async needs GPUs (a vllm serve process); --dry-cpu checks GRPOTrainer")
     work = Path(tempfile.mkdtemp(prefix="trl-grpo-bench-"))
