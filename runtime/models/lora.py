@@ -153,6 +153,7 @@ def adapter_off(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 
 
 @functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)
 def _hf_rows(spec: ModelSpec) -> dict[str, Tensor]:
     """For each attention projection whose output rows the family's HF conversion reorders,
     `rows` with hf_weight = titan_weight[rows], read off the family's own `to_hf` (the rows do
@@ -176,8 +177,10 @@ def _hf_rows(spec: ModelSpec) -> dict[str, Tensor]:
     return out
 
 
-def _checked(name: str, tensor: Tensor, titan_name: str, spec: ModelSpec, lora: Any) -> None:
-    shape = adapter_shapes(spec, lora).get(titan_name)
+def _checked(
+    name: str, tensor: Tensor, titan_name: str, shapes: dict[str, tuple[int, ...]], lora: Any
+) -> None:
+    shape = shapes.get(titan_name)
     if shape is None:
         raise KeyError(f"{name} is not a tensor of the LoRA adapter on {', '.join(lora.modules)}")
     if tuple(tensor.shape) != shape:
@@ -195,13 +198,13 @@ def peft_state(
     docstring)."""
     if family != spec.family:
         raise ValueError(f"family {family!r} is not the model's ({spec.family!r})")
-    reorder, out = _hf_rows(spec), {}
+    reorder, out, shapes = _hf_rows(spec), {}, adapter_shapes(spec, lora)
     for name, tensor in titan_adapter.items():
         match = _TITAN_KEY.match(name)
         if match is None:
             raise KeyError(f"{name} is not a LoRA adapter tensor's name")
         layer, target, side = match.groups()
-        _checked(name, tensor, name, spec, lora)
+        _checked(name, tensor, name, shapes, lora)
         if side == "b" and target in reorder:
             tensor = _rows(tensor, reorder[target])
         hf = HF_NAMES[target]
@@ -216,7 +219,7 @@ def titan_state(
     inverse of `peft_state`."""
     if family != spec.family:
         raise ValueError(f"family {family!r} is not the model's ({spec.family!r})")
-    reorder, out = _hf_rows(spec), {}
+    reorder, out, shapes = _hf_rows(spec), {}, adapter_shapes(spec, lora)
     for name, tensor in peft_adapter.items():
         match = _PEFT_KEY.match(name)
         if match is None or match.group(2) not in TITAN_NAMES:
@@ -224,7 +227,7 @@ def titan_state(
         layer, hf, side = match.groups()
         target = TITAN_NAMES[hf]
         titan = f"layers.{layer}.{_TITAN_PLACE[target]}.{target}.lora_{side.lower()}.weight"
-        _checked(name, tensor, titan, spec, lora)
+        _checked(name, tensor, titan, shapes, lora)
         if side == "B" and target in reorder:
             tensor = _rows(tensor, torch.argsort(reorder[target]))
         out[titan] = tensor
