@@ -63,6 +63,10 @@ SYNC_SOURCES = {
     # beside trainer rank 0 and takes the ipc path)
     "push_groups": ("gpu_h200x2_2026-11-27g/side_by_side_groups.json", "grpo_2gpu_off_policy"),
 }
+# A LoRA run of a model SOURCES measures, on the same GPU type: its speeds against that model's
+# give the factors a LoRA plan's generation, training, reference and adapter load take.
+LORA_SOURCE = ("H200", "qwen3-8b", "gpu_h200_2026-11-29-lora/side_by_side_lora8b.json",
+               "grpo_1gpu_on_policy")  # fmt: skip
 # What a figure's reader should know about its run.
 SYNC_NOTES = {
     "store": "measured 2026-11-21, when the store took one key a parameter; in a run not "
@@ -118,6 +122,10 @@ COMPARE = (
     ("gpu_h200x2_2026-11-28c/side_by_side_1off_ng.json", "grpo_1gpu_off_policy"),
     ("gpu_h200x2_2026-11-28c/side_by_side_2on_ng.json", "grpo_2gpu_on_policy"),
     ("gpu_h200x2_2026-11-28c/side_by_side_2off_ng.json", "grpo_2gpu_off_policy"),
+    # qwen3-8b-lora on the plan for one H200: one step off (12 x 8; the LoRA factors were not
+    # fitted on it), then on-policy (16 x 8; LORA_SOURCE)
+    ("gpu_h200_2026-11-28-lora/gpu_grpo_qwen3-8b-lora.json", "grpo"),
+    ("gpu_h200_2026-11-29-lora/side_by_side_lora8b.json", "grpo_1gpu_on_policy"),
 )
 # COMPARE runs the model misses by more than 15 %, and what the run's own figures show it gets
 # wrong; the check test holds each of them outside 15 % (so a better model has to take it off
@@ -245,6 +253,49 @@ def sync_rates() -> dict[str, dict[str, Any]]:
     return out
 
 
+def lora_factors(rates: dict[str, dict[str, dict[str, Any]]], beta: float) -> dict[str, Any]:
+    """A LoRA run's speeds against the full model's that `rates` holds (the same GPU type):
+    generation tokens/s as a share of the full model's at the LoRA run's sequences a call; the
+    seconds of training (at equal activation checkpointing) and of the reference (the base with
+    the adapter off, in the trainer's processes) as shares of the full model's; and the
+    generator's load of a version, its seconds beyond the publish."""
+    from recipes.costs import CHECKPOINTING_COST
+
+    gpu, model, file, name = LORA_SOURCE
+    run, full = section(file, name), rates[gpu][model]
+    if not run.get("lora"):
+        raise SystemExit(f"{file}#{name}: the LoRA source is not a LoRA run")
+    rows = measured_records(run)
+    completions, prompt, per_call = (
+        run["completions_per_step"], run["prompt_tokens_mean"], sequences_per_call(run)
+    )  # fmt: skip
+    response_step = mean_of(rows, "response_tokens")
+    response_call = response_step * per_call / completions
+    step_tokens = response_step + completions * prompt
+    call_tokens = response_call + per_call * prompt
+    trainer_gpus = gpus_of(run, "trainer")
+    generate = response_call / mean_of(rows, "time/generate_s")
+    full_generate = full["generate_tok_s"] * (per_call / full["sequences_per_call"]) ** beta
+    train = step_tokens / mean_of(rows, "time/train_s") / trainer_gpus
+    full_train = full["train_tok_s"]
+    if bool(checkpointing(run)) != bool(full["train_checkpointing"]):
+        # bring the full model's rate to the LoRA run's checkpointing
+        full_train *= 1 / CHECKPOINTING_COST if checkpointing(run) else CHECKPOINTING_COST
+    reference = call_tokens / mean_of(rows, "time/reference_s") / trainer_gpus
+    load = statistics.fmean(
+        r["time/weight_sync_s"] - r["time/publish_s"]
+        for r in rows
+        if "time/weight_sync_s" in r and "time/publish_s" in r
+    )
+    return {
+        "generate_share": round(generate / full_generate, 3),
+        "train_time_share": round(full_train / train, 3),
+        "reference_time_share": round(full["reference_tok_s"] / reference, 3),
+        "load_s": round(load, 4),
+        "source": f"bench/results/{file}#{name} against {gpu} {model}",
+    }
+
+
 def derive() -> dict[str, Any]:
     rates = {
         gpu: {model: service_rates(*where) for model, where in models.items()}
@@ -258,6 +309,7 @@ def derive() -> dict[str, Any]:
         "size_exponent": size_exponent(rates, beta),
         "size_source": " vs ".join(f"{g} {m}" for g, m in SIZE_PAIR),
         "sync": sync_rates(),
+        "lora": lora_factors(rates, beta),
     }
 
 
@@ -282,7 +334,9 @@ def compare() -> list[dict[str, Any]]:
     rows = []
     for file, name in COMPARE:
         run = section(file, name)
-        overrides = list(run["overrides"]) + list(run.get("overrides_extra") or [])
+        # what the bench set (its own overrides) and what its caller set by hand (--set)
+        by_hand = run.get("set_by_hand") or run.get("overrides_extra") or []
+        overrides = list(run["overrides"]) + list(by_hand)
         recipe = apply_overrides(load_recipe(run["recipe"]), overrides)
         placements = tuple(
             Placement(p["service"], p["replica"], p["node"], tuple(p["gpus"]))

@@ -19,11 +19,13 @@ real ones) and measured speeds (recipes/measured.py, written from committed GPU 
 - weight sync: the bf16 weights' GB times the seconds a GB of the path the generators take; on
   the trainer's side (publish) and on each generator's (load).
 
-A LoRA run (`model.lora`) is predicted from the same measurements with the LORA_*_ASSUMED
-factors below, until a GPU run measures it: training does a forward and the input gradients
-but no weight gradients of the base; generation runs vLLM's LoRA kernels; a version is the
-adapter (its bf16 GB over the path, plus vLLM's load of it); the reference is scored by the
-trainer's processes, on the trainer's GPUs, in the trainer's turn.
+A LoRA run (`model.lora`) is predicted from the same measurements with the factors of
+MEASURED["lora"], from a LoRA run of a measured model on the same GPU type against that model's
+full-parameter speeds: generation through vLLM's LoRA kernels at a share of the tokens/s,
+training (a forward and the input gradients, no weight gradients of the base) and the reference
+(the base with the adapter off, scored by the trainer's processes, on the trainer's GPUs, in the
+trainer's turn) at shares of the seconds; a version is the adapter (its bf16 GB over the path)
+plus the generator's measured load of it.
 
 Across GPU types: an unmeasured type takes a measured one's speeds with generation scaled by
 the ratio of memory bandwidths (decoding reads every weight for every token) and training and
@@ -53,13 +55,6 @@ BANDWIDTH_TBS = {"H100": 3.35, "H200": 4.8}
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}
 TP_EXPONENT = 0.5
 CHECKPOINTING_COST = 4 / 3
-# A LoRA run's speeds against a full run's: assumed, not measured (bench/gpu_grpo.py on a LoRA
-# recipe is to replace them). Training: 4N FLOPs a token (forward, input gradients) against 6N.
-LORA_TRAIN_ASSUMED = 2 / 3
-# Generation through vLLM's LoRA (punica) kernels: this share of the measured tokens/s.
-LORA_GENERATE_ASSUMED = 0.85
-# vLLM loading a version's adapter from its folder, on top of the transfer: seconds.
-LORA_LOAD_S_ASSUMED = 0.05
 
 
 @dataclass(frozen=True)
@@ -131,7 +126,7 @@ def sync_seconds(arch: Any, transports: tuple[str, ...], lora: Any = None) -> fl
         return max((gb * _sync_path(path)["s_per_gb"] for path in transports), default=0.0)
     gb = 2 * adapter_params(arch, lora) / 1e9
     slowest = max((gb * _sync_path(path)["s_per_gb"] for path in transports), default=0.0)
-    return slowest + (LORA_LOAD_S_ASSUMED if transports else 0.0)
+    return slowest + (MEASURED["lora"]["load_s"] if transports else 0.0)
 
 
 def ranking_lengths(recipe: Any) -> tuple[int, int]:
@@ -183,18 +178,20 @@ def predict_step(
     tp = len(gens[0].gpus) or 1
     tok_s = s.generate_tok_s * (per_call / s.sequences_per_call) ** MEASURED["batch_exponent"]
     if lora is not None:
-        tok_s *= LORA_GENERATE_ASSUMED
+        tok_s *= MEASURED["lora"]["generate_share"]
     generate = per_replica * response / (tok_s * tp**TP_EXPONENT)
     tokens = sequences * (prompt + response)
     train = tokens / (s.train_tok_s * len(trainer.gpus))
     if trainer_checkpointing != s.train_checkpointing:
         train *= CHECKPOINTING_COST if trainer_checkpointing else 1 / CHECKPOINTING_COST
     if lora is not None:
-        train *= LORA_TRAIN_ASSUMED
+        train *= MEASURED["lora"]["train_time_share"]
     reference = tokens / (s.reference_tok_s * len(ref[0].gpus)) if ref else 0.0
     in_trainer = recipe.layout.reference.in_trainer
     if in_trainer:  # scored by the trainer's ranks, in its turn
         reference = tokens / (s.reference_tok_s * max(len(trainer.gpus), 1))
+        if lora is not None:
+            reference *= MEASURED["lora"]["reference_time_share"]
     work = {"generate": generate, "reference": reference, "train": train, "sync": sync}
 
     units = {f"generator{p.replica}": generate + sync for p in gens}

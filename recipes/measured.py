@@ -7,6 +7,13 @@ is up to date)."""
 MEASURED = {
     "batch_exponent": 0.317,
     "batch_source": "bench/results/gpu_grpo_h200x4_2026-11-22.json#grpo_3gpu vs bench/results/gpu_grpo_h200x4_2026-11-22.json#grpo_3gpu_2steps_per_call",
+    "lora": {
+        "generate_share": 0.781,
+        "load_s": 0.0509,
+        "reference_time_share": 0.841,
+        "source": "bench/results/gpu_h200_2026-11-29-lora/side_by_side_lora8b.json#grpo_1gpu_on_policy against H200 qwen3-8b",
+        "train_time_share": 0.467
+    },
     "rates": {
         "H200": {
             "llama3.1-8b": {
