@@ -266,10 +266,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from launcher.options import say_if_unsold
 
     say_if_unsold(run_plan, gpus)  # on stderr: --json stays JSON
+    from recipes.run_cost import run_estimate
+
+    run = run_estimate(recipe, run_plan)
     if args.json:
-        print(_json(run_plan.to_dict()))
+        print(_json({**run_plan.to_dict(), "run": run.to_dict() if run else None}))
     else:
         print(run_plan.describe())
+        if run is not None:
+            print("\n".join(run.lines()))
         if args.explain:
             print(run_plan.explain())
     return 0
@@ -352,6 +357,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     kind = "managed job" if options.managed else "cluster"
     spot = " on spot instances" if options.spot else ""
     print(job.plan.describe())
+    _print_run_cost(job.recipe, job.plan)
     given = [k for k in SECRETS if secrets.get(k)]
     print(
         f"{kind} {job.name}{spot}; secrets from your environment: "
@@ -408,6 +414,14 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 
 # --- helpers -------------------------------------------------------------------------------
+
+
+def _print_run_cost(recipe: Any, run_plan: Any) -> None:
+    from recipes.run_cost import run_estimate
+
+    run = run_estimate(recipe, run_plan)
+    if run is not None:
+        print("\n".join(run.lines()))
 
 
 def _version() -> str:

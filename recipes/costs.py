@@ -226,3 +226,18 @@ def predict_step(
         paths = "/".join(sorted({p.removesuffix("_groups") for p in transports}))
         basis += f"; weight sync by {paths}: {'; '.join(sorted(notes))}"
     return StepEstimate(seconds, busy, work, bound, basis)
+
+
+def eval_seconds(recipe: Any, accelerator: str, placements: tuple[Any, ...]) -> float:
+    """One evaluation's seconds: eval.prompts x eval.samples_drawn completions of the longest
+    length, sampled by the generator replicas at once (the speeds `predict_step` uses; greedy
+    and sampled completions are counted alike)."""
+    e, g = recipe.eval, recipe.grpo
+    gens = [p for p in placements if p.service == "generator"]
+    if not gens:
+        return 0.0
+    s = speeds(accelerator, recipe.arch)
+    per_replica = e.prompts * (e.samples_drawn + (1 if e.samples_drawn > 1 else 0)) / len(gens)
+    tok_s = s.generate_tok_s * (per_replica / s.sequences_per_call) ** MEASURED["batch_exponent"]
+    tp = len(gens[0].gpus) or 1
+    return per_replica * g.max_response_tokens / (tok_s * tp**TP_EXPONENT)

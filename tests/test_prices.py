@@ -1,0 +1,129 @@
+"""Prices from SkyPilot's catalog and a run's predicted wall time and cost.
+
+The offers table plans read (recipes/price_catalog/offers.json) must be what SkyPilot's
+catalog module answers from the committed snapshot; the live path is the same module reading
+catalog files where SkyPilot keeps them (here fixture files under SKY_RUNTIME_DIR)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main
+from launcher.prices import live_offers, snapshot_offers
+from recipes import load_recipe, plan
+from recipes.prices import OFFERS_FILE, SNAPSHOT_DATE, price_book
+from recipes.run_cost import STARTUP_S_ASSUMED, run_estimate
+
+
+def test_committed_offers_are_what_sky_catalog_reads_from_the_snapshot():
+    committed = json.loads(OFFERS_FILE.read_text())
+    assert snapshot_offers() == committed
+    assert committed["date"] == SNAPSHOT_DATE
+    assert "snapshot of SkyPilot's catalog" in committed["source"]
+
+
+AWS_HEADER = (
+    "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,"
+    "Region,AvailabilityZone,Arch"
+)
+LAMBDA_HEADER = (
+    "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,GpuInfo,SpotPrice"
+)
+
+
+def _fixture_catalog(root: Path) -> None:
+    aws = root / ".sky" / "catalogs" / "v8" / "aws"
+    aws.mkdir(parents=True)
+    info = "\"{'Gpus': [{'Name': 'H100', 'Manufacturer': 'NVIDIA', 'Count': 8, 'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 655360}\""
+    (aws / "vms.csv").write_text(
+        "\n".join(
+            [
+                AWS_HEADER,
+                f"p5.48xlarge,H100,8.0,192.0,2048.0,{info},40.0,12.5,us-east-1,use1-az1,x86_64",
+                f"p5.48xlarge,H100,8.0,192.0,2048.0,{info},44.0,9.5,eu-north-1,eun1-az1,x86_64",
+            ]
+        )
+        + "\n"
+    )
+    lam = root / ".sky" / "catalogs" / "v8" / "lambda"
+    lam.mkdir(parents=True)
+    info = "\"{'Gpus': [{'Name': 'H200', 'Manufacturer': 'NVIDIA', 'Count': 2.0, 'MemoryInfo': {'SizeInMiB': 144384}}], 'TotalGpuMemoryInMiB': 144384}\""
+    (lam / "vms.csv").write_text(
+        f"{LAMBDA_HEADER}\ngpu_2x_h200,H200,2.0,52.0,450.0,7.5,us-south-1,{info},\n"
+    )
+
+
+def test_live_catalog_files_are_read_by_sky_catalog(tmp_path):
+    _fixture_catalog(tmp_path)
+    got = live_offers(tmp_path, clouds=("aws", "lambda"))
+    assert got["source"] == "SkyPilot's catalog (aws, lambda)"
+    by_type = {o["instance_type"]: o for o in got["offers"]}
+    p5 = by_type["p5.48xlarge"]
+    # on demand cheapest in us-east-1, spot in eu-north-1: each its own region
+    assert (p5["on_demand"], p5["on_demand_region"]) == (40.0, "us-east-1")
+    assert (p5["spot"], p5["spot_region"]) == (9.5, "eu-north-1")
+    assert (p5["accelerator"], p5["count"]) == ("H100", 8)
+    h200 = by_type["gpu_2x_h200"]
+    assert (h200["on_demand"], h200["spot"], h200["count"]) == (7.5, None, 2)
+
+
+def test_live_catalog_unreadable_everywhere_is_one_line(tmp_path):
+    with pytest.raises(RuntimeError, match="could not be read for any cloud"):
+        live_offers(tmp_path, clouds=("aws",))
+
+
+def test_run_estimate_adds_up_and_prices_the_cheapest_node():
+    recipe = load_recipe("qwen3-8b")
+    p = plan(recipe, 8)
+    run = run_estimate(recipe, p)
+    assert run is not None
+    parts = recipe.grpo.steps * p.predicted_step_s + run.startup_s + run.eval_s + run.checkpoint_s
+    assert math.isclose(run.wall_s, parts)
+    assert run.startup_s > STARTUP_S_ASSUMED
+    assert run.evals == 1 + recipe.grpo.steps // recipe.eval.every  # at start, every 50, the last
+    book = price_book()
+    cheapest = min(
+        o.on_demand
+        for o in book.offers
+        if o.accelerator == "H100" and o.count == 8 and o.on_demand is not None
+    )
+    assert run.hourly(spot=False) == cheapest
+    assert math.isclose(run.total(spot=False), cheapest * run.wall_s / 3600)
+    assert run.total(spot=True) < run.total(spot=False)
+
+
+def test_run_estimate_counts_every_node():
+    recipe = load_recipe("qwen3-32b")
+    p = plan(recipe, 16)
+    run = run_estimate(recipe, p)
+    assert run.nodes == 2
+    assert run.hourly(spot=False) == 2 * run.on_demand.on_demand
+
+
+def test_cpu_plan_has_no_run_estimate():
+    recipe = load_recipe("tiny")
+    assert run_estimate(recipe, plan(recipe, 0)) is None
+
+
+def test_plan_shows_run_time_and_price(capsys):
+    assert main(["plan", "qwen3-8b", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    run_line = next(line for line in out.splitlines() if line.startswith("run: "))
+    assert "500 steps x " in run_line and "predicted" in run_line
+    price = next(line for line in out.splitlines() if line.startswith("price of 1 node x 8 H100"))
+    assert "on demand $" in price and "spot $" in price and "for the run" in price
+    assert f"snapshot of SkyPilot's catalog (aws, lambda), {SNAPSHOT_DATE}" in out
+
+
+def test_plan_json_carries_the_run(capsys):
+    assert main(["plan", "qwen3-8b", "--gpus", "8", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)["run"]
+    assert run["steps"] == 500
+    assert run["on_demand_total"] == pytest.approx(
+        run["on_demand_per_hour"] * run["wall_s"] / 3600, rel=1e-2
+    )
+    assert run["price_source"].endswith(SNAPSHOT_DATE)
