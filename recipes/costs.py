@@ -44,13 +44,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from recipes.gpus import GPUS
 from recipes.lora import adapter_params
 from recipes.measured import MEASURED
 from recipes.placements import gpu_units
 
-# Spec sheets: HBM bandwidth (TB/s) and dense bf16 peak (TFLOP/s) of the SXM parts.
-BANDWIDTH_TBS = {"H100": 3.35, "H200": 4.8}
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}
+# Spec sheets (recipes/gpus.py): HBM bandwidth (TB/s) and dense bf16 peak (TFLOP/s).
+BANDWIDTH_TBS = {k: g.bandwidth_tbs for k, g in GPUS.items()}
+PEAK_BF16_TFLOPS = {k: g.bf16_tflops for k, g in GPUS.items()}
 TP_EXPONENT = 0.5
 CHECKPOINTING_COST = 4 / 3
 # A LoRA run's speeds against a full run's: assumed, not measured (bench/gpu_grpo.py on a LoRA

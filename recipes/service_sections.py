@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from recipes.fields import Strict
+from recipes.gpus import GPU_TYPES
 
 
 class GeneratorLayout(Strict):
@@ -102,8 +103,9 @@ class Layout(Strict):
 
 
 class Resources(Strict):
-    accelerator: Literal["H100", "H200", "cpu"] = "H100"
-    alternatives: list[Literal["H100", "H200"]] = ["H200"]
+    # a GPU type of recipes/gpus.py, or cpu
+    accelerator: Literal[(*GPU_TYPES, "cpu")] = "H100"  # type: ignore[valid-type]
+    alternatives: list[Literal[GPU_TYPES]] = ["H200"]  # type: ignore[valid-type]
     # each node's disk; auto: what the run writes (recipes/memory.py disk_plan)
     disk_gb: int | Literal["auto"] = "auto"
 
