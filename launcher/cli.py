@@ -263,6 +263,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         check_references(recipe, args.recipe)
     gpus = launch_gpus(recipe) if args.gpus is None else args.gpus
     run_plan = plan(recipe, gpus)
+    if args.gpus is not None and not args.allow_idle:
+        from recipes.run_cost import check_idle
+
+        check_idle(recipe, run_plan, gpus)
     from launcher.options import say_if_unsold
 
     say_if_unsold(run_plan, gpus)  # on stderr: --json stays JSON
@@ -283,7 +287,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from launcher.catalog import validate
 
-    print(validate(args.recipe, args.gpus, plan_overrides(args)))
+    print(validate(args.recipe, args.gpus, plan_overrides(args), allow_idle=args.allow_idle))
     return 0
 
 

@@ -29,6 +29,7 @@ from recipes import (
 from recipes.memory import disk_errors
 from recipes.names import WORKER_PORT, WORKER_PORT_ENV
 from recipes.planner import unsold_note
+from recipes.run_cost import check_idle
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 CHECKPOINT_MOUNT = "/checkpoints"
@@ -64,6 +65,7 @@ class LaunchOptions:
     recovery: str | None = None
     max_restarts_on_errors: int | None = None
     overrides: tuple[str, ...] = ()
+    allow_idle: bool = False  # a --gpus that leaves GPUs without work (refused otherwise)
     name: str | None = None
     steps: int | None = None
     wandb: str | None = None
@@ -148,6 +150,8 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
     # with the per-service breakdown.
     gpus = launch_gpus(recipe) if options.gpus is None else options.gpus
     run_plan = plan(recipe, gpus)
+    if options.gpus is not None and not options.allow_idle:
+        check_idle(recipe, run_plan, gpus)
     _check_managed_options(options)
     if options.checkpoint_bucket is not None:
         check_bucket_url(options.checkpoint_bucket)

@@ -31,3 +31,27 @@ GPUS: dict[str, GpuSpec] = {
     ),
 }
 GPU_TYPES = tuple(GPUS)
+
+
+def check_gpu_type(text: str) -> str:
+    """`text` as a GPU type of GPUS (any case), else UserError naming the close ones."""
+    import difflib
+
+    by_lower = {k.lower(): k for k in GPUS}
+    name = by_lower.get(text.strip().lower())
+    if name is not None:
+        return name
+    typed = text.strip().lower()
+    close = [k for k in by_lower if k.startswith(typed) and typed] or difflib.get_close_matches(
+        typed, list(by_lower), n=3, cutoff=0.4
+    )
+    hint = f"; did you mean {' or '.join(by_lower[c] for c in close)}?" if close else ""
+    return _refuse(text, hint)
+
+
+def _refuse(text: str, hint: str) -> str:
+    from recipes.errors import UserError
+
+    raise UserError(
+        f"--gpu-type {text!r}: not a GPU type forgesky plans for ({', '.join(GPUS)}){hint}"
+    )

@@ -150,7 +150,7 @@ def plan(
     share = recipe.layout.share
     dedicated = dedicated_gpus(recipe)
     if gpus < 1 or (share == "none" and gpus < dedicated):
-        raise UserError(_too_few(recipe, gpus, accelerator))
+        raise UserError(_too_few(recipe, gpus, accelerator) + _fits_on(recipe, gpus, accelerator))
     num_nodes = -(-gpus // gpn)
     if num_nodes > 1 and gpus % gpn:
         options = [n for n in ((num_nodes - 1) * gpn, num_nodes * gpn) if n >= dedicated]
@@ -172,7 +172,11 @@ def plan(
             # the memory arithmetic of a sharing layout refused at this count, if any
             why = next((c.refused for _, c in weighed if c.over_memory), None)
             why = why.removeprefix(f"{recipe.name}: ") if why else None
-            raise UserError(_too_few(recipe, gpus, accelerator) + (f" ({why})" if why else ""))
+            raise UserError(
+                _too_few(recipe, gpus, accelerator)
+                + (f" ({why})" if why else "")
+                + _fits_on(recipe, gpus, accelerator)
+            )
         raise UserError(refusals[0] if refusals else _too_few(recipe, gpus, accelerator))
     best, _ = min(
         fits, key=lambda pc: (round(pc[1].step_s or 0.0, 3), SHARE_ORDER.index(pc[1].share))
@@ -273,6 +277,25 @@ def _check_mps_shares(chosen: Plan) -> None:
                 f"layout.mps_sm_percent.{name}: the {name} has GPUs of its own in this plan "
                 f"(layout.share {chosen.share}); only services that share a GPU run under MPS"
             )
+
+
+def _fits_on(recipe: Recipe, gpus: int, accelerator: str) -> str:
+    from recipes.gpus import GPU_TYPES
+
+    if gpus < 1:
+        return ""
+    fits = []
+    for other in GPU_TYPES:
+        if other == accelerator:
+            continue
+        try:
+            if minimum_gpus(recipe, other) <= gpus:
+                fits.append(other)
+        except UserError:
+            continue
+    if not fits:
+        return ""
+    return f"; {gpus} GPUs fit on {' or '.join(fits)} (--gpu-type {fits[0]})"
 
 
 def _too_few(recipe: Recipe, gpus: int, accelerator: str) -> str:

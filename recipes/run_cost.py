@@ -75,6 +75,13 @@ class RunEstimate:
             parts.append(f"{self.checkpoints} checkpoint copies {_span(self.checkpoint_s)}")
         out = [f"run: {' + '.join(parts)} = {_span(self.wall_s)} predicted (grpo.steps)"]
         node = f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.gpus_per_node} {self.accelerator}"
+        if self.on_demand is None and self.spot is None:
+            out.append(
+                f"price of {node}: no cloud in the price table sells {self.gpus_per_node} "
+                f"{self.accelerator} a node"
+            )
+            out.append(f"prices: {self.price_source} (forgesky prices)")
+            return out
         prices = []
         for spot, kind in ((False, "on demand"), (True, "spot")):
             offer = self.spot if spot else self.on_demand
@@ -140,4 +147,43 @@ def run_estimate(recipe: Any, plan: Any, book: PriceBook | None = None) -> RunEs
         on_demand=book.cheapest(plan.accelerator, per_node, spot=False),
         spot=book.cheapest(plan.accelerator, per_node, spot=True),
         price_source=book.words,
+    )
+
+
+def check_idle(recipe: Any, run_plan: Any, gpus: int, book: PriceBook | None = None) -> None:
+    """UserError where `gpus` leaves GPUs or nodes without work and fewer GPUs (a count VM
+    clouds sell, whole nodes past one) give the same placements: the line names that count and
+    what the idle GPUs would cost. `--allow-idle` is the way to keep them."""
+    from recipes.errors import UserError
+    from recipes.planner import SOLD_GPUS_PER_NODE, plan
+
+    idle = len(run_plan.idle_gpus)
+    if run_plan.cpu or not idle:
+        return
+    used, gpn = gpus - idle, run_plan.gpus_per_node
+    if used > gpn:
+        fewer = -(-used // gpn) * gpn
+    else:
+        fewer = next((n for n in SOLD_GPUS_PER_NODE if used <= n <= gpn), used)
+    if fewer >= gpus:
+        return
+    try:
+        same = plan(recipe, fewer, accelerator=run_plan.accelerator)
+    except UserError:
+        return
+    if same.placements != run_plan.placements:
+        return
+    idle_nodes = run_plan.num_nodes - same.num_nodes
+    where = f" ({idle_nodes} whole node{'s' if idle_nodes != 1 else ''})" if idle_nodes else ""
+    book = book or price_book()
+    offer = book.cheapest(run_plan.accelerator, gpn, spot=False)
+    cost = ""
+    if offer is not None and offer.on_demand is not None:
+        hourly = offer.on_demand / gpn * idle
+        run = run_estimate(recipe, run_plan, book)
+        total = f", {dollars(hourly * run.hours)} over the run" if run else ""
+        cost = f"; the idle ones would cost {dollars(hourly)}/h on demand{total}"
+    raise UserError(
+        f"--gpus {gpus} leaves {idle} GPU{'s' if idle != 1 else ''} without work{where}: "
+        f"--gpus {fewer} gives the same plan{cost} (--allow-idle keeps them)"
     )

@@ -127,3 +127,66 @@ def test_plan_json_carries_the_run(capsys):
         run["on_demand_per_hour"] * run["wall_s"] / 3600, rel=1e-2
     )
     assert run["price_source"].endswith(SNAPSHOT_DATE)
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("forgesky: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_idle_nodes_are_refused_with_the_count_that_gives_the_same_plan(capsys):
+    code = main(["plan", "qwen3-1.7b", "--gpus", "64"])
+    _, err = capsys.readouterr()
+    assert_one_line_error(
+        code, err, "--gpus 64 leaves 39 GPUs without work (4 whole nodes)", "--gpus 32 gives"
+    )
+    # what 39 idle H100s cost an hour: the cheapest 8-GPU node's price for each GPU
+    eight = price_book().cheapest("H100", 8, spot=False)
+    assert f"${eight.on_demand / 8 * 39:,.0f}/h on demand" in err
+    same = plan(load_recipe("qwen3-1.7b"), 32)
+    assert same.placements == plan(load_recipe("qwen3-1.7b"), 64).placements
+
+
+def test_idle_refused_by_launch_and_validate_too(capsys, tmp_path):
+    code = main(["launch", "qwen3-1.7b", "--gpus", "4096", "--dryrun"])
+    assert_one_line_error(code, capsys.readouterr().err, "--gpus 32 gives the same plan")
+    recipe = tmp_path / "r.yaml"
+    assert main(["cp", "qwen3-1.7b", str(recipe)]) == 0
+    capsys.readouterr()
+    code = main(["validate", str(recipe), "--gpus", "64"])
+    assert_one_line_error(code, capsys.readouterr().err, "leaves")
+
+
+def test_allow_idle_keeps_them(capsys):
+    assert main(["plan", "qwen3-1.7b", "--gpus", "64", "--allow-idle"]) == 0
+    assert "64 x H100 (8 nodes" in capsys.readouterr().out
+
+
+def test_a_count_that_fills_its_gpus_is_not_refused(capsys):
+    assert main(["plan", "qwen3-8b", "--gpus", "16"]) == 0
+
+
+def test_gpu_type_plans_for_that_type_only(capsys):
+    assert main(["plan", "qwen3-8b", "--gpu-type", "h200", "--gpus", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["accelerator"] == "H200" and d["total_gpus"] == 2
+
+
+def test_gpu_type_reaches_the_task(capsys):
+    assert main(["render", "qwen3-8b", "--gpu-type", "A100-80GB", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    resources = out.split("\nresources:", 1)[1].split("\n\n")[0]
+    assert "A100-80GB: 8" in resources and "H200" not in resources
+
+
+def test_unknown_gpu_type_names_the_close_ones(capsys):
+    code = main(["plan", "qwen3-8b", "--gpu-type", "a100"])
+    assert_one_line_error(code, capsys.readouterr().err, "--gpu-type 'a100'", "A100-80GB?")
+
+
+def test_too_few_gpus_names_the_types_they_fit_on(capsys):
+    code = main(["plan", "qwen3-8b", "--gpus", "2"])
+    assert_one_line_error(code, capsys.readouterr().err, "2 GPUs fit on H200 or B200")
