@@ -115,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also the layouts the planner weighed, with their predicted step times",
     )
+    p.add_argument(
+        "--cheapest",
+        action="store_true",
+        help="rank every GPU type x count x on-demand/spot by the run's predicted price",
+    )
+    p.add_argument("--deadline", metavar="TIME", help="with --cheapest: done within, e.g. 8h")
+    p.add_argument("--budget", metavar="USD", help="with --cheapest: costing at most, e.g. 200")
 
     p = add_command(sub, "render", "print the SkyPilot task YAML for a run", _cmd_render)
     p.add_argument("recipe", metavar="NAME")
@@ -256,6 +263,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from recipes import apply_overrides, launch_gpus, load_recipe, plan
 
+    if args.cheapest or args.deadline is not None or args.budget is not None:
+        return _cmd_cheapest(args)
     recipe = apply_overrides(load_recipe(args.recipe), list(plan_overrides(args)))
     if recipe.grpo.loss.count(":") or any(":" in r.name for r in recipe.dataset.rewards):
         from launcher.options import check_references
@@ -281,6 +290,47 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             print("\n".join(run.lines()))
         if args.explain:
             print(run_plan.explain())
+    return 0
+
+
+def _cmd_cheapest(args: argparse.Namespace) -> int:
+    from recipes import apply_overrides, load_recipe
+    from recipes.cheapest import choose, options, parse_duration, parse_money, table
+    from recipes.gpus import check_gpu_type
+    from recipes.prices import price_book
+
+    if not args.cheapest:
+        raise UserError("--deadline and --budget go with --cheapest")
+    if args.gpus is not None and args.gpu_type is not None:
+        raise UserError(
+            "--cheapest with both --gpus and --gpu-type fixed has nothing to rank; "
+            "leave one out (or drop --cheapest: forgesky plan shows that one's price)"
+        )
+    if args.explain:
+        raise UserError("--explain goes with a plan, not --cheapest")
+    deadline = parse_duration(args.deadline) if args.deadline is not None else None
+    budget = parse_money(args.budget) if args.budget is not None else None
+    gpu_type = check_gpu_type(args.gpu_type) if args.gpu_type else None
+    overrides = [o for o in plan_overrides(args) if not o.startswith("resources.a")]
+    recipe = apply_overrides(load_recipe(args.recipe), overrides)
+    if recipe.cpu:
+        raise UserError(f"{recipe.name} runs on CPU: nothing to buy (forgesky local {recipe.name})")
+    if args.gpus is not None and args.gpus < 1:
+        raise UserError(f"--gpus {args.gpus}: a GPU count is 1 or more")
+    book = price_book()
+    kept = choose(
+        options(recipe, gpu_type=gpu_type, gpus=args.gpus, book=book), deadline, budget, recipe.name
+    )
+    if args.json:
+        print(_json({"prices": book.words, "options": [o.to_dict() for o in kept]}))
+    else:
+        ways = f"{len(kept)} way{'s' if len(kept) != 1 else ''}"
+        print(f"{recipe.name}: {ways} to run it, cheapest first")
+        print(table(kept, book))
+        best = kept[0]
+        print(
+            f"{PROG} plan {args.recipe} --gpu-type {best.accelerator} --gpus {best.gpus}: its plan"
+        )
     return 0
 
 

@@ -68,12 +68,12 @@ class RunEstimate:
         return None if hourly is None else hourly * self.hours
 
     def lines(self) -> list[str]:
-        parts = [f"{self.steps} steps x {self.step_s:.1f} s", f"start-up {_span(self.startup_s)}"]
+        parts = [f"{self.steps} steps x {self.step_s:.1f} s", f"start-up {span(self.startup_s)}"]
         if self.evals:
-            parts.append(f"{self.evals} evaluations {_span(self.eval_s)}")
+            parts.append(f"{self.evals} evaluations {span(self.eval_s)}")
         if self.checkpoints:
-            parts.append(f"{self.checkpoints} checkpoint copies {_span(self.checkpoint_s)}")
-        out = [f"run: {' + '.join(parts)} = {_span(self.wall_s)} predicted (grpo.steps)"]
+            parts.append(f"{self.checkpoints} checkpoint copies {span(self.checkpoint_s)}")
+        out = [f"run: {' + '.join(parts)} = {span(self.wall_s)} predicted (grpo.steps)"]
         node = f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.gpus_per_node} {self.accelerator}"
         if self.on_demand is None and self.spot is None:
             out.append(
@@ -109,7 +109,7 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 2)
 
 
-def _span(seconds: float) -> str:
+def span(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:

@@ -190,3 +190,69 @@ def test_unknown_gpu_type_names_the_close_ones(capsys):
 def test_too_few_gpus_names_the_types_they_fit_on(capsys):
     code = main(["plan", "qwen3-8b", "--gpus", "2"])
     assert_one_line_error(code, capsys.readouterr().err, "2 GPUs fit on H200 or B200")
+
+
+def test_cheapest_ranks_types_counts_and_spot_by_total(capsys):
+    from recipes.cheapest import options
+
+    found = options(load_recipe("qwen3-8b"))
+    totals = [o.total for o in found]
+    assert totals == sorted(totals)
+    kinds = {(o.accelerator, o.spot) for o in found}
+    assert {("H100", False), ("H100", True), ("H200", True), ("A100-80GB", True)} <= kinds
+    # H200 speeds are measured, the others scaled from them with a wider error
+    assert {o.accelerator for o in found if o.measured} == {"H200"}
+    assert all(o.error > 0.15 for o in found if not o.measured)
+    for o in found:  # each priced as its own plan's run
+        assert o.total == pytest.approx(o.offer.price(o.spot) * o.nodes * o.run.wall_s / 3600)
+    assert main(["plan", "qwen3-8b", "--cheapest"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].split() == [
+        "GPUS",
+        "TYPE",
+        "NODES",
+        "OFFER",
+        "$/H",
+        "WALL",
+        "TOTAL",
+        "SPEEDS",
+    ]
+    assert "fastest: " in out and "measured ±15%" in out and "scaled ±35%" in out
+
+
+def test_cheapest_within_a_deadline_and_budget(capsys):
+    assert (
+        main(["plan", "qwen3-8b", "--cheapest", "--deadline", "1.6h", "--budget", "$30", "--json"])
+        == 0
+    )
+    got = json.loads(capsys.readouterr().out)["options"]
+    assert got and all(o["wall_s"] <= 1.6 * 3600 and o["total"] <= 30 for o in got)
+
+
+def test_cheapest_of_one_type(capsys):
+    assert main(["plan", "qwen3-8b", "--cheapest", "--gpu-type", "H200", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["options"]
+    assert {o["accelerator"] for o in got} == {"H200"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (["--budget", "1"], ["nothing meets --budget $1.00", "the cheapest is", "the fastest"]),
+        (["--deadline", "10m"], ["nothing meets --deadline 10 min", "the fastest"]),
+        (["--budget", "-3"], ["--budget '-3': a positive amount"]),
+        (["--budget", "lots"], ["--budget 'lots'"]),
+        (["--deadline", "8x"], ["--deadline '8x': a positive duration"]),
+        (["--deadline", "0h"], ["--deadline '0h'"]),
+        (["--gpus", "8", "--gpu-type", "H100"], ["both --gpus and --gpu-type fixed"]),
+        (["--gpu-type", "H1OO"], ["--gpu-type 'H1OO'", "H100"]),
+    ],
+)
+def test_cheapest_bad_input_is_one_line(capsys, argv, fragments):
+    code = main(["plan", "qwen3-8b", "--cheapest", *argv])
+    assert_one_line_error(code, capsys.readouterr().err, *fragments)
+
+
+def test_budget_without_cheapest_is_refused(capsys):
+    code = main(["plan", "qwen3-8b", "--budget", "200"])
+    assert_one_line_error(code, capsys.readouterr().err, "go with --cheapest")
