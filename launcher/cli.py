@@ -123,6 +123,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", metavar="TIME", help="with --cheapest: done within, e.g. 8h")
     p.add_argument("--budget", metavar="USD", help="with --cheapest: costing at most, e.g. 200")
 
+    p = add_command(
+        sub,
+        "prices",
+        "the hourly GPU prices plans use (SkyPilot's catalog), and their source",
+        _cmd_prices,
+        epilog="--refresh asks SkyPilot's catalog (sky.catalog; it fetches what is stale) and "
+        "rewrites the table plans read; --refresh --snapshot rebuilds it from the committed "
+        "snapshot of SkyPilot's catalog files (recipes/price_catalog), for machines offline.",
+    )
+    p.add_argument("--refresh", action="store_true", help="rewrite the table from sky.catalog")
+    p.add_argument(
+        "--snapshot", action="store_true", help="with --refresh: from the committed snapshot"
+    )
+    p.add_argument("--json", action="store_true", help="the table as JSON")
+
     p = add_command(sub, "render", "print the SkyPilot task YAML for a run", _cmd_render)
     p.add_argument("recipe", metavar="NAME")
     add_launch_options(p)
@@ -331,6 +346,54 @@ def _cmd_cheapest(args: argparse.Namespace) -> int:
         print(
             f"{PROG} plan {args.recipe} --gpu-type {best.accelerator} --gpus {best.gpus}: its plan"
         )
+    return 0
+
+
+def _cmd_prices(args: argparse.Namespace) -> int:
+    from recipes.prices import OFFERS_FILE, dollars, price_book
+
+    if args.snapshot and not args.refresh:
+        raise UserError("--snapshot goes with --refresh")
+    if args.refresh:
+        from launcher.prices import live_offers, snapshot_offers, write
+
+        try:
+            data = snapshot_offers() if args.snapshot else live_offers()
+        except RuntimeError as e:
+            raise UserError(
+                f"{e}; forgesky prices --refresh --snapshot reads the snapshot"
+            ) from None
+        write(data)
+        price_book.cache_clear()
+        print(
+            f"wrote {OFFERS_FILE}: {len(data['offers'])} offers, {data['source']}, {data['date']}"
+        )
+    book = price_book()
+    if args.json:
+        print(
+            _json(
+                {"source": book.source, "date": book.date, "offers": [vars(o) for o in book.offers]}
+            )
+        )
+        return 0
+    rows = [("TYPE", "GPUS", "CLOUD", "INSTANCE", "ON DEMAND $/H", "REGION", "SPOT $/H", "REGION")]
+    for o in book.offers:
+        rows.append(
+            (
+                o.accelerator,
+                str(o.count),
+                o.cloud,
+                o.instance_type,
+                dollars(o.on_demand) if o.on_demand is not None else "-",
+                o.on_demand_region or "-",
+                dollars(o.spot) if o.spot is not None else "-",
+                o.spot_region or "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print(f"prices: {book.words} (cheapest region of each instance type)")
     return 0
 
 

@@ -139,9 +139,10 @@ def live_offers(
     got = collect_in_child(runtime_dir, clouds)
     read = [c for c in clouds if c not in got["unread"]]
     if not read:
+        kinds = sorted({why.split(":")[0] for why in got["unread"].values()})
         raise RuntimeError(
-            "SkyPilot's catalog could not be read for any cloud (offline?): "
-            + "; ".join(f"{c}: {w}" for c, w in got["unread"].items())
+            f"SkyPilot's catalog could not be read for any cloud ({', '.join(clouds)}: "
+            f"{', '.join(kinds)}; offline?)"
         )
     return table(got, f"SkyPilot's catalog ({', '.join(read)})", date.today().isoformat())
 

@@ -256,3 +256,15 @@ def test_cheapest_bad_input_is_one_line(capsys, argv, fragments):
 def test_budget_without_cheapest_is_refused(capsys):
     code = main(["plan", "qwen3-8b", "--budget", "200"])
     assert_one_line_error(code, capsys.readouterr().err, "go with --cheapest")
+
+
+def test_prices_command_lists_the_table_and_its_source(capsys):
+    assert main(["prices"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:4] == ["TYPE", "GPUS", "CLOUD", "INSTANCE"]
+    assert "p5.48xlarge" in out and f"{SNAPSHOT_DATE} (cheapest region" in out
+
+
+def test_prices_snapshot_without_refresh_is_refused(capsys):
+    code = main(["prices", "--snapshot"])
+    assert_one_line_error(code, capsys.readouterr().err, "--snapshot goes with --refresh")
