@@ -29,6 +29,7 @@ from recipes import (
 from recipes.memory import disk_errors
 from recipes.names import WORKER_PORT, WORKER_PORT_ENV
 from recipes.planner import unsold_note
+from recipes.prices import price_book
 from recipes.run_cost import check_idle
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -192,9 +193,11 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
     if run_plan.num_nodes > 1:
         envs[WORKER_PORT_ENV] = str(WORKER_PORT)
     replaced = {"model.hf_id", *node_paths}
-    node_overrides = tuple(
-        o for o in overrides if o.partition("=")[0].strip() not in replaced
-    ) + tuple(f"{setting}={remote}" for setting, remote in node_paths.items())
+    node_overrides = (
+        tuple(o for o in overrides if o.partition("=")[0].strip() not in replaced)
+        + tuple(f"{setting}={remote}" for setting, remote in node_paths.items())
+        + price_overrides(recipe, run_plan, options.spot)
+    )
     say_if_unsold(run_plan, gpus, options.infra)  # every check passed: a note, not an error
     return Job(
         recipe=recipe,
@@ -208,6 +211,23 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         local_files=files,
         node_overrides=node_overrides,
         envs=envs,
+    )
+
+
+def price_overrides(recipe: Recipe, run_plan: Plan, spot: bool) -> tuple[str, ...]:
+    """The plan's node price as the recipe settings the run counts its dollars by
+    (resources.usd_per_node_hour, resources.price_source), unless the recipe sets a price."""
+    if run_plan.cpu or recipe.resources.usd_per_node_hour is not None:
+        return ()
+    book = price_book()
+    offer = book.cheapest(run_plan.accelerator, run_plan.gpus_per_node, spot)
+    price = offer.price(spot) if offer else None
+    if offer is None or price is None:
+        return ()
+    kind = "spot" if spot else "on demand"
+    return (
+        f"resources.usd_per_node_hour={price}",
+        f"resources.price_source={offer.where(spot).replace(',', '')} {kind} ({book.date})",
     )
 
 

@@ -111,6 +111,11 @@ class Resources(Strict):
 
     _disk = field_validator("disk_gb")(lambda value: _at_least_one(value))
     gpus_per_node: int = Field(default=8, ge=1, le=64)
+    # what a node costs an hour in US dollars, and where that price comes from: `launch` sets
+    # both from the plan's price (recipes/prices.py; spot with --spot), and the run's metrics
+    # carry the dollars spent so far (cost/usd); absent, the run counts no dollars
+    usd_per_node_hour: float | None = Field(default=None, ge=0)
+    price_source: str = ""
 
 
 Auto = Literal["auto"]
