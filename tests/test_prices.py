@@ -268,3 +268,30 @@ def test_prices_command_lists_the_table_and_its_source(capsys):
 def test_prices_snapshot_without_refresh_is_refused(capsys):
     code = main(["prices", "--snapshot"])
     assert_one_line_error(code, capsys.readouterr().err, "--snapshot goes with --refresh")
+
+
+def test_run_time_check_reports_the_error_of_each_run(tmp_path, capsys):
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import run_time_check
+
+    run = tmp_path / "grpo-qwen3-8b"
+    run.mkdir()
+    summary = {"steps": 20, "measured_wall_s": 1150.0, "predicted": {"wall_s_on_the_nodes": 1000.0}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    cpu = tmp_path / "tiny"
+    cpu.mkdir()
+    (cpu / "summary.json").write_text(
+        json.dumps({"steps": 3, "measured_wall_s": 30.0, "predicted": None})
+    )
+    out = tmp_path / "check.json"
+    assert run_time_check.main([str(run), str(cpu), "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["runs"]
+    assert rows[0]["error"] == 0.15 and rows[0]["within_target"]
+    assert rows[1]["error"] is None
+    printed = capsys.readouterr().out
+    assert "error +15.0%" in printed and "largest error 15.0% over 1 runs" in printed
+    # what --out wrote reads back as a source
+    assert run_time_check.main([str(out)]) == 0
+    assert run_time_check.main([str(tmp_path / "missing")]) == 2
