@@ -133,6 +133,9 @@ def options(
                 continue
             for spot in (False, True):
                 offer = run.spot if spot else run.on_demand
+                same = spot and offer is not None and offer == run.on_demand
+                if same and offer.spot == offer.on_demand:
+                    continue  # a "spot" price no lower than on demand: the same option
                 if offer is not None and offer.price(spot) is not None:
                     out.append(Option(accelerator, count, p.num_nodes, spot, offer, run, measured))
     return sorted(out, key=lambda o: (o.total, o.run.wall_s))

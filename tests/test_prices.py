@@ -116,7 +116,7 @@ def test_plan_shows_run_time_and_price(capsys):
     assert "500 steps x " in run_line and "predicted" in run_line
     price = next(line for line in out.splitlines() if line.startswith("price of 1 node x 8 H100"))
     assert "on demand $" in price and "spot $" in price and "for the run" in price
-    assert f"snapshot of SkyPilot's catalog (aws, lambda), {SNAPSHOT_DATE}" in out
+    assert f"snapshot of SkyPilot's catalog (aws, lambda, runpod), {SNAPSHOT_DATE}" in out
 
 
 def test_plan_json_carries_the_run(capsys):
