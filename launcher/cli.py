@@ -397,7 +397,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     kind = "managed job" if options.managed else "cluster"
     spot = " on spot instances" if options.spot else ""
     print(job.plan.describe())
-    _print_run_cost(job.recipe, job.plan)
+    _print_run_cost(job.recipe, job.plan, options.infra)
     given = [k for k in SECRETS if secrets.get(k)]
     print(
         f"{kind} {job.name}{spot}; secrets from your environment: "
@@ -456,10 +456,12 @@ def _cmd_local(args: argparse.Namespace) -> int:
 # --- helpers -------------------------------------------------------------------------------
 
 
-def _print_run_cost(recipe: Any, run_plan: Any) -> None:
+def _print_run_cost(recipe: Any, run_plan: Any, infra: str | None) -> None:
+    from recipes.prices import price_book
     from recipes.run_cost import run_estimate
 
-    run = run_estimate(recipe, run_plan)
+    book = price_book()
+    run = run_estimate(recipe, run_plan, book, book.cloud_of(infra))
     if run is not None:
         print("\n".join(run.lines()))
 

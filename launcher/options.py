@@ -196,7 +196,7 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
     node_overrides = (
         tuple(o for o in overrides if o.partition("=")[0].strip() not in replaced)
         + tuple(f"{setting}={remote}" for setting, remote in node_paths.items())
-        + price_overrides(recipe, run_plan, options.spot)
+        + price_overrides(recipe, run_plan, options.spot, options.infra)
     )
     say_if_unsold(run_plan, gpus, options.infra)  # every check passed: a note, not an error
     return Job(
@@ -214,13 +214,16 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
     )
 
 
-def price_overrides(recipe: Recipe, run_plan: Plan, spot: bool) -> tuple[str, ...]:
-    """The plan's node price as the recipe settings the run counts its dollars by
-    (resources.usd_per_node_hour, resources.price_source), unless the recipe sets a price."""
+def price_overrides(
+    recipe: Recipe, run_plan: Plan, spot: bool, infra: str | None = None
+) -> tuple[str, ...]:
+    """The plan's node price (on the cloud --infra names, else the cheapest) as the recipe
+    settings the run counts its dollars by (resources.usd_per_node_hour,
+    resources.price_source), unless the recipe sets a price."""
     if run_plan.cpu or recipe.resources.usd_per_node_hour is not None:
         return ()
     book = price_book()
-    offer = book.cheapest(run_plan.accelerator, run_plan.gpus_per_node, spot)
+    offer = book.cheapest(run_plan.accelerator, run_plan.gpus_per_node, spot, book.cloud_of(infra))
     price = offer.price(spot) if offer else None
     if offer is None or price is None:
         return ()

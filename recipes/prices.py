@@ -52,12 +52,18 @@ class PriceBook:
     def words(self) -> str:
         return f"{self.source}, {self.date}"
 
-    def cheapest(self, accelerator: str, per_node: int, spot: bool) -> Offer | None:
-        """The cheapest node of exactly `per_node` GPUs of `accelerator`, or None."""
+    def cheapest(
+        self, accelerator: str, per_node: int, spot: bool, cloud: str | None = None
+    ) -> Offer | None:
+        """The cheapest node of exactly `per_node` GPUs of `accelerator` (on `cloud` where
+        given), or None."""
         sold = [
             o
             for o in self.offers
-            if o.accelerator == accelerator and o.count == per_node and o.price(spot) is not None
+            if o.accelerator == accelerator
+            and o.count == per_node
+            and o.price(spot) is not None
+            and (cloud is None or o.cloud == cloud)
         ]
         return min(sold, key=lambda o: (o.price(spot), o.cloud), default=None)
 
@@ -65,8 +71,11 @@ class PriceBook:
         """GPUs a node of `accelerator` comes with in some offer."""
         return tuple(sorted({o.count for o in self.offers if o.accelerator == accelerator}))
 
-    def accelerators(self) -> tuple[str, ...]:
-        return tuple(sorted({o.accelerator for o in self.offers}))
+    def cloud_of(self, infra: str | None) -> str | None:
+        """The cloud an --infra value (`aws`, `gcp/us-central1`, `k8s`) names, where the table
+        prices it; else None (every cloud)."""
+        cloud = (infra or "").split("/")[0].strip().lower()
+        return cloud if any(o.cloud == cloud for o in self.offers) else None
 
 
 @lru_cache(maxsize=4)

@@ -117,8 +117,11 @@ def span(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def run_estimate(recipe: Any, plan: Any, book: PriceBook | None = None) -> RunEstimate | None:
-    """The whole run on `plan` (None for a CPU plan, or one without a predicted step)."""
+def run_estimate(
+    recipe: Any, plan: Any, book: PriceBook | None = None, cloud: str | None = None
+) -> RunEstimate | None:
+    """The whole run on `plan` (None for a CPU plan, or one without a predicted step), priced
+    on `cloud` where given, else on the cheapest cloud."""
     if plan.cpu or plan.predicted_step_s is None:
         return None
     book = book or price_book()
@@ -144,8 +147,8 @@ def run_estimate(recipe: Any, plan: Any, book: PriceBook | None = None) -> RunEs
         accelerator=plan.accelerator,
         nodes=plan.num_nodes,
         gpus_per_node=per_node,
-        on_demand=book.cheapest(plan.accelerator, per_node, spot=False),
-        spot=book.cheapest(plan.accelerator, per_node, spot=True),
+        on_demand=book.cheapest(plan.accelerator, per_node, spot=False, cloud=cloud),
+        spot=book.cheapest(plan.accelerator, per_node, spot=True, cloud=cloud),
         price_source=book.words,
     )
 

@@ -295,3 +295,20 @@ def test_run_time_check_reports_the_error_of_each_run(tmp_path, capsys):
     # what --out wrote reads back as a source
     assert run_time_check.main([str(out)]) == 0
     assert run_time_check.main([str(tmp_path / "missing")]) == 2
+
+
+def test_launch_carries_the_plans_price_to_the_nodes(capsys):
+    assert main(["render", "qwen3-8b", "--gpus", "8", "--spot"]) == 0
+    out = capsys.readouterr().out
+    spot = price_book().cheapest("H100", 8, spot=True)
+    assert f"--set resources.usd_per_node_hour={spot.spot} " in out
+    assert f"'resources.price_source={spot.cloud} {spot.spot_region} " in out
+    # on the cloud --infra names, that cloud's price
+    assert main(["render", "qwen3-8b", "--gpus", "8", "--infra", "lambda"]) == 0
+    on_lambda = price_book().cheapest("H100", 8, spot=False, cloud="lambda")
+    assert f"resources.usd_per_node_hour={on_lambda.on_demand} " in capsys.readouterr().out
+    # a recipe that sets its own price keeps it
+    argv = ["render", "qwen3-8b", "--gpus", "8", "--set", "resources.usd_per_node_hour=1.5"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "resources.usd_per_node_hour=1.5" in out and "price_source" not in out
