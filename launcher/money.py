@@ -71,9 +71,10 @@ def prices(args: argparse.Namespace) -> int:
         try:
             data = snapshot_offers() if args.snapshot else live_offers()
         except RuntimeError as e:
-            raise UserError(
-                f"{e}; forgesky prices --refresh --snapshot reads the snapshot"
-            ) from None
+            hint = (
+                "" if args.snapshot else "; forgesky prices --refresh --snapshot reads the snapshot"
+            )
+            raise UserError(f"{e}{hint}") from None
         write(data)
         price_book.cache_clear()
         print(

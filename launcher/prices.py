@@ -125,6 +125,11 @@ def collect_in_child(runtime_dir: Path | None, clouds: tuple[str, ...]) -> dict[
 
 def snapshot_offers() -> dict[str, Any]:
     """The offers table from the committed snapshot (what offers.json holds)."""
+    if not (SNAPSHOT_DIR / "v8").is_dir():
+        raise RuntimeError(
+            f"no snapshot of SkyPilot's catalog at {SNAPSHOT_DIR} (it is in forgesky's source "
+            "checkout, not in the wheel)"
+        )
     clouds = tuple(sorted(p.name for p in (SNAPSHOT_DIR / "v8").iterdir() if p.is_dir()))
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(SNAPSHOT_DIR, Path(tmp) / ".sky" / "catalogs")
