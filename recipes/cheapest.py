@@ -124,7 +124,7 @@ def options(
         measured = "scaled to" not in speeds(accelerator, recipe.arch).basis.split(" by ")[0]
         for count in counts:
             try:
-                p = plan(typed, count)
+                p = plan(typed, count, other_types=False)
                 check_idle(typed, p, count, book)
             except UserError:
                 continue
