@@ -16,9 +16,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from recipes.costs import speeds
 from recipes.errors import UserError
 from recipes.gpus import GPU_TYPES
+from recipes.measured import MEASURED
 from recipes.prices import Offer, PriceBook, dollars, price_book
 from recipes.run_cost import RunEstimate, check_idle, run_estimate, span
 
@@ -121,7 +121,7 @@ def options(
         )
         sold = book.counts(accelerator)
         counts = (gpus,) if gpus else (*sold, *(n for n in MULTI_NODE_COUNTS if 8 in sold))
-        measured = "scaled to" not in speeds(accelerator, recipe.arch).basis.split(" by ")[0]
+        measured = accelerator in MEASURED["rates"]  # else scaled from a measured type
         for count in counts:
             try:
                 p = plan(typed, count, other_types=False)
