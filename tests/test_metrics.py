@@ -268,3 +268,14 @@ def test_a_recovery_carries_the_clock_and_counts_the_time_lost(tmp_path):
     assert record["recovery/lost_s"] == pytest.approx(200.0)
     assert 350 <= record["time/run_s"] < 400  # 300 before the restart, 50 since
     assert 3.5 <= record["cost/usd"] < 4.0  # $3 before, $0.5 since
+
+
+def test_the_clock_carries_the_latest_time_when_a_redone_step_came_last(tmp_path):
+    with (tmp_path / "metrics.jsonl").open("w") as f:
+        # steps 1-3, then a restart from step 1 redid step 2 before the next stop
+        for step, run_s in ((1, 100.0), (2, 200.0), (3, 300.0), (2, 350.0)):
+            f.write(json.dumps({"step": step, "loss": 0.5, "time/run_s": run_s}) + "\n")
+    logger = MetricsLogger(tmp_path, stream=io.StringIO(), started=time.perf_counter() - 10)
+    logger.log(3, step_metrics(3))
+    logger.close()
+    assert 360 <= read_metrics(tmp_path / "metrics.jsonl")[-1]["time/run_s"] < 400

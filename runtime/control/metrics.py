@@ -63,11 +63,15 @@ class MetricsLogger:
         # ran, and, where a restart redid steps after its checkpoint, the time they were lost
         self.usd_per_hour = usd_per_hour
         self.started = time.perf_counter() if started is None else started
-        last = earlier[-1] if earlier else {}
-        self._run_s_before = float(last.get("time/run_s", 0.0))
-        self._usd_before = float(last.get("cost/usd", 0.0))
-        self.recoveries = int(last.get("recovery/count", 0))
-        self.lost_s = float(last.get("recovery/lost_s", 0.0))
+
+        # the latest of each (a step redone after a restart keeps only its latest record)
+        def latest(key: str) -> float:
+            return max((float(r.get(key, 0.0)) for r in earlier), default=0.0)
+
+        self._run_s_before = latest("time/run_s")
+        self._usd_before = latest("cost/usd")
+        self.recoveries = int(latest("recovery/count"))
+        self.lost_s = latest("recovery/lost_s")
         if resumed_from is not None and earlier:
             at = next((r for r in earlier if r["step"] == resumed_from), None)
             redone = self._run_s_before - float(at.get("time/run_s", 0.0)) if at else 0.0
