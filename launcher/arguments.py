@@ -41,6 +41,17 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="GPUs per node (default: the recipe's resources.gpus_per_node, 8)",
     )
+    p.add_argument(
+        "--gpu-type",
+        metavar="TYPE",
+        help="plan for and ask for this GPU type only: H100, H200, A100-80GB, B200 "
+        "(sets resources.accelerator, no alternatives)",
+    )
+    p.add_argument(
+        "--allow-idle",
+        action="store_true",
+        help="accept a --gpus that leaves GPUs or nodes without work (refused otherwise)",
+    )
     add_set(p, "grpo.steps=20")
 
 
@@ -94,11 +105,21 @@ def add_managed(p: argparse.ArgumentParser) -> None:
 
 
 def plan_overrides(args: argparse.Namespace) -> tuple[str, ...]:
-    """The --set overrides, with --gpus-per-node as the recipe field it sets."""
-    overrides = list(args.overrides)
+    """The --set overrides, with --gpus-per-node and --gpu-type as the recipe fields they set."""
+    overrides = [*args.overrides, *gpu_type_overrides(args)]
     if args.gpus_per_node is not None:
         overrides.append(f"resources.gpus_per_node={args.gpus_per_node}")
     return tuple(overrides)
+
+
+def gpu_type_overrides(args: argparse.Namespace) -> tuple[str, ...]:
+    """--gpu-type TYPE as the recipe fields it sets; an unknown TYPE names the close ones."""
+    if args.gpu_type is None:
+        return ()
+    from recipes.gpus import check_gpu_type
+
+    name = check_gpu_type(args.gpu_type)
+    return (f"resources.accelerator={name}", "resources.alternatives=[]")
 
 
 def options_from_args(args: argparse.Namespace) -> Any:
@@ -114,7 +135,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
         checkpoint_bucket=args.checkpoint_bucket,
         recovery=args.recovery,
         max_restarts_on_errors=args.max_restarts_on_errors,
-        overrides=tuple(args.overrides),
+        overrides=(*args.overrides, *gpu_type_overrides(args)),
+        allow_idle=args.allow_idle,
         name=args.cluster_name,
         steps=args.steps,
         wandb=args.wandb,

@@ -155,7 +155,9 @@ def copy_recipe(source: str, dest: str, force: bool = False) -> Path:
     return target
 
 
-def validate(source: str, gpus: int | None, overrides: tuple[str, ...]) -> str:
+def validate(
+    source: str, gpus: int | None, overrides: tuple[str, ...], *, allow_idle: bool = False
+) -> str:
     """Load, override and plan a recipe; one line saying it is fine (else UserError)."""
     from launcher.files import local_files
     from launcher.options import check_references, say_if_unsold
@@ -173,6 +175,10 @@ def validate(source: str, gpus: int | None, overrides: tuple[str, ...]) -> str:
     local_files(recipe)  # what launch would refuse to bring to the nodes
     count = launch_gpus(recipe) if gpus is None else gpus
     run_plan = plan(recipe, count)
+    if gpus is not None and not allow_idle:
+        from recipes.run_cost import check_idle
+
+        check_idle(recipe, run_plan, count)
     say_if_unsold(run_plan, count)
     if run_plan.cpu:
         return f"{source}: ok (recipe {recipe.name}, {recipe.model.hf_id}; plans on CPU)"

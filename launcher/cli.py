@@ -115,6 +115,28 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also the layouts the planner weighed, with their predicted step times",
     )
+    p.add_argument(
+        "--cheapest",
+        action="store_true",
+        help="rank every GPU type x count x on-demand/spot by the run's predicted price",
+    )
+    p.add_argument("--deadline", metavar="TIME", help="with --cheapest: done within, e.g. 8h")
+    p.add_argument("--budget", metavar="USD", help="with --cheapest: costing at most, e.g. 200")
+
+    p = add_command(
+        sub,
+        "prices",
+        "the hourly GPU prices plans use (SkyPilot's catalog), and their source",
+        _cmd_prices,
+        epilog="--refresh asks SkyPilot's catalog (sky.catalog; it fetches what is stale) and "
+        "rewrites the table plans read; --refresh --snapshot rebuilds it from the committed "
+        "snapshot of SkyPilot's catalog files (recipes/price_catalog), for machines offline.",
+    )
+    p.add_argument("--refresh", action="store_true", help="rewrite the table from sky.catalog")
+    p.add_argument(
+        "--snapshot", action="store_true", help="with --refresh: from the committed snapshot"
+    )
+    p.add_argument("--json", action="store_true", help="the table as JSON")
 
     p = add_command(sub, "render", "print the SkyPilot task YAML for a run", _cmd_render)
     p.add_argument("recipe", metavar="NAME")
@@ -256,6 +278,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from recipes import apply_overrides, launch_gpus, load_recipe, plan
 
+    if args.cheapest or args.deadline is not None or args.budget is not None:
+        return _cmd_cheapest(args)
     recipe = apply_overrides(load_recipe(args.recipe), list(plan_overrides(args)))
     if recipe.grpo.loss.count(":") or any(":" in r.name for r in recipe.dataset.rewards):
         from launcher.options import check_references
@@ -263,22 +287,43 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         check_references(recipe, args.recipe)
     gpus = launch_gpus(recipe) if args.gpus is None else args.gpus
     run_plan = plan(recipe, gpus)
+    if args.gpus is not None and not args.allow_idle:
+        from recipes.run_cost import check_idle
+
+        check_idle(recipe, run_plan, gpus)
     from launcher.options import say_if_unsold
 
     say_if_unsold(run_plan, gpus)  # on stderr: --json stays JSON
+    from recipes.run_cost import run_estimate
+
+    run = run_estimate(recipe, run_plan)
     if args.json:
-        print(_json(run_plan.to_dict()))
+        print(_json({**run_plan.to_dict(), "run": run.to_dict() if run else None}))
     else:
         print(run_plan.describe())
+        if run is not None:
+            print("\n".join(run.lines()))
         if args.explain:
             print(run_plan.explain())
     return 0
 
 
+def _cmd_cheapest(args: argparse.Namespace) -> int:
+    from launcher.money import cheapest
+
+    return cheapest(args)
+
+
+def _cmd_prices(args: argparse.Namespace) -> int:
+    from launcher.money import prices
+
+    return prices(args)
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from launcher.catalog import validate
 
-    print(validate(args.recipe, args.gpus, plan_overrides(args)))
+    print(validate(args.recipe, args.gpus, plan_overrides(args), allow_idle=args.allow_idle))
     return 0
 
 
@@ -352,6 +397,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     kind = "managed job" if options.managed else "cluster"
     spot = " on spot instances" if options.spot else ""
     print(job.plan.describe())
+    _print_run_cost(job.recipe, job.plan, options.infra)
     given = [k for k in SECRETS if secrets.get(k)]
     print(
         f"{kind} {job.name}{spot}; secrets from your environment: "
@@ -408,6 +454,16 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 
 # --- helpers -------------------------------------------------------------------------------
+
+
+def _print_run_cost(recipe: Any, run_plan: Any, infra: str | None) -> None:
+    from recipes.prices import price_book
+    from recipes.run_cost import run_estimate
+
+    book = price_book()
+    run = run_estimate(recipe, run_plan, book, book.cloud_of(infra))
+    if run is not None:
+        print("\n".join(run.lines()))
 
 
 def _version() -> str:

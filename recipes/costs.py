@@ -46,13 +46,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from recipes.gpus import GPUS
 from recipes.lora import adapter_params
 from recipes.measured import MEASURED
 from recipes.placements import gpu_units
 
-# Spec sheets: HBM bandwidth (TB/s) and dense bf16 peak (TFLOP/s) of the SXM parts.
-BANDWIDTH_TBS = {"H100": 3.35, "H200": 4.8}
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}
+# Spec sheets (recipes/gpus.py): HBM bandwidth (TB/s) and dense bf16 peak (TFLOP/s).
+BANDWIDTH_TBS = {k: g.bandwidth_tbs for k, g in GPUS.items()}
+PEAK_BF16_TFLOPS = {k: g.bf16_tflops for k, g in GPUS.items()}
 TP_EXPONENT = 0.5
 CHECKPOINTING_COST = 4 / 3
 
@@ -223,3 +224,18 @@ def predict_step(
         paths = "/".join(sorted({p.removesuffix("_groups") for p in transports}))
         basis += f"; weight sync by {paths}: {'; '.join(sorted(notes))}"
     return StepEstimate(seconds, busy, work, bound, basis)
+
+
+def eval_seconds(recipe: Any, accelerator: str, placements: tuple[Any, ...]) -> float:
+    """One evaluation's seconds: eval.prompts x eval.samples_drawn completions of the longest
+    length, sampled by the generator replicas at once (the speeds `predict_step` uses; greedy
+    and sampled completions are counted alike)."""
+    e, g = recipe.eval, recipe.grpo
+    gens = [p for p in placements if p.service == "generator"]
+    if not gens:
+        return 0.0
+    s = speeds(accelerator, recipe.arch)
+    per_replica = e.prompts * (e.samples_drawn + (1 if e.samples_drawn > 1 else 0)) / len(gens)
+    tok_s = s.generate_tok_s * (per_replica / s.sequences_per_call) ** MEASURED["batch_exponent"]
+    tp = len(gens[0].gpus) or 1
+    return per_replica * g.max_response_tokens / (tok_s * tp**TP_EXPONENT)

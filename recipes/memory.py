@@ -40,15 +40,16 @@ import math
 from typing import Any
 
 from recipes.architectures import architecture
+from recipes.gpus import GPUS
 from recipes.lora import adapter_params, max_lora_rank, slot_bytes
 
 Recipe = Any  # recipes.schema.Recipe, which imports this module
 
 GB = 1e9
 RUNTIME_OVERHEAD_GB = 3.0
-# What CUDA reports as the device's memory (nvidia-smi: 81559 MiB and 143771 MiB, sold as
-# "80 GB" and "141 GB"): what every estimate is checked against, in GB of 10^9 bytes.
-ACCELERATOR_BYTES: dict[str, int] = {"H100": 81559 * 2**20, "H200": 143771 * 2**20}
+# What CUDA reports as the device's memory (recipes/gpus.py; an H100 81559 MiB, sold as
+# "80 GB"): what every estimate is checked against, in GB of 10^9 bytes.
+ACCELERATOR_BYTES: dict[str, int] = {k: g.memory_mib * 2**20 for k, g in GPUS.items()}
 ACCELERATOR_GB: dict[str, float] = {k: round(v / GB, 1) for k, v in ACCELERATOR_BYTES.items()}
 
 

@@ -101,6 +101,7 @@ def plan(
     *,
     nodes: int | None = None,
     accelerator: str | None = None,
+    other_types: bool = True,
 ) -> Plan:
     """Place every service of `recipe` on `gpus` GPUs (nodes of at most `gpus_per_node`), and
     plan the services' settings for them (recipes/settings.py).
@@ -113,6 +114,8 @@ def plan(
 
     layout.share picks which services may share GPUs; with auto every layout that fits is
     predicted (recipes/costs.py) and the fastest is taken, the others kept as `candidates`.
+
+    Too few GPUs for the type: the refusal names the GPU types they fit on (`other_types`).
     """
     gpn = recipe.resources.gpus_per_node if gpus_per_node is None else gpus_per_node
     if nodes is not None and nodes < 1:
@@ -150,7 +153,9 @@ def plan(
     share = recipe.layout.share
     dedicated = dedicated_gpus(recipe)
     if gpus < 1 or (share == "none" and gpus < dedicated):
-        raise UserError(_too_few(recipe, gpus, accelerator))
+        raise UserError(
+            _too_few(recipe, gpus, accelerator) + _fits_on(recipe, gpus, accelerator, other_types)
+        )
     num_nodes = -(-gpus // gpn)
     if num_nodes > 1 and gpus % gpn:
         options = [n for n in ((num_nodes - 1) * gpn, num_nodes * gpn) if n >= dedicated]
@@ -172,7 +177,11 @@ def plan(
             # the memory arithmetic of a sharing layout refused at this count, if any
             why = next((c.refused for _, c in weighed if c.over_memory), None)
             why = why.removeprefix(f"{recipe.name}: ") if why else None
-            raise UserError(_too_few(recipe, gpus, accelerator) + (f" ({why})" if why else ""))
+            raise UserError(
+                _too_few(recipe, gpus, accelerator)
+                + (f" ({why})" if why else "")
+                + _fits_on(recipe, gpus, accelerator, other_types)
+            )
         raise UserError(refusals[0] if refusals else _too_few(recipe, gpus, accelerator))
     best, _ = min(
         fits, key=lambda pc: (round(pc[1].step_s or 0.0, 3), SHARE_ORDER.index(pc[1].share))
@@ -273,6 +282,28 @@ def _check_mps_shares(chosen: Plan) -> None:
                 f"layout.mps_sm_percent.{name}: the {name} has GPUs of its own in this plan "
                 f"(layout.share {chosen.share}); only services that share a GPU run under MPS"
             )
+
+
+def _fits_on(recipe: Recipe, gpus: int, accelerator: str, look: bool) -> str:
+    """Where `gpus` GPUs are too few on `accelerator`: the GPU types of recipes/gpus.py on
+    which they plan (each planned as --gpu-type would), in words; "" where none or not `look`."""
+    from recipes.gpus import GPU_TYPES
+
+    if gpus < 1 or not look:
+        return ""
+    fits = []
+    for other in GPU_TYPES:
+        if other == accelerator:
+            continue
+        resources = recipe.resources.model_copy(update={"accelerator": other, "alternatives": []})
+        try:
+            plan(recipe.model_copy(update={"resources": resources}), gpus, other_types=False)
+        except UserError:
+            continue
+        fits.append(other)
+    if not fits:
+        return ""
+    return f"; {gpus} GPUs fit on {' or '.join(fits)} (--gpu-type {fits[0]})"
 
 
 def _too_few(recipe: Recipe, gpus: int, accelerator: str) -> str:

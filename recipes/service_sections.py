@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from recipes.fields import Strict
+from recipes.gpus import GPU_TYPES
 
 
 class GeneratorLayout(Strict):
@@ -102,13 +103,19 @@ class Layout(Strict):
 
 
 class Resources(Strict):
-    accelerator: Literal["H100", "H200", "cpu"] = "H100"
-    alternatives: list[Literal["H100", "H200"]] = ["H200"]
+    # a GPU type of recipes/gpus.py, or cpu
+    accelerator: Literal[(*GPU_TYPES, "cpu")] = "H100"  # type: ignore[valid-type]
+    alternatives: list[Literal[GPU_TYPES]] = ["H200"]  # type: ignore[valid-type]
     # each node's disk; auto: what the run writes (recipes/memory.py disk_plan)
     disk_gb: int | Literal["auto"] = "auto"
 
     _disk = field_validator("disk_gb")(lambda value: _at_least_one(value))
     gpus_per_node: int = Field(default=8, ge=1, le=64)
+    # what a node costs an hour in US dollars, and where that price comes from: `launch` sets
+    # both from the plan's price (recipes/prices.py; spot with --spot), and the run's metrics
+    # carry the dollars spent so far (cost/usd); absent, the run counts no dollars
+    usd_per_node_hour: float | None = Field(default=None, ge=0)
+    price_source: str = ""
 
 
 Auto = Literal["auto"]

@@ -251,6 +251,7 @@ def test_catalog_commands_import_neither_skypilot_nor_torch(tmp_path):
             ["recipes"], ["recipes", "--json"], ["show", "qwen3-8b"],
             ["plan", "qwen3-8b", "--gpus", "8"], ["validate", "recipes/catalog/tiny.yaml"],
             ["cp", "qwen3-8b", {str(tmp_path / "x.yaml")!r}],
+            ["plan", "qwen3-8b", "--cheapest", "--budget", "100"], ["prices"],
         ]
         for argv in commands:
             assert main(argv) == 0, argv
@@ -280,6 +281,8 @@ def test_bad_input_is_refused_before_skypilot_or_torch_loads(tmp_path):
         commands = [
             ["render", "qwen3-8b", "--gpus", "2"],
             ["render", "qwen3-1.7b", "--set", "grpo.lr=1"],
+            ["render", "qwen3-1.7b", "--gpus", "64"],
+            ["plan", "qwen3-8b", "--cheapest", "--deadline", "1m"],
             ["export", {str(tmp_path / "none")!r}, "--out", {str(tmp_path / "m")!r}],
             ["export", {str(tmp_path)!r}, "--out", {str(tmp_path / "full")!r}],
         ]

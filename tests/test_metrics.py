@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -45,7 +46,10 @@ def test_each_step_is_one_flushed_json_line(tmp_path):
     logger.log(1, step_metrics(1))
     # readable before close: a crash loses nothing already logged
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line) for line in lines] == [
+    first = [json.loads(line) for line in lines]
+    # the run's wall time so far (every process of it) rides on each record
+    assert 0 <= first[0].pop("time/run_s") < 60
+    assert first == [
         {
             "step": 1,
             "reward/mean": 0.1,
@@ -130,7 +134,8 @@ def test_resume_after_a_crash_mid_line_and_redone_steps(tmp_path):
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert records[2]["reward/mean"] == 0.9
-    assert (tmp_path / "metrics.jsonl").read_text().endswith('"time/weight_sync_s": 0.05}\n')
+    last = (tmp_path / "metrics.jsonl").read_text().splitlines()[-1]
+    assert json.loads(last)["step"] == 4
 
 
 def test_unknown_wandb_mode_is_a_user_error(tmp_path):
@@ -222,3 +227,55 @@ def test_online_wandb_without_a_key_is_a_user_error(tmp_path):
     assert line.startswith("W&B (online): ")
     assert "WANDB_API_KEY" in line
     assert "\n" not in line
+
+
+def test_dollars_spent_ride_on_every_record_and_the_progress_line(tmp_path):
+    out = io.StringIO()
+    # started half an hour ago at $10 an hour: $5 spent by the first step
+    logger = MetricsLogger(
+        tmp_path, stream=out, usd_per_hour=10.0, started=time.perf_counter() - 1800
+    )
+    logger.log(1, step_metrics(1))
+    record = read_metrics(tmp_path / "metrics.jsonl")[0]
+    assert 5.0 <= record["cost/usd"] < 5.5
+    assert record["time/run_s"] >= 1800
+    assert "| $5." in out.getvalue()
+    done = logger.summary(1, 128, {"wall_s": 1900.0})
+    logger.close()
+    assert done["cost_usd"] >= 5.0
+    assert done["usd_per_1k_samples"] == pytest.approx(done["cost_usd"] / 128 * 1000, rel=1e-3)
+    assert done["predicted"] == {"wall_s": 1900.0} and done["measured_wall_s"] >= 1800
+    assert json.loads((tmp_path / "summary.json").read_text()) == done
+
+
+def test_a_recovery_carries_the_clock_and_counts_the_time_lost(tmp_path):
+    with (tmp_path / "metrics.jsonl").open("w") as f:
+        for step, run_s in ((1, 100.0), (2, 200.0), (3, 300.0)):
+            record = {"step": step, "reward/mean": 0.1, "loss": 0.5, "time/run_s": run_s}
+            f.write(json.dumps({**record, "cost/usd": run_s / 3600 * 36}) + "\n")
+    # preempted after step 3, resumed from the checkpoint of step 1: steps 2-3 (200 s) lost
+    logger = MetricsLogger(
+        tmp_path,
+        stream=io.StringIO(),
+        usd_per_hour=36.0,
+        started=time.perf_counter() - 50,
+        resumed_from=1,
+    )
+    logger.log(2, step_metrics(2))
+    logger.close()
+    record = read_metrics(tmp_path / "metrics.jsonl")[1]
+    assert record["recovery/count"] == 1
+    assert record["recovery/lost_s"] == pytest.approx(200.0)
+    assert 350 <= record["time/run_s"] < 400  # 300 before the restart, 50 since
+    assert 3.5 <= record["cost/usd"] < 4.0  # $3 before, $0.5 since
+
+
+def test_the_clock_carries_the_latest_time_when_a_redone_step_came_last(tmp_path):
+    with (tmp_path / "metrics.jsonl").open("w") as f:
+        # steps 1-3, then a restart from step 1 redid step 2 before the next stop
+        for step, run_s in ((1, 100.0), (2, 200.0), (3, 300.0), (2, 350.0)):
+            f.write(json.dumps({"step": step, "loss": 0.5, "time/run_s": run_s}) + "\n")
+    logger = MetricsLogger(tmp_path, stream=io.StringIO(), started=time.perf_counter() - 10)
+    logger.log(3, step_metrics(3))
+    logger.close()
+    assert 360 <= read_metrics(tmp_path / "metrics.jsonl")[-1]["time/run_s"] < 400

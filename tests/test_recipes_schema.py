@@ -102,7 +102,7 @@ def error_of(fn, *args) -> str:
             "resources",
             "accelerator",
             "A100",
-            "resources.accelerator: Input should be 'H100', 'H200' or 'cpu'",
+            "resources.accelerator: Input should be 'H100', 'H200', 'A100-80GB', 'B200' or 'cpu'",
         ),
     ],
 )

@@ -149,7 +149,9 @@ def test_a_run_with_wandb_offline_ends_without_a_traceback(tmp_path: Path, nothi
 
 def test_sigterm_checkpoints_exits_zero_and_the_rerun_resumes(tmp_path: Path, nothing_left):
     run_dir = tmp_path / "run"
-    args = ["--recipe", "tiny", "--steps", "12", "--run-dir", str(run_dir)]
+    # at a price a node-hour (what launch sets from the plan): the run counts its dollars
+    price = ["--set", "resources.usd_per_node_hour=36", "--set", "resources.price_source=a test"]
+    args = ["--recipe", "tiny", "--steps", "12", "--run-dir", str(run_dir), *price]
     proc = start(args)
     wait_for_line(proc, "step 4/12", timeout=600)
     sent = time.monotonic()
@@ -172,6 +174,16 @@ def test_sigterm_checkpoints_exits_zero_and_the_rerun_resumes(tmp_path: Path, no
     assert [r["step"] for r in rows] == list(range(1, 13))
     assert rows[-1]["policy_version"] == 12
     assert json.loads((run_dir / "model/forgesky.json").read_text())["step"] == 12
+    # the clock and the dollars carry over the restart, which counts as a recovery
+    spent = [r["cost/usd"] for r in rows]
+    assert all(0 < a < b for a, b in zip(spent, spent[1:], strict=False)), spent
+    assert "recovery/count" not in rows[stopped_at - 1] and rows[-1]["recovery/count"] == 1
+    assert rows[-1]["time/run_s"] > rows[stopped_at - 1]["time/run_s"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["recoveries"] == 1 and summary["steps"] == 12
+    assert summary["cost_usd"] >= round(spent[-1], 2)
+    assert summary["usd_per_1k_samples"] > 0 and summary["measured_wall_s"] > 0
+    assert f"${summary['cost_usd']:,.2f} (a test)" in out
 
 
 def test_sigint_stops_cleanly(tmp_path: Path, nothing_left):

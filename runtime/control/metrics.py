@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -45,6 +46,9 @@ class MetricsLogger:
         resume_id: str | None = None,
         total_steps: int | None = None,
         stream: TextIO | None = None,
+        usd_per_hour: float | None = None,
+        started: float | None = None,
+        resumed_from: int | None = None,
     ):
         if wandb_mode not in ("online", "offline", "disabled"):
             raise UserError(f"wandb mode {wandb_mode!r}: use online, offline or disabled")
@@ -53,7 +57,26 @@ class MetricsLogger:
         self.path = self.run_dir / "metrics.jsonl"
         self.curves_path = self.run_dir / "curves.png"
         self.total_steps = total_steps
-        self.last_step = max((r["step"] for r in read_metrics(self.path)), default=None)
+        earlier = read_metrics(self.path)
+        self.last_step = max((r["step"] for r in earlier), default=None)
+        # the run's clock and dollars carry over a restart (resume): what the earlier processes
+        # ran, and, where a restart redid steps after its checkpoint, the time they were lost
+        self.usd_per_hour = usd_per_hour
+        self.started = time.perf_counter() if started is None else started
+
+        # the latest of each (a step redone after a restart keeps only its latest record)
+        def latest(key: str) -> float:
+            return max((float(r.get(key, 0.0)) for r in earlier), default=0.0)
+
+        self._run_s_before = latest("time/run_s")
+        self._usd_before = latest("cost/usd")
+        self.recoveries = int(latest("recovery/count"))
+        self.lost_s = latest("recovery/lost_s")
+        if resumed_from is not None and earlier:
+            at = next((r for r in earlier if r["step"] == resumed_from), None)
+            redone = self._run_s_before - float(at.get("time/run_s", 0.0)) if at else 0.0
+            self.recoveries += 1
+            self.lost_s += max(redone, 0.0)
         self._file = self._open_for_append()
         self._stream = stream if stream is not None else sys.stdout
         self._bar = self._progress_bar()
@@ -71,12 +94,47 @@ class MetricsLogger:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record one step: a jsonl line, a console line, and a W&B point."""
         record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items() if k != "step"}}
+        record.update(self.clock())
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         self.last_step = record["step"]
         self._console(record)
         if self._run is not None:
             self._run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def clock(self) -> dict[str, float]:
+        """The run's wall time so far (every process of it), the dollars it cost where the
+        recipe gives a price (resources.usd_per_node_hour), and its recoveries."""
+        run_s = self._run_s_before + time.perf_counter() - self.started
+        out = {"time/run_s": run_s}
+        if self.usd_per_hour is not None:
+            here = (time.perf_counter() - self.started) / 3600 * self.usd_per_hour
+            out["cost/usd"] = self._usd_before + here
+        if self.recoveries:
+            out["recovery/count"] = self.recoveries
+            out["recovery/lost_s"] = self.lost_s
+        return out
+
+    def summary(self, steps: int, samples: int, predicted: Mapping[str, Any] | None) -> dict:
+        """The run's end: its measured wall time beside the prediction the plan made
+        (recipes/run_cost.py), the dollars and the dollars per 1,000 samples, the recoveries;
+        written to RUN_DIR/summary.json (and W&B's summary) and returned."""
+        clock = self.clock()
+        out: dict[str, Any] = {
+            "steps": steps,
+            "samples": samples,
+            "measured_wall_s": round(clock["time/run_s"], 1),
+            "predicted": dict(predicted) if predicted else None,
+        }
+        if "cost/usd" in clock:
+            out["cost_usd"] = round(clock["cost/usd"], 2)
+            out["usd_per_1k_samples"] = round(clock["cost/usd"] / max(samples, 1) * 1000, 4)
+        out["recoveries"] = self.recoveries
+        out["recovery_lost_s"] = round(self.lost_s, 1)
+        (self.run_dir / "summary.json").write_text(json.dumps(out, indent=1) + "\n")
+        if self._run is not None:
+            self._run.summary.update({k: v for k, v in out.items() if k != "predicted"})
+        return out
 
     def close(self) -> None:
         """Finish W&B, close the jsonl and write curves.png from the whole file. Idempotent."""
@@ -140,6 +198,8 @@ def format_step(record: Mapping[str, Any], total_steps: int | None = None) -> st
             parts.append(f"{label} {record[key]:.3g}")
     if isinstance(record.get("time/step_s"), (int, float)):
         parts.append(f"{record['time/step_s']:.3g} s/step")
+    if isinstance(record.get("cost/usd"), (int, float)):
+        parts.append(f"${record['cost/usd']:,.2f}")
     if isinstance(record.get("eval/pass@1"), (int, float)):
         version = record.get("eval/version", record["step"])
         passes = [f"pass@1 {record['eval/pass@1']:.3g}"] + [

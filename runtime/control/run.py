@@ -327,6 +327,9 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
         config=recorded,
         resume_id=controller.wandb_run_id,
         total_steps=recipe.grpo.steps,
+        usd_per_hour=_usd_per_hour(recipe, config.plan),
+        started=start,
+        resumed_from=controller.resumed_from,
     )
     controller.metrics = metrics
 
@@ -354,7 +357,42 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
         await controller.services.export(str(config.run_dir / "model"), provenance)
         print(written, flush=True)
     status = "finished" if finished else "stopped"
+    print(_summary_line(metrics, recipe, config.plan, controller.step), flush=True)
     print(f"{status} at step {controller.step}; outputs in {config.run_dir}", flush=True)
+
+
+def _usd_per_hour(recipe: Any, run_plan: Any) -> float | None:
+    """The node set's dollars an hour from the recipe (resources.usd_per_node_hour), or None."""
+    price = recipe.resources.usd_per_node_hour
+    return None if price is None else price * max(run_plan.num_nodes, 1)
+
+
+def _summary_line(metrics: Any, recipe: Any, run_plan: Any, step: int) -> str:
+    """Write RUN_DIR/summary.json (measured wall time beside the plan's prediction of it, the
+    dollars) and say it in one line."""
+    from recipes.run_cost import STARTUP_S_ASSUMED, run_estimate
+
+    g = recipe.grpo
+    estimate = run_estimate(recipe, run_plan)
+    predicted = None
+    if estimate is not None:
+        # what this process can measure: the whole run less the provisioning before it
+        predicted = {
+            **estimate.to_dict(),
+            "wall_s_on_the_nodes": round(estimate.wall_s - STARTUP_S_ASSUMED, 1),
+        }
+    done = metrics.summary(step, step * g.prompts_per_step * g.group_size, predicted)
+    words = f"run: {done['measured_wall_s'] / 60:.1f} min on the nodes"
+    if predicted is not None:
+        words += f" (predicted {predicted['wall_s_on_the_nodes'] / 60:.1f} min)"
+    if "cost_usd" in done:
+        words += (
+            f"; ${done['cost_usd']:,.2f} ({recipe.resources.price_source or 'the recipe'}), "
+            f"${done['usd_per_1k_samples']:,.4f} per 1,000 samples"
+        )
+    if done["recoveries"]:
+        words += f"; {done['recoveries']} recoveries, {done['recovery_lost_s']:.0f} s lost"
+    return words
 
 
 def model_room_warning(config: RunConfig) -> str | None:

@@ -317,7 +317,7 @@ def host_gpu_ids(gpus: tuple[int, ...], visible: str | None = None) -> list[str]
 
 
 def gpu_type(names: list[str] | None = None) -> str | None:
-    """This host's GPU type as recipes name it ("H100", "H200"), read from nvidia-smi without
+    """This host's GPU type as recipes name it (recipes/gpus.py), read from nvidia-smi without
     touching CUDA (the controller must not hold a context on a GPU a service uses); None when
     there is no GPU, no nvidia-smi, or a type no recipe names."""
     if names is None:
@@ -338,7 +338,9 @@ def gpu_type(names: list[str] | None = None) -> str | None:
         except (OSError, subprocess.SubprocessError):
             return None
         names = [line.strip() for line in out.splitlines() if line.strip()]
-    for known in ("H200", "H100"):
-        if names and all(known in name for name in names):
+    from recipes.gpus import GPUS
+
+    for known, spec in GPUS.items():
+        if names and all(spec.smi_name in name for name in names):
             return known
     return None

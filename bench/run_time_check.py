@@ -1,0 +1,86 @@
+"""A whole run's predicted wall time against the measured one, from the runs' summaries.
+
+    python bench/run_time_check.py RUN_DIR_OR_JSON [...] [--out bench/results/run_time_check.json]
+
+Each run writes RUN_DIR/summary.json at its end (runtime/control/metrics.py): the wall time
+measured on the nodes (every process of the run, start-up included) beside the prediction the
+plan made of it (recipes/run_cost.py, less the provisioning before the run starts). An argument
+is a run directory, its summary.json, or a JSON file holding such summaries (a list, or
+{"runs": [...]}: what --out writes). The error is (measured - predicted) / predicted; the
+target is within 15 % on GPU runs of 20 steps or more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+TARGET_ERROR = 0.15
+MIN_STEPS = 20
+
+
+def summaries(source: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(name, summary) of each run `source` holds."""
+    path = source / "summary.json" if source.is_dir() else source
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and "runs" in data:
+        data = data["runs"]
+    if isinstance(data, dict):
+        return [(str(source), data)]
+    return [(str(d.get("run", f"{source}#{i}")), d) for i, d in enumerate(data)]
+
+
+def check(name: str, summary: dict[str, Any]) -> dict[str, Any]:
+    predicted = (summary.get("predicted") or {}).get("wall_s_on_the_nodes")
+    measured = summary.get("measured_wall_s")
+    row: dict[str, Any] = {
+        "run": name,
+        "steps": summary.get("steps"),
+        "measured_wall_s": measured,
+        "predicted_wall_s": predicted,
+        "predicted": summary.get("predicted"),
+    }
+    if predicted and measured is not None:
+        row["error"] = round((measured - predicted) / predicted, 3)
+        row["within_target"] = abs(row["error"]) <= TARGET_ERROR
+    else:
+        row["error"] = None  # a CPU run, or one without a price table's prediction
+    if summary.get("cost_usd") is not None:
+        row["cost_usd"] = summary["cost_usd"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sources", nargs="+", type=Path, metavar="RUN_DIR_OR_JSON")
+    parser.add_argument("--out", type=Path, help="also write the rows as JSON")
+    args = parser.parse_args(argv)
+    rows = []
+    for source in args.sources:
+        if not (source.is_file() or (source / "summary.json").is_file()):
+            print(f"run_time_check: {source}: no summary.json", file=sys.stderr)
+            return 2
+        rows.extend(check(name, s) for name, s in summaries(source))
+    for r in rows:
+        error = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        predicted = "-" if r["predicted_wall_s"] is None else f"{r['predicted_wall_s']:.0f} s"
+        short = " (under 20 steps)" if (r["steps"] or 0) < MIN_STEPS else ""
+        print(
+            f"{r['run']}: {r['steps']} steps, measured {r['measured_wall_s']:.0f} s, "
+            f"predicted {predicted}, error {error}{short}"
+        )
+    errors = [abs(r["error"]) for r in rows if r["error"] is not None]
+    if errors:
+        print(
+            f"largest error {max(errors):.1%} over {len(errors)} runs (target {TARGET_ERROR:.0%})"
+        )
+    if args.out:
+        args.out.write_text(json.dumps({"target": TARGET_ERROR, "runs": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
