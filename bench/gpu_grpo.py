@@ -217,6 +217,9 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
             [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
         )
         written = written_gb(run_dir)
+        # the run's own summary: its wall time on the nodes beside the plan's prediction of it
+        done = run_dir / "summary.json"
+        run_summary = json.loads(done.read_text()) if done.exists() else None
     finally:
         window.stop()
         sampler.stop()
@@ -232,6 +235,7 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
         "exit_code": code,
         "share": run_plan.share,
         "wall_s": wall,
+        "run_summary": run_summary,
         "set_by_hand": list(args.set or []),
         **written,
         "settings": run_plan.settings.to_dict(),

@@ -5,8 +5,9 @@
 Each run writes RUN_DIR/summary.json at its end (runtime/control/metrics.py): the wall time
 measured on the nodes (every process of the run, start-up included) beside the prediction the
 plan made of it (recipes/run_cost.py, less the provisioning before the run starts). An argument
-is a run directory, its summary.json, or a JSON file holding such summaries (a list, or
-{"runs": [...]}: what --out writes). The error is (measured - predicted) / predicted; the
+is a run directory, its summary.json, a JSON file holding such summaries (a list, or
+{"runs": [...]}: what --out writes), or a JSON of bench/gpu_grpo.py (each section's
+`run_summary`). The error is (measured - predicted) / predicted; the
 target is within 15 % on GPU runs of 20 steps or more.
 """
 
@@ -28,6 +29,15 @@ def summaries(source: Path) -> list[tuple[str, dict[str, Any]]]:
     data = json.loads(path.read_text())
     if isinstance(data, dict) and "runs" in data:
         data = data["runs"]
+    if isinstance(data, dict) and "measured_wall_s" not in data:
+        # a JSON of bench/gpu_grpo.py: each section's run carries its summary as run_summary
+        found = [
+            (f"{source}#{name}", part["run_summary"])
+            for name, part in data.items()
+            if isinstance(part, dict) and part.get("run_summary")
+        ]
+        if found:
+            return found
     if isinstance(data, dict):
         return [(str(source), data)]
     return [(str(d.get("run", f"{source}#{i}")), d) for i, d in enumerate(data)]

@@ -295,6 +295,10 @@ def test_run_time_check_reports_the_error_of_each_run(tmp_path, capsys):
     # what --out wrote reads back as a source
     assert run_time_check.main([str(out)]) == 0
     assert run_time_check.main([str(tmp_path / "missing")]) == 2
+    # a GPU bench's JSON: each section's run_summary
+    bench = tmp_path / "gpu_grpo.json"
+    bench.write_text(json.dumps({"device": {"name": "H200"}, "grpo": {"run_summary": summary}}))
+    assert run_time_check.summaries(bench) == [(f"{bench}#grpo", summary)]
 
 
 def test_launch_carries_the_plans_price_to_the_nodes(capsys):
