@@ -7,7 +7,7 @@ min and max. Fewer than three pairs stay in the summary, marked `"median_of_3": 
 
 The comparisons are listed in `bench/results/speed_comparisons.json`, each with `work`, `gpu`,
 `gpus`, `policy` ("on"/"off"), `peer`, `commit` and `pairs`: `[["FILE#OURS", "FILE#PEER"], ...]`
-(paths under bench/results/). A section stamped by `bench/pairs.py` (a `run` record) gives its
+(paths under the specs' folder, bench/results/). A section stamped by `bench/pairs.py` (a `run` record) gives its
 own start, end, host and commit; for an older section the spec names its log (`logs`:
 `{"FILE#SECTION": "LOG"}`), whose first and last clock times (HH:MM:SS, on the JSON's date) say
 when it ran, `host` names the machine and `commit_from` says where `commit` was read.
@@ -71,13 +71,13 @@ def log_times(log: Path, date: str) -> tuple[dt.datetime, dt.datetime]:
 
 
 def load_run(
-    spec: dict[str, Any], source: str, files: dict[Path, dict[str, Any]]
+    spec: dict[str, Any], source: str, files: dict[Path, dict[str, Any]], root: Path
 ) -> dict[str, Any]:
     name, _, section = source.partition("#")
-    path = RESULTS / name
+    path = root / name
     if path not in files:
         if not path.exists():
-            raise Refused(f"{name} is not under bench/results/")
+            raise Refused(f"{name} is not under {root}")
         files[path] = json.loads(path.read_text())
         device = files[path].get("device", {}).get("name", "")
         if spec["gpu"] not in device:
@@ -110,12 +110,12 @@ def load_run(
     date = data.get("date") or files[path].get("date")
     if not date:
         raise Refused(f"{source}: its file has no date")
-    run["started"], run["ended"] = log_times(RESULTS / log, date)
+    run["started"], run["ended"] = log_times(root / log, date)
     run.update(host=(spec.get("host"), None), commit=spec.get("commit"), times_from="logs")
     return run
 
 
-def row(spec: dict[str, Any], files: dict[Path, dict[str, Any]]) -> dict[str, Any]:
+def row(spec: dict[str, Any], files: dict[Path, dict[str, Any]], root: Path) -> dict[str, Any]:
     missing = [k for k in FIELDS if k not in spec]
     if missing:
         raise Refused(f"the spec lacks {', '.join(missing)}")
@@ -126,7 +126,7 @@ def row(spec: dict[str, Any], files: dict[Path, dict[str, Any]]) -> dict[str, An
     runs = []
     for k, pair in enumerate(spec["pairs"], 1):
         for side, source in zip(("ours", "peer"), pair, strict=True):
-            run = load_run(spec, source, files)
+            run = load_run(spec, source, files, root)
             if run["times_from"] == "stamps" and (run["side"], run["pair"]) != (side, k):
                 raise Refused(
                     f"{source} was made as pair {run['pair']} {run['side']}, listed as pair "
@@ -186,12 +186,13 @@ def row(spec: dict[str, Any], files: dict[Path, dict[str, Any]]) -> dict[str, An
     return out
 
 
-def summarize(specs: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(specs: list[dict[str, Any]], root: Path = RESULTS) -> dict[str, Any]:
+    """The rows of `specs`, whose paths are under `root`; Refused names the comparison."""
     files: dict[Path, dict[str, Any]] = {}
     rows = []
     for spec in specs:
         try:
-            rows.append(row(spec, files))
+            rows.append(row(spec, files, root))
         except Refused as e:
             raise Refused(f"{label(spec)}: {e}") from None
     return {
@@ -231,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         specs = json.loads(Path(a.specs).read_text())
-        summary = summarize(specs if isinstance(specs, list) else specs["comparisons"])
+        if not (isinstance(specs, list) and all(isinstance(x, dict) for x in specs)):
+            raise ValueError("a list of comparisons (JSON objects) is expected")
+        summary = summarize(specs, Path(a.specs).resolve().parent)
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"speed_summary: {a.specs}: {e}", file=sys.stderr)
         return 2
