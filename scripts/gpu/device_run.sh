@@ -32,6 +32,14 @@
 #                                      SBS_OURS_ARGS: more arguments for ours (--set K=V);
 #                                      SBS_TRL_MB="32 16": TRL's micro-batches to try, largest
 #                                      first, the first that runs to its end is kept
+#   scripts/gpu/device_run.sh pairs on|off [GPUS] [PEER ARGS]  stage, install if needed (stack,
+#                                      then TRL), then the next PAIRS_RUNS (1) runs of the
+#                                      alternating order ours, peer, ours, peer, ... (PAIRS_N
+#                                      pairs, 3) with the side-by-side mode's command lines, each
+#                                      into its section of /tmp/bench/pairs$TAG.json (pair1_ours,
+#                                      pair1_peer, ...) stamped with start, end, exit code, host
+#                                      and commit by bench/pairs.py, the JSON copied to $OUT after
+#                                      each; `pairs --dry-run ...` prints the next run, no more
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
@@ -200,7 +208,8 @@ sbs_args() {
 # code, host and commit, the JSON copied to $out after every run. The JSON lives while the
 # machine stays up: one TAG, one comparison, one host. PAIRS_N (3): the pairs to make;
 # PAIRS_PEER (trl): the peer's name in the records (trl-lora where PEER ARGS give
-# --lora-rank); PAIRS_SIDE=ours|peer: refuse (exit 2) unless that side is next. A run that
+# --lora-rank); PAIRS_SIDE=ours|peer: refuse (exit 2) unless the call's first run is of that
+# side. A run that
 # fails ends the call; the next call makes it again.
 run_pairs() {
   local dry=0
@@ -227,7 +236,7 @@ run_pairs() {
       break
     fi
     read -r k side <<<"$slot"
-    if [ -n "${PAIRS_SIDE:-}" ] && [ "$PAIRS_SIDE" != "$side" ]; then
+    if [ "$i" = 0 ] && [ -n "${PAIRS_SIDE:-}" ] && [ "$PAIRS_SIDE" != "$side" ]; then
       echo "pairs: PAIRS_SIDE=$PAIRS_SIDE, but the order calls for pair $k $side" >&2
       return 2
     fi
