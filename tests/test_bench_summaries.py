@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -760,3 +762,196 @@ def test_a_recorder_without_py_spy_says_so(tmp_path: Path, monkeypatch: pytest.M
     recorder.start(os.getpid())
     recorder.stop()
     assert recorder.summary() == {"error": "py-spy is not installed"}
+
+
+# Speed comparisons as alternating pairs (bench/pairs.py, bench/speed_summary.py).
+
+import pairs  # noqa: E402
+import speed_summary  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_committed_speed_summary_is_what_its_specs_give():
+    specs = json.loads((REPO / "bench/results/speed_comparisons.json").read_text())
+    committed = json.loads((REPO / "bench/results/speed_summary.json").read_text())
+    assert speed_summary.summarize(specs) == committed
+    # the docs' speed table is those rows, as --markdown prints them
+    table = speed_summary.markdown(committed)
+    assert table in (REPO / "docs/benchmarks.md").read_text()
+    for r in committed["rows"]:
+        assert r["pairs"] == len(r["ours_samples_per_s_per_gpu"]) == len(r["ratios"])
+        assert r["median_of_3"] is (r["pairs"] >= 3)
+
+
+def _iso(seconds: float) -> str:
+    return f"{datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC):%Y-%m-%dT%H:%M:%SZ}"
+
+
+def _stamped(path: Path, pairs_: list[tuple[float, float]], host="h1", start=0, gap=60):
+    """A file of alternating runs made through bench/pairs.py's stamps, 100 s each."""
+    t0 = 1_800_000_000 + start
+    result = {"device": {"name": "NVIDIA H200"}}
+    for k, (ours, peer) in enumerate(pairs_, 1):
+        for i, (side, sps) in enumerate((("ours", ours), ("peer", peer))):
+            begin = t0 + (2 * (k - 1) + i) * (100 + gap)
+            result[pairs.section_name(k, side)] = {"samples_per_s_per_gpu": sps, "exit_code": 0}
+            run = {"system": side, "started": _iso(begin), "ended": _iso(begin + 100)}
+            run.update(exit_code=0, host=host, boot_id="b", commit="abc1234", tag="")
+            result[pairs.section_name(k, side)]["run"] = {"pair": k, "side": side, **run}
+    path.write_text(json.dumps(result))
+    return result
+
+
+def _spec(name: str, n: int, **more):
+    spec = {"work": "w", "gpu": "H200", "gpus": 1, "policy": "on", "peer": "trl"}
+    spec["pairs"] = [[f"{name}#pair{k}_ours", f"{name}#pair{k}_peer"] for k in range(1, n + 1)]
+    return {**spec, **more}
+
+
+def test_speed_rows_take_the_median_of_the_pairs_and_mark_fewer_than_three(tmp_path):
+    _stamped(tmp_path / "three.json", [(20.0, 10.0), (21.0, 15.0), (22.0, 20.0)])
+    _stamped(tmp_path / "two.json", [(20.0, 10.0), (21.0, 15.0)])
+    rows = speed_summary.summarize([_spec("three.json", 3), _spec("two.json", 2)], tmp_path)
+    three, two = rows["rows"]
+    assert three["ratios"] == [2.0, 1.4, 1.1]
+    assert (three["ratio_median"], three["ratio_min"], three["ratio_max"]) == (1.4, 1.1, 2.0)
+    assert three["ours_samples_per_s_per_gpu"] == [20.0, 21.0, 22.0]
+    assert three["peer_samples_per_s_per_gpu"] == [10.0, 15.0, 20.0]
+    assert three["median_of_3"] and three["host"] == "h1" and three["commit"] == "abc1234"
+    assert three["commit_from"] == "the runs' records" and three["times_from"] == "stamps"
+    assert two["median_of_3"] is False and two["ratio_median"] == pytest.approx(1.7)
+
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("swapped", "made as pair 1 peer, listed as pair 1 ours"),
+        ("overlap", "not in alternating order"),
+        ("two_hosts", "span 2 hosts"),
+        ("failed", "not a completed run"),
+        ("other_gpu", "ran on NVIDIA H100 80GB HBM3, not H200"),
+    ],
+)
+def test_speed_summary_refuses_pairs_out_of_order_or_on_two_hosts(tmp_path, case, words):
+    result = _stamped(tmp_path / "r.json", [(20.0, 10.0), (21.0, 15.0), (22.0, 20.0)])
+    spec = _spec("r.json", 3)
+    if case == "swapped":
+        spec["pairs"][0].reverse()
+    elif case == "overlap":  # pair 2's peer started while pair 2's ours still ran
+        result["pair2_peer"]["run"]["started"] = result["pair2_ours"]["run"]["started"]
+    elif case == "two_hosts":
+        result["pair3_peer"]["run"]["host"] = "h2"
+    elif case == "failed":
+        result["pair2_ours"]["run"]["exit_code"] = 124
+    elif case == "other_gpu":
+        result["device"]["name"] = "NVIDIA H100 80GB HBM3"
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    specs = tmp_path / "specs.json"
+    specs.write_text(json.dumps([spec]))
+    out = tmp_path / "summary.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench/speed_summary.py"), "--specs", str(specs), "--out",
+         str(out)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr
+    assert not out.exists()
+
+
+def test_speed_summary_refuses_old_runs_whose_logs_say_they_overlapped(tmp_path):
+    """Sections without stamps: the logs' clock times order them."""
+    (tmp_path / "a.json").write_text(
+        json.dumps({
+            "device": {"name": "NVIDIA H200"},
+            "date": "2026-11-28",
+            "ours": {"samples_per_s_per_gpu": 21.0},
+            "trl": {"samples_per_s_per_gpu": 15.0},
+        })
+    )  # fmt: skip
+    (tmp_path / "ours.log").write_text("INFO 11-28 08:30:26 start\nINFO 11-28 08:33:39 end\n")
+    (tmp_path / "trl.log").write_text("INFO 11-28 08:36:44 start\n[23:59:00] x\n")
+    spec = _spec("a.json", 1, host="folder", commit="c0ffee0", commit_from="its README")
+    spec["pairs"] = [["a.json#ours", "a.json#trl"]]
+    spec["logs"] = {"a.json#ours": "ours.log", "a.json#trl": "trl.log"}
+    (r,) = speed_summary.summarize([spec], tmp_path)["rows"]
+    assert r["ratios"] == [1.4] and r["times_from"] == "logs" and r["host"] == "folder"
+    assert r["runs"][1]["ended"] == "2026-11-28T23:59:00Z"
+    (tmp_path / "trl.log").write_text("INFO 11-28 08:32:00 start\n")
+    with pytest.raises(speed_summary.Refused, match="not in alternating order"):
+        speed_summary.summarize([spec], tmp_path)
+
+
+def test_pairs_stamps_runs_in_order_and_refuses_another_order_or_host(tmp_path):
+    out = tmp_path / "pairs.json"
+
+    def call(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(REPO / "bench/pairs.py"), *args, "--json", str(out)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    def stamp(pair: int, side: str, rc: int = 0) -> subprocess.CompletedProcess:
+        times = ("--started", "2026-11-29T01:00:00Z", "--ended", "2026-11-29T01:05:00Z")
+        return call("stamp", "--pair", str(pair), "--side", side, "--system", "x", *times,
+                    "--exit-code", str(rc))  # fmt: skip
+
+    assert call("next").stdout.split() == ["1", "ours"]
+    refused = stamp(1, "peer")
+    assert refused.returncode == 2 and "pair1_ours has no completed run" in refused.stderr
+    # a run cut by its limit wrote no section: stamped as failed, made again next
+    assert stamp(1, "ours", rc=124).returncode == 0
+    assert call("next").stdout.split() == ["1", "ours"]
+    result = json.loads(out.read_text())
+    assert result["pairs_failed_runs"][0]["exit_code"] == 124
+    result["pair1_ours"] = {"samples_per_s_per_gpu": 20.0, "exit_code": 0}  # the bench wrote it
+    out.write_text(json.dumps(result))
+    assert stamp(1, "ours").returncode == 0
+    assert call("next").stdout.split() == ["1", "peer"]
+    result = json.loads(out.read_text())
+    assert result["pair1_ours"]["run"]["side"] == "ours"
+    assert result["pair1_ours"]["run"]["started"] == "2026-11-29T01:00:00Z"
+    result["pair1_peer"] = {"samples_per_s_per_gpu": 10.0, "exit_code": 0}
+    result["pair1_ours"]["run"]["host"] = "another-host"
+    out.write_text(json.dumps(result))
+    refused = stamp(1, "peer")
+    assert refused.returncode == 2 and "pairs are on one host" in refused.stderr
+    assert call("next", "--pairs", "1").stdout.strip() == "done"
+
+
+def test_device_run_pairs_dry_run_names_the_next_run_and_refuses_bad_input(tmp_path):
+    tag = f"_t{os.getpid()}"
+    json_path = Path(f"/tmp/bench/pairs{tag}.json")
+    env = {**os.environ, "TAG": tag, "OUT": str(tmp_path / "out"), "PAIRS_PEER": "trl-lora"}
+
+    def run(*args: str, **more: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(REPO / "scripts/gpu/device_run.sh"), "pairs", "--dry-run", *args],
+            capture_output=True, text=True, timeout=60, env={**env, **more}, cwd=tmp_path,
+        )  # fmt: skip
+
+    try:
+        json_path.unlink(missing_ok=True)
+        first = run("on", "1")
+        assert first.returncode == 0, first.stderr
+        assert "pair 1, ours" in first.stdout and "--section pair1_ours" in first.stdout
+        assert "grpo.max_policy_age=0" in first.stdout
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        done = {"samples_per_s_per_gpu": 8.0, "exit_code": 0}
+        json_path.write_text(json.dumps({"pair1_ours": done}))
+        peer = run("off", "2", "--lora-rank", "16")
+        assert "pair 1, peer" in peer.stdout and "torch.distributed.run" in peer.stdout
+        assert "--optimizer-steps-per-generation 2 --lora-rank 16 --section pair1_peer" in (
+            peer.stdout
+        )
+        for args, more, words in [
+            (("sideways",), {}, "on or off"),
+            (("on", "0"), {}, "a GPU count"),
+            (("on",), {"PAIRS_PEER": "verl"}, "no launcher for the peer verl"),
+            (("on",), {"PAIRS_SIDE": "ours"}, "the order calls for pair 1 peer"),
+        ]:
+            bad = run(*args, **more)
+            assert bad.returncode == 2 and words in bad.stderr, (args, bad.stderr)
+    finally:
+        json_path.unlink(missing_ok=True)

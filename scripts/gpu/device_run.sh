@@ -32,6 +32,14 @@
 #                                      SBS_OURS_ARGS: more arguments for ours (--set K=V);
 #                                      SBS_TRL_MB="32 16": TRL's micro-batches to try, largest
 #                                      first, the first that runs to its end is kept
+#   scripts/gpu/device_run.sh pairs on|off [GPUS] [PEER ARGS]  stage, install if needed (stack,
+#                                      then TRL), then the next PAIRS_RUNS (1) runs of the
+#                                      alternating order ours, peer, ours, peer, ... (PAIRS_N
+#                                      pairs, 3) with the side-by-side mode's command lines, each
+#                                      into its section of /tmp/bench/pairs$TAG.json (pair1_ours,
+#                                      pair1_peer, ...) stamped with start, end, exit code, host
+#                                      and commit by bench/pairs.py, the JSON copied to $OUT after
+#                                      each; `pairs --dry-run ...` prints the next run, no more
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
@@ -159,15 +167,118 @@ run_suite() {
   return $status
 }
 
+# The two systems' command lines for a side-by-side or a pair, on-policy (on) or one step off
+# (off) on GPUS: sets `ours` (bench/gpu_grpo.py grpo), `trl` (bench/trl_grpo.py) and `launch`
+# (what starts TRL: torchrun on GPUS > 1, a process and a vLLM a GPU).
+sbs_args() {
+  local policy=$1 gpus=$2
+  # TRL's reward (bench/rewards.py) for ours too; the task's math reward weighted 0 stays,
+  # as the eval's reward must be one of the run's.
+  local reward="dataset.rewards=[{name: math, weight: 0.0}, {name: 'bench.rewards:distinct_share', weight: 1.0}]"
+  ours=(--gpus "$gpus" --steps 6 --warmup 2 --set "$reward")
+  # SBS_OURS_ARGS: more arguments for ours, e.g. "--set layout.reference.spread=true"
+  local more
+  read -r -a more <<<"${SBS_OURS_ARGS:-}"
+  ours+=("${more[@]}")
+  # SBS_SPY=1: ours and vLLM alone record every process's stacks (bench/stacks.py; py-spy
+  # installed from .whl/spy) over the measured steps and the timed calls, raw files to $out
+  spy=()
+  [ -z "${SBS_SPY:-}" ] || spy=(--py-spy "$out" --tag "$tag")
+  ours+=("${spy[@]}")
+  trl=(--prompt-tokens 207 --steps 6 --warmup 2 --is-correction off --micro-batch 16
+    --vllm-memory 0.3 --gradient-checkpointing on)
+  case "$policy" in
+    on) ours+=(--set grpo.max_policy_age=0) ;;
+    off) trl+=(--optimizer-steps-per-generation 2) ;;
+    *) echo "$mode: on or off, not $policy" >&2; return 2 ;;
+  esac
+  case "$gpus" in
+    '' | *[!0-9]* | 0) echo "$mode: a GPU count of 1 or more, not $gpus" >&2; return 2 ;;
+  esac
+  launch=(python3)
+  if [ "$gpus" -gt 1 ]; then
+    launch=(python3 -m torch.distributed.run --nproc_per_node "$gpus"
+      --master_port "${MASTER_PORT:-29611}")
+  fi
+}
+
+# `pairs [--dry-run] on|off [GPUS] [PEER ARGS]`: the next PAIRS_RUNS runs (default 1) of the
+# alternating order ours, peer, ours, peer, ... (bench/pairs.py), each into its own section of
+# /tmp/bench/pairs$TAG.json (pair1_ours, pair1_peer, ...) stamped with its start, end, exit
+# code, host and commit, the JSON copied to $out after every run. The JSON lives while the
+# machine stays up: one TAG, one comparison, one host. PAIRS_N (3): the pairs to make;
+# PAIRS_PEER (trl): the peer's name in the records (trl-lora where PEER ARGS give
+# --lora-rank); PAIRS_SIDE=ours|peer: refuse (exit 2) unless the call's first run is of that
+# side. A run that
+# fails ends the call; the next call makes it again.
+run_pairs() {
+  local dry=0
+  if [ "${1:-}" = --dry-run ]; then
+    dry=1
+    shift
+  fi
+  local policy=${1:-} gpus=${2:-1}
+  shift 2 || shift $#
+  sbs_args "$policy" "$gpus" || return 2
+  local peer=${PAIRS_PEER:-trl}
+  case "$peer" in
+    trl | trl-*) ;;
+    *) echo "pairs: no launcher for the peer $peer in bench/ (trl, trl-lora, ...)" >&2; return 2 ;;
+  esac
+  local json=/tmp/bench/pairs$tag.json n=${PAIRS_N:-3} runs=${PAIRS_RUNS:-1} i slot k side
+  local section log rc started status=0
+  [ "$dry" = 1 ] || { install && check && install_trl; } || return 3
+  mkdir -p /tmp/bench
+  for ((i = 0; i < runs; i++)); do
+    slot=$(python3 bench/pairs.py next --json "$json" --pairs "$n") || return 2
+    if [ "$slot" = done ]; then
+      echo "pairs: all $n pairs of $json are done"
+      break
+    fi
+    read -r k side <<<"$slot"
+    if [ "$i" = 0 ] && [ -n "${PAIRS_SIDE:-}" ] && [ "$PAIRS_SIDE" != "$side" ]; then
+      echo "pairs: PAIRS_SIDE=$PAIRS_SIDE, but the order calls for pair $k $side" >&2
+      return 2
+    fi
+    section=pair${k}_$side
+    log="$out/pairs_${section}$tag.log"
+    if [ "$side" = ours ]; then
+      command=(timeout -s TERM "${SBS_OURS_S:-330}" python3 bench/gpu_grpo.py grpo --out "$json"
+        "${ours[@]}" --section "$section")
+    else
+      command=(env MASTER_PORT="${MASTER_PORT:-29611}" timeout -s TERM "${SBS_TRL_S:-200}"
+        "${launch[@]}" bench/trl_grpo.py --out "$json" "${trl[@]}" "$@" --section "$section")
+    fi
+    echo "pairs: pair $k, $side, log $(basename "$log")"
+    if [ "$dry" = 1 ]; then
+      echo "  ${command[*]}"
+      break
+    fi
+    started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+    rc=0
+    "${command[@]}" >"$log" 2>&1 || rc=$?
+    python3 bench/pairs.py stamp --json "$json" --pair "$k" --side "$side" \
+      --system "$([ "$side" = ours ] && echo forgesky || echo "$peer")" --started "$started" \
+      --ended "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --exit-code "$rc" --commit "$commit" \
+      --tag "$tag" || status=2
+    cp "$json" "$out/" 2>/dev/null || true
+    grep -h "^step \|samples_per_s_per_gpu\|error" "$log" | tail -8 || true
+    if [ "$rc" -ne 0 ] || [ "$status" -ne 0 ]; then
+      echo "pairs: pair $k $side: exit $rc; the next call makes it again"
+      return $((status || rc))
+    fi
+  done
+}
+
 # Modes that need nothing staged or installed.
 case "$mode" in
   groups)
     python3 scripts/gpu/suite.py list
     exit
     ;;
-  suite)
+  suite | pairs)
     if [ "${1:-}" = --dry-run ]; then
-      run_suite "$@"
+      if [ "$mode" = suite ]; then run_suite "$@"; else run_pairs "$@"; fi
       exit
     fi
     ;;
@@ -324,6 +435,7 @@ case "$mode" in
     policy=${1:?on or off}
     gpus=${2:-1}
     shift 2 || shift $#
+    sbs_args "$policy" "$gpus" || exit 2
     install && check
     # SBS_RUNS (default "ours trl"): one of them alone, where a call's time holds only one
     # (the JSON in /tmp/bench gathers both while the machine stays up); TRL's wheels are
@@ -332,25 +444,6 @@ case "$mode" in
     [[ " $runs " != *" trl "* ]] || install_trl
     mkdir -p /tmp/bench
     json=/tmp/bench/side_by_side$tag.json
-    # TRL's reward (bench/rewards.py) for ours too; the task's math reward weighted 0 stays,
-    # as the eval's reward must be one of the run's.
-    reward="dataset.rewards=[{name: math, weight: 0.0}, {name: 'bench.rewards:distinct_share', weight: 1.0}]"
-    ours=(--gpus "$gpus" --steps 6 --warmup 2 --set "$reward")
-    # SBS_OURS_ARGS: more arguments for ours, e.g. "--set layout.reference.spread=true"
-    read -r -a more <<<"${SBS_OURS_ARGS:-}"
-    ours+=("${more[@]}")
-    # SBS_SPY=1: ours and vLLM alone record every process's stacks (bench/stacks.py; py-spy
-    # installed from .whl/spy) over the measured steps and the timed calls, raw files to $out
-    spy=()
-    [ -z "${SBS_SPY:-}" ] || spy=(--py-spy "$out" --tag "$tag")
-    ours+=("${spy[@]}")
-    trl=(--prompt-tokens 207 --steps 6 --warmup 2 --is-correction off --micro-batch 16
-      --vllm-memory 0.3 --gradient-checkpointing on)
-    case "$policy" in
-      on) ours+=(--set grpo.max_policy_age=0) ;;
-      off) trl+=(--optimizer-steps-per-generation 2) ;;
-      *) echo "side-by-side: on or off, not $policy" >&2; exit 2 ;;
-    esac
     status=0
     if [[ " $runs " == *" ours "* ]]; then
       timeout -s TERM "${SBS_OURS_S:-330}" python3 bench/gpu_grpo.py grpo --out "$json" \
@@ -376,12 +469,6 @@ case "$mode" in
     fi
     rc=0
     [[ " $runs " == *" trl "* ]] || exit "$status"
-    # TRL on several GPUs: a process a GPU (torchrun), each with its vLLM colocated.
-    launch=(python3)
-    if [ "$gpus" -gt 1 ]; then
-      launch=(python3 -m torch.distributed.run --nproc_per_node "$gpus"
-        --master_port "${MASTER_PORT:-29611}")
-    fi
     # SBS_TRL_MB (e.g. "32 16"): micro-batches to try, largest first, each in a process of its
     # own; the first that runs to its end writes the section ("the largest micro-batch that
     # fits"), each try's log and exit code stay in $out.
@@ -399,6 +486,9 @@ case "$mode" in
     cp "$json" "$out/" 2>/dev/null || true
     tail -4 "$log" || true
     exit $((status || rc))
+    ;;
+  pairs)
+    run_pairs "$@"
     ;;
   product)
     install && check
@@ -426,7 +516,7 @@ case "$mode" in
     exit "$status"
     ;;
   *)
-    echo "unknown mode $mode (stage, check, tests, suite, groups, faults, trainer-tests, push, grpo, vllm, train, trl, side-by-side, product)" >&2
+    echo "unknown mode $mode (stage, check, tests, suite, groups, faults, trainer-tests, push, grpo, vllm, train, trl, side-by-side, pairs, product)" >&2
     exit 2
     ;;
 esac
