@@ -257,7 +257,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from recipes import apply_overrides, launch_gpus, load_recipe, plan
 
     recipe = apply_overrides(load_recipe(args.recipe), list(plan_overrides(args)))
-    if recipe.grpo.loss.count(":") or any(":" in r.name for r in recipe.dataset.rewards):
+    if recipe.kind == "grpo" and (
+        recipe.grpo.loss.count(":") or any(":" in r.name for r in recipe.dataset.rewards)
+    ):
         from launcher.options import check_references
 
         check_references(recipe, args.recipe)

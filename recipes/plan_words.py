@@ -399,7 +399,7 @@ def lora_words(recipe: Recipe) -> str:
         f"trainable ({100 * trained / arch.params:.3g} % of {_count(arch.params)}), the base "
         "frozen"
     )
-    if recipe.layout.reference.in_trainer:
+    if recipe.kind == "grpo" and recipe.layout.reference.in_trainer:
         line += (
             "; reference: the base with the adapter off, scored in the trainer's processes "
             "(no GPU and no copy of the model of its own)"
