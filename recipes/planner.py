@@ -36,8 +36,8 @@ from recipes.plan_words import (
     shorter_prompts_line,
 )
 from recipes.schema import Recipe
-from recipes.sft import sft_plan
 from recipes.settings import check_push_buffer
+from recipes.sft import sft_plan
 
 # Plans stop here: 512 nodes of 8 GPUs (a count past this is a typo, not a cluster).
 MAX_GPUS = 4096

@@ -19,7 +19,7 @@ recipes/schema.py); the loader picks the class by that section. Its sections:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -137,7 +137,7 @@ class SftRecipe(Strict):
 
 
 def _consistency_errors(r: SftRecipe) -> list[str]:
-    from recipes.schema import lora_shape_errors, local_split_errors
+    from recipes.schema import local_split_errors, lora_shape_errors
 
     fam, size = r.model.family, r.model.size
     if (fam, size) not in ARCHITECTURES:
