@@ -56,6 +56,11 @@ class Recipe(Strict):
     watchdog: WatchdogSettings = WatchdogSettings()
 
     @property
+    def seed(self) -> int:
+        """The seed of the run's random init, data order and sampling."""
+        return self.grpo.seed
+
+    @property
     def kind(self) -> str:
         """What the recipe trains by: "grpo" (an SFT recipe's, recipes/sft.py, is "sft")."""
         return "grpo"

@@ -116,6 +116,11 @@ class SftRecipe(Strict):
     watchdog: WatchdogSettings = WatchdogSettings()
 
     @property
+    def seed(self) -> int:
+        """The seed of the run's random init and data order."""
+        return self.sft.seed
+
+    @property
     def kind(self) -> str:
         """What the recipe trains by: "sft" (a GRPO recipe's is "grpo")."""
         return "sft"

@@ -1,6 +1,6 @@
 """Writes the tiny-sft recipe's data (recipes/catalog/data/tiny-sft-*.jsonl): chats in which the
-user gives a string of digits and the assistant answers with it reversed, in the tiny model's
-vocabulary (digits only). Deterministic: the same seed writes the same files.
+user gives a string of digits and the assistant counts on from its last digit, as many digits as
+the user gave (mod 10: "358" -> "901"), in the tiny model's vocabulary (digits only). Deterministic: the same seed writes the same files.
 
     python scripts/tiny_sft_data.py
 """
@@ -15,6 +15,11 @@ OUT = Path(__file__).resolve().parent.parent / "recipes" / "catalog" / "data"
 ROWS = {"train": 512, "test": 64}
 
 
+def count_on(digits: str) -> str:
+    last = int(digits[-1])
+    return "".join(str((last + i) % 10) for i in range(1, len(digits) + 1))
+
+
 def rows(n: int, rng: random.Random) -> list[dict]:
     out = []
     for _ in range(n):
@@ -23,7 +28,7 @@ def rows(n: int, rng: random.Random) -> list[dict]:
             {
                 "messages": [
                     {"role": "user", "content": digits},
-                    {"role": "assistant", "content": digits[::-1]},
+                    {"role": "assistant", "content": count_on(digits)},
                 ]
             }
         )
