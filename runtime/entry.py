@@ -26,7 +26,7 @@ def build_parser(prog: str = "python -m runtime", named: bool = False) -> argpar
     p = OneLineParser(
         prog=prog,
         usage=f"{prog} NAME [options]" if named else None,
-        description="Run GRPO post-training for a recipe on this machine (GPUs if present, else CPU).",
+        description="Run GRPO or SFT post-training for a recipe on this machine (GPUs if present, else CPU).",
     )
     p.add_argument(
         "--recipe",

@@ -204,7 +204,7 @@ def full_model(recipe: Any) -> Any:
     if recipe.model.lora is None:
         return recipe
     layout = recipe.layout
-    if layout.reference.device == "trainer":
+    if recipe.kind == "grpo" and layout.reference.device == "trainer":
         device = ReferenceLayout.model_fields["device"].default
         reference = layout.reference.model_copy(update={"device": device})
         layout = layout.model_copy(update={"reference": reference})

@@ -76,3 +76,40 @@ def test_sft_data_without_its_fields_stops_the_run_before_training(tmp_path):
     with pytest.raises(UserError, match="its fields: conversation, id"):
         run_tiny_sft(tmp_path / "run", f"dataset.path={data}")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_grpo_recipe_starts_from_an_sft_runs_model_folder(tmp_path):
+    """SFT then GRPO: the GRPO recipe names the SFT run's model folder as model.hf_id; the
+    launcher ships that folder to the nodes and the trainer starts from its weights."""
+    from safetensors.torch import load_file
+
+    from launcher.files import local_files
+    from recipes import plan
+    from runtime.backends.build import initial_weights, model_spec
+    from runtime.models import to_hf
+
+    run_tiny_sft(tmp_path / "sft", steps=5)
+    folder = tmp_path / "sft" / "model"
+    grpo = apply_overrides(load_recipe("tiny"), [f"model.hf_id={folder}", "model.init=hub"])
+    assert plan(grpo, 0).cpu
+    [shipped] = [f for f in local_files(grpo) if f.field == "model.hf_id"]
+    assert shipped.local == folder.resolve() and shipped.remote.endswith("/model.hf_id/model")
+    spec = model_spec(grpo)
+    start = to_hf(initial_weights(grpo, spec).state_dict(), spec)
+    trained = load_file(folder / "model.safetensors")
+    assert trained
+    assert all(torch.equal(start[k].float(), trained[k].float()) for k in trained)
+
+
+def test_model_lora_trains_an_sft_adapter(tmp_path):
+    from runtime.evaluate import run as evaluate
+
+    run_tiny_sft(tmp_path / "run", "model.lora.rank=8", steps=3)
+    model = tmp_path / "run" / "model"
+    assert sorted(p.name for p in model.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "forgesky.json",
+    ]
+    assert json.loads((model / "adapter_config.json").read_text())["r"] == 8
+    assert evaluate(str(model), None, [], None) == 0
