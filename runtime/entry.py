@@ -242,8 +242,8 @@ def main(
             if not over:
                 check_wandb_login(config.wandb_mode)
                 check_wandb_reachable(config.wandb_mode)
-            if not existing:
-                prepare_run_dir(config)
+            if not existing and config.recipe.kind == "grpo":
+                prepare_run_dir(config)  # an SFT run makes it once its data is checked
         if config.recipe.kind == "sft" and not config.plan.cpu:
             raise UserError(
                 f"{config.recipe.name}: SFT runs on the CPU trainer only so far (forgesky local "

@@ -70,12 +70,19 @@ def test_forgesky_eval_reports_the_held_out_loss(tmp_path, capsys):
     assert "loss" in capsys.readouterr().out
 
 
-def test_sft_data_without_its_fields_stops_the_run_before_training(tmp_path):
+def test_sft_data_without_its_fields_stops_the_run_before_training(tmp_path, capsys):
+    from launcher.cli import main
+
     data = tmp_path / "chats.jsonl"
     data.write_text(json.dumps({"conversation": [], "id": 1}) + "\n")
     with pytest.raises(UserError, match="its fields: conversation, id"):
         run_tiny_sft(tmp_path / "run", f"dataset.path={data}")
-    assert not (tmp_path / "run").exists()
+    run_dir = tmp_path / "cli"
+    argv = ["local", "tiny-sft", "--set", f"dataset.path={data}", "--run-dir", str(run_dir)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "its fields: conversation, id" in err
+    assert not (tmp_path / "run").exists() and not run_dir.exists()
 
 
 def test_a_grpo_recipe_starts_from_an_sft_runs_model_folder(tmp_path):

@@ -89,7 +89,15 @@ def load_rows(dataset: Any, path: str, split: str, what: str) -> Any:
 
     if path.startswith("builtin:"):
         raise UserError(f"{what} {path!r}: shipped tasks hold GRPO prompts, not SFT chats")
-    rows = load_hf_dataset(path, dataset.config, split)
+    import datasets
+
+    shown = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # a bad file's one line stays one line
+    try:
+        rows = load_hf_dataset(path, dataset.config, split)
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
     check_rows(rows, dataset, path)
     return rows
 
