@@ -47,6 +47,13 @@ def test_a_grpo_recipe_is_a_grpo_recipe():
     assert load_recipe("qwen3-1.7b").kind == "grpo"
 
 
+def test_plan_explain_and_json_take_an_sft_plan(capsys):
+    code, out, _ = run_main(capsys, "plan", "qwen3-8b-sft", "--gpus", "2", "--explain")
+    assert code == 0 and "an SFT plan has one layout" in out
+    code, out, _ = run_main(capsys, "plan", "qwen3-8b-sft", "--json")
+    assert code == 0 and '"trainer_gpus": 2' in out
+
+
 def test_an_sft_plan_on_more_gpus_gives_the_trainer_all_of_them():
     p = plan(load_recipe("qwen3-1.7b-sft"), 4)
     assert p.placements[0].gpus == (0, 1, 2, 3) and p.minimum_gpus == 1
