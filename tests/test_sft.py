@@ -114,6 +114,15 @@ def test_bad_sft_input_is_one_line_and_exit_2(capsys, argv, message):
     assert err.count("\n") == 1 and message in err, err
 
 
+def test_launching_a_gpu_sft_recipe_is_refused_until_its_runs_are_wired(capsys):
+    code, out, err = run_main(capsys, "launch", "qwen3-1.7b-sft", "--yes")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.strip().endswith(
+        "qwen3-1.7b-sft: SFT runs on GPUs are not wired yet (docs/sft.md); nothing launched "
+        "(--dryrun shows the task)"
+    )
+
+
 def test_a_recipe_trains_by_grpo_or_sft_not_both():
     data = load_recipe("tiny").model_dump()
     data["sft"] = load_recipe("tiny-sft").sft.model_dump()
