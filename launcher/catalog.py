@@ -120,6 +120,11 @@ def derived_summary(recipe: Any) -> str:
         return f"# derived: runs on CPU (0 GPUs); forgesky local {recipe.name}"
     need, least = dedicated_gpus(recipe), minimum_gpus(recipe)
     lay = recipe.layout
+    if recipe.kind == "sft":
+        return (
+            f"# derived: minimum {need} x {recipe.resources.accelerator} = trainer {need} (SFT: "
+            f"no generator, no reference); see forgesky plan {recipe.name} --gpus {need}"
+        )
     reference = f" + reference {lay.reference.gpus}" if lay.reference.on_gpu else ""
     inside = " (the reference in its processes)" if lay.reference.in_trainer else ""
     line = (
@@ -183,7 +188,8 @@ def validate(
     if run_plan.cpu:
         return f"{source}: ok (recipe {recipe.name}, {recipe.model.hf_id}; plans on CPU)"
     need, shared = dedicated_gpus(recipe), minimum_gpus(recipe)
-    least = f"minimum {need} GPU{'' if need == 1 else 's'} with a GPU for each service" + (
+    each = "for the trainer (SFT)" if recipe.kind == "sft" else "with a GPU for each service"
+    least = f"minimum {need} GPU{'' if need == 1 else 's'} {each}" + (
         f", {shared} with services sharing" if shared < need else ""
     )
     return (

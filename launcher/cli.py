@@ -281,7 +281,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.cheapest or args.deadline is not None or args.budget is not None:
         return _cmd_cheapest(args)
     recipe = apply_overrides(load_recipe(args.recipe), list(plan_overrides(args)))
-    if recipe.grpo.loss.count(":") or any(":" in r.name for r in recipe.dataset.rewards):
+    if recipe.kind == "grpo" and (
+        recipe.grpo.loss.count(":") or any(":" in r.name for r in recipe.dataset.rewards)
+    ):
         from launcher.options import check_references
 
         check_references(recipe, args.recipe)
@@ -385,6 +387,12 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     from launcher.source import project_source
 
     job = resolve_job(args.recipe, options)
+    if job.recipe.kind == "sft" and not job.recipe.cpu and not args.dryrun:
+        # the nodes' runtime would refuse it after provisioning (runtime/entry.py)
+        raise UserError(
+            f"{job.recipe.name}: SFT runs on GPUs are not wired yet (docs/sft.md); nothing "
+            "launched (--dryrun shows the task)"
+        )
     project = project_source(PROJECT_DIR)
     # Preflight on this machine: a missing token fails here, not after provisioning.
     secrets = secret_values(job, os.environ)

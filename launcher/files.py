@@ -25,6 +25,9 @@ from typing import Any
 from recipes import UserError
 from recipes.files import DATA_FIELDS, DATA_FILE_FORMATS, local_path, read_paths
 
+# The repository's root: a task runs from there (its workdir).
+REPOSITORY = Path(__file__).resolve().parent.parent
+
 # Node folder under which local files are mounted, one sub-folder per setting.
 FILES_MOUNT_DIR = "/forgesky/files"
 
@@ -38,6 +41,16 @@ class LocalFile:
     local: Path  # on this machine, resolved (links followed: SkyPilot copies no link targets)
     remote: str  # on the nodes
     size: int  # bytes
+
+    @property
+    def source(self) -> str:
+        """The path a task file names: inside the repository (data shipped with forgesky, say)
+        relative to its root, as `./...` (tasks run from there, and the file stays the same on
+        every machine); elsewhere the absolute path."""
+        try:
+            return f"./{self.local.relative_to(REPOSITORY)}"
+        except ValueError:
+            return str(self.local)
 
 
 def local_files(recipe: Any) -> tuple[LocalFile, ...]:
@@ -61,7 +74,7 @@ def local_files(recipe: Any) -> tuple[LocalFile, ...]:
 def describe(files: tuple[LocalFile, ...], *, sizes: bool = True) -> list[str]:
     """One line a file for people: the setting, the local path (its size), the node path."""
     return [
-        f"{f.field} {f.local}{f' ({_size(f.size)})' if sizes else ''} -> {f.remote}" for f in files
+        f"{f.field} {f.source}{f' ({_size(f.size)})' if sizes else ''} -> {f.remote}" for f in files
     ]
 
 

@@ -164,7 +164,7 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         raise UserError(f"--steps must be at least 1 (got {options.steps})")
     if options.wandb is not None and options.wandb not in WANDB_MODES:
         raise UserError(f"--wandb must be one of {', '.join(WANDB_MODES)} (got {options.wandb!r})")
-    name = options.name or default_name(recipe.name)
+    name = options.name or default_name(recipe.name, recipe.kind)
     if not _CLUSTER_NAME.fullmatch(name):
         raise UserError(
             f"--name {name!r} is not a valid cluster/job name: start with a letter, then "
@@ -243,10 +243,11 @@ def say_if_unsold(run_plan: Plan, gpus: int, infra: str | None = None) -> None:
         print(f"forgesky: {note}", file=sys.stderr)
 
 
-def default_name(recipe_name: str) -> str:
-    """The cluster (or managed job) name for a recipe: grpo-<recipe>, cleaned to SkyPilot's rule."""
+def default_name(recipe_name: str, kind: str = "grpo") -> str:
+    """The cluster (or managed job) name for a recipe: <kind>-<recipe> (grpo or sft), cleaned to
+    SkyPilot's rule."""
     cleaned = re.sub(r"[^-_.a-zA-Z0-9]+", "-", recipe_name).strip("-_.")
-    return f"grpo-{cleaned}" if cleaned else "grpo"
+    return f"{kind}-{cleaned}" if cleaned else kind
 
 
 def secret_values(job: Job, environ: Mapping[str, str] | None) -> dict[str, str | None]:

@@ -87,7 +87,7 @@ def build_task(job: Job, secrets: Mapping[str, str | None], source: ProjectSourc
         secrets=dict(secrets),
     )
     mounts = {**source.mounts, **dict(job.code_mounts)}
-    mounts |= {f.remote: str(f.local) for f in job.local_files}
+    mounts |= {f.remote: f.source for f in job.local_files}
     if job.recipe_mount is not None:
         remote, local = job.recipe_mount
         mounts[remote] = local

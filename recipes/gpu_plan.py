@@ -46,6 +46,8 @@ def dedicated_gpus(recipe: Recipe) -> int:
     if recipe.cpu:
         return 0
     lay = recipe.layout
+    if recipe.kind == "sft":  # the trainer alone
+        return lay.trainer.gpus
     reference = lay.reference.gpus if lay.reference.on_gpu else 0
     return lay.generator.tp * lay.generator.replicas + reference + lay.trainer.gpus
 

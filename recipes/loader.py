@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from recipes.errors import UserError
 from recipes.files import anchor
 from recipes.schema import Recipe
+from recipes.sft import SftRecipe
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 
@@ -51,8 +52,8 @@ def catalog_path(name: str) -> Path:
     return path
 
 
-def load_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
-    """A validated recipe from a catalog name ("qwen3-8b") or a YAML file path."""
+def load_recipe(name_or_path: str | os.PathLike[str]) -> Recipe | SftRecipe:
+    """A validated recipe (GRPO or SFT) from a catalog name ("qwen3-8b") or a YAML file path."""
     text = os.fspath(name_or_path)
     if isinstance(name_or_path, os.PathLike) or "/" in text or text.endswith((".yaml", ".yml")):
         path = Path(text)
@@ -68,15 +69,26 @@ def load_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
     return _load_file(path)
 
 
-def validate_recipe(data: Any, source: str) -> Recipe:
-    """A `Recipe` from plain data, or a `UserError` prefixed with `source` (a file, say)."""
+def validate_recipe(data: Any, source: str) -> Recipe | SftRecipe:
+    """A `Recipe` (GRPO) or `SftRecipe` from plain data, by the section it trains with (`grpo`
+    or `sft`), or a `UserError` prefixed with `source` (a file, say)."""
     if not isinstance(data, dict):
         kind = "nothing" if data is None else type(data).__name__
         raise UserError(f"{source}: expected a mapping of recipe sections, got {kind}")
+    if "grpo" in data and "sft" in data:
+        raise UserError(
+            f"{source}: a recipe trains by grpo or by sft, not both; keep one of the two sections"
+        )
+    root = recipe_class(data)
     try:
-        return Recipe.model_validate(data)
+        return root.model_validate(data)
     except ValidationError as e:
-        raise UserError(f"{source}: {_describe(e)}") from None
+        raise UserError(f"{source}: {_describe(e, root)}") from None
+
+
+def recipe_class(data: dict[str, Any]) -> type[Recipe] | type[SftRecipe]:
+    """The recipe class plain recipe data validates as: SFT where it has an `sft` section."""
+    return SftRecipe if "sft" in data else Recipe
 
 
 def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
@@ -84,14 +96,15 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
     if not overrides:
         return recipe
     data = recipe.model_dump()
+    root = type(recipe)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise UserError(f"override '{item}' must look like KEY=VALUE, e.g. grpo.steps=20")
         parts = key.strip().split(".")
-        parent, last, current = _walk(data, parts)
-        value = _parse_value(item, raw, current, _kinds_at(parts))
-        optional = value is None and _section_at(parts)[1]  # model.lora=null: LoRA off
+        parent, last, current = _walk(data, parts, root)
+        value = _parse_value(item, raw, current, _kinds_at(parts, root))
+        optional = value is None and _section_at(parts, root)[1]  # model.lora=null: LoRA off
         if isinstance(current, dict) and not isinstance(value, dict) and not optional:
             first = next(iter(current), "KEY")
             raise UserError(
@@ -118,7 +131,7 @@ def _load_file(path: Path) -> Recipe:
     return validate_recipe(anchor(data, path.resolve().parent), source)
 
 
-def _walk(data: dict[str, Any], parts: list[str]) -> tuple[Any, Any, Any]:
+def _walk(data: dict[str, Any], parts: list[str], root: type[BaseModel]) -> tuple[Any, Any, Any]:
     """(container, key, current value) for a dotted path, checking every step exists. An
     optional section the recipe leaves out (null, as model.lora) is a section with no keys set
     yet: `model.lora.rank=16` sets one."""
@@ -127,7 +140,7 @@ def _walk(data: dict[str, Any], parts: list[str]) -> tuple[Any, Any, Any]:
         where = ".".join(parts[:depth]) or "the top level"
         if isinstance(node, dict):
             if part not in node:
-                section = _section_at(parts[:depth])[0]
+                section = _section_at(parts[:depth], root)[0]
                 valid = sorted(section.model_fields if section else node)
                 if part not in valid:
                     meant = _did_you_mean(part, valid)
@@ -148,23 +161,24 @@ def _walk(data: dict[str, Any], parts: list[str]) -> tuple[Any, Any, Any]:
             raise UserError(f"unknown key '{'.'.join(parts)}': {where} is a value, not a section")
         if depth == len(parts) - 1:
             return node, key, node[key]
-        if node[key] is None and _section_at(parts[: depth + 1])[0] is not None:
+        if node[key] is None and _section_at(parts[: depth + 1], root)[0] is not None:
             node[key] = {}
         node = node[key]
     raise AssertionError("unreachable: parts is never empty")
 
 
-def _section_at(parts: list[str]) -> tuple[type[BaseModel] | None, bool]:
-    """The section a dotted recipe path names (None where it names a value, or nothing
-    known), and whether the recipe may leave it out (null)."""
-    kinds = _kinds_at(parts)
+def _section_at(parts: list[str], root: type[BaseModel]) -> tuple[type[BaseModel] | None, bool]:
+    """The section a dotted path of a `root` recipe names (None where it names a value, or
+    nothing known), and whether the recipe may leave it out (null)."""
+    kinds = _kinds_at(parts, root)
     return _section_of(kinds), type(None) in kinds
 
 
-def _kinds_at(parts: list[str]) -> list[Any]:
-    """The types the field at a dotted recipe path may hold ([] where none is known)."""
-    model: type[BaseModel] | None = Recipe
-    kinds: list[Any] = [Recipe]
+def _kinds_at(parts: list[str], root: type[BaseModel]) -> list[Any]:
+    """The types the field at a dotted path of a `root` recipe may hold ([] where none is
+    known)."""
+    model: type[BaseModel] | None = root
+    kinds: list[Any] = [root]
     for part in parts:
         if part.isdigit():
             continue  # an item of a list: the list's own section
@@ -197,14 +211,14 @@ def _parse_value(item: str, raw: str, current: Any, kinds: list[Any]) -> Any:
         raise UserError(f"override '{item}': value is not valid YAML") from None
 
 
-def _describe(err: ValidationError) -> str:
+def _describe(err: ValidationError, root: type[BaseModel]) -> str:
     # an unknown key first: a misspelt key is also the "missing" one it was meant to be
     errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
     first = errors[0]
     loc = ".".join(str(p) for p in first["loc"])
     kind = first["type"]
     if kind == "extra_forbidden":
-        fields = _fields_at(first["loc"][:-1])
+        fields = _fields_at(first["loc"][:-1], root)
         meant = _did_you_mean(str(first["loc"][-1]), fields)
         msg = f"{loc}: unknown key; {meant}valid keys here: {', '.join(fields)}"
     elif kind == "missing":
@@ -228,9 +242,9 @@ def _did_you_mean(word: str, choices: list[str]) -> str:
     return f"did you mean {close[0]}? " if close else ""
 
 
-def _fields_at(loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the model that sits at `loc` inside a Recipe."""
-    model: type[BaseModel] = Recipe
+def _fields_at(loc: tuple[Any, ...], root: type[BaseModel]) -> list[str]:
+    """Field names of the model that sits at `loc` inside a `root` recipe."""
+    model: type[BaseModel] = root
     for part in loc:
         if isinstance(part, int):
             continue

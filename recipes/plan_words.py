@@ -289,6 +289,8 @@ class Plan:
         samples/s per GPU, or why it does not fit; the chosen one marked *."""
         if self.cpu:
             return "a CPU plan runs every service as its own process: there is no layout to weigh"
+        if self.generator_replicas == 0:  # SFT: the trainer alone (recipes/sft.py)
+            return "an SFT plan has one layout: the trainer on every GPU it is given"
         if not self.candidates:
             return (
                 f"layout.share {self.share} is set by the recipe: only that layout was planned "
@@ -399,7 +401,7 @@ def lora_words(recipe: Recipe) -> str:
         f"trainable ({100 * trained / arch.params:.3g} % of {_count(arch.params)}), the base "
         "frozen"
     )
-    if recipe.layout.reference.in_trainer:
+    if recipe.kind == "grpo" and recipe.layout.reference.in_trainer:
         line += (
             "; reference: the base with the adapter off, scored in the trainer's processes "
             "(no GPU and no copy of the model of its own)"

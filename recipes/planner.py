@@ -37,6 +37,7 @@ from recipes.plan_words import (
 )
 from recipes.schema import Recipe
 from recipes.settings import check_push_buffer
+from recipes.sft import sft_plan
 
 # Plans stop here: 512 nodes of 8 GPUs (a count past this is a typo, not a cluster).
 MAX_GPUS = 4096
@@ -52,7 +53,7 @@ def minimum_gpus(recipe: Recipe, accelerator: str | None = None) -> int:
     otherwise the smallest count on one node where some layout the share allows fits memory
     (the sum where none does)."""
     dedicated = dedicated_gpus(recipe)
-    if recipe.cpu or recipe.layout.share == "none":
+    if recipe.cpu or recipe.kind == "sft" or recipe.layout.share == "none":
         return dedicated
     accelerator = accelerator or recipe.resources.accelerator
     top = recipe.resources.gpus_per_node
@@ -75,7 +76,8 @@ def launch_gpus(recipe: Recipe) -> int:
     whole nodes past one node; 0 on CPU."""
     if recipe.cpu:
         return 0
-    need = minimum_gpus(recipe) if recipe.layout.share == "all" else dedicated_gpus(recipe)
+    shared = recipe.kind == "grpo" and recipe.layout.share == "all"
+    need = minimum_gpus(recipe) if shared else dedicated_gpus(recipe)
     gpn = recipe.resources.gpus_per_node
     if need > gpn:
         return -(-need // gpn) * gpn
@@ -131,12 +133,23 @@ def plan(
     # a disk set by hand must hold what the run writes (with a checkpoint bucket, the least)
     for line in disk_errors(recipe, bucket=True):
         raise UserError(line)
+    if recipe.kind == "sft" and not recipe.cpu:
+        accelerator = accelerator or recipe.resources.accelerator
+        accepted = [recipe.resources.accelerator, *recipe.resources.alternatives]
+        if accelerator not in accepted:
+            raise UserError(
+                f"{recipe.name} runs on {' or '.join(accepted)} (resources.accelerator and "
+                f"resources.alternatives), not {accelerator}"
+            )
+        return sft_plan(recipe, gpus, gpn, nodes, accelerator)
     if recipe.cpu:
         if gpus != 0:
             raise UserError(
                 f"{recipe.name} runs on CPU (resources.accelerator: cpu) and takes 0 GPUs, "
                 f"got {gpus}; leave --gpus out (forgesky local {recipe.name} runs it here)"
             )
+        if recipe.kind == "sft":
+            return sft_plan(recipe, 0, 0, nodes, "cpu")
         cpu = cpu_plan(recipe, nodes or 1)
         if cpu.settings is not None:
             check_push_buffer(recipe, cpu.settings.weight_sync)

@@ -40,8 +40,10 @@ class Reference:
 
 
 def references(recipe: Any) -> list[Reference]:
-    """Every `module:function` the recipe names."""
-    found = []
+    """Every `module:function` the recipe names (an SFT recipe names none)."""
+    found: list[Reference] = []
+    if recipe.kind == "sft":
+        return found
     if recipe.grpo.loss not in LOSSES:
         found.append(Reference("grpo.loss", recipe.grpo.loss, ("inputs", "config")))
     for i, reward in enumerate(recipe.dataset.rewards):

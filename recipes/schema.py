@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import model_validator
 from pydantic_core import PydanticCustomError
@@ -53,6 +54,16 @@ class Recipe(Strict):
     reference: ReferenceSettings = ReferenceSettings()
     weight_sync: WeightSyncSettings = WeightSyncSettings()
     watchdog: WatchdogSettings = WatchdogSettings()
+
+    @property
+    def seed(self) -> int:
+        """The seed of the run's random init, data order and sampling."""
+        return self.grpo.seed
+
+    @property
+    def kind(self) -> str:
+        """What the recipe trains by: "grpo" (an SFT recipe's, recipes/sft.py, is "sft")."""
+        return "grpo"
 
     @property
     def arch(self) -> Arch:
@@ -97,7 +108,7 @@ def _eval_errors(r: Recipe) -> list[str]:
             "held-out one, or held-out data as eval.path"
         )
     else:
-        errors += _local_split_errors(path, e.split, same_data=same)
+        errors += local_split_errors(path, e.split, same_data=same)
     names = [w.name for w in r.dataset.rewards]
     if e.reward is not None and e.reward not in names:
         errors.append(
@@ -106,7 +117,7 @@ def _eval_errors(r: Recipe) -> list[str]:
     return errors
 
 
-def _local_split_errors(path: str, split: str, *, same_data: bool) -> list[str]:
+def local_split_errors(path: str, split: str, *, same_data: bool) -> list[str]:
     """What a look at local data (where it is on this machine) says about an eval split: a data
     file has no splits of its own, a saved dataset lists its splits. Hub data is checked when
     the run loads it."""
@@ -132,24 +143,32 @@ def _vllm(r: Recipe) -> bool:
     return r.generator.backend == "vllm" or (r.generator.backend == "auto" and not r.cpu)
 
 
+def lora_shape_errors(lora: Any, arch: Arch, fam: str, size: str) -> list[str]:
+    """model.lora against the architecture: its targets the family's projections, its rank
+    at most the hidden size (GRPO and SFT recipes alike)."""
+    errors = []
+    listed = [] if lora.targets == ALL_LINEAR else lora.targets
+    unknown = [name for name in listed if name not in LORA_TARGETS]
+    if unknown:
+        errors.append(
+            f"model.lora.targets: '{unknown[0]}' is not a {fam} projection "
+            f"({', '.join(LORA_TARGETS)}, or {ALL_LINEAR})"
+        )
+    if lora.rank > arch.dim:
+        errors.append(
+            f"model.lora.rank: {lora.rank} exceeds the {fam} {size} hidden size {arch.dim}"
+        )
+    return errors
+
+
 def _lora_errors(r: Recipe) -> list[str]:
     """model.lora against the architecture and the services it needs, and a reference in the
     trainer's processes (a LoRA run's) against the settings that do not compose with it."""
     lora, ref, fam, size = r.model.lora, r.layout.reference, r.model.family, r.model.size
     errors = []
     if lora is not None:
-        listed = [] if lora.targets == ALL_LINEAR else lora.targets
-        unknown = [name for name in listed if name not in LORA_TARGETS]
-        if unknown:
-            errors.append(
-                f"model.lora.targets: '{unknown[0]}' is not a {fam} projection "
-                f"({', '.join(LORA_TARGETS)}, or {ALL_LINEAR})"
-            )
-        if lora.rank > r.arch.dim:
-            errors.append(
-                f"model.lora.rank: {lora.rank} exceeds the {fam} {size} hidden size {r.arch.dim}"
-            )
-        elif lora.rank > VLLM_LORA_RANKS[-1] and _vllm(r):
+        errors += lora_shape_errors(lora, r.arch, fam, size)
+        if lora.rank > VLLM_LORA_RANKS[-1] and lora.rank <= r.arch.dim and _vllm(r):
             errors.append(
                 f"model.lora.rank: {lora.rank} exceeds {VLLM_LORA_RANKS[-1]}, the largest LoRA "
                 "rank vLLM serves (the GPU generator); lower it"

@@ -8,6 +8,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from recipes import UserError
 from recipes.errors import OneLineParser
@@ -25,7 +26,7 @@ def build_parser(prog: str = "python -m runtime", named: bool = False) -> argpar
     p = OneLineParser(
         prog=prog,
         usage=f"{prog} NAME [options]" if named else None,
-        description="Run GRPO post-training for a recipe on this machine (GPUs if present, else CPU).",
+        description="Run GRPO or SFT post-training for a recipe on this machine (GPUs if present, else CPU).",
     )
     p.add_argument(
         "--recipe",
@@ -159,16 +160,17 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named:
     args = build_parser(prog, named).parse_args(argv)
     recipe = load_recipe(args.recipe)
     overrides = list(args.overrides)
+    section = recipe.kind  # grpo or sft: where steps, seed and the checkpoint interval live
     if args.steps is not None:
         if args.steps < 1:
             raise UserError(f"--steps must be at least 1 (got {args.steps})")
-        overrides.append(f"grpo.steps={args.steps}")
+        overrides.append(f"{section}.steps={args.steps}")
     if args.seed is not None:
-        overrides.append(f"grpo.seed={args.seed}")
+        overrides.append(f"{section}.seed={args.seed}")
     if args.checkpoint_every is not None:
         if args.checkpoint_every < 0:
             raise UserError(f"--checkpoint-every must be >= 0 (got {args.checkpoint_every})")
-        overrides.append(f"grpo.checkpoint_interval={args.checkpoint_every}")
+        overrides.append(f"{section}.checkpoint_interval={args.checkpoint_every}")
     if overrides:
         recipe = apply_overrides(recipe, overrides)
     gpus = args.gpus if args.gpus is not None else _default_gpus(recipe)
@@ -190,6 +192,20 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named:
         cluster=cluster,
         join_timeout=args.join_timeout,
     )
+
+
+def _run_sft(config: Any, over: bool) -> int:
+    """An SFT recipe's run: one process, the CPU trainer (runtime.sft.run)."""
+    if over:
+        return 0
+    from runtime.sft.run import run
+
+    try:
+        run(config.recipe, config.run_dir, wandb_mode=config.wandb_mode)
+    except UserError as e:
+        print(f"forgesky: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(
@@ -226,12 +242,19 @@ def main(
             if not over:
                 check_wandb_login(config.wandb_mode)
                 check_wandb_reachable(config.wandb_mode)
-            if not existing:
-                prepare_run_dir(config)
+            if not existing and config.recipe.kind == "grpo":
+                prepare_run_dir(config)  # an SFT run makes it once its data is checked
+        if config.recipe.kind == "sft" and not config.plan.cpu:
+            raise UserError(
+                f"{config.recipe.name}: SFT runs on the CPU trainer only so far (forgesky local "
+                "tiny-sft); its GPU trainer is not wired to SFT yet"
+            )
     except UserError as e:
         print(f"forgesky: error: {e}", file=sys.stderr)  # as the run's other lines say
         return 2
     cluster = config.cluster
+    if config.recipe.kind == "sft":
+        return _run_sft(config, over)
     if over:
         if cluster.multi_node:
             from runtime.procs.nodewatch import release_workers

@@ -219,7 +219,7 @@ def base_groups(recipe: Any) -> Any:
     from runtime.models.loading import SeededWeights
 
     spec = build.model_spec(recipe)
-    source = build.initial_weights(recipe, spec) or SeededWeights(spec, recipe.grpo.seed)
+    source = build.initial_weights(recipe, spec) or SeededWeights(spec, recipe.seed)
     for group in source.groups():
         yield to_hf(group, spec)
 

@@ -204,7 +204,7 @@ def full_model(recipe: Any) -> Any:
     if recipe.model.lora is None:
         return recipe
     layout = recipe.layout
-    if layout.reference.device == "trainer":
+    if recipe.kind == "grpo" and layout.reference.device == "trainer":
         device = ReferenceLayout.model_fields["device"].default
         reference = layout.reference.model_copy(update={"device": device})
         layout = layout.model_copy(update={"reference": reference})
@@ -303,12 +303,36 @@ def check_out_file(out: str) -> None:
         raise UserError(f"eval: --out {out}: the folder {path.parent} is not writable")
 
 
+def _run_sft(source: Source, recipe: Any, out: str | None) -> int:
+    """An SFT model's evaluation: its held-out loss (runtime.sft.run.evaluate)."""
+    from runtime.sft.run import evaluate as held_out_loss
+
+    e, step = recipe.eval, _exported_step(source)
+    data = e.path or recipe.dataset.path
+    print(
+        f"evaluating {source.path} with recipe {recipe.name}: the loss on up to {e.rows} rows "
+        f"of {data} {e.split}",
+        flush=True,
+    )
+    metrics = held_out_loss(recipe, load_hf_weights(source, recipe))
+    print(
+        f"loss {metrics['eval/loss']:.4g} ({int(metrics['eval/rows'])} rows, "
+        f"{int(metrics['eval/tokens'])} assistant tokens, {metrics['eval/seconds']:.1f} s)"
+    )
+    if out:
+        result = {"source": str(source.path), "step": step, "recipe": recipe.name, "data": data}
+        Path(out).write_text(json.dumps({**result, "split": e.split, **metrics}, indent=2) + "\n")
+    return 0
+
+
 def run(source_text: str, recipe_name: str | None, overrides: list[str], out: str | None) -> int:
     """Evaluate SOURCE, print the metrics (and write them to `out`); UserError for mistakes."""
     if out is not None:
         check_out_file(out)  # before the evaluation, not after it
     source = resolve_source(source_text)
     recipe = resolve_recipe(source, recipe_name, overrides)
+    if recipe.kind == "sft":
+        return _run_sft(source, recipe, out)
     e = recipe.eval
     step = _exported_step(source)
     if source.kind in ("hf", "adapter"):

@@ -50,8 +50,11 @@ def header(name: str) -> str:
     return "\n".join(comments)
 
 
+SFT_NAMES = ["llama3.1-8b-sft", "qwen3-1.7b-sft", "qwen3-8b-sft", "tiny-sft"]
+
+
 def test_catalog_names():
-    assert list_recipes() == NAMES
+    assert list_recipes() == sorted(NAMES + SFT_NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)

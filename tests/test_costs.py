@@ -23,7 +23,9 @@ import cost_constants  # noqa: E402
 
 RESULTS = Path(cost_constants.__file__).parent / "results"
 
-GPU_RECIPES = [n for n in list_recipes() if not load_recipe(n).cpu]
+GPU_RECIPES = [
+    n for n in list_recipes() if not load_recipe(n).cpu and load_recipe(n).kind == "grpo"
+]
 
 
 def recipe(name: str, *overrides: str):

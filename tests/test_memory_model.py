@@ -38,7 +38,11 @@ from runtime.models.titan import meta_model
 
 # plan() shows GB rounded to 0.1
 ROUNDING = 0.05 * 1e9
-GPU_RECIPES = [n for n in list_recipes() if load_recipe(n).resources.accelerator != "cpu"]
+GPU_RECIPES = [
+    n
+    for n in list_recipes()
+    if load_recipe(n).resources.accelerator != "cpu" and load_recipe(n).kind == "grpo"
+]
 _SHAPES: dict[tuple[str, str], list[tuple[int, ...]]] = {}
 
 

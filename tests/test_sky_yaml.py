@@ -68,7 +68,7 @@ def test_skypilot_parses_the_file(file_name):
     launched = launch_gpus(recipe)
     expected_plan = plan(recipe, launched)
 
-    assert task.name == f"grpo-{recipe.name}"
+    assert task.name == f"{recipe.kind}-{recipe.name}"
     assert task.num_nodes == expected_plan.num_nodes
     assert task.workdir == "."
     if recipe.cpu:
@@ -114,15 +114,15 @@ def test_header_gives_the_commands(file_name):
     secret = " --secret HF_TOKEN" if load_recipe(name).model.gated else ""
     if file_name.endswith("-spot.yaml"):
         commands = [
-            f"#   sky jobs launch -n grpo-{name} sky/{file_name}{secret}",
-            f"#   sky jobs logs -n grpo-{name}",
-            f"#   sky jobs cancel -n grpo-{name}",
+            f"#   sky jobs launch -n {load_recipe(name).kind}-{name} sky/{file_name}{secret}",
+            f"#   sky jobs logs -n {load_recipe(name).kind}-{name}",
+            f"#   sky jobs cancel -n {load_recipe(name).kind}-{name}",
         ]
     else:
         commands = [
-            f"#   sky launch -c grpo-{name} sky/{file_name}{secret}",
-            f"#   sky logs grpo-{name}",
-            f"#   sky down grpo-{name}",
+            f"#   sky launch -c {load_recipe(name).kind}-{name} sky/{file_name}{secret}",
+            f"#   sky logs {load_recipe(name).kind}-{name}",
+            f"#   sky down {load_recipe(name).kind}-{name}",
         ]
     for command in commands:
         assert command in header

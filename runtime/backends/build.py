@@ -100,8 +100,9 @@ def write_model(
         folder,
         tokenizer=load_tokenizer(recipe),
         dtype=recipe.model.dtype,
-        temperature=recipe.grpo.temperature,
-        top_p=recipe.grpo.top_p,
+        # the sampling a GRPO run trained at; an SFT model samples as its family does
+        temperature=recipe.grpo.temperature if recipe.kind == "grpo" else 1.0,
+        top_p=recipe.grpo.top_p if recipe.kind == "grpo" else 1.0,
         provenance={**provenance, "recipe_config": recipe.model_dump(mode="json")},
     )
 
@@ -250,7 +251,7 @@ def lora_base(recipe: Any, spec: ModelSpec, vllm: bool) -> tuple[Any, Any]:
     from runtime.models.hf import to_hf
     from runtime.models.loading import SeededWeights
 
-    source = source or SeededWeights(spec, recipe.grpo.seed)
+    source = source or SeededWeights(spec, recipe.seed)
     return None, to_hf(source.state_dict(), spec)
 
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -120,8 +120,10 @@ class FSDPTrainer(trainer_state.Checkpointing):
         compile: bool = False,
         compile_head: bool = True,
         lora: Any = None,
+        attention: str = "sdpa",
     ):
         self.spec = spec
+        self.attention = attention  # "flex" (GPUs) or "document" (CPU) for SFT's packed rows
         self.lora = lora
         self.optim_config = optim
         self.temperature = temperature
@@ -134,7 +136,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         self.rank = dist.get_rank() if self.world > 1 else 0
         # Built on meta, sharded there, then only this rank's shards get storage and are filled
         # from the source a block at a time: no rank ever holds the whole model.
-        self.model = meta_model(spec, lora=lora)
+        self.model = meta_model(spec, attention, lora=lora)
         if lora is not None and compute_dtype != torch.float32:
             _round_frozen_weights(self.model, compute_dtype)
         self.model._skip_lm_head = True
@@ -296,6 +298,41 @@ class FSDPTrainer(trainer_state.Checkpointing):
         totals = self._reduce(summed, weighted, token_total)
         totals.update(grad_norm=norm, lr=lr, step=float(self.step))
         return totals | staging
+
+    def sft_step(self, packs: Sequence[Any]) -> dict[str, float]:
+        """One AdamW step of SFT on the step's packed micro-batches (runtime.sft.data.Packed),
+        every rank given all of them: rank r takes micro-batches r, r + world, ... (a filler
+        where it has fewer than another). The loss is the summed cross-entropy of the trained
+        tokens over the step's count of them on every rank. Every rank must call it."""
+        from runtime.sft.train import filler, packed_loss
+
+        with self.memory.phase("train"):
+            mine = list(packs[self.rank :: self.world])
+            rounds = -(-len(packs) // self.world)
+            mine += [filler(packs[0])] * (rounds - len(mine))
+            total = sum(p.trained_tokens for p in packs) or 1
+            # FSDP averages gradients over ranks; each rank's loss is its share of the sum
+            scale = float(self.world) / total
+            self.optimizer.zero_grad(set_to_none=True)
+            summed = 0.0
+            for p in mine:
+                with self._autocast():
+                    loss = packed_loss(self.model, p, self.attention, self.device)
+                (loss * scale).backward()
+                summed += float(loss.detach())
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                trainer_state.trained(self.model).values(), self.optim_config.max_grad_norm
+            )
+            norm = finite_grad_norm(_full(grad_norm), self.step + 1)
+            lr = self.optimizer.param_groups[0]["lr"]
+            staging = self.checkpoint_staged()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
+            self.step += 1
+            totals = self._reduce({"loss": summed}, {}, 0.0)
+            loss = totals["loss"] / total
+            return {"loss": loss, "grad_norm": norm, "lr": lr, "step": float(self.step)} | staging
 
     def _reduce(
         self, summed: dict[str, float], weighted: dict[str, float], tokens: float

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,18 +98,19 @@ def _load_or_init(
     device: torch.device,
     dtype: torch.dtype,
     lora: Any = None,
+    attention: str = "sdpa",
 ) -> torch.nn.Module:
     """The seeded model, or one loaded from `weights`: one process holds all of it (the CPU
     path), so a source is read whole. With `lora`, the LoRA model of that base, its adapter
     seeded (runtime.models.lora.AdapterInit)."""
     if lora is not None:
-        model = materialize(meta_model(spec, lora=lora), device)
+        model = materialize(meta_model(spec, attention, lora=lora), device)
         load_into(model, as_source(weights, spec, seed, lora), "the trainer")
         if dtype != torch.float32:
             for param in model.parameters():
                 param.data = param.data.to(dtype)
         return model
-    model = build_model(spec, device=device, dtype=dtype, seed=seed)
+    model = build_model(spec, device=device, dtype=dtype, seed=seed, attention=attention)
     if isinstance(weights, WeightSource):
         weights = weights.state_dict()
     if weights is not None:
@@ -138,15 +139,17 @@ class TitanTrainer(trainer_state.Checkpointing):
         tokens_per_micro_batch: int | None = None,
         activation_checkpointing: bool = False,
         lora: Any = None,
+        attention: str = "sdpa",
     ):
         self.spec = spec
+        self.attention = attention
         self.lora = lora
         self.optim_config = optim
         self.temperature = temperature
         self.device = torch.device(device)
         self.tokens_per_micro_batch = tokens_per_micro_batch
         self.activation_checkpointing = activation_checkpointing
-        self.model = _load_or_init(spec, weights, seed, self.device, dtype, lora)
+        self.model = _load_or_init(spec, weights, seed, self.device, dtype, lora, attention)
         if activation_checkpointing:
             wrap_blocks(self.model, checkpointing=True, compile=False)
         self.model.train()
@@ -234,6 +237,42 @@ class TitanTrainer(trainer_state.Checkpointing):
                 totals[key] = totals.get(key, 0.0) + share
         totals.update(grad_norm=norm, lr=lr, step=float(self.step))
         return totals | staging
+
+    def sft_step(self, packs: Sequence[Any]) -> dict[str, float]:
+        """One AdamW step of SFT on packed micro-batches (runtime.sft.data.Packed): the summed
+        cross-entropy of the trained tokens over the step's count of them (each token weighs
+        the same, whichever micro-batch it is in)."""
+        from runtime.sft.train import packed_loss
+
+        total = sum(p.trained_tokens for p in packs) or 1
+        self.optimizer.zero_grad(set_to_none=True)
+        summed = 0.0
+        for p in packs:
+            loss = packed_loss(self.model, p, self.attention, self.device)
+            (loss / total).backward()
+            summed += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            trainer_state.trained(self.model).values(), self.optim_config.max_grad_norm
+        )
+        norm = finite_grad_norm(grad_norm, self.step + 1)
+        lr = self.optimizer.param_groups[0]["lr"]
+        staging = self.checkpoint_staged()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return {"loss": summed / total, "grad_norm": norm, "lr": lr, "step": float(self.step)} | (
+            staging
+        )
+
+    def sft_loss(self, packs: Sequence[Any]) -> tuple[float, int]:
+        """The summed cross-entropy of the trained tokens of `packs` and their count (no step)."""
+        from runtime.sft.train import packed_loss
+
+        with torch.no_grad():
+            summed = sum(
+                float(packed_loss(self.model, p, self.attention, self.device)) for p in packs
+            )
+        return summed, sum(p.trained_tokens for p in packs)
 
     def hf_state_dict(self) -> dict[str, Tensor]:
         """The current weights under HF names (detached; copy before mutating); a LoRA run's

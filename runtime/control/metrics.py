@@ -196,6 +196,8 @@ def format_step(record: Mapping[str, Any], total_steps: int | None = None) -> st
     for key, label in (("reward/mean", "reward"), ("loss", "loss"), ("kl", "kl")):
         if isinstance(record.get(key), (int, float)):
             parts.append(f"{label} {record[key]:.3g}")
+    if isinstance(record.get("eval/loss"), (int, float)):
+        parts.append(f"held-out loss {record['eval/loss']:.3g}")
     if isinstance(record.get("time/step_s"), (int, float)):
         parts.append(f"{record['time/step_s']:.3g} s/step")
     if isinstance(record.get("cost/usd"), (int, float)):
@@ -230,13 +232,16 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def plot_curves(records: list[dict[str, Any]], path: str | os.PathLike[str]) -> None:
     """Draw reward/mean and kl against step, and with evaluations eval/* against the version
-    evaluated, into a PNG (written atomically)."""
+    evaluated, into a PNG (written atomically); an SFT run's (no reward): its train loss,
+    held-out loss and tokens/s."""
     # The object API with the Agg canvas: no pyplot, no global backend switch in the caller.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     evals = sorted({k for r in records for k in r if k.startswith("eval/pass@")})
-    keys = ("reward/mean", "kl", *(["eval"] if evals else []))
+    keys: tuple[str, ...] = ("reward/mean", "kl", *(["eval"] if evals else []))
+    if not any("reward/mean" in r for r in records) and any("eval/loss" in r for r in records):
+        keys = ("loss", "eval/loss", "tokens_per_s")
     fig = Figure(figsize=(4.5 * len(keys), 3.5), layout="constrained")
     FigureCanvasAgg(fig)
     for ax, key in zip(fig.subplots(1, len(keys)), keys, strict=True):

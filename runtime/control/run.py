@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 # What run.py records in RUN_DIR/config.json (the recipe, and its plan) has these keys; a
 # model's config.json (Hugging Face's) has none of them.
-RECORD_KEYS = ("name", "model", "grpo", "plan")
+RECORD_KEYS = ("name", "model", "plan")
 
 
 def recorded_config(recipe: Any, plan: Any) -> dict[str, Any]:
@@ -49,6 +49,7 @@ def is_run_record(data: Any) -> bool:
     return (
         isinstance(data, dict)
         and all(key in data for key in RECORD_KEYS)
+        and ("grpo" in data or "sft" in data)  # what it trained by
         and isinstance(data["model"], dict)
     )
 
@@ -203,7 +204,8 @@ def _check_steps_left(config: RunConfig, saved: list[checkpoint.Checkpoint]) -> 
     nothing to train: said at once, not after every service has started. (At that step
     exactly, as a managed job restarted after its last checkpoint is, the run is over:
     `finished_already`.)"""
-    steps = config.recipe.grpo.steps
+    r = config.recipe
+    steps = r.grpo.steps if r.kind == "grpo" else r.sft.steps
     if saved and saved[-1].step > steps:
         raise UserError(
             f"run dir {config.run_dir} is at step {saved[-1].step} already and the run is "

@@ -20,8 +20,9 @@ from torchtitan.models.common.attention import (
 )
 from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
 
-# TorchTitan's inner attention, by name
-Attention = Literal["sdpa", "flex", "varlen"]
+# TorchTitan's inner attention, by name; "document" is SDPA under a dense same-row causal
+# mask (runtime.models.packing), for packed rows where flex and varlen cannot run (the CPU)
+Attention = Literal["sdpa", "flex", "varlen", "document"]
 
 
 # Only used for random-init models.
@@ -61,6 +62,10 @@ def inner_attention(attention: Attention) -> Any:
         return FlexAttention.Config()
     if attention == "varlen":
         return VarlenAttention.Config()
+    if attention == "document":
+        from runtime.models.packing import DocumentAttention
+
+        return DocumentAttention.Config()
     raise ValueError(f"unknown attention backend {attention!r}")
 
 

@@ -6,6 +6,17 @@ from transformers import PreTrainedTokenizerFast
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 
+# The tiny tokenizer's chat template: a turn of the user (or system) is <bos> and its text, an
+# assistant's turn its text and <eos>; no generation prompt. A prompt of one user turn is thus
+# the same ids as its text encoded with <bos> (what the GRPO prompts were before it), and an
+# SFT row (runtime/sft/data.py) trains the answer and the <eos> that ends it.
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' -%}{{ m['content'] }}{{ eos_token }}"
+    "{%- else -%}{{ bos_token }}{{ m['content'] }}{%- endif -%}"
+    "{%- endfor -%}"
+)
+
 
 def build_tokenizer(characters: str) -> PreTrainedTokenizerFast:
     """A character-level tokenizer: <pad>=0, <bos>=1, <eos>=2, then `characters` in order, then
@@ -35,5 +46,10 @@ def build_tokenizer(characters: str) -> PreTrainedTokenizerFast:
     )
     core.add_special_tokens([AddedToken(t, special=True) for t in (PAD, BOS, EOS, UNK)])
     return PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK
+        tokenizer_object=core,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        chat_template=CHAT_TEMPLATE,
     )

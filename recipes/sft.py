@@ -1,0 +1,306 @@
+"""The SFT recipe: supervised fine-tuning on chat data, with the GRPO recipe's model, resources
+and trainer sections, and a trainer as its only service.
+
+A recipe file with an `sft` section is an SFT recipe (one with `grpo` a GRPO recipe,
+recipes/schema.py); the loader picks the class by that section. Its sections:
+
+- `model`: as GRPO's (recipes/run_sections.py::Model), `model.lora` included.
+- `dataset`: what it trains on: a Hugging Face dataset or local data (JSONL, say) of chat
+  `messages` or `prompt`/`completion` pairs, the fields named; the most tokens a row may take
+  after the family's chat template (`max_tokens`), and what happens to a longer one (`overlong`:
+  truncate or drop; the run counts them).
+- `sft`: the optimisation: learning rate and schedule, the tokens an optimiser step trains on
+  (rows packed into micro-batches of `trainer.tokens_per_micro_batch` tokens), steps,
+  checkpoints.
+- `eval`: the held-out loss, on a split of the same data or a file of its own.
+- `layout.trainer.gpus`: the trainer's GPUs, the least the recipe runs on (no generator, no
+  reference); a plan on more GPUs of one node gives the trainer all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from recipes.architectures import ARCHITECTURES, Arch, architecture, sizes
+from recipes.fields import Identifier, Strict
+from recipes.files import same_local
+from recipes.run_sections import Model, _shipped
+from recipes.service_sections import (
+    Resources,
+    TrainerLayout,
+    TrainerSettings,
+    WatchdogSettings,
+)
+
+# The forms a row of SFT data takes: a chat (a list of {role, content}) or a prompt and its
+# completion (two strings: one user turn and the assistant's answer).
+SFT_FORMATS = ("messages", "prompt_completion")
+
+
+class SftDataset(Strict):
+    path: Identifier
+    config: Identifier | None = None
+    split: Identifier = "train"
+    format: Literal["messages", "prompt_completion"] = "messages"
+    messages_field: Identifier = "messages"
+    prompt_field: Identifier = "prompt"
+    completion_field: Identifier = "completion"
+    # a system turn put before every conversation that has none
+    system_prompt: str | None = None
+    # the most tokens a row takes after the chat template; a longer row is cut to it (truncate)
+    # or left out (drop), and the run counts both
+    max_tokens: int = Field(gt=0)
+    overlong: Literal["truncate", "drop"] = "drop"
+
+    @model_validator(mode="after")
+    def _shipped_path(self) -> SftDataset:
+        _shipped(self.path)
+        return self
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The fields a row must have, as the recipe names them."""
+        if self.format == "messages":
+            return (self.messages_field,)
+        return (self.prompt_field, self.completion_field)
+
+
+class Sft(Strict):
+    learning_rate: float = Field(gt=0)
+    # tokens of packed rows an optimiser step trains on (over every rank): micro-batches of
+    # trainer.tokens_per_micro_batch tokens, as many as make it up
+    tokens_per_step: int = Field(gt=0)
+    steps: int = Field(ge=1)
+    checkpoint_interval: int = Field(ge=0)
+    checkpoint_finish_s: float = Field(default=120.0, ge=0)
+    seed: int = 0
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    # after warmup: hold the learning rate, or decay it linearly to 0 at the last step
+    lr_schedule: Literal["constant", "linear"] = "constant"
+
+
+class SftEval(Strict):
+    """The held-out loss: the mean loss per assistant token over held-out rows."""
+
+    enabled: bool = True
+    # a split of the dataset section's data, or other data as `path` (same fields)
+    split: Identifier = "test"
+    path: Identifier | None = None
+    # the first this many rows of it, in its order (the same rows every time)
+    rows: int = Field(default=256, ge=1)
+    # a held-out loss every this many steps (0: only at the start and the end)
+    every: int = Field(default=0, ge=0)
+
+
+class SftLayout(Strict):
+    trainer: TrainerLayout = TrainerLayout()
+
+
+class SftRecipe(Strict):
+    """A complete, validated SFT run description."""
+
+    name: Identifier
+    description: str
+    model: Model
+    dataset: SftDataset
+    sft: Sft
+    eval: SftEval = SftEval()
+    layout: SftLayout = SftLayout()
+    resources: Resources = Resources()
+    trainer: TrainerSettings = TrainerSettings()
+    watchdog: WatchdogSettings = WatchdogSettings()
+
+    @property
+    def seed(self) -> int:
+        """The seed of the run's random init and data order."""
+        return self.sft.seed
+
+    @property
+    def kind(self) -> str:
+        """What the recipe trains by: "sft" (a GRPO recipe's is "grpo")."""
+        return "sft"
+
+    @property
+    def arch(self) -> Arch:
+        return architecture(self.model.family, self.model.size)
+
+    @property
+    def cpu(self) -> bool:
+        return self.resources.accelerator == "cpu"
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> SftRecipe:
+        errors = _consistency_errors(self)
+        if errors:
+            raise PydanticCustomError("recipe", errors[0])
+        return self
+
+
+def _consistency_errors(r: SftRecipe) -> list[str]:
+    from recipes.schema import local_split_errors, lora_shape_errors
+
+    fam, size = r.model.family, r.model.size
+    if (fam, size) not in ARCHITECTURES:
+        return [f"model.size: unknown {fam} size '{size}'; known sizes: {', '.join(sizes(fam))}"]
+    arch = r.arch
+    errors = []
+    if r.model.thinking is not None and fam != "qwen3":
+        errors.append(
+            f"model.thinking: {fam} models have no thinking mode (Qwen3 has); leave it unset"
+        )
+    if r.model.lora is not None:
+        errors += lora_shape_errors(r.model.lora, arch, fam, size)
+    d = r.dataset
+    if d.max_tokens > arch.max_seq_len:
+        errors.append(
+            f"dataset.max_tokens: {d.max_tokens} exceeds the {fam} {size} context of "
+            f"{arch.max_seq_len} tokens"
+        )
+    micro = r.trainer.tokens_per_micro_batch
+    if micro != "auto" and micro < d.max_tokens:
+        errors.append(
+            f"trainer.tokens_per_micro_batch: {micro} is less than dataset.max_tokens "
+            f"{d.max_tokens}; a row is packed whole into one micro-batch"
+        )
+    if r.sft.tokens_per_step < d.max_tokens:
+        errors.append(
+            f"sft.tokens_per_step: {r.sft.tokens_per_step} is less than dataset.max_tokens "
+            f"{d.max_tokens}; a step trains on at least one whole row"
+        )
+    if r.sft.warmup_steps > r.sft.steps:
+        errors.append(f"sft.warmup_steps: {r.sft.warmup_steps} exceeds sft.steps {r.sft.steps}")
+    e = r.eval
+    if e.enabled:
+        path = e.path or d.path
+        same = path == d.path or same_local(path, d.path)
+        if same and e.split == d.split:
+            errors.append(
+                f"eval.split: {e.split!r} is the split the run trains on (dataset.split); name "
+                "a held-out one, or held-out data as eval.path"
+            )
+        else:
+            errors += local_split_errors(path, e.split, same_data=same)
+    t = r.layout.trainer
+    if r.cpu and t.gpus != 1:
+        errors.append(
+            f"layout.trainer.gpus: must be 1 on accelerator cpu (trainer.ranks sets its "
+            f"processes), got {t.gpus}"
+        )
+    if not r.cpu and t.gpus > r.resources.gpus_per_node:
+        errors.append(
+            f"layout.trainer.gpus: {t.gpus} exceeds resources.gpus_per_node "
+            f"{r.resources.gpus_per_node}; the trainer's GPUs sit on one node"
+        )
+    ranks = r.trainer.ranks
+    if not r.cpu and ranks != "auto" and ranks != t.gpus:
+        errors.append(
+            f"trainer.ranks: {ranks} must be auto or layout.trainer.gpus ({t.gpus}): one "
+            "trainer process per GPU"
+        )
+    if errors:
+        return errors
+    return memory_errors(r)
+
+
+def trainer_memory(r: SftRecipe, gpus: int, accelerator: str) -> tuple[int, bool, float] | None:
+    """The trainer's micro-batch tokens, activation checkpointing and peak bytes a GPU on `gpus`
+    GPUs of `accelerator` (recipes.memory.trainer_memory_plan), or None where nothing fits."""
+    from recipes.memory import ACCELERATOR_BYTES, trainer_memory_plan
+
+    t = r.trainer
+    return trainer_memory_plan(
+        r.arch,
+        gpus,
+        ACCELERATOR_BYTES[accelerator],
+        tokens=None if t.tokens_per_micro_batch == "auto" else t.tokens_per_micro_batch,
+        checkpointing=None if t.activation_checkpointing == "auto" else t.activation_checkpointing,
+        compiled=t.compile is not False,
+        lora=r.model.lora,
+    )
+
+
+def memory_errors(r: SftRecipe) -> list[str]:
+    """The trainer on layout.trainer.gpus GPUs against the accelerator (a CPU recipe is not
+    checked)."""
+    if r.cpu:
+        return []
+    gpus, acc = r.layout.trainer.gpus, r.resources.accelerator
+    if trainer_memory(r, gpus, acc) is not None:
+        return []
+    return [
+        f"layout.trainer.gpus: the {r.model.family} {r.model.size} trainer does not fit "
+        f"{gpus} x {acc} with any micro-batch (trainer.tokens_per_micro_batch, "
+        "trainer.activation_checkpointing); give it more GPUs"
+    ]
+
+
+def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: str) -> Any:
+    """The Plan of an SFT run: the trainer alone, on node 0, on all `gpus` GPUs (at least
+    layout.trainer.gpus, at most one node's); on CPU one trainer placement and no GPU. The
+    generic checks (counts, disk) are the planner's (recipes/planner.py)."""
+    from recipes.errors import UserError
+    from recipes.memory import GB, RUNTIME_OVERHEAD_GB, disk_plan, host_plan
+    from recipes.placements import Placement
+    from recipes.plan_words import Plan, lora_words
+
+    need = r.layout.trainer.gpus
+    common = dict(
+        recipe_name=r.name,
+        generator_replicas=0,
+        generator_tp=1,
+        reference_enabled=False,
+        reference_gpus=0,
+        reward_procs=0,
+        lora=lora_words(r) if r.model.lora is not None else "",
+    )
+    if r.cpu:
+        return Plan(
+            **common,
+            total_gpus=0,
+            gpus_per_node=0,
+            num_nodes=nodes or 1,
+            cpu=True,
+            trainer_gpus=0,
+            placements=(Placement("trainer", 0, 0, ()),),
+            memory={},
+            accelerator="cpu",
+        )
+    if gpus < need:
+        raise UserError(
+            f"{r.name} needs at least {need} x {accelerator} (the trainer's GPUs, "
+            f"layout.trainer.gpus), got --gpus {gpus}"
+        )
+    if gpus > gpn:
+        raise UserError(
+            f"--gpus {gpus}: an SFT trainer runs on one node, at most {gpn} GPUs "
+            "(resources.gpus_per_node)"
+        )
+    if nodes is not None and nodes != 1:
+        raise UserError(f"{r.name} runs on one node, not {nodes}")
+    fit = trainer_memory(r, gpus, accelerator)
+    if fit is None:
+        raise UserError(
+            f"{r.name}: the trainer does not fit {gpus} x {accelerator} with any micro-batch; "
+            "give it more GPUs"
+        )
+    peak = fit[2]
+    return Plan(
+        **common,
+        total_gpus=gpus,
+        gpus_per_node=gpus,
+        num_nodes=1,
+        cpu=False,
+        trainer_gpus=gpus,
+        placements=(Placement("trainer", 0, 0, tuple(range(gpus))),),
+        memory={"trainer": round(peak / GB + RUNTIME_OVERHEAD_GB, 1)},
+        accelerator=accelerator,
+        minimum_gpus=need,
+        dedicated_gpus=need,
+        disk=disk_plan(r),
+        host=host_plan(r, gpus),
+    )

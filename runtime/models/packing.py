@@ -1,0 +1,76 @@
+"""Packed rows: several samples in one sequence, each attending only to itself.
+
+A packed sequence carries `positions` that restart at 0 where each sample starts (TorchTitan's
+convention for packed documents: RoPE takes them, and its masks are derived from them). Which
+attention keeps samples apart:
+
+- flex (GPUs): TorchTitan's `FlexAttention` with the block mask its decoder builds from the
+  positions (`model.get_attention_masks`). In torch 2.13 flex attention runs forward on the CPU
+  (compiled) but has no backward there.
+- document (CPU): `DocumentAttention` below, SDPA with a dense boolean mask that allows a query
+  the keys of its own sample up to itself. L x L booleans a row: for short rows, as on the CPU.
+
+`attention_masks(model, positions, attention)` gives what the model's forward takes for either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchtitan.models.common.attention import ScaledDotProductAttention
+
+
+def sample_ids(positions: Tensor) -> Tensor:
+    """`[B, L]` positions -> the index of the sample each token belongs to within its row."""
+    return torch.cumsum((positions == 0).int(), dim=-1)
+
+
+def document_mask(positions: Tensor) -> Tensor:
+    """`[B, 1, L, L]` booleans: query t may attend key s when both are in one sample and s <= t."""
+    ids = sample_ids(positions)
+    same = ids[:, :, None] == ids[:, None, :]
+    length = positions.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=positions.device).tril()
+    return (same & causal)[:, None]
+
+
+class DocumentAttention(ScaledDotProductAttention):
+    """TorchTitan's SDPA inner attention, taking a dense mask (`document_mask`) where one is
+    given; without one, causal as the original."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ScaledDotProductAttention.Config):
+        pass
+
+    def forward(
+        self,
+        q_BLNH: Tensor,
+        k_BLNH: Tensor,
+        v_BLNH: Tensor,
+        *,
+        attention_masks: Any = None,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        is_causal: bool = True,
+        **kwargs: Any,
+    ) -> Tensor:
+        if attention_masks is None:
+            return super().forward(
+                q_BLNH, k_BLNH, v_BLNH, scale=scale, enable_gqa=enable_gqa, is_causal=is_causal
+            )
+        q, k, v = (x.transpose(1, 2) for x in (q_BLNH, k_BLNH, v_BLNH))
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attention_masks, scale=scale, enable_gqa=enable_gqa
+        )
+        return out.transpose(1, 2)
+
+
+def attention_masks(model: Any, positions: Tensor, attention: str) -> Any:
+    """What `model(tokens, positions, masks)` takes to keep each row's samples apart."""
+    if attention == "document":
+        return document_mask(positions)
+    return model.get_attention_masks(positions)

@@ -1,0 +1,267 @@
+"""An SFT run on this machine: the recipe's rows, packed, through the TorchTitan trainer, with
+held-out loss, metrics, DCP checkpoints, resume and the model folder at the end.
+
+RUN_DIR holds what a GRPO run's holds: config.json (the recipe and its plan), metrics.jsonl
+(train loss, held-out loss `eval/loss`, tokens/s, MFU where the GPU's peak is known),
+curves.png, checkpoints/step_N (the trainer's DCP folder and `sft_state.json`: the position
+in the data and the row counts), and model/ (a Hugging Face folder, or a LoRA run's adapter).
+
+A run dir holding a committed checkpoint is resumed from it: the weights, AdamW and the
+schedule from the trainer's folder, the data from the position kept beside it, so the steps
+after it are the steps an unbroken run takes.
+
+Each step trains on `sft.tokens_per_step` tokens of whole rows in the recipe's seeded order
+(epoch after epoch), packed into micro-batches of `trainer.tokens_per_micro_batch` tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from recipes import UserError
+from runtime.sft.data import ChatEncoder, Counts, Example, check_rows, examples, micro_batches
+
+STATE_FILE = "sft_state.json"
+# the micro-batch of the CPU trainer where the recipe leaves it auto
+CPU_TOKENS_PER_MICRO_BATCH = 1024
+
+
+class RowStream:
+    """The training rows, encoded, in an order drawn from (seed, epoch), epoch after epoch. Its
+    position (epoch, index of the next row) and counts are what a checkpoint keeps."""
+
+    def __init__(
+        self, rows: Sequence[Mapping[str, Any]], encoder: ChatEncoder, dataset: Any, seed: int
+    ):
+        self.rows, self.encoder, self.dataset, self.seed = rows, encoder, dataset, seed
+        self.epoch = 0
+        self.index = 0
+        self.counts = Counts()
+        self._order: tuple[int, list[int]] | None = None
+
+    def order(self, epoch: int) -> list[int]:
+        if self._order is None or self._order[0] != epoch:
+            order = list(range(len(self.rows)))
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+            self._order = (epoch, order)
+        return self._order[1]
+
+    def take(self, budget: int) -> list[Example]:
+        """Whole rows of at most `budget` tokens in all (at least one); a row that would go past
+        it is left for the next call (read again from its position)."""
+        taken: list[Example] = []
+        used = 0
+        while True:
+            if self.index >= len(self.rows):
+                self.epoch, self.index = self.epoch + 1, 0
+            where, before = (self.epoch, self.index), asdict(self.counts)
+            row = self.order(self.epoch)[self.index]
+            self.index += 1
+            found = list(examples(self.rows, [row], self.encoder, self.dataset, self.counts))
+            if not found:
+                continue  # dropped (too long), counted
+            ex = found[0]
+            if taken and used + len(ex.ids) > budget:
+                self.epoch, self.index = where
+                self.counts = Counts(**before)
+                return taken
+            taken.append(ex)
+            used += len(ex.ids)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "index": self.index, "counts": asdict(self.counts)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self.counts = Counts(**state["counts"])
+
+
+def load_rows(dataset: Any, path: str, split: str, what: str) -> Any:
+    """One split of the data (a Hub dataset, a local file or folder), checked for the fields
+    and the assistant turns the run needs."""
+    from runtime.tasks.data import load_hf_dataset
+
+    if path.startswith("builtin:"):
+        raise UserError(f"{what} {path!r}: shipped tasks hold GRPO prompts, not SFT chats")
+    import datasets
+
+    shown = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # a bad file's one line stays one line
+    try:
+        rows = load_hf_dataset(path, dataset.config, split)
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
+    check_rows(rows, dataset, path)
+    return rows
+
+
+def held_out(recipe: Any, encoder: ChatEncoder) -> list[Example]:
+    """The first eval.rows rows of the held-out data, encoded as the training rows are."""
+    e, d = recipe.eval, recipe.dataset
+    rows = load_rows(d, e.path or d.path, e.split, "eval.path")
+    n = min(e.rows, len(rows))
+    return list(examples(rows, range(n), encoder, d, Counts()))
+
+
+def micro_tokens(recipe: Any, attention: str) -> int:
+    t = recipe.trainer.tokens_per_micro_batch
+    if t != "auto":
+        return t
+    return max(CPU_TOKENS_PER_MICRO_BATCH, recipe.dataset.max_tokens)
+
+
+def run(
+    recipe: Any,
+    run_dir: Path,
+    *,
+    steps: int | None = None,
+    checkpoint_every: int | None = None,
+    wandb_mode: str = "disabled",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train `recipe` (an SFT recipe, one process: the CPU trainer) into `run_dir`; returns the
+    last step's record."""
+    import torch
+
+    from recipes import plan
+    from runtime.backends import OptimizerConfig, TitanTrainer
+    from runtime.backends.build import initial_weights, load_tokenizer, model_spec
+    from runtime.control import checkpoint
+    from runtime.control.metrics import MetricsLogger
+    from runtime.control.run import recorded_config, write_recorded
+
+    total = steps or recipe.sft.steps
+    every = recipe.sft.checkpoint_interval if checkpoint_every is None else checkpoint_every
+    attention = "document"  # packed rows on the CPU (runtime.models.packing)
+    encoder = ChatEncoder(
+        load_tokenizer(recipe), thinking=recipe.model.thinking, where="model.tokenizer"
+    )
+    d = recipe.dataset
+    stream = RowStream(load_rows(d, d.path, d.split, "dataset.path"), encoder, d, recipe.sft.seed)
+    evaluation = held_out(recipe, encoder) if recipe.eval.enabled else []
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_recorded(run_dir, recorded_config(recipe, plan(recipe, 0)))
+    spec = model_spec(recipe)
+    torch.manual_seed(recipe.sft.seed)
+    trainer = TitanTrainer(
+        spec,
+        OptimizerConfig.from_grpo(recipe.sft.model_copy(update={"steps": total})),
+        weights=initial_weights(recipe, spec),
+        seed=recipe.sft.seed,
+        lora=recipe.model.lora,
+        attention=attention,
+    )
+    root = run_dir / "checkpoints"
+    ckpt = checkpoint.latest(root)
+    state: dict[str, Any] = {}
+    if ckpt is not None:
+        log(f"resuming from the checkpoint of step {ckpt.step} ({ckpt.path})")
+        trainer.load_checkpoint(str(ckpt.path))
+        state = json.loads((ckpt.path / STATE_FILE).read_text())
+        stream.load_state_dict(state["data"])
+    micro = micro_tokens(recipe, attention)
+
+    def eval_loss() -> float:
+        summed, count = trainer.sft_loss(list(micro_batches(iter(evaluation), micro, pad_to=False)))
+        return summed / max(count, 1)
+
+    metrics = MetricsLogger(
+        run_dir,
+        wandb_mode=wandb_mode,  # type: ignore[arg-type]
+        run_name=run_dir.name,
+        config=recipe.model_dump(mode="json"),
+        resume_id=state.get("wandb_run_id"),
+        total_steps=total,
+    )
+    record: dict[str, Any] = {}
+    try:
+        if trainer.step == 0 and evaluation:
+            metrics.log(0, {"eval/loss": eval_loss()})
+        while trainer.step < total:
+            start = time.perf_counter()
+            rows = stream.take(recipe.sft.tokens_per_step)
+            packs = list(micro_batches(iter(rows), micro, pad_to=False))
+            stats = trainer.sft_step(packs)
+            seconds = time.perf_counter() - start
+            tokens = sum(len(e.ids) for e in rows)
+            record = {
+                "loss": stats["loss"],
+                "grad_norm": stats["grad_norm"],
+                "lr": stats["lr"],
+                "tokens": tokens,
+                "trained_tokens": sum(p.trained_tokens for p in packs),
+                "rows": len(rows),
+                "micro_batches": len(packs),
+                "tokens_per_s": tokens / seconds,
+                "mfu": None,  # the CPU has no peak to measure against
+                "time/step_s": seconds,
+                "data/epoch": stream.epoch,
+                "data/rows_truncated": stream.counts.truncated,
+                "data/rows_dropped": stream.counts.dropped,
+            }
+            step = trainer.step
+            due = recipe.eval.every and step % recipe.eval.every == 0
+            if evaluation and (due or step == total):
+                record["eval/loss"] = eval_loss()
+            metrics.log(step, record)
+            if (every and step % every == 0) or step == total:
+                path = _save(trainer, stream, root, step, metrics.wandb_run_id)
+                log(f"checkpoint step {step} -> {path}")
+    finally:
+        metrics.close()
+    from runtime.export import write_run_model
+
+    model = write_run_model(run_dir, recipe, trainer.step)
+    log(f"model -> {model}")
+    return {"step": trainer.step, **record}
+
+
+def _save(trainer: Any, stream: RowStream, root: Path, step: int, wandb_id: str | None) -> Path:
+    from runtime.control import checkpoint
+
+    partial = checkpoint.begin(root, step)
+    trainer.save_checkpoint(str(partial))
+    trainer.checkpoint_written(wait=True)
+    state = {"step": step, "data": stream.state_dict(), "wandb_run_id": wandb_id}
+    (partial / STATE_FILE).write_text(json.dumps(state) + "\n")
+    return checkpoint.commit(root, partial, step).path
+
+
+def evaluate(recipe: Any, weights: Mapping[str, Any], log: Callable[[str], None] = print) -> dict:
+    """`forgesky eval` of an SFT model: its held-out loss (the mean cross-entropy of the
+    held-out rows' assistant tokens), from its weights under HF names."""
+    import torch
+
+    from runtime.backends.build import load_tokenizer, model_spec
+    from runtime.models import build_model, from_hf
+
+    start = time.perf_counter()
+    encoder = ChatEncoder(
+        load_tokenizer(recipe), thinking=recipe.model.thinking, where="model.tokenizer"
+    )
+    rows = held_out(recipe, encoder)
+    spec = model_spec(recipe)
+    model = build_model(spec, attention="document")
+    model.load_state_dict(from_hf(dict(weights), spec), strict=True)
+    model.eval()
+    from runtime.sft.train import packed_loss
+
+    micro = micro_tokens(recipe, "document")
+    summed, count = 0.0, 0
+    with torch.no_grad():
+        for pack in micro_batches(iter(rows), micro, pad_to=False):
+            summed += float(packed_loss(model, pack, "document", torch.device("cpu")))
+            count += pack.trained_tokens
+    return {
+        "eval/loss": summed / max(count, 1),
+        "eval/rows": float(len(rows)),
+        "eval/tokens": float(count),
+        "eval/seconds": time.perf_counter() - start,
+    }

@@ -1,0 +1,61 @@
+"""SFT on the FSDP2 trainer across two ranks (gloo, CPU): the same step and weights as the
+one-process trainer, the step's micro-batches split between the ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from runtime_helpers import join_group, run_ranks
+
+from recipes import architecture, load_recipe
+from runtime.backends import OptimizerConfig, TitanTrainer
+from runtime.models import ModelSpec
+
+SPEC = ModelSpec.from_arch(architecture("qwen3", "tiny"))
+
+
+def _packs():
+    from runtime.sft.data import ChatEncoder, Counts, examples, micro_batches
+    from runtime.tasks.tiny import tokenizer
+
+    ds = load_recipe("tiny-sft").dataset
+    rows = [json.loads(line) for line in Path(ds.path).read_text().splitlines()[:20]]
+    exs = list(examples(rows, range(20), ChatEncoder(tokenizer()), ds, Counts()))
+    return list(micro_batches(iter(exs), 64, pad_to=False))  # 5 micro-batches: 3 + 2 a rank
+
+
+def _rank(rank: int, world: int, port: int, out: str) -> None:
+    join_group(rank, world, port)
+    from runtime.backends.fsdp_trainer import FSDPTrainer
+
+    trainer = FSDPTrainer(
+        SPEC,
+        OptimizerConfig(lr=1e-2),
+        seed=1,
+        device="cpu",
+        compute_dtype=torch.float32,
+        publish_dtype=torch.float32,
+        attention="document",
+    )
+    packs = _packs()
+    stats = [trainer.sft_step(packs), trainer.sft_step(packs)]
+    published = trainer.hf_state_dict()
+    if rank == 0:
+        torch.save((stats, published, len(packs)), out)
+
+
+def test_two_fsdp_ranks_take_the_sft_step_of_one_process(tmp_path: Path):
+    stats, published, count = run_ranks(_rank, 2, tmp_path)
+    assert count % 2 == 1  # one rank runs a filler micro-batch
+    one = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2), seed=1, attention="document")
+    packs = _packs()
+    expected = [one.sft_step(packs), one.sft_step(packs)]
+    for got, want in zip(stats, expected, strict=True):
+        for key in ("loss", "grad_norm", "lr"):
+            assert abs(got[key] - want[key]) < 1e-5, (key, got[key], want[key])
+    reference = one.hf_state_dict()
+    assert published.keys() == reference.keys()
+    for name, tensor in reference.items():
+        torch.testing.assert_close(published[name], tensor, rtol=0, atol=1e-4)

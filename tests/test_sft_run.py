@@ -1,0 +1,122 @@
+"""SFT runs of tiny-sft on the CPU: the held-out loss halves within the recipe's steps, a
+resumed run is the unbroken one step for step, and the run's model folder is a Hugging Face
+folder that `forgesky eval` scores by its held-out loss."""
+
+import json
+
+import pytest
+import torch
+
+from recipes import UserError, apply_overrides, load_recipe
+from runtime.control.metrics import read_metrics
+
+
+def run_tiny_sft(run_dir, *overrides, steps=None):
+    from runtime.sft.run import run
+
+    recipe = apply_overrides(load_recipe("tiny-sft"), list(overrides))
+    return run(recipe, run_dir, steps=steps, log=lambda _: None)
+
+
+def test_tiny_sft_halves_its_held_out_loss(tmp_path):
+    run_tiny_sft(tmp_path / "run")
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    held_out = [(r["step"], r["eval/loss"]) for r in records if "eval/loss" in r]
+    assert held_out[0][0] == 0 and held_out[-1][0] == 60
+    assert held_out[-1][1] <= 0.5 * held_out[0][1], held_out
+    last = records[-1]
+    assert last["tokens"] <= 512 and last["trained_tokens"] > 0 and last["tokens_per_s"] > 0
+    assert last["data/rows_dropped"] == 0 and "mfu" in last
+    model = tmp_path / "run" / "model"
+    assert (model / "config.json").is_file() and (model / "model.safetensors").is_file()
+    assert json.loads((model / "forgesky.json").read_text())["step"] == 60
+
+
+def test_a_resumed_sft_run_is_the_unbroken_run_step_for_step(tmp_path):
+    """A run stopped after its checkpoint of step 20 (what a preempted one leaves: the
+    checkpoints up to it, the metrics of its steps) and resumed gives steps 21-30 and the model
+    of the unbroken run, bit for bit."""
+    import shutil
+
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    run_tiny_sft(whole, "sft.checkpoint_interval=10", steps=30)
+    parts.mkdir()
+    shutil.copy(whole / "config.json", parts / "config.json")
+    shutil.copytree(whole / "checkpoints" / "step_000020", parts / "checkpoints" / "step_000020")
+    lines = (whole / "metrics.jsonl").read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["step"] <= 20]
+    (parts / "metrics.jsonl").write_text("\n".join(kept) + "\n")
+    run_tiny_sft(parts, "sft.checkpoint_interval=10", steps=30)
+    a, b = read_metrics(whole / "metrics.jsonl"), read_metrics(parts / "metrics.jsonl")
+    keys = ("loss", "grad_norm", "lr", "tokens", "trained_tokens", "rows", "eval/loss")
+    assert [r["step"] for r in b] == list(range(31))
+    assert [[r.get(k) for k in keys] for r in b] == [[r.get(k) for k in keys] for r in a]
+    from safetensors.torch import load_file
+
+    wa = load_file(whole / "model" / "model.safetensors")
+    wb = load_file(parts / "model" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_forgesky_eval_reports_the_held_out_loss(tmp_path, capsys):
+    from runtime.evaluate import run as evaluate
+
+    run_tiny_sft(tmp_path / "run", steps=10)
+    out = tmp_path / "eval.json"
+    assert evaluate(str(tmp_path / "run" / "model"), None, [], str(out)) == 0
+    result = json.loads(out.read_text())
+    logged = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["eval/loss"]
+    assert result["eval/loss"] == pytest.approx(logged, rel=1e-5)
+    assert "loss" in capsys.readouterr().out
+
+
+def test_sft_data_without_its_fields_stops_the_run_before_training(tmp_path, capsys):
+    from launcher.cli import main
+
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps({"conversation": [], "id": 1}) + "\n")
+    with pytest.raises(UserError, match="its fields: conversation, id"):
+        run_tiny_sft(tmp_path / "run", f"dataset.path={data}")
+    run_dir = tmp_path / "cli"
+    argv = ["local", "tiny-sft", "--set", f"dataset.path={data}", "--run-dir", str(run_dir)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "its fields: conversation, id" in err
+    assert not (tmp_path / "run").exists() and not run_dir.exists()
+
+
+def test_a_grpo_recipe_starts_from_an_sft_runs_model_folder(tmp_path):
+    """SFT then GRPO: the GRPO recipe names the SFT run's model folder as model.hf_id; the
+    launcher ships that folder to the nodes and the trainer starts from its weights."""
+    from safetensors.torch import load_file
+
+    from launcher.files import local_files
+    from recipes import plan
+    from runtime.backends.build import initial_weights, model_spec
+    from runtime.models import to_hf
+
+    run_tiny_sft(tmp_path / "sft", steps=5)
+    folder = tmp_path / "sft" / "model"
+    grpo = apply_overrides(load_recipe("tiny"), [f"model.hf_id={folder}", "model.init=hub"])
+    assert plan(grpo, 0).cpu
+    [shipped] = [f for f in local_files(grpo) if f.field == "model.hf_id"]
+    assert shipped.local == folder.resolve() and shipped.remote.endswith("/model.hf_id/model")
+    spec = model_spec(grpo)
+    start = to_hf(initial_weights(grpo, spec).state_dict(), spec)
+    trained = load_file(folder / "model.safetensors")
+    assert trained
+    assert all(torch.equal(start[k].float(), trained[k].float()) for k in trained)
+
+
+def test_model_lora_trains_an_sft_adapter(tmp_path):
+    from runtime.evaluate import run as evaluate
+
+    run_tiny_sft(tmp_path / "run", "model.lora.rank=8", steps=3)
+    model = tmp_path / "run" / "model"
+    assert sorted(p.name for p in model.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "forgesky.json",
+    ]
+    assert json.loads((model / "adapter_config.json").read_text())["r"] == 8
+    assert evaluate(str(model), None, [], None) == 0
