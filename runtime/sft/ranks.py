@@ -13,12 +13,16 @@ ranks that load them, and the model folder at the end its `export`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# How often a trainer call waiting for its answer looks whether the run has failed meanwhile
+WAIT_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,24 @@ class RankTrainer:
         self.step = 0
 
     def _wait(self, call: Awaitable[T]) -> T:
-        return asyncio.run_coroutine_threadsafe(call, self.loop).result()  # type: ignore[arg-type]
+        """`call`'s answer. A stop requested (Ctrl-C, SIGTERM) or a failure ends the loop at
+        its next call (RunStopping, or the failure): the run keeps its checkpoints so far."""
+        from runtime.procs.lifecycle import RunStopping
+
+        life = self.services.life
+        if life.failure is not None:
+            raise life.failure
+        if life.stopping.is_set():
+            call.close()  # type: ignore[attr-defined]
+            raise RunStopping()
+        future = asyncio.run_coroutine_threadsafe(call, self.loop)  # type: ignore[arg-type]
+        while True:
+            try:
+                return future.result(timeout=WAIT_POLL_S)
+            except concurrent.futures.TimeoutError:
+                if self.loop.is_closed() or life.failure is not None:
+                    future.cancel()
+                    raise life.failure or RunStopping() from None
 
     def sft_step(self, packs: list[Any]) -> dict[str, float]:
         """Rank 0's figures (the loss, grad norm and lr every rank shares), with the largest of
