@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from runtime_helpers import finish, metrics, start
 
 pytestmark = pytest.mark.gpu
@@ -25,7 +24,6 @@ SETTINGS = (
 )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_sft_on_one_gpu_through_the_trainer_actor(tmp_path: Path, nothing_left):
     run_dir = tmp_path / "run"
     args = ["--recipe", "tiny-sft", "--gpus", "1", "--run-dir", str(run_dir)]
