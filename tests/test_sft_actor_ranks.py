@@ -76,3 +76,14 @@ def test_two_trainer_ranks_train_as_one_process_and_resume(tmp_path: Path):
     assert [[r.get(k) for k in KEYS] for r in c] == [[r.get(k) for k in KEYS] for r in a]
     wc = _weights(resumed)
     assert all(torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_bad_data_on_trainer_ranks_is_one_line_before_any_proc_starts(tmp_path: Path):
+    args = ["--recipe", "tiny-sft", "--run-dir", str(tmp_path / "run")]
+    args += ["--set", "trainer.ranks=2", "--set", "dataset.messages_field=chat"]
+    code, out = finish(start(args), timeout=120)
+    assert code == 2, out
+    assert out.strip().splitlines() == [
+        f"forgesky: dataset '{load_recipe('tiny-sft').dataset.path}': dataset.messages_field "
+        "'chat' is not a field of the data (format messages); its fields: messages"
+    ], out
