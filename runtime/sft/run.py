@@ -1,5 +1,7 @@
-"""An SFT run on this machine: the recipe's rows, packed, through the TorchTitan trainer, with
-held-out loss, metrics, DCP checkpoints, resume and the model folder at the end.
+"""An SFT run: the recipe's rows, packed, through the TorchTitan trainer, with held-out loss,
+metrics, DCP checkpoints, resume and the model folder at the end. The trainer is the one-process
+CPU trainer, or the trainer actor's FSDP2 ranks (GPUs, or gloo ranks on CPU) driven from this
+same loop (runtime.sft.ranks).
 
 RUN_DIR holds what a GRPO run's holds: config.json (the recipe and its plan), metrics.jsonl
 (train loss, held-out loss `eval/loss`, tokens/s, MFU where the GPU's peak is known),
