@@ -387,12 +387,6 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     from launcher.source import project_source
 
     job = resolve_job(args.recipe, options)
-    if job.recipe.kind == "sft" and not job.recipe.cpu and not args.dryrun:
-        # the nodes' runtime would refuse it after provisioning (runtime/entry.py)
-        raise UserError(
-            f"{job.recipe.name}: SFT runs on GPUs are not wired yet (docs/sft.md); nothing "
-            "launched (--dryrun shows the task)"
-        )
     project = project_source(PROJECT_DIR)
     # Preflight on this machine: a missing token fails here, not after provisioning.
     secrets = secret_values(job, os.environ)

@@ -195,9 +195,23 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named:
 
 
 def _run_sft(config: Any, over: bool) -> int:
-    """An SFT recipe's run: one process, the CPU trainer (runtime.sft.run)."""
+    """An SFT recipe's run (runtime.sft.run): on GPUs, or on CPU with trainer.ranks above 1,
+    the trainer actor's ranks (runtime.sft.ranks); else one process, the CPU trainer."""
     if over:
         return 0
+    from runtime.sft.ranks import on_ranks
+
+    if on_ranks(config.recipe, config.plan):
+        if config.cluster.multi_node:
+            print(
+                f"forgesky: error: {config.recipe.name}: an SFT run is one node's", file=sys.stderr
+            )
+            return 2
+        from runtime.sft.ranks import run_on_ranks
+
+        return run_on_ranks(
+            config.recipe, config.run_dir, config.plan, wandb_mode=config.wandb_mode
+        )
     from runtime.sft.run import run
 
     try:
@@ -244,11 +258,6 @@ def main(
                 check_wandb_reachable(config.wandb_mode)
             if not existing and config.recipe.kind == "grpo":
                 prepare_run_dir(config)  # an SFT run makes it once its data is checked
-        if config.recipe.kind == "sft" and not config.plan.cpu:
-            raise UserError(
-                f"{config.recipe.name}: SFT runs on the CPU trainer only so far (forgesky local "
-                "tiny-sft); its GPU trainer is not wired to SFT yet"
-            )
     except UserError as e:
         print(f"forgesky: error: {e}", file=sys.stderr)  # as the run's other lines say
         return 2

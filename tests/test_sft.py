@@ -114,13 +114,33 @@ def test_bad_sft_input_is_one_line_and_exit_2(capsys, argv, message):
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_launching_a_gpu_sft_recipe_is_refused_until_its_runs_are_wired(capsys):
-    code, out, err = run_main(capsys, "launch", "qwen3-1.7b-sft", "--yes")
-    assert code == 2 and out == "" and err.count("\n") == 1
-    assert err.strip().endswith(
-        "qwen3-1.7b-sft: SFT runs on GPUs are not wired yet (docs/sft.md); nothing launched "
-        "(--dryrun shows the task)"
-    )
+def test_sft_runs_take_the_trainer_ranks_on_gpus_and_on_cpu_with_several_ranks():
+    from runtime.sft.ranks import on_ranks, peak_flops, trainer_settings
+
+    tiny = load_recipe("tiny-sft")
+    assert not on_ranks(tiny, plan(tiny, 0))  # one process, the CPU trainer
+    two = apply_overrides(tiny, ["trainer.ranks=2"])
+    cpu = trainer_settings(two, plan(two, 0)).trainer
+    assert on_ranks(two, plan(two, 0)) and cpu.ranks == 2
+    assert cpu.tokens_per_micro_batch == 128 and not cpu.compile
+    assert peak_flops(plan(two, 0), 2) is None
+    gpu = load_recipe("qwen3-1.7b-sft")
+    gpu_plan = plan(gpu, 1)
+    settings = trainer_settings(gpu, gpu_plan).trainer
+    assert on_ranks(gpu, gpu_plan) and settings.ranks == 1
+    assert settings.tokens_per_micro_batch >= gpu.dataset.max_tokens
+    assert peak_flops(gpu_plan, 1) > 1e14  # an H100's bf16 peak
+
+
+def test_step_flops_count_each_rows_attention():
+    from runtime.backends.build import model_spec
+    from runtime.sft.run import step_flops
+
+    spec = model_spec(load_recipe("tiny-sft"))
+    whole, halves = step_flops(spec, [64], False), step_flops(spec, [32, 32], False)
+    assert halves < whole  # two rows of 32 attend less than one of 64
+    assert step_flops(spec, [64], True) < whole  # LoRA's frozen base takes no weight gradient
+    assert halves > 6 * spec.num_params() * 64
 
 
 def test_a_recipe_trains_by_grpo_or_sft_not_both():

@@ -1,5 +1,6 @@
 """SFT on the FSDP2 trainer across two ranks (gloo, CPU): the same step and weights as the
-one-process trainer, the step's micro-batches split between the ranks."""
+one-process trainer, the step's micro-batches split between the ranks, and the same held-out
+loss."""
 
 from __future__ import annotations
 
@@ -41,13 +42,14 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     )
     packs = _packs()
     stats = [trainer.sft_step(packs), trainer.sft_step(packs)]
+    held_out = trainer.sft_loss(packs)  # every rank its share, every rank the whole sum
     published = trainer.hf_state_dict()
     if rank == 0:
-        torch.save((stats, published, len(packs)), out)
+        torch.save((stats, published, len(packs), held_out), out)
 
 
 def test_two_fsdp_ranks_take_the_sft_step_of_one_process(tmp_path: Path):
-    stats, published, count = run_ranks(_rank, 2, tmp_path)
+    stats, published, count, held_out = run_ranks(_rank, 2, tmp_path)
     assert count % 2 == 1  # one rank runs a filler micro-batch
     one = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2), seed=1, attention="document")
     packs = _packs()
@@ -55,6 +57,8 @@ def test_two_fsdp_ranks_take_the_sft_step_of_one_process(tmp_path: Path):
     for got, want in zip(stats, expected, strict=True):
         for key in ("loss", "grad_norm", "lr"):
             assert abs(got[key] - want[key]) < 1e-5, (key, got[key], want[key])
+    summed, tokens = one.sft_loss(packs)
+    assert held_out[1] == tokens and abs(held_out[0] - summed) < 1e-4 * tokens
     reference = one.hf_state_dict()
     assert published.keys() == reference.keys()
     for name, tensor in reference.items():

@@ -38,11 +38,12 @@ class TrainerActor(Actor):
         """Build the model (pretrained or seeded init) and the optimizer; join the other ranks.
         `settings`: the plan's recipes.settings.Settings."""
         self.recipe, self.settings, self.store = recipe, settings, store
-        torch.manual_seed(recipe.grpo.seed)
+        torch.manual_seed(recipe.seed)
         spec = build.model_spec(recipe)
-        from runtime.grpo import resolve_loss
+        if recipe.kind == "grpo":
+            from runtime.grpo import resolve_loss
 
-        resolve_loss(recipe.grpo.loss)  # a loss of the user's: imported now, not at step 1
+            resolve_loss(recipe.grpo.loss)  # a loss of the user's: imported now, not at step 1
         self.backend = build.TrainerConfig(recipe, settings.trainer).build()
         # The host copy checkpoints are staged into, made (on a GPU: pinned) in the background
         # while the other services start rather than beside a checkpoint's training steps
@@ -83,6 +84,25 @@ class TrainerActor(Actor):
         stats["time/train_s"] = time.perf_counter() - start
         memory = getattr(self.backend, "memory", None)
         return stats | (memory.metrics() if memory is not None else {})
+
+    @endpoint
+    @ranked
+    async def sft_step(self, packs: list[Any]) -> dict[str, float]:
+        """One optimizer step of SFT (runtime.sft.run): every rank is given the step's packed
+        micro-batches and trains on its share of them (`FSDPTrainer.sft_step`); the loss is
+        over the step's trained tokens on every rank, as on one process."""
+        start = time.perf_counter()
+        stats = self.backend.sft_step(packs)
+        stats["time/train_s"] = time.perf_counter() - start
+        memory = getattr(self.backend, "memory", None)
+        return stats | (memory.metrics() if memory is not None else {})
+
+    @endpoint
+    @ranked
+    async def sft_loss(self, packs: list[Any]) -> tuple[float, int]:
+        """The summed loss of `packs`' trained tokens and their count, no step (SFT's held-out
+        loss); every rank scores its share and answers the whole sum."""
+        return self.backend.sft_loss(packs)
 
     @endpoint
     @ranked

@@ -165,12 +165,13 @@ def encode_messages(
 def _model_args(recipe: Any) -> dict[str, Any]:
     """What every trainer and reference backend is built from: shape, sampling temperature,
     first weights (pretrained, or None for the seeded random init), seed and device."""
-    spec, g = model_spec(recipe), recipe.grpo
+    spec = model_spec(recipe)
     return {
         "spec": spec,
-        "temperature": g.temperature,
+        # an SFT recipe samples nothing: its trainer scores at temperature 1
+        "temperature": recipe.grpo.temperature if recipe.kind == "grpo" else 1.0,
         "weights": initial_weights(recipe, spec),
-        "seed": g.seed,
+        "seed": recipe.seed,
         "device": device(),
     }
 
@@ -272,12 +273,17 @@ class TrainerConfig:
 
         recipe, s = self.recipe, self.settings
         args = _model_args(recipe)
-        optim = OptimizerConfig.from_grpo(recipe.grpo)
+        sft = recipe.kind == "sft"
+        optim = OptimizerConfig.from_grpo(recipe.sft if sft else recipe.grpo)
         if device().type == "cuda" or s.ranks > 1:
             from runtime.backends.fsdp_trainer import FSDPTrainer
 
+            # SFT's packed rows attend each to itself: flex attention's document mask on a
+            # GPU, SDPA with a dense document mask on CPU ranks (runtime.models.packing)
+            attention = ("flex" if device().type == "cuda" else "document") if sft else "sdpa"
             return FSDPTrainer(
                 optim=optim,
+                attention=attention,
                 compute_dtype=dtype(recipe),
                 publish_dtype=dtype(recipe),
                 tokens_per_micro_batch=s.tokens_per_micro_batch,
@@ -290,6 +296,7 @@ class TrainerConfig:
 
         return TitanTrainer(
             optim=optim,
+            attention="document" if sft else "sdpa",
             dtype=dtype(recipe),
             tokens_per_micro_batch=s.tokens_per_micro_batch,
             activation_checkpointing=s.activation_checkpointing,

@@ -334,6 +334,26 @@ class FSDPTrainer(trainer_state.Checkpointing):
             loss = totals["loss"] / total
             return {"loss": loss, "grad_norm": norm, "lr": lr, "step": float(self.step)} | staging
 
+    def sft_loss(self, packs: Sequence[Any]) -> tuple[float, int]:
+        """The summed cross-entropy of the trained tokens of `packs` and their count (no step),
+        every rank given all of them and scoring its share as `sft_step` does; every rank
+        answers the whole sum. Every rank must call it."""
+        from runtime.sft.train import filler, packed_loss
+
+        if not packs:
+            return 0.0, 0
+        mine = list(packs[self.rank :: self.world])
+        mine += [filler(packs[0])] * (-(-len(packs) // self.world) - len(mine))
+        summed = 0.0
+        with torch.no_grad():
+            for p in mine:
+                with self._autocast():
+                    summed += float(packed_loss(self.model, p, self.attention, self.device))
+        if self.world > 1:
+            self.model.reshard()  # the root's weights stay gathered otherwise (see `logprobs`)
+        total = self._reduce({"loss": summed}, {}, 0.0)["loss"]
+        return total, sum(p.trained_tokens for p in packs)
+
     def _reduce(
         self, summed: dict[str, float], weighted: dict[str, float], tokens: float
     ) -> dict[str, float]:

@@ -219,7 +219,8 @@ def finished_already(config: RunConfig) -> bool:
     finished run started again, a managed job recovered after its end): then the run is over
     before anything starts. One line says so; RUN_DIR/model is written from that checkpoint
     where the run ended before it was (in this process: no service is started)."""
-    steps = config.recipe.grpo.steps
+    r = config.recipe
+    steps = r.grpo.steps if r.kind == "grpo" else r.sft.steps
     saved = checkpoint.committed(config.checkpoint_dir)
     if not saved or saved[-1].step != steps:
         return False

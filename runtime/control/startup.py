@@ -259,3 +259,42 @@ def _on(node: int, gpus: tuple[int, ...] | list[int]) -> str:
     if not gpus:
         return f"node {node} CPU"
     return f"node {node} GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}"
+
+
+async def start_trainer_alone(
+    life: RunLifecycle, recipe: Any, plan: Any, settings: Any
+) -> Services:
+    """An SFT run's one service: the trainer's ranks (one proc per trainer GPU; on CPU the
+    planned gloo ranks) on this node, set up and supervised by `life`; no weight store, no
+    generator, no reference, no reward. `settings`: an object whose `trainer` is the planned
+    recipes.settings.TrainerSettings."""
+    life.places.update(_places(plan))
+    trainers = _placements(plan, "trainer")
+    ranks = trainer_ranks(tuple(g for p in trainers for g in p.gpus), settings.trainer.ranks)
+    life.proc_places["trainer"] = [_on(trainers[0].node, gpus) for gpus in ranks]
+    began = time.perf_counter()
+    mesh = await spawn_service(
+        life,
+        "trainer",
+        len(ranks),
+        gpus=ranks,
+        env=group_env(len(ranks)),
+        threads=max(1, available_cores() // len(ranks)),
+    )
+    trainer = mesh.spawn_actor(TrainerActor)
+    # every rank joins the group
+    setup = life.call("trainer", trainer.setup.call(recipe, settings, None))
+    answers = await _ready("trainer", setup, began)
+    info = next(value for _, value in answers.items())
+    ranks_text = f"{info['ranks']} rank" + ("s" if info["ranks"] > 1 else "")
+    print(f"trainer: {info['backend']} on {ranks_text} ({info['device']})", flush=True)
+    return Services(
+        life,
+        trainer,
+        [],
+        None,
+        None,
+        0,
+        0,
+        watchdog=Watchdog(recipe.watchdog, places=_places(plan)),
+    )

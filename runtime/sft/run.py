@@ -1,5 +1,7 @@
-"""An SFT run on this machine: the recipe's rows, packed, through the TorchTitan trainer, with
-held-out loss, metrics, DCP checkpoints, resume and the model folder at the end.
+"""An SFT run: the recipe's rows, packed, through the TorchTitan trainer, with held-out loss,
+metrics, DCP checkpoints, resume and the model folder at the end. The trainer is the one-process
+CPU trainer, or the trainer actor's FSDP2 ranks (GPUs, or gloo ranks on CPU) driven from this
+same loop (runtime.sft.ranks).
 
 RUN_DIR holds what a GRPO run's holds: config.json (the recipe and its plan), metrics.jsonl
 (train loss, held-out loss `eval/loss`, tokens/s, MFU where the GPU's peak is known),
@@ -110,11 +112,43 @@ def held_out(recipe: Any, encoder: ChatEncoder) -> list[Example]:
     return list(examples(rows, range(n), encoder, d, Counts()))
 
 
-def micro_tokens(recipe: Any, attention: str) -> int:
+def micro_tokens(recipe: Any, attention: str = "document") -> int:
+    """The CPU trainer's micro-batch: the recipe's, else the larger of 1,024 tokens and a row."""
     t = recipe.trainer.tokens_per_micro_batch
     if t != "auto":
         return t
     return max(CPU_TOKENS_PER_MICRO_BATCH, recipe.dataset.max_tokens)
+
+
+def step_flops(spec: Any, lengths: Sequence[int], lora: bool) -> float:
+    """The model FLOPs of a training step on rows of `lengths` tokens: 6 per parameter and token
+    (forward and backward; 4 with LoRA's frozen base, whose weights take no gradient) and the
+    causal attention of each row (its scores and their product with the values)."""
+    tokens = sum(lengths)
+    dense = (4.0 if lora else 6.0) * spec.num_params() * tokens
+    width = spec.n_heads * spec.head_dim
+    attention = 6.0 * spec.n_layers * width * sum(n * n for n in lengths)
+    return dense + attention
+
+
+def one_process_trainer(recipe: Any) -> Any:
+    """The one-process CPU trainer of `recipe` (TitanTrainer, packed rows with a document mask);
+    `recipe.sft.steps` sets its schedule's length."""
+    import torch
+
+    from runtime.backends import OptimizerConfig, TitanTrainer
+    from runtime.backends.build import initial_weights, model_spec
+
+    spec = model_spec(recipe)
+    torch.manual_seed(recipe.sft.seed)
+    return TitanTrainer(
+        spec,
+        OptimizerConfig.from_grpo(recipe.sft),
+        weights=initial_weights(recipe, spec),
+        seed=recipe.sft.seed,
+        lora=recipe.model.lora,
+        attention="document",  # packed rows on the CPU (runtime.models.packing)
+    )
 
 
 def run(
@@ -125,21 +159,26 @@ def run(
     checkpoint_every: int | None = None,
     wandb_mode: str = "disabled",
     log: Callable[[str], None] = print,
+    start_trainer: Callable[[Any], Any] = one_process_trainer,
+    tokens_per_micro_batch: int | None = None,
+    peak_flops: float | None = None,
+    run_plan: Any = None,
 ) -> dict[str, Any]:
-    """Train `recipe` (an SFT recipe, one process: the CPU trainer) into `run_dir`; returns the
-    last step's record."""
-    import torch
+    """Train `recipe` (an SFT recipe) into `run_dir`; returns the last step's record.
 
+    `start_trainer(recipe)` gives the trainer once the data is checked: the one-process CPU
+    trainer, or the trainer actor's ranks (runtime.sft.ranks.RankTrainer); either takes
+    `sft_step`, `sft_loss`, `save_checkpoint`, `checkpoint_written`, `load_checkpoint` and
+    counts `step`. `tokens_per_micro_batch`: the planned micro-batch (default: the CPU's);
+    `peak_flops`: the trainer's GPUs' bf16 peak in all, for the MFU."""
     from recipes import plan
-    from runtime.backends import OptimizerConfig, TitanTrainer
-    from runtime.backends.build import initial_weights, load_tokenizer, model_spec
+    from runtime.backends.build import load_tokenizer, model_spec
     from runtime.control import checkpoint
     from runtime.control.metrics import MetricsLogger
     from runtime.control.run import recorded_config, write_recorded
 
     total = steps or recipe.sft.steps
     every = recipe.sft.checkpoint_interval if checkpoint_every is None else checkpoint_every
-    attention = "document"  # packed rows on the CPU (runtime.models.packing)
     encoder = ChatEncoder(
         load_tokenizer(recipe), thinking=recipe.model.thinking, where="model.tokenizer"
     )
@@ -147,16 +186,10 @@ def run(
     stream = RowStream(load_rows(d, d.path, d.split, "dataset.path"), encoder, d, recipe.sft.seed)
     evaluation = held_out(recipe, encoder) if recipe.eval.enabled else []
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_recorded(run_dir, recorded_config(recipe, plan(recipe, 0)))
+    write_recorded(run_dir, recorded_config(recipe, run_plan or plan(recipe, 0)))
     spec = model_spec(recipe)
-    torch.manual_seed(recipe.sft.seed)
-    trainer = TitanTrainer(
-        spec,
-        OptimizerConfig.from_grpo(recipe.sft.model_copy(update={"steps": total})),
-        weights=initial_weights(recipe, spec),
-        seed=recipe.sft.seed,
-        lora=recipe.model.lora,
-        attention=attention,
+    trainer = start_trainer(
+        recipe.model_copy(update={"sft": recipe.sft.model_copy(update={"steps": total})})
     )
     root = run_dir / "checkpoints"
     ckpt = checkpoint.latest(root)
@@ -166,7 +199,7 @@ def run(
         trainer.load_checkpoint(str(ckpt.path))
         state = json.loads((ckpt.path / STATE_FILE).read_text())
         stream.load_state_dict(state["data"])
-    micro = micro_tokens(recipe, attention)
+    micro = tokens_per_micro_batch or micro_tokens(recipe)
 
     def eval_loss() -> float:
         summed, count = trainer.sft_loss(list(micro_batches(iter(evaluation), micro, pad_to=False)))
@@ -191,6 +224,7 @@ def run(
             stats = trainer.sft_step(packs)
             seconds = time.perf_counter() - start
             tokens = sum(len(e.ids) for e in rows)
+            flops = step_flops(spec, [len(e.ids) for e in rows], recipe.model.lora is not None)
             record = {
                 "loss": stats["loss"],
                 "grad_norm": stats["grad_norm"],
@@ -200,7 +234,8 @@ def run(
                 "rows": len(rows),
                 "micro_batches": len(packs),
                 "tokens_per_s": tokens / seconds,
-                "mfu": None,  # the CPU has no peak to measure against
+                # the CPU has no peak to measure against
+                "mfu": flops / seconds / peak_flops if peak_flops else None,
                 "time/step_s": seconds,
                 "data/epoch": stream.epoch,
                 "data/rows_truncated": stream.counts.truncated,
@@ -210,15 +245,20 @@ def run(
             due = recipe.eval.every and step % recipe.eval.every == 0
             if evaluation and (due or step == total):
                 record["eval/loss"] = eval_loss()
+            record |= {k: v for k, v in stats.items() if k.startswith("memory/")}
             metrics.log(step, record)
             if (every and step % every == 0) or step == total:
                 path = _save(trainer, stream, root, step, metrics.wandb_run_id)
                 log(f"checkpoint step {step} -> {path}")
     finally:
         metrics.close()
-    from runtime.export import write_run_model
+    write = getattr(trainer, "write_model", None)
+    if write is not None:  # the actor's ranks write it from their memory
+        model = write(run_dir, recipe, trainer.step)
+    else:
+        from runtime.export import write_run_model
 
-    model = write_run_model(run_dir, recipe, trainer.step)
+        model = write_run_model(run_dir, recipe, trainer.step)
     log(f"model -> {model}")
     return {"step": trainer.step, **record}
 
@@ -253,7 +293,7 @@ def evaluate(recipe: Any, weights: Mapping[str, Any], log: Callable[[str], None]
     model.eval()
     from runtime.sft.train import packed_loss
 
-    micro = micro_tokens(recipe, "document")
+    micro = micro_tokens(recipe)
     summed, count = 0.0, 0
     with torch.no_grad():
         for pack in micro_batches(iter(rows), micro, pad_to=False):
