@@ -1,5 +1,5 @@
 """SFT on a GPU (run with `pytest -m gpu`): the path `forgesky local qwen3-1.7b-sft` takes on
-one GPU (the trainer actor's one rank, FSDPTrainer in bf16, flex attention's document mask over
+one GPU (the trainer actor's one rank, FSDPTrainer in bf16, SDPA's dense document mask over
 packed rows), on a Qwen3 0.6B of random weights and the shipped counting chats (nothing to
 download): the loss falls, the MFU is recorded, the model folder is written."""
 

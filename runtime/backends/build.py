@@ -278,9 +278,11 @@ class TrainerConfig:
         if device().type == "cuda" or s.ranks > 1:
             from runtime.backends.fsdp_trainer import FSDPTrainer
 
-            # SFT's packed rows attend each to itself: flex attention's document mask on a
-            # GPU, SDPA with a dense document mask on CPU ranks (runtime.models.packing)
-            attention = ("flex" if device().type == "cuda" else "document") if sft else "sdpa"
+            # SFT's packed rows attend each to itself: SDPA with a dense document mask
+            # (runtime.models.packing). Not TorchTitan 0.3.0's flex document mask: it passes
+            # create_block_mask a `separate_full_blocks` that the nodes' torch 2.11 lacks
+            # (bench/results/gpu_h200_2026-11-29-sft-step).
+            attention = "document" if sft else "sdpa"
             return FSDPTrainer(
                 optim=optim,
                 attention=attention,

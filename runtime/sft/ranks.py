@@ -1,5 +1,5 @@
 """An SFT run on the trainer actor's ranks: the GRPO runtime's trainer procs (one FSDP2 rank per
-trainer GPU, flex attention's document mask; on CPU gloo ranks with SDPA's dense one) under a
+trainer GPU, on CPU gloo ranks; SDPA with a dense document mask either way) under a
 run lifecycle, driven by the loop of runtime.sft.run.
 
 The loop runs in a thread of its own, the lifecycle's event loop in the main one: each of the
