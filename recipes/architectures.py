@@ -194,3 +194,17 @@ def same_shapes(recorded: Mapping[str, Any], family: str, size: str) -> bool:
     except UserError:
         return True
     return old.shapes == architecture(family, size).shapes
+
+
+class ModelRecipe:
+    """What every recipe kind (GRPO's recipes.schema.Recipe, SFT's recipes.sft.SftRecipe) derives
+    from its `model` and `resources` sections."""
+
+    @property
+    def arch(self) -> Arch:
+        """The architecture the model family and size name."""
+        return architecture(self.model.family, self.model.size)  # type: ignore[attr-defined]
+
+    @property
+    def cpu(self) -> bool:
+        return self.resources.accelerator == "cpu"  # type: ignore[attr-defined]

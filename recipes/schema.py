@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import model_validator
 from pydantic_core import PydanticCustomError
 
-from recipes.architectures import ARCHITECTURES, Arch, architecture, sizes
+from recipes.architectures import ARCHITECTURES, Arch, ModelRecipe, sizes
 from recipes.fields import Identifier, Strict
 from recipes.files import same_local
 from recipes.lora import VLLM_LORA_RANKS
@@ -38,7 +38,7 @@ from recipes.service_sections import (
 )
 
 
-class Recipe(Strict):
+class Recipe(ModelRecipe, Strict):
     """A complete, validated GRPO run description."""
 
     name: Identifier
@@ -64,15 +64,6 @@ class Recipe(Strict):
     def kind(self) -> str:
         """What the recipe trains by: "grpo" (an SFT recipe's, recipes/sft.py, is "sft")."""
         return "grpo"
-
-    @property
-    def arch(self) -> Arch:
-        """The architecture the model family and size name."""
-        return architecture(self.model.family, self.model.size)
-
-    @property
-    def cpu(self) -> bool:
-        return self.resources.accelerator == "cpu"
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Recipe:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from recipes.architectures import ARCHITECTURES, Arch, architecture, sizes
+from recipes.architectures import ARCHITECTURES, ModelRecipe, sizes
 from recipes.fields import Identifier, Strict
 from recipes.files import same_local
 from recipes.run_sections import Model, _shipped
@@ -101,7 +101,7 @@ class SftLayout(Strict):
     trainer: TrainerLayout = TrainerLayout()
 
 
-class SftRecipe(Strict):
+class SftRecipe(ModelRecipe, Strict):
     """A complete, validated SFT run description."""
 
     name: Identifier
@@ -124,14 +124,6 @@ class SftRecipe(Strict):
     def kind(self) -> str:
         """What the recipe trains by: "sft" (a GRPO recipe's is "grpo")."""
         return "sft"
-
-    @property
-    def arch(self) -> Arch:
-        return architecture(self.model.family, self.model.size)
-
-    @property
-    def cpu(self) -> bool:
-        return self.resources.accelerator == "cpu"
 
     @model_validator(mode="after")
     def _check_consistency(self) -> SftRecipe:
