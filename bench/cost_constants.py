@@ -67,6 +67,20 @@ SYNC_SOURCES = {
 # give the factors a LoRA plan's generation, training, reference and adapter load take.
 LORA_SOURCE = ("H200", "qwen3-8b", "gpu_h200_2026-11-29-lora/side_by_side_lora8b.json",
                "grpo_1gpu_on_policy")  # fmt: skip
+# Runs whose whole wall time the bench measured (`wall_s`, the runtime's process from its start to
+# its end): their seconds beyond steps x step time are the processes' start on the nodes (services
+# up, weights loaded, engines warmed, the first steps' compile). The product's plans, 1 and 2 H200s,
+# three hosts; two sizes, so the start grows with the weights.
+STARTUP_SOURCES = (
+    ("gpu_h200x4_2026-11-27/side_by_side_1on.json", "grpo_1gpu_on_policy"),
+    ("gpu_h200x4_2026-11-27/side_by_side_1off.json", "grpo_1gpu_off_policy"),
+    ("gpu_h200x2_2026-11-28c/side_by_side_1on_ng.json", "grpo_1gpu_on_policy"),
+    ("gpu_h200x2_2026-11-28c/side_by_side_1off_ng.json", "grpo_1gpu_off_policy"),
+    ("gpu_h200x2_2026-11-28c/side_by_side_2on_ng.json", "grpo_2gpu_on_policy"),
+    ("gpu_h200x2_2026-11-28c/side_by_side_2off_ng.json", "grpo_2gpu_off_policy"),
+    ("gpu_h200_2026-11-28-lora/gpu_grpo_qwen3-8b-lora.json", "grpo"),
+    ("gpu_h200_2026-11-29-lora/side_by_side_lora8b.json", "grpo_1gpu_on_policy"),
+)
 # What a figure's reader should know about its run.
 SYNC_NOTES = {
     "store": "measured 2026-11-21, when the store took one key a parameter; in a run not "
@@ -296,6 +310,29 @@ def lora_factors(rates: dict[str, dict[str, dict[str, Any]]], beta: float) -> di
     }
 
 
+def startup_fit() -> dict[str, Any]:
+    """The processes' start on the nodes as base_s + s_per_billion_params x parameters (in
+    billions): a line through each size's median over STARTUP_SOURCES."""
+    by_params: dict[int, list[float]] = {}
+    for file, name in STARTUP_SOURCES:
+        run = section(file, name)
+        by_params.setdefault(run["params"], []).append(run["wall_s"] - run["steps"] * run["step_s"])
+    if len(by_params) < 2:
+        raise SystemExit("STARTUP_SOURCES: two model sizes are needed for the line")
+    xs = [p / 1e9 for p in by_params]
+    ys = [statistics.median(v) for v in by_params.values()]
+    slope, base = statistics.linear_regression(xs, ys)
+    return {
+        "base_s": round(base, 1),
+        "s_per_billion_params": round(slope, 2),
+        "runs": len(STARTUP_SOURCES),
+        "spread_s": {
+            f"{p / 1e9:.2f}B": [round(min(v), 1), round(max(v), 1)] for p, v in by_params.items()
+        },
+        "source": "bench/cost_constants.py STARTUP_SOURCES",
+    }
+
+
 def derive() -> dict[str, Any]:
     rates = {
         gpu: {model: service_rates(*where) for model, where in models.items()}
@@ -310,6 +347,7 @@ def derive() -> dict[str, Any]:
         "size_source": " vs ".join(f"{g} {m}" for g, m in SIZE_PAIR),
         "sync": sync_rates(),
         "lora": lora_factors(rates, beta),
+        "startup": startup_fit(),
     }
 
 

@@ -20,12 +20,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from recipes.costs import eval_seconds
+from recipes.measured import MEASURED
 from recipes.memory import GB, checkpoint_bytes
 from recipes.prices import Offer, PriceBook, dollars, price_book
 
-# Provisioning a node, SkyPilot's set-up of it (the node stack's install) and the processes'
-# start: assumed, not measured.
-STARTUP_S_ASSUMED = 600.0
+# Provisioning a node and SkyPilot's own set-up of it, before the task's set-up: assumed, not
+# measured (a cloud's queue and image decide it).
+PROVISION_S_ASSUMED = 420.0
+# The task's set-up, the node stack's install: measured once (bench/results/node_setup_2026-11-25,
+# 42 s from PyPI).
+SETUP_S_MEASURED = 42.0
 # The model's download from the Hugging Face Hub to each node (GB/s): assumed.
 DOWNLOAD_GB_S_ASSUMED = 0.5
 # The copy of the trainer's checkpoint state to host memory that a step waits for (GB/s): assumed.
@@ -38,7 +42,8 @@ class RunEstimate:
 
     steps: int
     step_s: float
-    startup_s: float
+    startup_s: float  # all of it: provisioning, set-up, download and the processes' start
+    provision_s: float  # the part before the run's own processes exist (not measured by them)
     evals: int
     eval_s: float  # all of them
     checkpoints: int
@@ -117,6 +122,14 @@ def span(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def process_start_s(params: int) -> float:
+    """The run's processes from their start to the first step's start and the first steps'
+    compile, measured: a line in the weights' size through committed runs (MEASURED["startup"],
+    bench/cost_constants.py)."""
+    fit = MEASURED["startup"]
+    return fit["base_s"] + fit["s_per_billion_params"] * params / 1e9
+
+
 def run_estimate(
     recipe: Any, plan: Any, book: PriceBook | None = None, cloud: str | None = None
 ) -> RunEstimate | None:
@@ -135,11 +148,13 @@ def run_estimate(
     checkpoints = steps // g.checkpoint_interval if g.checkpoint_interval else 0
     copy_s = checkpoint_bytes(recipe.arch, recipe.model.lora) / GB / CHECKPOINT_COPY_GB_S_ASSUMED
     download_s = 2 * recipe.arch.params / GB / DOWNLOAD_GB_S_ASSUMED
+    provision_s = PROVISION_S_ASSUMED + SETUP_S_MEASURED
     per_node = plan.gpus_per_node
     return RunEstimate(
         steps=steps,
         step_s=plan.predicted_step_s,
-        startup_s=STARTUP_S_ASSUMED + download_s,
+        startup_s=provision_s + download_s + process_start_s(recipe.arch.params),
+        provision_s=provision_s,
         evals=evals,
         eval_s=evals * eval_seconds(recipe, plan.accelerator, plan.placements),
         checkpoints=checkpoints,

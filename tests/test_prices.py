@@ -16,7 +16,7 @@ from launcher.cli import main
 from launcher.prices import live_offers, snapshot_offers
 from recipes import load_recipe, plan
 from recipes.prices import OFFERS_FILE, SNAPSHOT_DATE, price_book
-from recipes.run_cost import STARTUP_S_ASSUMED, run_estimate
+from recipes.run_cost import process_start_s, run_estimate
 
 
 def test_committed_offers_are_what_sky_catalog_reads_from_the_snapshot():
@@ -83,7 +83,11 @@ def test_run_estimate_adds_up_and_prices_the_cheapest_node():
     assert run is not None
     parts = recipe.grpo.steps * p.predicted_step_s + run.startup_s + run.eval_s + run.checkpoint_s
     assert math.isclose(run.wall_s, parts)
-    assert run.startup_s > STARTUP_S_ASSUMED
+    # provisioning and set-up, the download, and the processes' start the committed runs measured
+    assert run.startup_s > run.provision_s + process_start_s(recipe.arch.params)
+    assert process_start_s(recipe.arch.params) > process_start_s(
+        load_recipe("qwen3-1.7b").arch.params
+    )
     assert run.evals == 1 + recipe.grpo.steps // recipe.eval.every  # at start, every 50, the last
     book = price_book()
     cheapest = min(

@@ -373,7 +373,7 @@ def _usd_per_hour(recipe: Any, run_plan: Any) -> float | None:
 def _summary_line(metrics: Any, recipe: Any, run_plan: Any, step: int) -> str:
     """Write RUN_DIR/summary.json (measured wall time beside the plan's prediction of it, the
     dollars) and say it in one line."""
-    from recipes.run_cost import STARTUP_S_ASSUMED, run_estimate
+    from recipes.run_cost import run_estimate
 
     g = recipe.grpo
     estimate = run_estimate(recipe, run_plan)
@@ -382,7 +382,7 @@ def _summary_line(metrics: Any, recipe: Any, run_plan: Any, step: int) -> str:
         # what this process can measure: the whole run less the provisioning before it
         predicted = {
             **estimate.to_dict(),
-            "wall_s_on_the_nodes": round(estimate.wall_s - STARTUP_S_ASSUMED, 1),
+            "wall_s_on_the_nodes": round(estimate.wall_s - estimate.provision_s, 1),
         }
     done = metrics.summary(step, step * g.prompts_per_step * g.group_size, predicted)
     words = f"run: {done['measured_wall_s'] / 60:.1f} min on the nodes"
