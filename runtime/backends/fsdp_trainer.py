@@ -123,7 +123,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         attention: str = "sdpa",
     ):
         self.spec = spec
-        self.attention = attention  # "flex" (GPUs) or "document" (CPU) for SFT's packed rows
+        self.attention = attention  # "document" for SFT's packed rows (GPUs and CPU alike)
         self.lora = lora
         self.optim_config = optim
         self.temperature = temperature
