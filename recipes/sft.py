@@ -82,6 +82,11 @@ class Sft(Strict):
     warmup_steps: int = Field(default=0, ge=0)
     # after warmup: hold the learning rate, or decay it linearly to 0 at the last step
     lr_schedule: Literal["constant", "linear"] = "constant"
+    # how a packed row's samples are kept apart: varlen (TorchTitan's variable-length flash
+    # attention over the samples), document (SDPA under a dense same-sample mask: L x L
+    # booleans a row), flex (TorchTitan's flex attention block mask); auto: varlen on GPUs,
+    # document on the CPU (varlen and flex train on GPUs only)
+    attention: Literal["auto", "varlen", "document", "flex"] = "auto"
 
 
 class SftEval(Strict):
@@ -178,6 +183,11 @@ def _consistency_errors(r: SftRecipe) -> list[str]:
         else:
             errors += local_split_errors(path, e.split, same_data=same)
     t = r.layout.trainer
+    if r.cpu and r.sft.attention in ("varlen", "flex"):
+        errors.append(
+            f"sft.attention: {r.sft.attention} trains on GPUs only; on accelerator cpu use auto "
+            "or document"
+        )
     if r.cpu and t.gpus != 1:
         errors.append(
             f"layout.trainer.gpus: must be 1 on accelerator cpu (trainer.ranks sets its "

@@ -95,7 +95,7 @@ def test_the_recipes_table_lists_sft_beside_grpo(capsys):
         ),
         (
             ["plan", "tiny-sft", "--set", "sft.loss=grpo"],
-            "valid keys under sft: checkpoint_finish_s",
+            "valid keys under sft: attention, checkpoint_finish_s",
         ),
         (["plan", "tiny-sft", "--set", "dataset.format=chat"], "dataset.format"),
         (
@@ -105,6 +105,10 @@ def test_the_recipes_table_lists_sft_beside_grpo(capsys):
         (
             ["plan", "qwen3-8b-sft", "--set", "layout.trainer.gpus=1"],
             "layout.trainer.gpus: the qwen3 8b trainer does not fit 1 x H100",
+        ),
+        (
+            ["validate", "tiny-sft", "--set", "sft.attention=varlen"],
+            "sft.attention: varlen trains on GPUs only; on accelerator cpu use auto or document",
         ),
     ],
 )
@@ -130,6 +134,17 @@ def test_sft_runs_take_the_trainer_ranks_on_gpus_and_on_cpu_with_several_ranks()
     assert on_ranks(gpu, gpu_plan) and settings.ranks == 1
     assert settings.tokens_per_micro_batch >= gpu.dataset.max_tokens
     assert peak_flops(gpu_plan, 1) > 1e14  # an H100's bf16 peak
+
+
+def test_packed_rows_take_varlen_on_gpus_and_the_dense_mask_on_the_cpu():
+    from runtime.backends.build import packed_attention
+
+    gpu = load_recipe("qwen3-1.7b-sft")
+    assert packed_attention(gpu, gpu=True) == "varlen"
+    assert (
+        packed_attention(apply_overrides(gpu, ["sft.attention=document"]), gpu=True) == "document"
+    )
+    assert packed_attention(load_recipe("tiny-sft"), gpu=False) == "document"
 
 
 def test_step_flops_count_each_rows_attention():

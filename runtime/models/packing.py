@@ -4,9 +4,12 @@ A packed sequence carries `positions` that restart at 0 where each sample starts
 convention for packed documents: RoPE takes them, and its masks are derived from them). Which
 attention keeps samples apart:
 
+- varlen (GPUs, the default there): TorchTitan's `VarlenAttention`, flash attention over each
+  sample, from the sample boundaries its decoder finds in the positions
+  (`model.get_attention_masks`).
 - flex (GPUs): TorchTitan's `FlexAttention` with the block mask its decoder builds from the
-  positions (`model.get_attention_masks`). In torch 2.13 flex attention runs forward on the CPU
-  (compiled) but has no backward there.
+  positions. In torch 2.13 flex attention runs forward on the CPU (compiled) but has no backward
+  there.
 - document (CPU): `DocumentAttention` below, SDPA with a dense boolean mask that allows a query
   the keys of its own sample up to itself. L x L booleans a row: for short rows, as on the CPU.
 
