@@ -226,6 +226,26 @@ def predict_step(
     return StepEstimate(seconds, busy, work, bound, basis)
 
 
+def predict_sft_step(recipe: Any, accelerator: str, gpus: int, checkpointing: bool) -> StepEstimate:
+    """An SFT step's seconds: sft.tokens_per_step trained at the trainer's measured tokens/s a
+    GPU (the GRPO runs' training rate, the same forward and backward), at the planned
+    activation checkpointing, a LoRA adapter's share where the recipe has one."""
+    s = speeds(accelerator, recipe.arch)
+    train = recipe.sft.tokens_per_step / (s.train_tok_s * gpus)
+    if checkpointing != s.train_checkpointing:
+        train *= CHECKPOINTING_COST if checkpointing else 1 / CHECKPOINTING_COST
+    if recipe.model.lora is not None:
+        train *= MEASURED["lora"]["train_time_share"]
+    return StepEstimate(train, {"trainer": train}, {"train": train}, "trainer", s.basis)
+
+
+def sft_eval_seconds(recipe: Any, accelerator: str, gpus: int) -> float:
+    """One held-out loss: eval.rows rows of at most dataset.max_tokens tokens, forward only at
+    the reference's measured rate."""
+    s = speeds(accelerator, recipe.arch)
+    return recipe.eval.rows * recipe.dataset.max_tokens / (s.reference_tok_s * gpus)
+
+
 def eval_seconds(recipe: Any, accelerator: str, placements: tuple[Any, ...]) -> float:
     """One evaluation's seconds: eval.prompts x eval.samples_drawn completions of the longest
     length, sampled by the generator replicas at once (the speeds `predict_step` uses; greedy

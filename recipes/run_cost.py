@@ -1,6 +1,6 @@
 """A whole run's predicted wall time and what it costs, for `plan` and `launch`.
 
-wall time = grpo.steps x the predicted step (recipes/costs.py)
+wall time = grpo.steps (sft.steps) x the predicted step (recipes/costs.py)
           + start-up (provisioning and the nodes' set-up, the model's download)
           + the evaluations (eval.every, at_start, at_end; costs.eval_seconds)
           + the checkpoint writes (grpo.checkpoint_interval): the copy of the trainer's state
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from recipes.costs import eval_seconds
+from recipes.costs import eval_seconds, sft_eval_seconds
 from recipes.measured import MEASURED
 from recipes.memory import GB, checkpoint_bytes
 from recipes.prices import Offer, PriceBook, dollars, price_book
@@ -54,6 +54,7 @@ class RunEstimate:
     on_demand: Offer | None
     spot: Offer | None
     price_source: str
+    steps_key: str = "grpo.steps"  # the setting `steps` comes from
 
     @property
     def wall_s(self) -> float:
@@ -78,7 +79,7 @@ class RunEstimate:
             parts.append(f"{self.evals} evaluations {span(self.eval_s)}")
         if self.checkpoints:
             parts.append(f"{self.checkpoints} checkpoint copies {span(self.checkpoint_s)}")
-        out = [f"run: {' + '.join(parts)} = {span(self.wall_s)} predicted (grpo.steps)"]
+        out = [f"run: {' + '.join(parts)} = {span(self.wall_s)} predicted ({self.steps_key})"]
         node = f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.gpus_per_node} {self.accelerator}"
         if self.on_demand is None and self.spot is None:
             out.append(
@@ -138,13 +139,22 @@ def run_estimate(
     if plan.cpu or plan.predicted_step_s is None:
         return None
     book = book or price_book()
-    g, e = recipe.grpo, recipe.eval
-    steps = g.steps
-    evals = 0
-    if e.enabled:
-        evals = (1 if e.at_start else 0) + (steps // e.every if e.every else 0)
-        if e.at_end and not (e.every and steps % e.every == 0):
-            evals += 1
+    e = recipe.eval
+    if recipe.kind == "sft":
+        g = recipe.sft
+        steps = g.steps
+        # a held-out loss at the start and the end, and every eval.every steps between
+        evals = (2 + (steps - 1) // e.every if e.every else 2) if e.enabled else 0
+        one_eval = sft_eval_seconds(recipe, plan.accelerator, plan.trainer_gpus)
+    else:
+        g = recipe.grpo
+        steps = g.steps
+        evals = 0
+        if e.enabled:
+            evals = (1 if e.at_start else 0) + (steps // e.every if e.every else 0)
+            if e.at_end and not (e.every and steps % e.every == 0):
+                evals += 1
+        one_eval = eval_seconds(recipe, plan.accelerator, plan.placements)
     checkpoints = steps // g.checkpoint_interval if g.checkpoint_interval else 0
     copy_s = checkpoint_bytes(recipe.arch, recipe.model.lora) / GB / CHECKPOINT_COPY_GB_S_ASSUMED
     download_s = 2 * recipe.arch.params / GB / DOWNLOAD_GB_S_ASSUMED
@@ -156,7 +166,7 @@ def run_estimate(
         startup_s=provision_s + download_s + process_start_s(recipe.arch.params),
         provision_s=provision_s,
         evals=evals,
-        eval_s=evals * eval_seconds(recipe, plan.accelerator, plan.placements),
+        eval_s=evals * one_eval,
         checkpoints=checkpoints,
         checkpoint_s=checkpoints * copy_s,
         accelerator=plan.accelerator,
@@ -165,6 +175,7 @@ def run_estimate(
         on_demand=book.cheapest(plan.accelerator, per_node, spot=False, cloud=cloud),
         spot=book.cheapest(plan.accelerator, per_node, spot=True, cloud=cloud),
         price_source=book.words,
+        steps_key=f"{recipe.kind}.steps",
     )
 
 

@@ -290,7 +290,10 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
             f"{r.name}: the trainer does not fit {gpus} x {accelerator} with any micro-batch; "
             "give it more GPUs"
         )
+    from recipes.costs import predict_sft_step
+
     peak = fit[2]
+    step = predict_sft_step(r, accelerator, gpus, checkpointing=fit[1])
     return Plan(
         **common,
         total_gpus=gpus,
@@ -305,4 +308,7 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
         dedicated_gpus=need,
         disk=disk_plan(r),
         host=host_plan(r, gpus),
+        predicted_step_s=step.seconds,
+        ranked_at=f"{r.sft.tokens_per_step:,} tokens a step (sft.tokens_per_step)",
+        prediction=f"trainer; speeds from {step.basis}",
     )

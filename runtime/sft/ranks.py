@@ -162,11 +162,13 @@ def run_on_ranks(
     """Train `recipe` (an SFT recipe) into `run_dir` on the trainer actor's ranks of `plan`;
     the process exit code (a failure's line said, as a GRPO run's)."""
     import os
+    import time
 
     from runtime.control.startup import start_trainer_alone
     from runtime.procs.lifecycle import RunLifecycle
     from runtime.sft.run import run
 
+    began = time.perf_counter()
     settings = trainer_settings(recipe, plan)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -189,6 +191,7 @@ def run_on_ranks(
             tokens_per_micro_batch=settings.trainer.tokens_per_micro_batch,
             peak_flops=peak_flops(plan, settings.trainer.ranks),
             run_plan=plan,
+            started=began,
         )
 
     life = RunLifecycle("forgesky")
