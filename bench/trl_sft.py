@@ -34,6 +34,7 @@ rows' mean from the data) over the GPU's bf16 peak (recipes/costs.py).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import tempfile
@@ -186,22 +187,42 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         a.micro_batch = max(
             1, planned_micro_tokens(recipe, world, a.dry_cpu) // recipe.dataset.max_tokens
         )
-    config = settings(a, recipe, world)
-    start = time.perf_counter()
     rows = load_dataset("json", data_files={"train": made["data"]}, split="train")
-    tokens = [0]
-    marks = callback(tokens)
-    trainer = SFTTrainer(
-        model=made["model_dir"],
-        args=SFTConfig(output_dir=str(work / "trl-out"), **config),
-        train_dataset=rows,
-        callbacks=[marks],
-    )
-    counted(trainer, tokens)
-    init_s = time.perf_counter() - start
-    packed = trainer.train_dataset
-    start = time.perf_counter()
-    trainer.train()
+    tries: list[dict[str, Any]] = []
+    while True:
+        config = settings(a, recipe, world)
+        start = time.perf_counter()
+        tokens = [0]
+        marks = callback(tokens)
+        trainer = SFTTrainer(
+            model=made["model_dir"],
+            args=SFTConfig(output_dir=str(work / "trl-out"), **config),
+            train_dataset=rows,
+            callbacks=[marks],
+        )
+        counted(trainer, tokens)
+        init_s = time.perf_counter() - start
+        packed = len(trainer.train_dataset)
+        start = time.perf_counter()
+        oom = None
+        try:
+            trainer.train()
+        except torch.OutOfMemoryError as e:
+            if a.micro_batch == 1:
+                raise
+            oom = str(e).splitlines()[0][:300]
+        if oom is None:
+            break
+        # the largest micro-batch that fits: half as many sequences, twice the accumulation
+        # (freed outside the except clause, whose traceback holds the trainer)
+        tries.append({"micro_batch": a.micro_batch, "error": oom})
+        print(
+            f"micro-batch {a.micro_batch}: out of memory; trying {a.micro_batch // 2}", flush=True
+        )
+        del trainer, marks
+        gc.collect()
+        torch.cuda.empty_cache()
+        a.micro_batch //= 2
     train_s = time.perf_counter() - start
     result = figures(marks.marks, marks.tokens, a.warmup, world)
     from gpu_grpo import gpu_info
@@ -216,7 +237,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "padding_free": bool(getattr(trainer, "padding_free", False)),
         "sequence_tokens": recipe.dataset.max_tokens,
         "tokens_per_optimizer_step": recipe.sft.tokens_per_step,
-        "packed_sequences": len(packed),
+        "packed_sequences": packed,
+        "micro_batch_tries": tries,
         "model_dtype": str(next(trainer.model.parameters()).dtype),
         **prepared,
         "prepare_s": round(prepare_s, 1),
