@@ -43,7 +43,7 @@
 #                                      `pairs sft [GPUS] [TRL ARGS]`: SFT, forgesky
 #                                      (bench/gpu_sft.py) against TRL's SFTTrainer
 #                                      (bench/trl_sft.py), peer trl-sft (SFT_RECIPE, SFT_STEPS,
-#                                      SFT_WARMUP; SBS_OURS_S 240 and SBS_TRL_S 200 a run)
+#                                      SFT_WARMUP; SBS_OURS_S 300 and SBS_TRL_S 240 a run)
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
@@ -275,13 +275,13 @@ run_pairs() {
     section=pair${k}_$side
     log="$out/pairs_${section}$tag.log"
     if [ "$side" = ours ] && [ "$policy" = sft ]; then
-      command=(timeout -s TERM -k 90 "${SBS_OURS_S:-240}" python3 bench/gpu_sft.py --out "$json"
+      command=(timeout -s TERM -k 90 "${SBS_OURS_S:-300}" python3 bench/gpu_sft.py --out "$json"
         "${ours[@]}" --section "$section")
     elif [ "$side" = ours ]; then
       command=(timeout -s TERM "${SBS_OURS_S:-330}" python3 bench/gpu_grpo.py grpo --out "$json"
         "${ours[@]}" --section "$section")
     elif [ "$policy" = sft ]; then
-      command=(env MASTER_PORT="${MASTER_PORT:-29611}" timeout -s TERM -k 30 "${SBS_TRL_S:-200}"
+      command=(env MASTER_PORT="${MASTER_PORT:-29611}" timeout -s TERM -k 30 "${SBS_TRL_S:-240}"
         "${launch[@]}" bench/trl_sft.py --out "$json" "${trl[@]}" "$@" --section "$section")
     else
       command=(env MASTER_PORT="${MASTER_PORT:-29611}" timeout -s TERM "${SBS_TRL_S:-200}"
