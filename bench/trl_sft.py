@@ -14,7 +14,8 @@ its documentation tunes SFT for speed:
   with FlashAttention; the GPU machine has neither flash-attn nor the Hub (the `kernels`
   route), so the attention is PyTorch's SDPA (`--attention`), where transformers turns the
   position ids into a block-diagonal mask (no attention across rows; forgesky's trainer uses
-  SDPA with the same kind of mask);
+  SDPA with the same kind of mask). The JSON's `packed_row_logit_diff` checks it on the loaded
+  model: a row packed after another against the row alone (about 0 where rows are kept apart);
 - no gradient checkpointing (`--gradient-checkpointing off`, where memory allows: an H200);
 - bf16 autocast over fp32 weights (TRL's default load, as forgesky's fp32 trainer state), loss on
   the assistant's tokens only (`assistant_only_loss`, the chat template's generation markers);
@@ -171,6 +172,24 @@ def mfu(recipe: Any, prepared: dict[str, Any], result: dict[str, Any], world: in
     return per_token * result["tokens_per_s_per_gpu"] / (peak * 1e12)
 
 
+def rows_kept_apart(model: Any) -> float:
+    """The largest logit difference between a row packed after another (position ids restarting,
+    no attention mask, no cache: as TRL's padding-free loss calls the model) and the row alone:
+    about 0 where the attention keeps packed rows apart."""
+    import torch
+
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(0)
+    first, second = (torch.randint(3, 13, (1, n), generator=gen).to(device) for n in (10, 12))
+    positions = torch.cat([torch.arange(10), torch.arange(12)])[None].to(device)
+    with torch.no_grad():
+        packed = model(
+            input_ids=torch.cat([first, second], 1), position_ids=positions, use_cache=False
+        ).logits[0, 10:]
+        alone = model(input_ids=second, use_cache=False).logits[0]
+    return float((packed.float() - alone.float()).abs().max())
+
+
 def run(a: argparse.Namespace) -> dict[str, Any]:
     import torch
     from datasets import load_dataset
@@ -203,6 +222,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         counted(trainer, tokens)
         init_s = time.perf_counter() - start
         packed = len(trainer.train_dataset)
+        apart = rows_kept_apart(trainer.model)
         start = time.perf_counter()
         oom = None
         try:
@@ -235,6 +255,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "settings": {k: v for k, v in config.items()},
         "attention": trainer.model.config._attn_implementation,
         "padding_free": bool(getattr(trainer, "padding_free", False)),
+        "packed_row_logit_diff": apart,
         "sequence_tokens": recipe.dataset.max_tokens,
         "tokens_per_optimizer_step": recipe.sft.tokens_per_step,
         "packed_sequences": packed,
