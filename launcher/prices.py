@@ -84,7 +84,9 @@ def _offers(catalog: Any, cloud: str, name: str, sky_name: str, count: int) -> l
                 regions = []
             for region in regions:
                 try:
-                    price = _node_price(catalog, cloud, instance_type, sky_name, count, spot, region)
+                    price = _node_price(
+                        catalog, cloud, instance_type, sky_name, count, spot, region
+                    )
                 except Exception:  # no such price in that region (a NaN column, no GPU row)
                     continue
                 if price == price:  # NaN is no price
