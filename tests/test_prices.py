@@ -27,7 +27,7 @@ def test_committed_offers_are_what_sky_catalog_reads_from_the_snapshot():
     # every cloud of the snapshot sells some of forgesky's GPU types
     snapshot_clouds = sorted(p.name for p in (SNAPSHOT_DIR / "v8").iterdir() if p.is_dir())
     assert sorted({o["cloud"] for o in committed["offers"]}) == snapshot_clouds
-    assert {"aws", "gcp", "lambda", "nebius", "runpod"} <= set(snapshot_clouds)
+    assert {"aws", "gcp", "lambda", "nebius", "oci", "runpod"} <= set(snapshot_clouds)
 
 
 def test_gcp_nodes_are_priced_with_their_gpus():
@@ -170,7 +170,8 @@ def test_plan_shows_run_time_and_price(capsys):
     price = next(line for line in out.splitlines() if line.startswith("price of 1 node x 8 H100"))
     assert "on demand $" in price and "spot $" in price and "for the run" in price
     assert (
-        f"snapshot of SkyPilot's catalog (aws, gcp, lambda, nebius, runpod), {SNAPSHOT_DATE}" in out
+        f"snapshot of SkyPilot's catalog (aws, gcp, lambda, nebius, oci, runpod), {SNAPSHOT_DATE}"
+        in out
     )
 
 
