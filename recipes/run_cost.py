@@ -21,7 +21,7 @@ from typing import Any
 
 from recipes.costs import eval_seconds, sft_eval_seconds
 from recipes.measured import MEASURED
-from recipes.memory import GB, checkpoint_bytes
+from recipes.memory import GB, checkpoint_bytes, model_file_bytes
 from recipes.prices import Offer, PriceBook, dollars, price_book
 
 # Provisioning a node and SkyPilot's own set-up of it, before the task's set-up: assumed, not
@@ -34,6 +34,9 @@ SETUP_S_MEASURED = 42.0
 DOWNLOAD_GB_S_ASSUMED = 0.5
 # The copy of the trainer's checkpoint state to host memory that a step waits for (GB/s): assumed.
 CHECKPOINT_COPY_GB_S_ASSUMED = 10.0
+# The end: the last checkpoint written to disk (the run waits for it) and the model exported
+# (GB/s to the node's disk): assumed.
+DISK_GB_S_ASSUMED = 1.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class RunEstimate:
     eval_s: float  # all of them
     checkpoints: int
     checkpoint_s: float  # all of them
+    finish_s: float  # the last checkpoint's write and the model's export, waited for at the end
     accelerator: str
     nodes: int
     gpus_per_node: int
@@ -58,7 +62,10 @@ class RunEstimate:
 
     @property
     def wall_s(self) -> float:
-        return self.steps * self.step_s + self.startup_s + self.eval_s + self.checkpoint_s
+        return (
+            self.steps * self.step_s + self.startup_s + self.eval_s + self.checkpoint_s
+            + self.finish_s
+        )  # fmt: skip
 
     @property
     def hours(self) -> float:
@@ -79,6 +86,7 @@ class RunEstimate:
             parts.append(f"{self.evals} evaluations {span(self.eval_s)}")
         if self.checkpoints:
             parts.append(f"{self.checkpoints} checkpoint copies {span(self.checkpoint_s)}")
+        parts.append(f"the last checkpoint and the export {span(self.finish_s)}")
         out = [f"run: {' + '.join(parts)} = {span(self.wall_s)} predicted ({self.steps_key})"]
         node = f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.gpus_per_node} {self.accelerator}"
         if self.on_demand is None and self.spot is None:
@@ -156,7 +164,9 @@ def run_estimate(
                 evals += 1
         one_eval = eval_seconds(recipe, plan.accelerator, plan.placements)
     checkpoints = steps // g.checkpoint_interval if g.checkpoint_interval else 0
-    copy_s = checkpoint_bytes(recipe.arch, recipe.model.lora) / GB / CHECKPOINT_COPY_GB_S_ASSUMED
+    state = checkpoint_bytes(recipe.arch, recipe.model.lora)
+    copy_s = state / GB / CHECKPOINT_COPY_GB_S_ASSUMED
+    finish_s = (state + model_file_bytes(recipe)) / GB / DISK_GB_S_ASSUMED
     download_s = 2 * recipe.arch.params / GB / DOWNLOAD_GB_S_ASSUMED
     provision_s = PROVISION_S_ASSUMED + SETUP_S_MEASURED
     per_node = plan.gpus_per_node
@@ -169,6 +179,7 @@ def run_estimate(
         eval_s=evals * one_eval,
         checkpoints=checkpoints,
         checkpoint_s=checkpoints * copy_s,
+        finish_s=finish_s,
         accelerator=plan.accelerator,
         nodes=plan.num_nodes,
         gpus_per_node=per_node,
