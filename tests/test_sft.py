@@ -2,6 +2,7 @@
 refusals of bad input."""
 
 import pytest
+import torch
 
 from launcher.cli import main
 from recipes import (
@@ -145,6 +146,22 @@ def test_packed_rows_take_varlen_on_gpus_and_the_dense_mask_on_the_cpu():
         packed_attention(apply_overrides(gpu, ["sft.attention=document"]), gpu=True) == "document"
     )
     assert packed_attention(load_recipe("tiny-sft"), gpu=False) == "document"
+
+
+def test_varlen_runs_on_torchs_own_flash_attention_not_the_fa3_package():
+    from torchtitan.models.common.attention import current_flash_attention_impl
+
+    from runtime.backends.build import model_spec
+    from runtime.models import build_model
+    from runtime.models.packing import TorchVarlenAttention
+
+    before = current_flash_attention_impl()
+    model = build_model(model_spec(load_recipe("tiny-sft")), attention="varlen")
+    layers = [m for m in model.modules() if isinstance(m, TorchVarlenAttention)]
+    assert len(layers) == load_recipe("tiny-sft").arch.n_layers
+    assert current_flash_attention_impl() == before  # no FA3/FA4 switched on
+    meta = model.get_attention_masks(torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0]]))
+    assert meta.cu_seq_q.tolist() == [0, 3, 7, 8] and meta.max_q == 4
 
 
 def test_step_flops_count_each_rows_attention():
