@@ -34,10 +34,13 @@ scoring by the ratio of dense bf16 peaks (the H100 and H200 have the same).
 Services that share a GPU take turns on it (runtime/control/turns.py): their work on that GPU
 adds up, and units that share no GPU work at once. Services overlap when a generate call may
 start before the steps of the last one are trained (slack = grpo.max_policy_age + 1 -
-grpo.steps_per_call > 0): the step takes as long as the busiest GPU, and with calls of k > 1
-steps at least a call's generate and reference plus the (k - slack) steps the next call waits
-for, over k. With no slack (lock-step, or a call of max_policy_age + 1 steps) nothing
-overlaps: the step is generate + reference + train + sync (the replicas generate at once).
+grpo.steps_per_call > 0): the step takes as long as the busiest GPU, and at least what the
+staleness bound lets through (`staleness_chain`): a call waits for the version its last step
+may be at most max_policy_age behind, so a call's generate and reference and the training of
+the steps it waits for run one after another (with one step a call and max_policy_age 1, half
+of generate + reference + train + sync a step). With no slack (lock-step, or a call of
+max_policy_age + 1 steps) nothing overlaps: the step is generate + reference + train + sync
+(the replicas generate at once).
 """
 
 from __future__ import annotations
@@ -211,12 +214,10 @@ def predict_step(
     if slack <= 0:
         seconds = generate + reference + train + sync
         bound = "no overlap (grpo.max_policy_age + 1 = steps_per_call): all four in turn"
-    elif k > 1:
-        # a call's groups are scored, then the call after it waits until all but `slack` of
-        # its k steps are trained
-        chain = generate + reference + (k - slack) / k * (train + sync)
+    else:
+        chain, wait = staleness_chain(k, slack, generate, reference, train + sync)
         if chain > seconds:
-            seconds, bound = chain, f"a call of {k} steps waits for {k - slack} of them to train"
+            seconds, bound = chain, wait
 
     basis = s.basis
     notes = {_sync_path(path)["note"] for path in transports} - {""}
@@ -224,6 +225,26 @@ def predict_step(
         paths = "/".join(sorted({p.removesuffix("_groups") for p in transports}))
         basis += f"; weight sync by {paths}: {'; '.join(sorted(notes))}"
     return StepEstimate(seconds, busy, work, bound, basis)
+
+
+def staleness_chain(
+    k: int, slack: int, generate: float, reference: float, train: float
+) -> tuple[float, str]:
+    """The step's seconds the staleness bound allows, and why (per-step `generate`,
+    `reference` and `train`, the last with its sync). A call of k steps samples with the newest
+    version; its last step may train on samples at most max_policy_age = k + slack - 1 versions
+    old, so the call may start only once the trainer has made the version k - 1 - max_policy_age
+    steps past its first step. Counting in calls: the call m = ceil((slack + 1) / k) calls after
+    a call c waits for c's k steps to be sampled and scored and for m k - slack of them to be
+    trained, and in those seconds the loop advances m k steps. With k = 1 and max_policy_age 1
+    (m = 2) a step is at least half of generate + reference + train: each call waits for the
+    step before the one it samples for."""
+    m = -(-(slack + 1) // k)
+    trained = m * k - slack
+    seconds = (k * (generate + reference) + trained * train) / (m * k)
+    if m == 1:
+        return seconds, f"a call of {k} steps waits for {trained} of them to train"
+    return seconds, f"a call waits until the step {slack + 1} before its first is trained"
 
 
 def eval_seconds(recipe: Any, accelerator: str, placements: tuple[Any, ...]) -> float:
