@@ -275,8 +275,8 @@ def step_runs() -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Every GRPO run of ours a committed GPU results file holds (a section with the recipe it
     ran; a product-path file's run as a whole), in file order: `file`, `section` (None for a
     whole file), `run`, `date` and `device`. Beside them, the other measurements those files
-    hold, counted by kind (vLLM alone, the trainer alone, TRL)."""
-    runs, others = [], {"vllm_alone": 0, "trainer_alone": 0, "trl": 0}
+    hold, counted by kind (vLLM alone, the trainer alone, TRL, verl)."""
+    runs, others = [], {"vllm_alone": 0, "trainer_alone": 0, "trl": 0, "verl": 0}
     for path in sorted(RESULTS.rglob("*.json")):
         file = path.relative_to(RESULTS).as_posix()
         data = json.loads(path.read_text())
@@ -289,8 +289,9 @@ def step_runs() -> tuple[list[dict[str, Any]], dict[str, int]]:
         for name, run in data.items():
             if not isinstance(run, dict):
                 continue
-            if name.startswith("trl"):
-                others["trl"] += 1
+            peer = next((p for p in ("trl", "verl") if name.startswith(p)), None)
+            if peer:
+                others[peer] += 1
             elif name == "standalone_vllm":
                 others["vllm_alone"] += 1
             elif name == "trainer_mfu":
@@ -435,7 +436,9 @@ def summary(
             "runs": len(group),
             "within_threshold": sum(e <= THRESHOLD for e in errors),
             "excused": sum("excused" in r for r in group),
-            "missed_unexcused": sum(abs(r["error"]) > THRESHOLD and "excused" not in r for r in group),
+            "missed_unexcused": sum(
+                abs(r["error"]) > THRESHOLD and "excused" not in r for r in group
+            ),
             "median_abs_error": round(statistics.median(errors), 3) if errors else None,
             "max_abs_error_not_excused": max(
                 (abs(r["error"]) for r in group if "excused" not in r), default=None

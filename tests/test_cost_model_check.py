@@ -83,7 +83,9 @@ def test_every_run_is_predicted_within_15_percent_or_excused(check):
     ]
     assert not failing, "missed by more than 15 %:\n" + "\n".join(failing)
     # an excused run the model now predicts within 15 % leaves the list
-    predicted_now = [r["run"] for r in check["runs"] if "excused" in r and abs(r["error"]) <= THRESHOLD]
+    predicted_now = [
+        r["run"] for r in check["runs"] if "excused" in r and abs(r["error"]) <= THRESHOLD
+    ]
     assert not predicted_now, f"within 15 % now; take them off the excused list: {predicted_now}"
 
 
@@ -120,7 +122,10 @@ def test_held_out_runs_cover_both_gpu_types_and_both_policies(check):
 
 def test_the_committed_check_is_the_models_output(check):
     committed = json.loads((cost_constants.RESULTS / "cost_model_check.json").read_text())
-    assert committed == check
+    assert committed == check, (
+        "bench/results/cost_model_check.json is stale: python bench/cost_constants.py "
+        "--compare --out bench/results/cost_model_check.json"
+    )
 
 
 def test_a_run_without_the_fields_a_prediction_needs_is_listed_with_why():
