@@ -383,7 +383,14 @@ def measured_work(run: dict[str, Any]) -> dict[str, float]:
 
 def excused() -> dict[str, str]:
     """The excused misses: run (`bench/results/FILE#SECTION`) -> the reason."""
-    return {e["run"]: e["reason"] for e in json.loads(EXCUSED.read_text())["runs"]}
+    out: dict[str, str] = {}
+    for entry in json.loads(EXCUSED.read_text())["runs"]:
+        run, reason = entry.get("run"), (entry.get("reason") or "").strip()
+        if not run or not reason or run in out:
+            where = EXCUSED.as_posix().removeprefix(ROOT.as_posix() + "/")
+            raise SystemExit(f"{where}: each entry is one run with its reason; got {entry}")
+        out[run] = reason
+    return out
 
 
 def compare() -> dict[str, Any]:
