@@ -284,9 +284,10 @@ def step_runs() -> tuple[list[dict[str, Any]], dict[str, int]]:
     for path in sorted(RESULTS.rglob("*.json")):
         file = path.relative_to(RESULTS).as_posix()
         data = json.loads(path.read_text())
-        if file in DERIVED or not isinstance(data, dict) or _gpu_name(data) is None:
+        if file in DERIVED or not isinstance(data, dict) or not _gpu_name(data):
             continue
-        common = {"file": file, "date": data.get("date"), "device": section_device(file)}
+        device = "H200" if "H200" in (_gpu_name(data) or "") else "H100"
+        common = {"file": file, "date": data.get("date"), "device": device}
         if "recipe" in data and "plan" in data:  # a product-path check: one run, its own file
             runs.append({**common, "section": None, "run": data})
             continue
@@ -315,7 +316,10 @@ def why_not_predicted(run: dict[str, Any]) -> str | None:
     """Why a run cannot be predicted from what it recorded, or None where it can."""
     missing = [k for k in NEEDED if run.get(k) is None]
     if run.get("exit_code"):
-        return f"the run failed (exit code {run['exit_code']}) after {run.get('steps', 0)} steps"
+        steps = run.get("steps") or 0
+        return (
+            f"the run failed (exit code {run['exit_code']}) after {steps} step{'s' * (steps != 1)}"
+        )
     if missing:
         return f"it does not record {', '.join(missing)}"
     if run["measured_steps"] >= run["steps"]:
@@ -486,8 +490,9 @@ def _paths(placements: Any, run: dict[str, Any]) -> tuple[str, ...]:
 
 
 def section_device(file: str) -> str:
-    name = _gpu_name(json.loads((RESULTS / file).read_text())) or ""
-    return "H200" if "H200" in name else "H100"
+    return (
+        "H200" if "H200" in (_gpu_name(json.loads((RESULTS / file).read_text())) or "") else "H100"
+    )
 
 
 def main() -> int:

@@ -130,7 +130,7 @@ def test_the_committed_check_is_the_models_output(check):
 
 def test_a_run_without_the_fields_a_prediction_needs_is_listed_with_why():
     assert cost_constants.why_not_predicted({"exit_code": 1, "steps": 1}) == (
-        "the run failed (exit code 1) after 1 steps"
+        "the run failed (exit code 1) after 1 step"
     )
     run = {k: 1 for k in cost_constants.NEEDED} | {"placements": None}
     assert cost_constants.why_not_predicted(run) == "it does not record placements"
