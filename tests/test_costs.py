@@ -128,3 +128,19 @@ def test_more_gpus_never_predict_a_slower_step():
     r = load_recipe("qwen3-1.7b")
     steps = [plan(r, n, accelerator="H200").predicted_step_s for n in range(1, 9)]
     assert all(b <= a for a, b in zip(steps, steps[1:], strict=False)), steps
+
+
+def test_a_tp_group_splits_the_weight_reads_of_a_decode_step():
+    # qwen3-1.7b's weights are about a seventh of a 128-sequence decode step on an H200: TP2
+    # samples about 1.08x as fast as one GPU (measured 1.07x, gpu_grpo_h200x4_2026-11-22.json);
+    # a large model's decode is mostly reading weights, up to the t^0.5 the model allows
+    from recipes.costs import tp_replicas
+
+    small = load_recipe("qwen3-1.7b").arch
+    s = speeds("H200", small)
+    assert tp_replicas(1, "H200", small, s.generate_tok_s, s.sequences_per_call) == 1
+    two = tp_replicas(2, "H200", small, s.generate_tok_s, s.sequences_per_call)
+    assert 1.05 < two < 1.1
+    large = load_recipe("qwen3-32b").arch
+    s = speeds("H200", large)
+    assert tp_replicas(4, "H200", large, s.generate_tok_s, s.sequences_per_call) == 2.0
