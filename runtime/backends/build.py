@@ -257,11 +257,11 @@ def lora_base(recipe: Any, spec: ModelSpec, vllm: bool) -> tuple[Any, Any]:
 
 
 def packed_attention(recipe: Any, gpu: bool) -> str:
-    """How an SFT trainer keeps a packed row's samples apart (recipe sft.attention): auto is
-    varlen on GPUs and the dense document mask on the CPU, where varlen and flex do not train."""
+    """How an SFT trainer keeps a packed row's samples apart (recipe sft.attention): auto is the
+    dense document mask, on GPUs too until varlen is measured there."""
     chosen = recipe.sft.attention
     if chosen == "auto":
-        return "varlen" if gpu else "document"
+        return "document"
     return chosen
 
 

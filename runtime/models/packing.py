@@ -87,6 +87,48 @@ class TorchVarlenAttention(VarlenAttention):
         Module.__init__(self)
         self.window_size = config.window_size
 
+    def forward(
+        self,
+        q_BLNH: Tensor,
+        k_BLNH: Tensor,
+        v_BLNH: Tensor,
+        *,
+        attention_masks: Any,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        **kwargs: Any,
+    ) -> Tensor:
+        import inspect
+
+        from torch.nn.attention.varlen import varlen_attn
+
+        # the nodes' torch 2.11 takes neither num_splits nor, maybe, enable_gqa: pass what it
+        # takes, and give keys and values the queries' heads where it cannot group them
+        takes = inspect.signature(varlen_attn).parameters
+        b, length, heads, dim = q_BLNH.shape
+        k, v = k_BLNH, v_BLNH
+        extra: dict[str, Any] = {}
+        if k.shape[2] != heads:
+            if "enable_gqa" in takes:
+                extra["enable_gqa"] = True
+            else:
+                k = k.repeat_interleave(heads // k.shape[2], dim=2)
+                v = v.repeat_interleave(heads // v.shape[2], dim=2)
+        t = b * length
+        out = varlen_attn(
+            q_BLNH.reshape(t, heads, dim).to(torch.bfloat16),
+            k.reshape(t, k.shape[2], dim).to(torch.bfloat16),
+            v.reshape(t, v.shape[2], v.shape[-1]).to(torch.bfloat16),
+            attention_masks.cu_seq_q,
+            attention_masks.cu_seq_k,
+            attention_masks.max_q,
+            attention_masks.max_k,
+            scale=scale,
+            window_size=self.window_size,
+            **extra,
+        )
+        return out.view(b, length, heads, v.shape[-1]).to(q_BLNH.dtype)
+
 
 def attention_masks(model: Any, positions: Tensor, attention: str) -> Any:
     """What `model(tokens, positions, masks)` takes to keep each row's samples apart."""
