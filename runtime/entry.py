@@ -155,6 +155,7 @@ def _make_user_code_importable(recipe, source: str) -> None:
 def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named: bool = False):
     """Parse arguments into a RunConfig: recipe (with overrides) and its plan."""
     from recipes import apply_overrides, load_recipe, plan
+    from recipes.sft_rows import check_local_data
     from runtime.control.config import RunConfig
 
     args = build_parser(prog, named).parse_args(argv)
@@ -177,6 +178,7 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named:
     cluster = cluster_from_env(port=args.worker_port)
     nodes = args.nodes if args.nodes is not None else (cluster.nodes if recipe.cpu else None)
     run_plan = plan(recipe, gpus, nodes=nodes, accelerator=_accelerator(recipe))
+    check_local_data(recipe)  # an SFT recipe's local data, before anything starts
     if args.join_timeout <= 0:
         raise UserError(f"--join-timeout must be positive (got {args.join_timeout:g})")
     run_dir = Path(args.run_dir or Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")

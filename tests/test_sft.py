@@ -1,6 +1,8 @@
 """SFT recipes: the catalog's, their minimum (the trainer's GPUs alone), plans, and the one-line
 refusals of bad input."""
 
+import json
+
 import pytest
 
 from launcher.cli import main
@@ -162,3 +164,84 @@ def test_sft_data_fields_by_format():
     assert r.dataset.fields == ("messages",)
     pc = apply_overrides(r, ["dataset.format=prompt_completion", "dataset.prompt_field=q"])
     assert pc.dataset.fields == ("q", "completion")
+
+
+def _turns(answer):
+    return {
+        "messages": [{"role": "user", "content": "12"}, {"role": "assistant", "content": answer}]
+    }
+
+
+# case -> (the data file's name, its text, what the one line says)
+BAD_DATA = {
+    "fields": (
+        "d.jsonl",
+        json.dumps({"conversation": [], "id": 1}) + "\n",
+        "dataset.messages_field 'messages' is not a field of the data (format messages); "
+        "its fields: conversation, id",
+    ),
+    "empty-assistant": (
+        "d.jsonl",
+        json.dumps(_turns("23")) + "\n" + json.dumps(_turns(" ")) + "\n",
+        "row 1: no assistant turn with content (an empty assistant turn set",
+    ),
+    "not-turns": (
+        "d.json",
+        json.dumps([_turns("23"), {"messages": "12"}]),
+        "row 1: its 'messages' is not a list of {role, content} turns",
+    ),
+    "not-json": ("d.jsonl", json.dumps(_turns("23")) + "\n{oops\n", "line 2: not JSON"),
+    "no-rows": ("d.jsonl", "\n", "has no rows"),
+    "csv-fields": ("d.csv", "prompt,answer\n12,23\n", "its fields: prompt, answer"),
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "plan", "local"])
+@pytest.mark.parametrize("case", BAD_DATA)
+def test_bad_local_sft_data_is_one_line_and_exit_2_before_anything_starts(
+    tmp_path, capsys, command, case
+):
+    """Read with the standard library before anything starts: no torch, `datasets` or
+    tokenizer is imported to say it (tests/test_sft.py's other imports hold none of them)."""
+    import sys
+
+    name, text, message = BAD_DATA[case]
+    data = tmp_path / name
+    data.write_text(text)
+    argv = [command, "tiny-sft", "--set", f"dataset.path={data}"]
+    if name.endswith(".csv"):
+        argv += ["--set", "dataset.format=prompt_completion"]
+    run_dir = tmp_path / "run"
+    if command == "local":
+        argv += ["--run-dir", str(run_dir)]
+    heavy = {"torch", "datasets", "transformers"} & set(sys.modules)
+    code, out, err = run_main(capsys, *argv)
+    assert code == 2 and out == "", (out, err)
+    assert err.count("\n") == 1 and f"dataset '{data}'" in err and message in err, err
+    assert not run_dir.exists()
+    if not heavy:  # run alone, this file imports none of them: the check did not either
+        assert not {"torch", "datasets", "transformers"} & set(sys.modules)
+
+
+def test_a_local_tokenizer_without_a_chat_template_is_refused_before_anything_starts(
+    tmp_path, capsys
+):
+    from runtime.tasks.tiny import tokenizer
+
+    tok = tokenizer()
+    tok.save_pretrained(tmp_path / "with")
+    tok.chat_template = None
+    tok.save_pretrained(tmp_path / "without")
+    for command in ("validate", "plan", "local"):
+        argv = [command, "tiny-sft", "--set", f"model.tokenizer={tmp_path / 'without'}"]
+        run_dir = tmp_path / "run"
+        code, out, err = run_main(
+            capsys, *argv, *(["--run-dir", str(run_dir)] * (command == "local"))
+        )
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert "model.tokenizer: the tokenizer has no chat template" in err, err
+        assert not run_dir.exists()
+    code, out, err = run_main(
+        capsys, "plan", "tiny-sft", "--set", f"model.tokenizer={tmp_path / 'with'}"
+    )
+    assert code == 0, err

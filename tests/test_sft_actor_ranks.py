@@ -84,6 +84,7 @@ def test_bad_data_on_trainer_ranks_is_one_line_before_any_proc_starts(tmp_path: 
     code, out = finish(start(args), timeout=120)
     assert code == 2, out
     assert out.strip().splitlines() == [
-        f"forgesky: dataset '{load_recipe('tiny-sft').dataset.path}': dataset.messages_field "
+        f"forgesky: error: dataset '{load_recipe('tiny-sft').dataset.path}': "
+        "dataset.messages_field "
         "'chat' is not a field of the data (format messages); its fields: messages"
     ], out

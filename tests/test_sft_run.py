@@ -85,6 +85,33 @@ def test_sft_data_without_its_fields_stops_the_run_before_training(tmp_path, cap
     assert not (tmp_path / "run").exists() and not run_dir.exists()
 
 
+def test_data_with_no_row_that_fits_max_tokens_stops_before_training(tmp_path, capsys):
+    """Rows longer than dataset.max_tokens are dropped or cut (and counted); where none is left
+    to train on, the run says so in one line as it starts, before its trainer."""
+    from launcher.cli import main
+
+    long = {"role": "user", "content": "1234567890" * 4}  # 41 tokens before the answer
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"messages": [long, {"role": "assistant", "content": "1"}]}) + "\n")
+    with pytest.raises(UserError, match="no row fits dataset.max_tokens 32 after the chat templ"):
+        run_tiny_sft(tmp_path / "run", f"dataset.path={data}")
+    with pytest.raises(UserError, match="no row of the first 64 \\(eval.rows\\) fits"):
+        run_tiny_sft(tmp_path / "run", f"eval.path={data}", "dataset.overlong=truncate")
+    argv = [
+        "local",
+        "tiny-sft",
+        "--set",
+        f"dataset.path={data}",
+        "--set",
+        "dataset.overlong=truncate",
+    ]
+    assert main([*argv, "--run-dir", str(tmp_path / "cli")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "none keeps an assistant token: dataset.overlong truncate" in err, err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cli").exists()
+
+
 def test_a_grpo_recipe_starts_from_an_sft_runs_model_folder(tmp_path):
     """SFT then GRPO: the GRPO recipe names the SFT run's model folder as model.hf_id; the
     launcher ships that folder to the nodes and the trainer starts from its weights."""

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from recipes import UserError
-from runtime.sft.data import ChatEncoder, Counts, Example, check_rows, examples, micro_batches
+from recipes.sft_rows import check_rows
+from runtime.sft.data import ChatEncoder, Counts, Example, examples, micro_batches
 
 STATE_FILE = "sft_state.json"
 # the micro-batch of the CPU trainer where the recipe leaves it auto
@@ -102,6 +103,21 @@ def load_rows(dataset: Any, path: str, split: str, what: str) -> Any:
             datasets.enable_progress_bars()
     check_rows(rows, dataset, path)
     return rows
+
+
+def nothing_kept(dataset: Any, path: str, scope: str = "") -> str:
+    """The line for data with no row left to train on: each longer than dataset.max_tokens,
+    dropped, or cut before its assistant turn."""
+    how = (
+        "a longer one is dropped"
+        if dataset.overlong == "drop"
+        else "cut to it, none keeps an assistant token"
+    )
+    return (
+        f"dataset {path!r}: no row {scope}fits dataset.max_tokens {dataset.max_tokens} after "
+        f"the chat template ({how}: dataset.overlong {dataset.overlong}); nothing to train "
+        "on: raise dataset.max_tokens"
+    )
 
 
 def held_out(recipe: Any, encoder: ChatEncoder) -> list[Example]:
@@ -184,7 +200,12 @@ def run(
     )
     d = recipe.dataset
     stream = RowStream(load_rows(d, d.path, d.split, "dataset.path"), encoder, d, recipe.sft.seed)
-    evaluation = held_out(recipe, encoder) if recipe.eval.enabled else []
+    if not any(True for _ in examples(stream.rows, range(len(stream.rows)), encoder, d, Counts())):
+        raise UserError(nothing_kept(d, d.path))
+    e = recipe.eval
+    evaluation = held_out(recipe, encoder) if e.enabled else []
+    if e.enabled and not evaluation:
+        raise UserError(nothing_kept(d, e.path or d.path, f"of the first {e.rows} (eval.rows) "))
     run_dir.mkdir(parents=True, exist_ok=True)
     write_recorded(run_dir, recorded_config(recipe, run_plan or plan(recipe, 0)))
     spec = model_spec(recipe)
