@@ -22,7 +22,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -167,10 +167,42 @@ def one_process_trainer(recipe: Any) -> Any:
     )
 
 
+@dataclass
+class Data:
+    """A run's data, checked: the chat template it applies, its training rows and its held-out
+    examples."""
+
+    encoder: ChatEncoder
+    stream: RowStream
+    evaluation: list[Example]
+
+
+def prepare(recipe: Any) -> Data:
+    """The recipe's tokenizer, training rows and held-out examples, checked: what needs the
+    tokenizer (its chat template, rows that fit dataset.max_tokens) is a UserError here, as the
+    run starts and before its trainer does."""
+    from runtime.backends.build import load_tokenizer
+
+    encoder = ChatEncoder(
+        load_tokenizer(recipe), thinking=recipe.model.thinking, where="model.tokenizer"
+    )
+    d = recipe.dataset
+    stream = RowStream(load_rows(d, d.path, d.split, "dataset.path"), encoder, d, recipe.sft.seed)
+    if not any(True for _ in examples(stream.rows, range(len(stream.rows)), encoder, d, Counts())):
+        raise UserError(nothing_kept(d, d.path))
+    e = recipe.eval
+    evaluation = held_out(recipe, encoder) if e.enabled else []
+    if e.enabled and not evaluation:
+        raise UserError(nothing_kept(d, e.path or d.path, f"of the first {e.rows} (eval.rows) "))
+    return Data(encoder, stream, evaluation)
+
+
 def run(
     recipe: Any,
     run_dir: Path,
     *,
+    data: Data | None = None,
+    stopping: Callable[[], bool] = lambda: False,
     steps: int | None = None,
     checkpoint_every: int | None = None,
     wandb_mode: str = "disabled",
@@ -185,27 +217,21 @@ def run(
     `start_trainer(recipe)` gives the trainer once the data is checked: the one-process CPU
     trainer, or the trainer actor's ranks (runtime.sft.ranks.RankTrainer); either takes
     `sft_step`, `sft_loss`, `save_checkpoint`, `checkpoint_written`, `load_checkpoint` and
-    counts `step`. `tokens_per_micro_batch`: the planned micro-batch (default: the CPU's);
-    `peak_flops`: the trainer's GPUs' bf16 peak in all, for the MFU."""
+    counts `step`. `data`: the recipe's, prepared (default: prepared here). `stopping()`: true
+    once a stop is asked for (Ctrl-C, SIGTERM): the run ends at the step boundary, with a
+    checkpoint of its last step and no model folder, as a GRPO run does.
+    `tokens_per_micro_batch`: the planned micro-batch (default: the CPU's); `peak_flops`: the
+    trainer's GPUs' bf16 peak in all, for the MFU."""
     from recipes import plan
-    from runtime.backends.build import load_tokenizer, model_spec
+    from runtime.backends.build import model_spec
     from runtime.control import checkpoint
     from runtime.control.metrics import MetricsLogger
     from runtime.control.run import recorded_config, write_recorded
 
     total = steps or recipe.sft.steps
     every = recipe.sft.checkpoint_interval if checkpoint_every is None else checkpoint_every
-    encoder = ChatEncoder(
-        load_tokenizer(recipe), thinking=recipe.model.thinking, where="model.tokenizer"
-    )
-    d = recipe.dataset
-    stream = RowStream(load_rows(d, d.path, d.split, "dataset.path"), encoder, d, recipe.sft.seed)
-    if not any(True for _ in examples(stream.rows, range(len(stream.rows)), encoder, d, Counts())):
-        raise UserError(nothing_kept(d, d.path))
-    e = recipe.eval
-    evaluation = held_out(recipe, encoder) if e.enabled else []
-    if e.enabled and not evaluation:
-        raise UserError(nothing_kept(d, e.path or d.path, f"of the first {e.rows} (eval.rows) "))
+    data = data or prepare(recipe)
+    stream, evaluation = data.stream, data.evaluation
     run_dir.mkdir(parents=True, exist_ok=True)
     write_recorded(run_dir, recorded_config(recipe, run_plan or plan(recipe, 0)))
     spec = model_spec(recipe)
@@ -220,6 +246,7 @@ def run(
         trainer.load_checkpoint(str(ckpt.path))
         state = json.loads((ckpt.path / STATE_FILE).read_text())
         stream.load_state_dict(state["data"])
+    began, saved = trainer.step, trainer.step if ckpt is not None else None
     micro = tokens_per_micro_batch or micro_tokens(recipe)
 
     def eval_loss() -> float:
@@ -238,7 +265,7 @@ def run(
     try:
         if trainer.step == 0 and evaluation:
             metrics.log(0, {"eval/loss": eval_loss()})
-        while trainer.step < total:
+        while trainer.step < total and not stopping():
             start = time.perf_counter()
             rows = stream.take(recipe.sft.tokens_per_step)
             packs = list(micro_batches(iter(rows), micro, pad_to=False))
@@ -270,9 +297,16 @@ def run(
             metrics.log(step, record)
             if (every and step % every == 0) or step == total:
                 path = _save(trainer, stream, root, step, metrics.wandb_run_id)
+                saved = step
                 log(f"checkpoint step {step} -> {path}")
+        if trainer.step < total and trainer.step not in (began, saved):  # stopped: keep it
+            path = _save(trainer, stream, root, trainer.step, metrics.wandb_run_id)
+            log(f"checkpoint step {trainer.step} -> {path}")
     finally:
         metrics.close()
+    if trainer.step < total:  # a stopped run leaves its checkpoints, not a model
+        log(f"stopped at step {trainer.step}; outputs in {run_dir}")
+        return {"step": trainer.step, **record}
     write = getattr(trainer, "write_model", None)
     if write is not None:  # the actor's ranks write it from their memory
         model = write(run_dir, recipe, trainer.step)
