@@ -105,6 +105,11 @@ def test_the_recipes_table_lists_sft_beside_grpo(capsys):
             "eval.split: 'train_sft' is the split the run trains on",
         ),
         (
+            ["validate", "tiny-sft", "--set", "eval.samples=2"],
+            "eval.samples: 2 is fewer than eval.k 4",
+        ),
+        (["plan", "tiny-sft", "--set", "eval.reward=nope"], "eval.reward: unknown reward 'nope'"),
+        (
             ["plan", "qwen3-8b-sft", "--set", "layout.trainer.gpus=1"],
             "layout.trainer.gpus: the qwen3 8b trainer does not fit 1 x H100",
         ),
@@ -157,6 +162,15 @@ def test_an_sft_recipe_without_its_data_section_names_it():
     del data["dataset"]
     with pytest.raises(UserError, match="mine.yaml: dataset: required field is missing"):
         validate_recipe(data, "mine.yaml")
+
+
+def test_pass_at_k_needs_a_reward():
+    data = load_recipe("tiny-sft").model_dump()
+    data["eval"] |= {"reward": None, "k": 4}
+    with pytest.raises(UserError, match="eval.k: pass@k is scored by a reward; name one as eval"):
+        validate_recipe(data, "mine.yaml")
+    data["eval"] |= {"k": 1}
+    assert validate_recipe(data, "mine.yaml").eval.reward is None
 
 
 def test_sft_data_fields_by_format():
