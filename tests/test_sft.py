@@ -259,3 +259,21 @@ def test_a_local_tokenizer_without_a_chat_template_is_refused_before_anything_st
         capsys, "plan", "tiny-sft", "--set", f"model.tokenizer={tmp_path / 'with'}"
     )
     assert code == 0, err
+
+
+def test_rows_past_those_looked_at_first_are_checked_as_the_run_loads_them(
+    tmp_path, capsys, monkeypatch
+):
+    import recipes.sft_rows
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(_turns("23")) + "\n" + json.dumps(_turns("")) + "\n")
+    monkeypatch.setattr(recipes.sft_rows, "ROWS_LOOKED_AT", 1)
+    code, _, err = run_main(capsys, "plan", "tiny-sft", "--set", f"dataset.path={data}")
+    assert code == 0, err
+    from runtime.sft.run import run
+
+    recipe = apply_overrides(load_recipe("tiny-sft"), [f"dataset.path={data}"])
+    with pytest.raises(UserError, match="row 1: no assistant turn with content"):
+        run(recipe, tmp_path / "run", log=lambda _: None)
+    assert not (tmp_path / "run").exists()
