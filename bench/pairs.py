@@ -10,7 +10,8 @@ boot id and commit.
         --started ISO --ended ISO --exit-code RC [--commit HASH]
 
 `next` names the run the order calls for: the first slot, in the order ours 1, peer 1, ours 2,
-..., that holds no completed run (a section with samples/s per GPU and exit code 0). A run that
+..., that holds no completed run (a section with samples/s per GPU, or tokens/s per GPU for
+SFT, and exit code 0). A run that
 failed or was cut is therefore made again before anything after it. `stamp` refuses (one
 line, exit 2) a run that is not the one `next` names, or one from another host than the runs
 already in the file: the order and the host are enforced where the runs are made, and
@@ -33,11 +34,25 @@ def section_name(pair: int, side: str) -> str:
     return f"pair{pair}_{side}"
 
 
+# a run's figure: samples/s per GPU for GRPO, tokens/s per GPU for SFT
+FIGURES = ("samples_per_s_per_gpu", "tokens_per_s_per_gpu")
+
+
+def figure(section: dict[str, Any]) -> str:
+    """The key of `section`'s figure: samples/s per GPU where it has one (a GRPO run's),
+    else tokens/s per GPU (an SFT run's)."""
+    return FIGURES[0] if FIGURES[0] in section else FIGURES[1]
+
+
+def measured(section: dict[str, Any]) -> bool:
+    return section.get(figure(section)) is not None
+
+
 def completed(section: Any) -> bool:
     """A run that measured its steps and ended by itself."""
     return (
         isinstance(section, dict)
-        and section.get("samples_per_s_per_gpu") is not None
+        and measured(section)
         and section.get("exit_code", 0) == 0
         and section.get("run", {}).get("exit_code", 0) == 0
     )
@@ -90,7 +105,7 @@ def stamp(result: dict[str, Any], pair: int, side: str, run: dict[str, Any]) -> 
         )
     section = result.setdefault(name, {})
     section["run"] = {"pair": pair, "side": side, **run}
-    if "samples_per_s_per_gpu" not in section:
+    if not measured(section):
         section.setdefault("exit_code", run["exit_code"] or 1)
     if not completed(section):
         # kept, as the section itself is replaced by the run made again

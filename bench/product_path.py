@@ -79,9 +79,11 @@ def versions() -> dict[str, str]:
     return out
 
 
-def write_random_model(recipe: Any, folder: Path, device: str = "cuda") -> dict[str, Any]:
+def write_random_model(
+    recipe: Any, folder: Path, device: str = "cuda", tokenizer: Any = None
+) -> dict[str, Any]:
     """An HF folder of the recipe's architecture with random bf16 weights (std 0.02, norms 1)
-    and the arith character tokenizer sized to its vocabulary."""
+    and `tokenizer`, by default the arith character tokenizer sized to its vocabulary."""
     import torch
 
     from runtime.backends.build import model_spec
@@ -101,7 +103,8 @@ def write_random_model(recipe: Any, folder: Path, device: str = "cuda") -> dict[
         else:
             r = torch.randn(t.shape, generator=gen, device=device, dtype=torch.bfloat16)
             weights[name] = (r * 0.02).cpu()
-    write_hf_model(weights, spec, folder, tokenizer=build_tokenizer(spec.vocab_size))
+    tokenizer = build_tokenizer(spec.vocab_size) if tokenizer is None else tokenizer
+    write_hf_model(weights, spec, folder, tokenizer=tokenizer)
     if spec.tie_embeddings:
         weights.pop("lm_head.weight", None)  # one tensor in the files
     params = sum(t.numel() for t in weights.values())

@@ -2,11 +2,13 @@
 
 A comparison is a list of pairs of runs on one host, ours first, made back to back in the order
 ours, peer, ours, peer, ... (`scripts/gpu/device_run.sh pairs` makes them so). Its row holds the
-samples/s per GPU of each side in pair order, each pair's ratio (ours / peer) and their median,
-min and max. Fewer than three pairs stay in the summary, marked `"median_of_3": false`.
+samples/s per GPU of each side in pair order (GRPO, `policy` "on" or "off"), or for SFT
+(`policy` "sft", `pairs sft`) the tokens/s per GPU and MFU of each, each pair's ratio (ours /
+peer) and their median, min and max. Fewer than three pairs stay in the summary, marked
+`"median_of_3": false`.
 
 The comparisons are listed in `bench/results/speed_comparisons.json`, each with `work`, `gpu`,
-`gpus`, `policy` ("on"/"off"), `peer`, `commit` and `pairs`: `[["FILE#OURS", "FILE#PEER"], ...]`
+`gpus`, `policy` ("on"/"off", or "sft"), `peer`, `commit` and `pairs`: `[["FILE#OURS", "FILE#PEER"], ...]`
 (paths under the specs' folder, bench/results/). A section stamped by `bench/pairs.py` (a `run` record) gives its
 own start, end, host and commit; for an older section the spec names its log (`logs`:
 `{"FILE#SECTION": "LOG"}`), whose first and last clock times (HH:MM:SS, on the JSON's date) say
@@ -37,6 +39,12 @@ SPECS = RESULTS / "speed_comparisons.json"
 OUT = RESULTS / "speed_summary.json"
 CLOCK = re.compile(r"\b(\d{2}):(\d{2}):(\d{2})\b")
 FIELDS = ("work", "gpu", "gpus", "policy", "peer", "pairs")
+POLICIES = ("on", "off", "sft")
+
+
+def figure(spec: dict[str, Any]) -> str:
+    """What a comparison's runs are compared by: SFT's tokens/s per GPU, GRPO's samples/s."""
+    return "tokens_per_s_per_gpu" if spec.get("policy") == "sft" else "samples_per_s_per_gpu"
 
 
 class Refused(Exception):
@@ -86,13 +94,14 @@ def load_run(
     if not isinstance(data, dict):
         raise Refused(f"{source} is not a section of its file")
     stamp = data.get("run")
+    key = figure(spec)
     if (
-        data.get("samples_per_s_per_gpu") is None
+        data.get(key) is None
         or data.get("exit_code", 0) != 0
         or (stamp and stamp.get("exit_code", 0) != 0)
     ):
         raise Refused(f"{source} is not a completed run")
-    run: dict[str, Any] = {"source": source, "samples_per_s_per_gpu": data["samples_per_s_per_gpu"]}
+    run: dict[str, Any] = {"source": source, key: data[key], "mfu": data.get("mfu")}
     if stamp:
         run.update(
             started=parse_time(stamp["started"]),
@@ -119,8 +128,8 @@ def row(spec: dict[str, Any], files: dict[Path, dict[str, Any]], root: Path) -> 
     missing = [k for k in FIELDS if k not in spec]
     if missing:
         raise Refused(f"the spec lacks {', '.join(missing)}")
-    if spec["policy"] not in ("on", "off"):
-        raise Refused(f"policy is on or off, not {spec['policy']!r}")
+    if spec["policy"] not in POLICIES:
+        raise Refused(f"policy is on or off (GRPO) or sft, not {spec['policy']!r}")
     if not spec["pairs"] or any(len(p) != 2 for p in spec["pairs"]):
         raise Refused("pairs are [OURS, PEER] sources, at least one")
     runs = []
@@ -148,18 +157,18 @@ def row(spec: dict[str, Any], files: dict[Path, dict[str, Any]], root: Path) -> 
     commits = {r["commit"] for r in runs} - {None}
     if len(commits) > 1:
         raise Refused(f"the runs ran {len(commits)} commits: {', '.join(sorted(commits))}")
-    ours = [round(r["samples_per_s_per_gpu"], 2) for r in runs if r["side"] == "ours"]
-    peer = [round(r["samples_per_s_per_gpu"], 2) for r in runs if r["side"] == "peer"]
-    ratios = [
-        round(r1["samples_per_s_per_gpu"] / r2["samples_per_s_per_gpu"], 3)
-        for r1, r2 in zip(runs[::2], runs[1::2], strict=True)
-    ]
+    key = figure(spec)
+    ours = [round(r[key], 2) for r in runs if r["side"] == "ours"]
+    peer = [round(r[key], 2) for r in runs if r["side"] == "peer"]
+    ratios = [round(r1[key] / r2[key], 3) for r1, r2 in zip(runs[::2], runs[1::2], strict=True)]
     out = {k: spec[k] for k in ("work", "gpu", "gpus", "policy", "peer")}
+    out.update({"pairs": len(ratios), "median_of_3": len(ratios) >= 3, f"ours_{key}": ours})
+    out[f"peer_{key}"] = peer
+    if spec["policy"] == "sft":
+        for side in ("ours", "peer"):
+            mfus = [r["mfu"] for r in runs if r["side"] == side]
+            out[f"{side}_mfu"] = [None if m is None else round(m, 3) for m in mfus]
     out.update(
-        pairs=len(ratios),
-        median_of_3=len(ratios) >= 3,
-        ours_samples_per_s_per_gpu=ours,
-        peer_samples_per_s_per_gpu=peer,
         ratios=ratios,
         ratio_median=round(statistics.median(ratios), 3),
         ratio_min=min(ratios),
@@ -202,26 +211,51 @@ def summarize(specs: list[dict[str, Any]], root: Path = RESULTS) -> dict[str, An
 
 
 def markdown(summary: dict[str, Any]) -> str:
+    """The GRPO rows' table, then the SFT rows' (where there are any)."""
+    grpo = [r for r in summary["rows"] if r["policy"] != "sft"]
+    sft = [r for r in summary["rows"] if r["policy"] == "sft"]
     lines = [
         "| work | GPUs | policy | peer | pairs | ours samples/s/GPU | peer samples/s/GPU "
         "| ratio median (min-max) | host, date, commit |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in summary["rows"]:
-        spread = f"{r['ratio_median']:.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
-        if not r["median_of_3"]:
-            pairs = f"{r['pairs']} pair{'s' if r['pairs'] > 1 else ''}"
-            spread = f"{r['ratio_median']:.2f}x ({pairs}: not a median of 3)"
-        commit = r["commit"] or "not recorded"
-        if r["commit"] and r["commit_from"] != "the runs' records":
-            commit += " (not in the runs' records)"
-        lines.append(
-            f"| {r['work']} | {r['gpus']} {r['gpu']} | {r['policy']} | {r['peer']} | "
-            f"{r['pairs']} | {', '.join(f'{x:.2f}' for x in r['ours_samples_per_s_per_gpu'])} | "
-            f"{', '.join(f'{x:.2f}' for x in r['peer_samples_per_s_per_gpu'])} | {spread} | "
-            f"{r['host']}, {r['date']}, {commit} |"
-        )
+    lines += [_line(r, "samples_per_s_per_gpu") for r in grpo]
+    if sft:
+        lines += [
+            "",
+            "| work | GPUs | peer | pairs | ours tokens/s/GPU (MFU) | peer tokens/s/GPU (MFU) "
+            "| ratio median (min-max) | host, date, commit |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [_line(r, "tokens_per_s_per_gpu") for r in sft]
     return "\n".join(lines) + "\n"
+
+
+def _line(r: dict[str, Any], key: str) -> str:
+    spread = f"{r['ratio_median']:.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
+    if not r["median_of_3"]:
+        pairs = f"{r['pairs']} pair{'s' if r['pairs'] > 1 else ''}"
+        spread = f"{r['ratio_median']:.2f}x ({pairs}: not a median of 3)"
+    commit = r["commit"] or "not recorded"
+    if r["commit"] and r["commit_from"] != "the runs' records":
+        commit += " (not in the runs' records)"
+
+    def figures(side: str) -> str:
+        values = [
+            f"{x:,.0f}" if key.startswith("tokens") else f"{x:.2f}" for x in r[f"{side}_{key}"]
+        ]
+        if f"{side}_mfu" in r:
+            values = [
+                v if m is None else f"{v} ({m:.2f})"
+                for v, m in zip(values, r[f"{side}_mfu"], strict=True)
+            ]
+        return ", ".join(values)
+
+    policy = "" if r["policy"] == "sft" else f" {r['policy']} |"
+    return (
+        f"| {r['work']} | {r['gpus']} {r['gpu']} |{policy} {r['peer']} | {r['pairs']} | "
+        f"{figures('ours')} | {figures('peer')} | {spread} | {r['host']}, {r['date']}, {commit} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

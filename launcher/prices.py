@@ -84,10 +84,10 @@ def _offers(catalog: Any, cloud: str, name: str, sky_name: str, count: int) -> l
                 regions = []
             for region in regions:
                 try:
-                    price = catalog.get_hourly_cost(
-                        instance_type, spot, region.name, None, clouds=cloud
+                    price = _node_price(
+                        catalog, cloud, instance_type, sky_name, count, spot, region
                     )
-                except Exception:  # no such price in that region (a NaN column)
+                except Exception:  # no such price in that region (a NaN column, no GPU row)
                     continue
                 if price == price:  # NaN is no price
                     prices.append((float(price), region.name))
@@ -98,6 +98,20 @@ def _offers(catalog: Any, cloud: str, name: str, sky_name: str, count: int) -> l
         if offer["on_demand"] is not None or offer["spot"] is not None:
             out.append(offer)
     return out
+
+
+def _node_price(
+    catalog: Any, cloud: str, instance_type: str, sky_name: str, count: int, spot: bool, region
+) -> float:
+    """What SkyPilot prices a node at in `region` (sky.Resources' hourly cost): the instance
+    plus its accelerators where the cloud prices them apart (GCP lists its GPUs in rows of
+    their own, its A2/A3/A4 rows price the host; the other clouds' instance price holds the
+    GPUs, and their accelerators cost 0)."""
+    from sky.utils.registry import CLOUD_REGISTRY
+
+    price = catalog.get_hourly_cost(instance_type, spot, region.name, None, clouds=cloud)
+    sky_cloud = CLOUD_REGISTRY.from_str(cloud)
+    return price + sky_cloud.accelerators_to_hourly_cost({sky_name: count}, spot, region.name)
 
 
 def collect_in_child(runtime_dir: Path | None, clouds: tuple[str, ...]) -> dict[str, Any]:

@@ -10,8 +10,10 @@ real ones) and measured speeds (recipes/measured.py, written from committed GPU 
 - generate: a replica's completion tokens a step over its tokens/s. Tokens/s are measured for a
   TP1 replica at a number of sequences per call; they grow with the call's sequences as
   sequences^batch_exponent (more sequences share each weight read) and, across model sizes,
-  fall as params^-size_exponent; a TP group of t GPUs is counted as t^0.5 replicas (assumed:
-  decoding is bound by reading weights, which TP splits, and by communication, which it adds).
+  fall as params^-size_exponent. A TP group of t GPUs splits the weights each decode step
+  reads (their bf16 bytes over the GPU's bandwidth, a share of the step the TP1 speed gives)
+  and leaves the rest of the step as it was, and it counts as at most t^0.5 replicas (assumed:
+  the communication TP adds); `tp_replicas`.
 - reference: a step's sequence tokens (prompt + completion) over its tokens/s per GPU and GPUs.
 - train: the same tokens over the trainer's tokens/s per GPU and GPUs; x 4/3 with activation
   checkpointing where the measurement had none (one more forward), x 3/4 the other way.
@@ -34,10 +36,13 @@ scoring by the ratio of dense bf16 peaks (the H100 and H200 have the same).
 Services that share a GPU take turns on it (runtime/control/turns.py): their work on that GPU
 adds up, and units that share no GPU work at once. Services overlap when a generate call may
 start before the steps of the last one are trained (slack = grpo.max_policy_age + 1 -
-grpo.steps_per_call > 0): the step takes as long as the busiest GPU, and with calls of k > 1
-steps at least a call's generate and reference plus the (k - slack) steps the next call waits
-for, over k. With no slack (lock-step, or a call of max_policy_age + 1 steps) nothing
-overlaps: the step is generate + reference + train + sync (the replicas generate at once).
+grpo.steps_per_call > 0): the step takes as long as the busiest GPU, and at least what the
+staleness bound lets through (`staleness_chain`): a call waits for the version its last step
+may be at most max_policy_age behind, so a call's generate and reference and the training of
+the steps it waits for run one after another (with one step a call and max_policy_age 1, half
+of generate + reference + train + sync a step). With no slack (lock-step, or a call of
+max_policy_age + 1 steps) nothing overlaps: the step is generate + reference + train + sync
+(the replicas generate at once).
 """
 
 from __future__ import annotations
@@ -180,7 +185,9 @@ def predict_step(
     tok_s = s.generate_tok_s * (per_call / s.sequences_per_call) ** MEASURED["batch_exponent"]
     if lora is not None:
         tok_s *= MEASURED["lora"]["generate_share"]
-    generate = per_replica * response / (tok_s * tp**TP_EXPONENT)
+    generate = (
+        per_replica * response / (tok_s * tp_replicas(tp, accelerator, arch, tok_s, per_call))
+    )
     tokens = sequences * (prompt + response)
     train = tokens / (s.train_tok_s * len(trainer.gpus))
     if trainer_checkpointing != s.train_checkpointing:
@@ -211,12 +218,10 @@ def predict_step(
     if slack <= 0:
         seconds = generate + reference + train + sync
         bound = "no overlap (grpo.max_policy_age + 1 = steps_per_call): all four in turn"
-    elif k > 1:
-        # a call's groups are scored, then the call after it waits until all but `slack` of
-        # its k steps are trained
-        chain = generate + reference + (k - slack) / k * (train + sync)
+    else:
+        chain, wait = staleness_chain(k, slack, generate, reference, train + sync)
         if chain > seconds:
-            seconds, bound = chain, f"a call of {k} steps waits for {k - slack} of them to train"
+            seconds, bound = chain, wait
 
     basis = s.basis
     notes = {_sync_path(path)["note"] for path in transports} - {""}
@@ -224,6 +229,61 @@ def predict_step(
         paths = "/".join(sorted({p.removesuffix("_groups") for p in transports}))
         basis += f"; weight sync by {paths}: {'; '.join(sorted(notes))}"
     return StepEstimate(seconds, busy, work, bound, basis)
+
+
+def predict_sft_step(recipe: Any, accelerator: str, gpus: int, checkpointing: bool) -> StepEstimate:
+    """An SFT step's seconds: sft.tokens_per_step trained at the trainer's measured tokens/s a
+    GPU (the GRPO runs' training rate, the same forward and backward), at the planned
+    activation checkpointing, a LoRA adapter's share where the recipe has one."""
+    s = speeds(accelerator, recipe.arch)
+    train = recipe.sft.tokens_per_step / (s.train_tok_s * gpus)
+    if checkpointing != s.train_checkpointing:
+        train *= CHECKPOINTING_COST if checkpointing else 1 / CHECKPOINTING_COST
+    if recipe.model.lora is not None:
+        train *= MEASURED["lora"]["train_time_share"]
+    return StepEstimate(train, {"trainer": train}, {"train": train}, "trainer", s.basis)
+
+
+def sft_eval_seconds(recipe: Any, accelerator: str, gpus: int) -> float:
+    """One held-out loss: eval.rows rows of at most dataset.max_tokens tokens, forward only at
+    the reference's measured rate."""
+    s = speeds(accelerator, recipe.arch)
+    return recipe.eval.rows * recipe.dataset.max_tokens / (s.reference_tok_s * gpus)
+
+
+def tp_replicas(tp: int, accelerator: str, arch: Any, tok_s: float, sequences: float) -> float:
+    """How many TP1 replicas a TP group of `tp` GPUs samples as, for a call of `sequences`
+    that one TP1 replica samples at `tok_s`. A decode step takes sequences / tok_s seconds, of
+    which reading the bf16 weights takes their bytes over the GPU's bandwidth; TP splits that
+    share over the group and leaves the rest (attention over each sequence's cache, sampling,
+    the engine's own work) as it was; and the group counts as no more than tp^TP_EXPONENT
+    replicas, for the communication it adds. A 1.7B model's weights are a seventh of a
+    128-sequence step on an H200, so TP2 samples 1.08x as fast as TP1 (measured: 1.07x)."""
+    if tp <= 1:
+        return 1.0
+    step = sequences / tok_s
+    read = min(2 * arch.params / (BANDWIDTH_TBS[accelerator] * 1e12) / step, 1.0)
+    return min(tp**TP_EXPONENT, 1 / (read / tp + 1 - read))
+
+
+def staleness_chain(
+    k: int, slack: int, generate: float, reference: float, train: float
+) -> tuple[float, str]:
+    """The step's seconds the staleness bound allows, and why (per-step `generate`,
+    `reference` and `train`, the last with its sync). A call of k steps samples with the newest
+    version; its last step may train on samples at most max_policy_age = k + slack - 1 versions
+    old, so the call may start only once the trainer has made the version k - 1 - max_policy_age
+    steps past its first step. Counting in calls: the call m = ceil((slack + 1) / k) calls after
+    a call c waits for c's k steps to be sampled and scored and for m k - slack of them to be
+    trained, and in those seconds the loop advances m k steps. With k = 1 and max_policy_age 1
+    (m = 2) a step is at least half of generate + reference + train: each call waits for the
+    step before the one it samples for."""
+    m = -(-(slack + 1) // k)
+    trained = m * k - slack
+    seconds = (k * (generate + reference) + trained * train) / (m * k)
+    if m == 1:
+        return seconds, f"a call of {k} steps waits for {trained} of them to train"
+    return seconds, f"a call waits until the step {slack + 1} before its first is trained"
 
 
 def eval_seconds(recipe: Any, accelerator: str, placements: tuple[Any, ...]) -> float:
@@ -238,4 +298,5 @@ def eval_seconds(recipe: Any, accelerator: str, placements: tuple[Any, ...]) -> 
     per_replica = e.prompts * (e.samples_drawn + (1 if e.samples_drawn > 1 else 0)) / len(gens)
     tok_s = s.generate_tok_s * (per_replica / s.sequences_per_call) ** MEASURED["batch_exponent"]
     tp = len(gens[0].gpus) or 1
-    return per_replica * g.max_response_tokens / (tok_s * tp**TP_EXPONENT)
+    replicas = tp_replicas(tp, accelerator, recipe.arch, tok_s, per_replica)
+    return per_replica * g.max_response_tokens / (tok_s * replicas)

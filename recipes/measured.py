@@ -47,6 +47,22 @@ MEASURED = {
     },
     "size_exponent": 0.422,
     "size_source": "H200 qwen3-1.7b vs H200 qwen3-8b",
+    "startup": {
+        "base_s": 146.8,
+        "runs": 8,
+        "s_per_billion_params": 31.3,
+        "source": "bench/cost_constants.py STARTUP_SOURCES",
+        "spread_s": {
+            "1.72B": [
+                149.6,
+                263.2
+            ],
+            "8.19B": [
+                373.4,
+                433.1
+            ]
+        }
+    },
     "sync": {
         "ipc": {
             "note": "",

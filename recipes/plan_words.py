@@ -214,7 +214,8 @@ class Plan:
         if self.predicted_step_s is not None:
             lines.append(
                 f"predicted: {_seconds(self.predicted_step_s)} s a step at {self.ranked_at} "
-                f"(bound by {self.prediction}); forgesky plan --explain weighs the layouts"
+                f"(bound by {self.prediction})"
+                + ("; forgesky plan --explain weighs the layouts" if self.candidates else "")
             )
         if self.shorter_prompts:
             lines.append(self.shorter_prompts)

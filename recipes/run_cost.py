@@ -1,6 +1,6 @@
 """A whole run's predicted wall time and what it costs, for `plan` and `launch`.
 
-wall time = grpo.steps x the predicted step (recipes/costs.py)
+wall time = grpo.steps (sft.steps) x the predicted step (recipes/costs.py)
           + start-up (provisioning and the nodes' set-up, the model's download)
           + the evaluations (eval.every, at_start, at_end; costs.eval_seconds)
           + the checkpoint writes (grpo.checkpoint_interval): the copy of the trainer's state
@@ -19,17 +19,24 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from recipes.costs import eval_seconds
-from recipes.memory import GB, checkpoint_bytes
+from recipes.costs import eval_seconds, sft_eval_seconds
+from recipes.measured import MEASURED
+from recipes.memory import GB, checkpoint_bytes, model_file_bytes
 from recipes.prices import Offer, PriceBook, dollars, price_book
 
-# Provisioning a node, SkyPilot's set-up of it (the node stack's install) and the processes'
-# start: assumed, not measured.
-STARTUP_S_ASSUMED = 600.0
+# Provisioning a node and SkyPilot's own set-up of it, before the task's set-up: assumed, not
+# measured (a cloud's queue and image decide it).
+PROVISION_S_ASSUMED = 420.0
+# The task's set-up, the node stack's install: measured once (bench/results/node_setup_2026-11-25,
+# 42 s from PyPI).
+SETUP_S_MEASURED = 42.0
 # The model's download from the Hugging Face Hub to each node (GB/s): assumed.
 DOWNLOAD_GB_S_ASSUMED = 0.5
 # The copy of the trainer's checkpoint state to host memory that a step waits for (GB/s): assumed.
 CHECKPOINT_COPY_GB_S_ASSUMED = 10.0
+# The end: the last checkpoint written to disk (the run waits for it) and the model exported
+# (GB/s to the node's disk): assumed.
+DISK_GB_S_ASSUMED = 1.0
 
 
 @dataclass(frozen=True)
@@ -38,21 +45,27 @@ class RunEstimate:
 
     steps: int
     step_s: float
-    startup_s: float
+    startup_s: float  # all of it: provisioning, set-up, download and the processes' start
+    provision_s: float  # the part before the run's own processes exist (not measured by them)
     evals: int
     eval_s: float  # all of them
     checkpoints: int
     checkpoint_s: float  # all of them
+    finish_s: float  # the last checkpoint's write and the model's export, waited for at the end
     accelerator: str
     nodes: int
     gpus_per_node: int
     on_demand: Offer | None
     spot: Offer | None
     price_source: str
+    steps_key: str = "grpo.steps"  # the setting `steps` comes from
 
     @property
     def wall_s(self) -> float:
-        return self.steps * self.step_s + self.startup_s + self.eval_s + self.checkpoint_s
+        return (
+            self.steps * self.step_s + self.startup_s + self.eval_s + self.checkpoint_s
+            + self.finish_s
+        )  # fmt: skip
 
     @property
     def hours(self) -> float:
@@ -73,7 +86,8 @@ class RunEstimate:
             parts.append(f"{self.evals} evaluations {span(self.eval_s)}")
         if self.checkpoints:
             parts.append(f"{self.checkpoints} checkpoint copies {span(self.checkpoint_s)}")
-        out = [f"run: {' + '.join(parts)} = {span(self.wall_s)} predicted (grpo.steps)"]
+        parts.append(f"the last checkpoint and the export {span(self.finish_s)}")
+        out = [f"run: {' + '.join(parts)} = {span(self.wall_s)} predicted ({self.steps_key})"]
         node = f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.gpus_per_node} {self.accelerator}"
         if self.on_demand is None and self.spot is None:
             out.append(
@@ -117,6 +131,14 @@ def span(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def process_start_s(params: int) -> float:
+    """The run's processes from their start to the first step's start and the first steps'
+    compile, measured: a line in the weights' size through committed runs (MEASURED["startup"],
+    bench/cost_constants.py)."""
+    fit = MEASURED["startup"]
+    return fit["base_s"] + fit["s_per_billion_params"] * params / 1e9
+
+
 def run_estimate(
     recipe: Any, plan: Any, book: PriceBook | None = None, cloud: str | None = None
 ) -> RunEstimate | None:
@@ -125,31 +147,46 @@ def run_estimate(
     if plan.cpu or plan.predicted_step_s is None:
         return None
     book = book or price_book()
-    g, e = recipe.grpo, recipe.eval
-    steps = g.steps
-    evals = 0
-    if e.enabled:
-        evals = (1 if e.at_start else 0) + (steps // e.every if e.every else 0)
-        if e.at_end and not (e.every and steps % e.every == 0):
-            evals += 1
+    e = recipe.eval
+    if recipe.kind == "sft":
+        g = recipe.sft
+        steps = g.steps
+        # a held-out loss at the start and the end, and every eval.every steps between
+        evals = (2 + (steps - 1) // e.every if e.every else 2) if e.enabled else 0
+        one_eval = sft_eval_seconds(recipe, plan.accelerator, plan.trainer_gpus)
+    else:
+        g = recipe.grpo
+        steps = g.steps
+        evals = 0
+        if e.enabled:
+            evals = (1 if e.at_start else 0) + (steps // e.every if e.every else 0)
+            if e.at_end and not (e.every and steps % e.every == 0):
+                evals += 1
+        one_eval = eval_seconds(recipe, plan.accelerator, plan.placements)
     checkpoints = steps // g.checkpoint_interval if g.checkpoint_interval else 0
-    copy_s = checkpoint_bytes(recipe.arch, recipe.model.lora) / GB / CHECKPOINT_COPY_GB_S_ASSUMED
+    state = checkpoint_bytes(recipe.arch, recipe.model.lora)
+    copy_s = state / GB / CHECKPOINT_COPY_GB_S_ASSUMED
+    finish_s = (state + model_file_bytes(recipe)) / GB / DISK_GB_S_ASSUMED
     download_s = 2 * recipe.arch.params / GB / DOWNLOAD_GB_S_ASSUMED
+    provision_s = PROVISION_S_ASSUMED + SETUP_S_MEASURED
     per_node = plan.gpus_per_node
     return RunEstimate(
         steps=steps,
         step_s=plan.predicted_step_s,
-        startup_s=STARTUP_S_ASSUMED + download_s,
+        startup_s=provision_s + download_s + process_start_s(recipe.arch.params),
+        provision_s=provision_s,
         evals=evals,
-        eval_s=evals * eval_seconds(recipe, plan.accelerator, plan.placements),
+        eval_s=evals * one_eval,
         checkpoints=checkpoints,
         checkpoint_s=checkpoints * copy_s,
+        finish_s=finish_s,
         accelerator=plan.accelerator,
         nodes=plan.num_nodes,
         gpus_per_node=per_node,
         on_demand=book.cheapest(plan.accelerator, per_node, spot=False, cloud=cloud),
         spot=book.cheapest(plan.accelerator, per_node, spot=True, cloud=cloud),
         price_source=book.words,
+        steps_key=f"{recipe.kind}.steps",
     )
 
 

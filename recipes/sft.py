@@ -82,6 +82,11 @@ class Sft(Strict):
     warmup_steps: int = Field(default=0, ge=0)
     # after warmup: hold the learning rate, or decay it linearly to 0 at the last step
     lr_schedule: Literal["constant", "linear"] = "constant"
+    # how a packed row's samples are kept apart: varlen (TorchTitan's variable-length flash
+    # attention over the samples), document (SDPA under a dense same-sample mask: L x L
+    # booleans a row), flex (TorchTitan's flex attention block mask); auto: varlen on GPUs,
+    # document on the CPU (varlen and flex train on GPUs only)
+    attention: Literal["auto", "varlen", "document", "flex"] = "auto"
 
 
 class SftEval(Strict):
@@ -205,6 +210,11 @@ def _consistency_errors(r: SftRecipe) -> list[str]:
     if e.samples_drawn < e.k:
         errors.append(f"eval.samples: {e.samples} is fewer than eval.k {e.k}")
     t = r.layout.trainer
+    if r.cpu and r.sft.attention in ("varlen", "flex"):
+        errors.append(
+            f"sft.attention: {r.sft.attention} trains on GPUs only; on accelerator cpu use auto "
+            "or document"
+        )
     if r.cpu and t.gpus != 1:
         errors.append(
             f"layout.trainer.gpus: must be 1 on accelerator cpu (trainer.ranks sets its "
@@ -307,7 +317,10 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
             f"{r.name}: the trainer does not fit {gpus} x {accelerator} with any micro-batch; "
             "give it more GPUs"
         )
+    from recipes.costs import predict_sft_step
+
     peak = fit[2]
+    step = predict_sft_step(r, accelerator, gpus, checkpointing=fit[1])
     return Plan(
         **common,
         total_gpus=gpus,
@@ -322,4 +335,7 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
         dedicated_gpus=need,
         disk=disk_plan(r),
         host=host_plan(r, gpus),
+        predicted_step_s=step.seconds,
+        ranked_at=f"{r.sft.tokens_per_step:,} tokens a step (sft.tokens_per_step)",
+        prediction=f"trainer; speeds from {step.basis}",
     )

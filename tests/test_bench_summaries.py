@@ -780,7 +780,8 @@ def test_the_committed_speed_summary_is_what_its_specs_give():
     table = speed_summary.markdown(committed)
     assert table in (REPO / "docs/benchmarks.md").read_text()
     for r in committed["rows"]:
-        assert r["pairs"] == len(r["ours_samples_per_s_per_gpu"]) == len(r["ratios"])
+        figure = "tokens" if r["policy"] == "sft" else "samples"
+        assert r["pairs"] == len(r[f"ours_{figure}_per_s_per_gpu"]) == len(r["ratios"])
         assert r["median_of_3"] is (r["pairs"] >= 3)
 
 
@@ -955,3 +956,110 @@ def test_device_run_pairs_dry_run_names_the_next_run_and_refuses_bad_input(tmp_p
             assert bad.returncode == 2 and words in bad.stderr, (args, bad.stderr)
     finally:
         json_path.unlink(missing_ok=True)
+
+
+# SFT against TRL's SFTTrainer (bench/gpu_sft.py, bench/trl_sft.py, `pairs sft`).
+
+import gpu_sft  # noqa: E402
+
+
+def _sft_file(path: Path, pairs_: list[tuple[float, float]]) -> None:
+    _stamped(path, pairs_)
+    result = json.loads(path.read_text())
+    for k in range(1, len(pairs_) + 1):
+        for side, mfu in (("ours", 0.5), ("peer", 0.4)):
+            section = result[pairs.section_name(k, side)]
+            section["tokens_per_s_per_gpu"] = section.pop("samples_per_s_per_gpu") * 1000
+            section["mfu"] = mfu
+    path.write_text(json.dumps(result))
+
+
+def test_sft_speed_rows_compare_tokens_per_gpu_and_keep_each_sides_mfu(tmp_path):
+    _sft_file(tmp_path / "sft.json", [(20.0, 10.0), (21.0, 15.0), (22.0, 20.0)])
+    spec = _spec("sft.json", 3, policy="sft", peer="trl-sft")
+    (row,) = speed_summary.summarize([spec], tmp_path)["rows"]
+    assert row["ours_tokens_per_s_per_gpu"] == [20000.0, 21000.0, 22000.0]
+    assert row["peer_tokens_per_s_per_gpu"] == [10000.0, 15000.0, 20000.0]
+    assert row["ratios"] == [2.0, 1.4, 1.1] and row["ratio_median"] == 1.4
+    assert row["ours_mfu"] == [0.5] * 3 and row["peer_mfu"] == [0.4] * 3
+    table = speed_summary.markdown({"rows": [row]})
+    assert "| w | 1 H200 | trl-sft | 3 | 20,000 (0.50), 21,000 (0.50), 22,000 (0.50) |" in table
+    # an SFT run is compared by its tokens: a section without them did not complete
+    result = json.loads((tmp_path / "sft.json").read_text())
+    result["pair2_peer"]["tokens_per_s_per_gpu"] = None
+    (tmp_path / "sft.json").write_text(json.dumps(result))
+    with pytest.raises(speed_summary.Refused, match="pair2_peer is not a completed run"):
+        speed_summary.summarize([spec], tmp_path)
+    assert not pairs.completed(result["pair2_peer"]) and pairs.completed(result["pair2_ours"])
+
+
+def test_device_run_sft_pairs_run_the_product_then_trl_on_the_same_recipe(tmp_path):
+    tag = f"_sft{os.getpid()}"
+    json_path = Path(f"/tmp/bench/pairs{tag}.json")
+    env = {**os.environ, "TAG": tag, "OUT": str(tmp_path / "out")}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(REPO / "scripts/gpu/device_run.sh"), "pairs", "--dry-run", *args],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        )  # fmt: skip
+
+    try:
+        json_path.unlink(missing_ok=True)
+        first = run("sft", "1")
+        assert first.returncode == 0, first.stderr
+        assert (
+            "bench/gpu_sft.py" in first.stdout
+            and "--recipe qwen3-1.7b-sft --gpus 1" in first.stdout
+        )
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        done = {"tokens_per_s_per_gpu": 9000.0, "mfu": 0.5, "exit_code": 0}
+        json_path.write_text(json.dumps({"pair1_ours": done}))
+        peer = run("sft", "1", "--micro-batch", "4")
+        assert "pair 1, peer" in peer.stdout, peer.stdout
+        assert "bench/trl_sft.py" in peer.stdout and "--micro-batch 4 --section pair1_peer" in (
+            peer.stdout
+        )
+        bad = run("sft", "0")
+        assert bad.returncode == 2 and "a GPU count" in bad.stderr
+    finally:
+        json_path.unlink(missing_ok=True)
+
+
+def test_sft_bench_chats_fit_the_recipe_and_train_the_assistants_turn_only(tmp_path):
+    from runtime.sft.data import ChatEncoder
+
+    recipe = gpu_sft.bench_recipe("qwen3-1.7b-sft")
+    tok, letters = gpu_sft.tokenizer_for(recipe)
+    rows = gpu_sft.chats(recipe, letters, steps=1)
+    assert rows == gpu_sft.chats(recipe, letters, steps=1)  # deterministic
+    encoder = ChatEncoder(tok)
+    lengths = []
+    for row in rows[:40]:
+        ex = encoder.encode(row["messages"])
+        user, answer = (m["content"] for m in row["messages"])
+        assert len(ex.ids) == len(user) + len(answer) + gpu_sft.SPECIALS <= 2048
+        # <bos>, the user's characters and their <eos> untrained; the answer and its <eos> trained
+        assert ex.trained == [False] * (len(user) + 2) + [True] * (len(answer) + 1)
+        lengths.append(len(ex.ids))
+    assert min(lengths) >= 2048 // 8 and max(lengths) > 1500
+    total = sum(len(encoder.encode(r["messages"]).ids) for r in rows)
+    assert total >= 2 * recipe.sft.tokens_per_step
+
+
+def test_sft_bench_figures_leave_out_the_warmup_steps():
+    rows = [{"step": 0, "eval/loss": 3.0}]
+    rows += [
+        {
+            "step": k,
+            "tokens_per_s": 1.0,
+            "tokens": 1000 * k,
+            "time/step_s": float(k),
+            "mfu": 0.1 * k,
+        }
+        for k in (1, 2, 3, 4)
+    ]
+    got = gpu_sft.summarize(rows, warmup=2, gpus=2)
+    assert (got["steps"], got["warmup_steps"], got["measured_steps"]) == (4, 2, 2)
+    assert got["tokens_per_s_per_gpu"] == pytest.approx((3000 + 4000) / (3 + 4) / 2)
+    assert got["step_s"] == 3.5 and got["mfu"] == pytest.approx(0.35)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -21,8 +20,6 @@ from recipes.costs import predict_step, speeds
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import cost_constants  # noqa: E402
 
-RESULTS = Path(cost_constants.__file__).parent / "results"
-
 GPU_RECIPES = [
     n for n in list_recipes() if not load_recipe(n).cpu and load_recipe(n).kind == "grpo"
 ]
@@ -36,23 +33,6 @@ def test_the_measured_speeds_are_the_ones_the_committed_runs_give():
     # recipes/measured.py is written from bench/results by bench/cost_constants.py
     text = (Path(cost_constants.__file__).parents[1] / "recipes" / "measured.py").read_text()
     assert text == cost_constants.module_text(cost_constants.derive())
-
-
-def test_the_model_predicts_each_committed_run_within_15_percent():
-    # recorded runs on the three layouts the planner gives qwen3-1.7b at 1, 2 and 3 GPUs, and
-    # two that change steps_per_call and max_policy_age: each run's step time against the
-    # prediction for its own layout, lengths and settings
-    # (the runs it misses are listed with what their figures show, and stay outside 15 % until
-    # a better model takes them off the list)
-    rows = cost_constants.compare()
-    assert len(rows) == len(cost_constants.COMPARE)
-    for row in rows:
-        missed = "missed_by_more_than_15_percent" in row
-        assert (abs(row["error"]) > 0.15) == missed, row
-    assert sum("missed_by_more_than_15_percent" in r for r in rows) == len(cost_constants.MISSES)
-    # the committed check is the model's output for them
-    committed = json.loads((RESULTS / "cost_model_check.json").read_text())
-    assert committed["runs"] == rows
 
 
 @pytest.mark.parametrize("name", GPU_RECIPES)
@@ -76,8 +56,9 @@ def test_auto_takes_the_fastest_layout_that_fits(name):
 def test_qwen3_1_7b_shares_gpus_where_that_is_faster():
     # one GPU: everything on it; two: the generator alone, the trainer beside the reference;
     # three H200s: the same with the trainer sharded over two GPUs (at the recipe's 2048-token
-    # sequences a trainer on one GPU of its own bounds the step); three H100s: a GPU each (the
-    # generator bounds both; a tie keeps GPUs apart)
+    # sequences a trainer on one GPU of its own bounds the step); three H100s: the same (a GPU
+    # each would be bound by the staleness chain, half of generate + reference + one rank's
+    # train, 7.79 s against the generator's 7.37 s beside the sharded trainer)
     r = load_recipe("qwen3-1.7b")
     one, two, three = (plan(r, n, accelerator="H200") for n in (1, 2, 3))
     assert (one.share, two.share, three.share) == ("all", "trainer_reference", "trainer_reference")
@@ -88,7 +69,10 @@ def test_qwen3_1_7b_shares_gpus_where_that_is_faster():
     assert two.settings.weight_sync.expected == ("push",)
     assert two.settings.generator.kv_cache_gb is None  # the generator profiles its own GPU
     assert one.predicted_step_s > two.predicted_step_s > three.predicted_step_s
-    assert plan(r, 3, accelerator="H100").share == "none"
+    h100 = plan(r, 3, accelerator="H100")
+    assert h100.share == "trainer_reference"
+    apart = next(c for c in h100.candidates if c.share == "none")
+    assert apart.step_s > h100.predicted_step_s and "is trained" in apart.bound_by
 
 
 def test_a_shared_trainer_is_planned_in_what_the_others_leave_on_its_gpu():
@@ -144,3 +128,19 @@ def test_more_gpus_never_predict_a_slower_step():
     r = load_recipe("qwen3-1.7b")
     steps = [plan(r, n, accelerator="H200").predicted_step_s for n in range(1, 9)]
     assert all(b <= a for a, b in zip(steps, steps[1:], strict=False)), steps
+
+
+def test_a_tp_group_splits_the_weight_reads_of_a_decode_step():
+    # qwen3-1.7b's weights are about a seventh of a 128-sequence decode step on an H200: TP2
+    # samples about 1.08x as fast as one GPU (measured 1.07x, gpu_grpo_h200x4_2026-11-22.json);
+    # a large model's decode is mostly reading weights, up to the t^0.5 the model allows
+    from recipes.costs import tp_replicas
+
+    small = load_recipe("qwen3-1.7b").arch
+    s = speeds("H200", small)
+    assert tp_replicas(1, "H200", small, s.generate_tok_s, s.sequences_per_call) == 1
+    two = tp_replicas(2, "H200", small, s.generate_tok_s, s.sequences_per_call)
+    assert 1.05 < two < 1.1
+    large = load_recipe("qwen3-32b").arch
+    s = speeds("H200", large)
+    assert tp_replicas(4, "H200", large, s.generate_tok_s, s.sequences_per_call) == 2.0

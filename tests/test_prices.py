@@ -15,8 +15,8 @@ import pytest
 from launcher.cli import main
 from launcher.prices import live_offers, snapshot_offers
 from recipes import load_recipe, plan
-from recipes.prices import OFFERS_FILE, SNAPSHOT_DATE, price_book
-from recipes.run_cost import STARTUP_S_ASSUMED, run_estimate
+from recipes.prices import OFFERS_FILE, SNAPSHOT_DATE, SNAPSHOT_DIR, price_book
+from recipes.run_cost import process_start_s, run_estimate
 
 
 def test_committed_offers_are_what_sky_catalog_reads_from_the_snapshot():
@@ -24,6 +24,29 @@ def test_committed_offers_are_what_sky_catalog_reads_from_the_snapshot():
     assert snapshot_offers() == committed
     assert committed["date"] == SNAPSHOT_DATE
     assert "snapshot of SkyPilot's catalog" in committed["source"]
+    # every cloud of the snapshot sells some of forgesky's GPU types
+    snapshot_clouds = sorted(p.name for p in (SNAPSHOT_DIR / "v8").iterdir() if p.is_dir())
+    assert sorted({o["cloud"] for o in committed["offers"]}) == snapshot_clouds
+    assert {"aws", "gcp", "lambda", "nebius", "oci", "runpod"} <= set(snapshot_clouds)
+
+
+def test_gcp_nodes_are_priced_with_their_gpus():
+    """GCP's catalog prices an A3 host and its H100s in rows apart: the offer is their sum
+    in one region, the way SkyPilot prices the node, with the 8 GPUs a3-highgpu-8g carries."""
+    book = price_book()
+    a3 = next(o for o in book.offers if o.instance_type == "a3-highgpu-8g")
+    assert (a3.cloud, a3.accelerator, a3.count) == ("gcp", "H100", 8)
+    rows = (SNAPSHOT_DIR / "v8" / "gcp" / "vms.csv").read_text().splitlines()
+    host = next(
+        r for r in rows if r.startswith("a3-highgpu-8g,") and f",{a3.on_demand_region}," in r
+    )
+    gpus = next(r for r in rows if r.startswith(",,,H100,8,") and f",{a3.on_demand_region}," in r)
+    host_price, gpu_price = float(host.split(",")[-2]), float(gpus.split(",")[-2])
+    assert a3.on_demand == pytest.approx(host_price + gpu_price)
+    assert a3.on_demand > 2 * host_price  # the GPUs are most of it
+    # the counts a node of each type comes in, over the clouds
+    assert book.counts("H100") == (1, 2, 4, 8)
+    assert 8 in book.counts("H200") and 8 in book.counts("B200")
 
 
 AWS_HEADER = (
@@ -32,6 +55,10 @@ AWS_HEADER = (
 )
 LAMBDA_HEADER = (
     "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,GpuInfo,SpotPrice"
+)
+GCP_HEADER = (
+    "InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,"
+    "AvailabilityZone,Price,SpotPrice"
 )
 
 
@@ -55,12 +82,29 @@ def _fixture_catalog(root: Path) -> None:
     (lam / "vms.csv").write_text(
         f"{LAMBDA_HEADER}\ngpu_2x_h200,H200,2.0,52.0,450.0,7.5,us-south-1,{info},\n"
     )
+    # GCP: the host VM and its GPUs in rows apart; us-east4 has the cheaper host, us-central1
+    # the cheaper node
+    gcp = root / ".sky" / "catalogs" / "v8" / "gcp"
+    gcp.mkdir(parents=True)
+    gpu_info = "{'Gpus': [{'MemoryInfo': {'SizeInMiB': 81920}}]}"
+    (gcp / "vms.csv").write_text(
+        "\n".join(
+            [
+                GCP_HEADER,
+                "a3-highgpu-8g,208.0,1872.0,,,,us-central1,us-central1-a,9.5,2.9",
+                "a3-highgpu-8g,208.0,1872.0,,,,us-east4,us-east4-a,9.0,2.2",
+                f",,,H100,8,{gpu_info},us-central1,us-central1-a,33.5,24.0",
+                f",,,H100,8,{gpu_info},us-east4,us-east4-a,78.0,17.5",
+            ]
+        )
+        + "\n"
+    )
 
 
 def test_live_catalog_files_are_read_by_sky_catalog(tmp_path):
     _fixture_catalog(tmp_path)
-    got = live_offers(tmp_path, clouds=("aws", "lambda"))
-    assert got["source"] == "SkyPilot's catalog (aws, lambda)"
+    got = live_offers(tmp_path, clouds=("aws", "lambda", "gcp"))
+    assert got["source"] == "SkyPilot's catalog (aws, lambda, gcp)"
     by_type = {o["instance_type"]: o for o in got["offers"]}
     p5 = by_type["p5.48xlarge"]
     # on demand cheapest in us-east-1, spot in eu-north-1: each its own region
@@ -69,6 +113,11 @@ def test_live_catalog_files_are_read_by_sky_catalog(tmp_path):
     assert (p5["accelerator"], p5["count"]) == ("H100", 8)
     h200 = by_type["gpu_2x_h200"]
     assert (h200["on_demand"], h200["spot"], h200["count"]) == (7.5, None, 2)
+    # GCP's node: host + GPUs of one region (9.5 + 33.5 on demand; 2.2 + 17.5 spot)
+    a3 = by_type["a3-highgpu-8g"]
+    assert (a3["accelerator"], a3["count"]) == ("H100", 8)
+    assert (a3["on_demand"], a3["on_demand_region"]) == (43.0, "us-central1")
+    assert (a3["spot"], a3["spot_region"]) == (19.7, "us-east4")
 
 
 def test_live_catalog_unreadable_everywhere_is_one_line(tmp_path):
@@ -82,8 +131,13 @@ def test_run_estimate_adds_up_and_prices_the_cheapest_node():
     run = run_estimate(recipe, p)
     assert run is not None
     parts = recipe.grpo.steps * p.predicted_step_s + run.startup_s + run.eval_s + run.checkpoint_s
+    parts += run.finish_s  # the last checkpoint's write and the export
     assert math.isclose(run.wall_s, parts)
-    assert run.startup_s > STARTUP_S_ASSUMED
+    # provisioning and set-up, the download, and the processes' start the committed runs measured
+    assert run.startup_s > run.provision_s + process_start_s(recipe.arch.params)
+    assert process_start_s(recipe.arch.params) > process_start_s(
+        load_recipe("qwen3-1.7b").arch.params
+    )
     assert run.evals == 1 + recipe.grpo.steps // recipe.eval.every  # at start, every 50, the last
     book = price_book()
     cheapest = min(
@@ -116,7 +170,10 @@ def test_plan_shows_run_time_and_price(capsys):
     assert "500 steps x " in run_line and "predicted" in run_line
     price = next(line for line in out.splitlines() if line.startswith("price of 1 node x 8 H100"))
     assert "on demand $" in price and "spot $" in price and "for the run" in price
-    assert f"snapshot of SkyPilot's catalog (aws, lambda, runpod), {SNAPSHOT_DATE}" in out
+    assert (
+        f"snapshot of SkyPilot's catalog (aws, gcp, lambda, nebius, oci, runpod), {SNAPSHOT_DATE}"
+        in out
+    )
 
 
 def test_plan_json_carries_the_run(capsys):

@@ -4,6 +4,7 @@ refusals of bad input."""
 import json
 
 import pytest
+import torch
 
 from launcher.cli import main
 from recipes import (
@@ -97,7 +98,7 @@ def test_the_recipes_table_lists_sft_beside_grpo(capsys):
         ),
         (
             ["plan", "tiny-sft", "--set", "sft.loss=grpo"],
-            "valid keys under sft: checkpoint_finish_s",
+            "valid keys under sft: attention, checkpoint_finish_s",
         ),
         (["plan", "tiny-sft", "--set", "dataset.format=chat"], "dataset.format"),
         (
@@ -112,6 +113,10 @@ def test_the_recipes_table_lists_sft_beside_grpo(capsys):
         (
             ["plan", "qwen3-8b-sft", "--set", "layout.trainer.gpus=1"],
             "layout.trainer.gpus: the qwen3 8b trainer does not fit 1 x H100",
+        ),
+        (
+            ["validate", "tiny-sft", "--set", "sft.attention=varlen"],
+            "sft.attention: varlen trains on GPUs only; on accelerator cpu use auto or document",
         ),
     ],
 )
@@ -137,6 +142,33 @@ def test_sft_runs_take_the_trainer_ranks_on_gpus_and_on_cpu_with_several_ranks()
     assert on_ranks(gpu, gpu_plan) and settings.ranks == 1
     assert settings.tokens_per_micro_batch >= gpu.dataset.max_tokens
     assert peak_flops(gpu_plan, 1) > 1e14  # an H100's bf16 peak
+
+
+def test_packed_rows_take_varlen_on_gpus_and_the_dense_mask_on_the_cpu():
+    from runtime.backends.build import packed_attention
+
+    gpu = load_recipe("qwen3-1.7b-sft")
+    assert packed_attention(gpu, gpu=True) == "varlen"
+    assert (
+        packed_attention(apply_overrides(gpu, ["sft.attention=document"]), gpu=True) == "document"
+    )
+    assert packed_attention(load_recipe("tiny-sft"), gpu=False) == "document"
+
+
+def test_varlen_runs_on_torchs_own_flash_attention_not_the_fa3_package():
+    from torchtitan.models.common.attention import current_flash_attention_impl
+
+    from runtime.backends.build import model_spec
+    from runtime.models import build_model
+    from runtime.models.packing import TorchVarlenAttention
+
+    before = current_flash_attention_impl()
+    model = build_model(model_spec(load_recipe("tiny-sft")), attention="varlen")
+    layers = [m for m in model.modules() if isinstance(m, TorchVarlenAttention)]
+    assert len(layers) == load_recipe("tiny-sft").arch.n_layers
+    assert current_flash_attention_impl() == before  # no FA3/FA4 switched on
+    meta = model.get_attention_masks(torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0]]))
+    assert meta.cu_seq_q.tolist() == [0, 3, 7, 8] and meta.max_q == 4
 
 
 def test_step_flops_count_each_rows_attention():

@@ -15,7 +15,7 @@ from runtime.control.turns import GpuTurns, shared_gpus
 
 
 def test_services_on_their_own_gpus_never_take_turns():
-    recipe = load_recipe("qwen3-1.7b")
+    recipe = apply_overrides(load_recipe("qwen3-1.7b"), ["layout.share=none"])
     assert plan(recipe, 3).share == "none" and plan(recipe, 8).share == "none"
     assert shared_gpus(plan(recipe, 3).placements) == {}
     assert shared_gpus(plan(recipe, 8).placements) == {}

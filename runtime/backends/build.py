@@ -256,6 +256,15 @@ def lora_base(recipe: Any, spec: ModelSpec, vllm: bool) -> tuple[Any, Any]:
     return None, to_hf(source.state_dict(), spec)
 
 
+def packed_attention(recipe: Any, gpu: bool) -> str:
+    """How an SFT trainer keeps a packed row's samples apart (recipe sft.attention): auto is
+    varlen on GPUs and the dense document mask on the CPU, where varlen and flex do not train."""
+    chosen = recipe.sft.attention
+    if chosen == "auto":
+        return "varlen" if gpu else "document"
+    return chosen
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     """One trainer rank: the recipe's model and optimizer, its planned settings
@@ -278,11 +287,11 @@ class TrainerConfig:
         if device().type == "cuda" or s.ranks > 1:
             from runtime.backends.fsdp_trainer import FSDPTrainer
 
-            # SFT's packed rows attend each to itself: SDPA with a dense document mask
-            # (runtime.models.packing). Not TorchTitan 0.3.0's flex document mask: it passes
-            # create_block_mask a `separate_full_blocks` that the nodes' torch 2.11 lacks
+            # SFT's packed rows attend each to itself (runtime.models.packing): sft.attention,
+            # varlen where auto. TorchTitan 0.3.0's flex document mask passes create_block_mask
+            # a `separate_full_blocks` that the nodes' torch 2.11 lacks
             # (bench/results/gpu_h200_2026-11-29-sft-step).
-            attention = "document" if sft else "sdpa"
+            attention = packed_attention(recipe, gpu=device().type == "cuda") if sft else "sdpa"
             return FSDPTrainer(
                 optim=optim,
                 attention=attention,

@@ -330,7 +330,7 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
         config=recorded,
         resume_id=controller.wandb_run_id,
         total_steps=recipe.grpo.steps,
-        usd_per_hour=_usd_per_hour(recipe, config.plan),
+        usd_per_hour=usd_per_hour(recipe, config.plan),
         started=start,
         resumed_from=controller.resumed_from,
     )
@@ -364,27 +364,31 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     print(f"{status} at step {controller.step}; outputs in {config.run_dir}", flush=True)
 
 
-def _usd_per_hour(recipe: Any, run_plan: Any) -> float | None:
+def usd_per_hour(recipe: Any, run_plan: Any) -> float | None:
     """The node set's dollars an hour from the recipe (resources.usd_per_node_hour), or None."""
     price = recipe.resources.usd_per_node_hour
     return None if price is None else price * max(run_plan.num_nodes, 1)
 
 
 def _summary_line(metrics: Any, recipe: Any, run_plan: Any, step: int) -> str:
-    """Write RUN_DIR/summary.json (measured wall time beside the plan's prediction of it, the
-    dollars) and say it in one line."""
-    from recipes.run_cost import STARTUP_S_ASSUMED, run_estimate
-
     g = recipe.grpo
+    return summary_line(metrics, recipe, run_plan, step, step * g.prompts_per_step * g.group_size)
+
+
+def summary_line(metrics: Any, recipe: Any, run_plan: Any, step: int, samples: int) -> str:
+    """Write RUN_DIR/summary.json (measured wall time beside the plan's prediction of it, the
+    dollars) and say it in one line. `samples`: completions (GRPO) or rows (SFT) trained on."""
+    from recipes.run_cost import run_estimate
+
     estimate = run_estimate(recipe, run_plan)
     predicted = None
     if estimate is not None:
         # what this process can measure: the whole run less the provisioning before it
         predicted = {
             **estimate.to_dict(),
-            "wall_s_on_the_nodes": round(estimate.wall_s - STARTUP_S_ASSUMED, 1),
+            "wall_s_on_the_nodes": round(estimate.wall_s - estimate.provision_s, 1),
         }
-    done = metrics.summary(step, step * g.prompts_per_step * g.group_size, predicted)
+    done = metrics.summary(step, samples, predicted)
     words = f"run: {done['measured_wall_s'] / 60:.1f} min on the nodes"
     if predicted is not None:
         words += f" (predicted {predicted['wall_s_on_the_nodes'] / 60:.1f} min)"

@@ -16,7 +16,6 @@ from torchtitan.models.common.attention import (
     FlexAttention,
     QKVLinear,
     ScaledDotProductAttention,
-    VarlenAttention,
 )
 from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
 
@@ -61,7 +60,9 @@ def inner_attention(attention: Attention) -> Any:
     if attention == "flex":
         return FlexAttention.Config()
     if attention == "varlen":
-        return VarlenAttention.Config()
+        from runtime.models.packing import TorchVarlenAttention
+
+        return TorchVarlenAttention.Config()
     if attention == "document":
         from runtime.models.packing import DocumentAttention
 

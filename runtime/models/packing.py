@@ -4,9 +4,12 @@ A packed sequence carries `positions` that restart at 0 where each sample starts
 convention for packed documents: RoPE takes them, and its masks are derived from them). Which
 attention keeps samples apart:
 
+- varlen (GPUs, the default there): TorchTitan's `VarlenAttention` on torch's own flash
+  attention (`TorchVarlenAttention` below), over each sample, from the sample boundaries its
+  decoder finds in the positions (`model.get_attention_masks`).
 - flex (GPUs): TorchTitan's `FlexAttention` with the block mask its decoder builds from the
-  positions (`model.get_attention_masks`). In torch 2.13 flex attention runs forward on the CPU
-  (compiled) but has no backward there.
+  positions. In torch 2.13 flex attention runs forward on the CPU (compiled) but has no backward
+  there.
 - document (CPU): `DocumentAttention` below, SDPA with a dense boolean mask that allows a query
   the keys of its own sample up to itself. L x L booleans a row: for short rows, as on the CPU.
 
@@ -21,7 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchtitan.models.common.attention import ScaledDotProductAttention
+from torchtitan.models.common.attention import ScaledDotProductAttention, VarlenAttention
+from torchtitan.protocols.module import Module
 
 
 def sample_ids(positions: Tensor) -> Tensor:
@@ -67,6 +71,21 @@ class DocumentAttention(ScaledDotProductAttention):
             q, k, v, attn_mask=attention_masks, scale=scale, enable_gqa=enable_gqa
         )
         return out.transpose(1, 2)
+
+
+class TorchVarlenAttention(VarlenAttention):
+    """TorchTitan's variable-length attention on torch's own flash attention kernel (FA2).
+    TorchTitan's class switches torch to the FA3 (Hopper) or FA4 (Blackwell) kernels, which need
+    the `flash_attn_interface` package the nodes' stack does not have
+    (bench/results/gpu_h200_2026-11-29-runtime/sft_step_varlen.log); the forward is TorchTitan's."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(VarlenAttention.Config):
+        pass
+
+    def __init__(self, config: Config) -> None:
+        Module.__init__(self)
+        self.window_size = config.window_size
 
 
 def attention_masks(model: Any, positions: Tensor, attention: str) -> Any:

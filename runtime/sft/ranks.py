@@ -165,11 +165,13 @@ def run_on_ranks(
     prepared (runtime.sft.run.prepare; default: prepared once the lifecycle runs). A stop
     (Ctrl-C, SIGTERM) ends the run at its step boundary with a checkpoint of its last step."""
     import os
+    import time
 
     from runtime.control.startup import start_trainer_alone
     from runtime.procs.lifecycle import RunLifecycle
     from runtime.sft.run import run
 
+    began = time.perf_counter()
     settings = trainer_settings(recipe, plan)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -194,6 +196,7 @@ def run_on_ranks(
             tokens_per_micro_batch=settings.trainer.tokens_per_micro_batch,
             peak_flops=peak_flops(plan, settings.trainer.ranks),
             run_plan=plan,
+            started=began,
         )
 
     life = RunLifecycle("forgesky")

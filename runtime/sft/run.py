@@ -211,6 +211,7 @@ def run(
     tokens_per_micro_batch: int | None = None,
     peak_flops: float | None = None,
     run_plan: Any = None,
+    started: float | None = None,
 ) -> dict[str, Any]:
     """Train `recipe` (an SFT recipe) into `run_dir`; returns the last step's record.
 
@@ -221,19 +222,22 @@ def run(
     once a stop is asked for (Ctrl-C, SIGTERM): the run ends at the step boundary, with a
     checkpoint of its last step and no model folder, as a GRPO run does.
     `tokens_per_micro_batch`: the planned micro-batch (default: the CPU's); `peak_flops`: the
-    trainer's GPUs' bf16 peak in all, for the MFU."""
+    trainer's GPUs' bf16 peak in all, for the MFU; `started`: when the run's process started
+    (time.perf_counter), the run's clock's zero."""
+    started = time.perf_counter() if started is None else started
     from recipes import plan
     from runtime.backends.build import model_spec
     from runtime.control import checkpoint
-    from runtime.control.metrics import MetricsLogger
-    from runtime.control.run import recorded_config, write_recorded
+    from runtime.control.metrics import MetricsLogger, read_metrics
+    from runtime.control.run import recorded_config, summary_line, usd_per_hour, write_recorded
 
     total = steps or recipe.sft.steps
     every = recipe.sft.checkpoint_interval if checkpoint_every is None else checkpoint_every
     data = data or prepare(recipe)
     stream, evaluation = data.stream, data.evaluation
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_recorded(run_dir, recorded_config(recipe, run_plan or plan(recipe, 0)))
+    run_plan = run_plan or plan(recipe, 0)
+    write_recorded(run_dir, recorded_config(recipe, run_plan))
     spec = model_spec(recipe)
     trainer = start_trainer(
         recipe.model_copy(update={"sft": recipe.sft.model_copy(update={"steps": total})})
@@ -260,6 +264,9 @@ def run(
         config=recipe.model_dump(mode="json"),
         resume_id=state.get("wandb_run_id"),
         total_steps=total,
+        usd_per_hour=usd_per_hour(recipe, run_plan),
+        started=started,
+        resumed_from=ckpt.step if ckpt is not None else None,
     )
     record: dict[str, Any] = {}
     try:
@@ -302,20 +309,27 @@ def run(
         if trainer.step < total and trainer.step not in (began, saved):  # stopped: keep it
             path = _save(trainer, stream, root, trainer.step, metrics.wandb_run_id)
             log(f"checkpoint step {trainer.step} -> {path}")
+        if trainer.step >= total:  # a stopped run leaves its checkpoints, not a model
+            write = getattr(trainer, "write_model", None)
+            if write is not None:  # the actor's ranks write it from their memory
+                model = write(run_dir, recipe, trainer.step)
+            else:
+                from runtime.export import write_run_model
+
+                model = write_run_model(run_dir, recipe, trainer.step)
+            log(f"model -> {model}")
+        rows = sum(int(r.get("rows", 0)) for r in _latest_records(read_metrics(metrics.path)))
+        log(summary_line(metrics, recipe, run_plan, trainer.step, rows))
+        if trainer.step < total:
+            log(f"stopped at step {trainer.step}; outputs in {run_dir}")
     finally:
         metrics.close()
-    if trainer.step < total:  # a stopped run leaves its checkpoints, not a model
-        log(f"stopped at step {trainer.step}; outputs in {run_dir}")
-        return {"step": trainer.step, **record}
-    write = getattr(trainer, "write_model", None)
-    if write is not None:  # the actor's ranks write it from their memory
-        model = write(run_dir, recipe, trainer.step)
-    else:
-        from runtime.export import write_run_model
-
-        model = write_run_model(run_dir, recipe, trainer.step)
-    log(f"model -> {model}")
     return {"step": trainer.step, **record}
+
+
+def _latest_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record a step, the latest (a step redone after a resume keeps its last)."""
+    return list({r["step"]: r for r in records}.values())
 
 
 def _save(trainer: Any, stream: RowStream, root: Path, step: int, wandb_id: str | None) -> Path:

@@ -32,14 +32,18 @@
 #                                      SBS_OURS_ARGS: more arguments for ours (--set K=V);
 #                                      SBS_TRL_MB="32 16": TRL's micro-batches to try, largest
 #                                      first, the first that runs to its end is kept
-#   scripts/gpu/device_run.sh pairs on|off [GPUS] [PEER ARGS]  stage, install if needed (stack,
+#   scripts/gpu/device_run.sh pairs on|off|sft [GPUS] [PEER ARGS]  stage, install if needed (stack,
 #                                      then TRL), then the next PAIRS_RUNS (1) runs of the
 #                                      alternating order ours, peer, ours, peer, ... (PAIRS_N
 #                                      pairs, 3) with the side-by-side mode's command lines, each
 #                                      into its section of /tmp/bench/pairs$TAG.json (pair1_ours,
 #                                      pair1_peer, ...) stamped with start, end, exit code, host
 #                                      and commit by bench/pairs.py, the JSON copied to $OUT after
-#                                      each; `pairs --dry-run ...` prints the next run, no more
+#                                      each; `pairs --dry-run ...` prints the next run, no more;
+#                                      `pairs sft [GPUS] [TRL ARGS]`: SFT, forgesky
+#                                      (bench/gpu_sft.py) against TRL's SFTTrainer
+#                                      (bench/trl_sft.py), peer trl-sft (SFT_RECIPE, SFT_STEPS,
+#                                      SFT_WARMUP; SBS_OURS_S 300 and SBS_TRL_S 240 a run)
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
@@ -190,7 +194,7 @@ sbs_args() {
   case "$policy" in
     on) ours+=(--set grpo.max_policy_age=0) ;;
     off) trl+=(--optimizer-steps-per-generation 2) ;;
-    *) echo "$mode: on or off, not $policy" >&2; return 2 ;;
+    *) echo "$mode: on or off (GRPO) or sft, not $policy" >&2; return 2 ;;
   esac
   case "$gpus" in
     '' | *[!0-9]* | 0) echo "$mode: a GPU count of 1 or more, not $gpus" >&2; return 2 ;;
@@ -202,10 +206,33 @@ sbs_args() {
   fi
 }
 
-# `pairs [--dry-run] on|off [GPUS] [PEER ARGS]`: the next PAIRS_RUNS runs (default 1) of the
+# The SFT pair's command lines on GPUS: `ours`, bench/gpu_sft.py (`python -m runtime` on the SFT
+# recipe's plan, SFT_RECIPE, default qwen3-1.7b-sft), `trl`, bench/trl_sft.py (TRL's SFTTrainer
+# on the same model folder, chats, lengths and tokens a step), and `launch` (torchrun on GPUS > 1).
+# Both sides share /dev/shm/sft-bench: the first run writes the model folder, the others reuse it.
+sft_args() {
+  local gpus=$1
+  case "$gpus" in
+    '' | *[!0-9]* | 0) echo "$mode: a GPU count of 1 or more, not $gpus" >&2; return 2 ;;
+  esac
+  local recipe=${SFT_RECIPE:-qwen3-1.7b-sft} steps=${SFT_STEPS:-5} warmup=${SFT_WARMUP:-2}
+  ours=(--recipe "$recipe" --gpus "$gpus" --steps "$steps" --warmup "$warmup")
+  local more
+  read -r -a more <<<"${SBS_OURS_ARGS:-}"
+  ours+=("${more[@]}")
+  trl=(--recipe "$recipe" --steps "$steps" --warmup "$warmup")
+  launch=(python3)
+  if [ "$gpus" -gt 1 ]; then
+    launch=(python3 -m torch.distributed.run --nproc_per_node "$gpus"
+      --master_port "${MASTER_PORT:-29611}")
+  fi
+}
+
+# `pairs [--dry-run] on|off|sft [GPUS] [PEER ARGS]`: the next PAIRS_RUNS runs (default 1) of the
 # alternating order ours, peer, ours, peer, ... (bench/pairs.py), each into its own section of
 # /tmp/bench/pairs$TAG.json (pair1_ours, pair1_peer, ...) stamped with its start, end, exit
-# code, host and commit, the JSON copied to $out after every run. The JSON lives while the
+# code, host and commit, the JSON copied to $out after every run. `sft` compares SFT instead:
+# bench/gpu_sft.py against bench/trl_sft.py (sft_args), peer trl-sft. The JSON lives while the
 # machine stays up: one TAG, one comparison, one host. PAIRS_N (3): the pairs to make;
 # PAIRS_PEER (trl): the peer's name in the records (trl-lora where PEER ARGS give
 # --lora-rank); PAIRS_SIDE=ours|peer: refuse (exit 2) unless the call's first run is of that
@@ -219,8 +246,13 @@ run_pairs() {
   fi
   local policy=${1:-} gpus=${2:-1}
   shift 2 || shift $#
-  sbs_args "$policy" "$gpus" || return 2
   local peer=${PAIRS_PEER:-trl}
+  if [ "$policy" = sft ]; then
+    sft_args "$gpus" || return 2
+    peer=${PAIRS_PEER:-trl-sft}
+  else
+    sbs_args "$policy" "$gpus" || return 2
+  fi
   case "$peer" in
     trl | trl-*) ;;
     *) echo "pairs: no launcher for the peer $peer in bench/ (trl, trl-lora, ...)" >&2; return 2 ;;
@@ -242,9 +274,15 @@ run_pairs() {
     fi
     section=pair${k}_$side
     log="$out/pairs_${section}$tag.log"
-    if [ "$side" = ours ]; then
+    if [ "$side" = ours ] && [ "$policy" = sft ]; then
+      command=(timeout -s TERM -k 90 "${SBS_OURS_S:-300}" python3 bench/gpu_sft.py --out "$json"
+        "${ours[@]}" --section "$section")
+    elif [ "$side" = ours ]; then
       command=(timeout -s TERM "${SBS_OURS_S:-330}" python3 bench/gpu_grpo.py grpo --out "$json"
         "${ours[@]}" --section "$section")
+    elif [ "$policy" = sft ]; then
+      command=(env MASTER_PORT="${MASTER_PORT:-29611}" timeout -s TERM -k 30 "${SBS_TRL_S:-240}"
+        "${launch[@]}" bench/trl_sft.py --out "$json" "${trl[@]}" "$@" --section "$section")
     else
       command=(env MASTER_PORT="${MASTER_PORT:-29611}" timeout -s TERM "${SBS_TRL_S:-200}"
         "${launch[@]}" bench/trl_grpo.py --out "$json" "${trl[@]}" "$@" --section "$section")
@@ -262,7 +300,7 @@ run_pairs() {
       --ended "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --exit-code "$rc" --commit "$commit" \
       --tag "$tag" || status=2
     cp "$json" "$out/" 2>/dev/null || true
-    grep -h "^step \|samples_per_s_per_gpu\|error" "$log" | tail -8 || true
+    grep -h "^step \|samples_per_s_per_gpu\|tokens/s per GPU\|error" "$log" | tail -8 || true
     if [ "$rc" -ne 0 ] || [ "$status" -ne 0 ]; then
       echo "pairs: pair $k $side: exit $rc; the next call makes it again"
       return $((status || rc))
