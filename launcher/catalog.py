@@ -174,12 +174,14 @@ def validate(
         minimum_gpus,
         plan,
     )
+    from recipes.sft_rows import check_local_data
 
     recipe = apply_overrides(load_recipe(source), list(overrides))
     check_references(recipe, source)
     local_files(recipe)  # what launch would refuse to bring to the nodes
     count = launch_gpus(recipe) if gpus is None else gpus
     run_plan = plan(recipe, count)
+    check_local_data(recipe)  # an SFT recipe's local data, read without a tokenizer
     if gpus is not None and not allow_idle:
         from recipes.run_cost import check_idle
 

@@ -293,6 +293,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from recipes.run_cost import check_idle
 
         check_idle(recipe, run_plan, gpus)
+    from recipes.sft_rows import check_local_data
+
+    check_local_data(recipe)  # an SFT recipe's local data, read without a tokenizer
     from launcher.options import say_if_unsold
 
     say_if_unsold(run_plan, gpus)  # on stderr: --json stays JSON

@@ -31,6 +31,7 @@ from recipes.names import WORKER_PORT, WORKER_PORT_ENV
 from recipes.planner import unsold_note
 from recipes.prices import price_book
 from recipes.run_cost import check_idle
+from recipes.sft_rows import check_local_data
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 CHECKPOINT_MOUNT = "/checkpoints"
@@ -153,6 +154,7 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
     run_plan = plan(recipe, gpus)
     if options.gpus is not None and not options.allow_idle:
         check_idle(recipe, run_plan, gpus)
+    check_local_data(recipe)  # an SFT recipe's local data, read without a tokenizer
     _check_managed_options(options)
     if options.checkpoint_bucket is not None:
         check_bucket_url(options.checkpoint_bucket)

@@ -40,9 +40,12 @@ class Reference:
 
 
 def references(recipe: Any) -> list[Reference]:
-    """Every `module:function` the recipe names (an SFT recipe names none)."""
+    """Every `module:function` the recipe names (an SFT recipe's: its eval.reward)."""
     found: list[Reference] = []
     if recipe.kind == "sft":
+        name = recipe.eval.reward
+        if name is not None and name not in BUILTIN_REWARDS and not name.startswith("builtin:"):
+            found.append(Reference("eval.reward", name, ("prompt", "completion", "answer")))
         return found
     if recipe.grpo.loss not in LOSSES:
         found.append(Reference("grpo.loss", recipe.grpo.loss, ("inputs", "config")))

@@ -154,14 +154,19 @@ class Reward(Strict):
     @field_validator("name")
     @classmethod
     def _known_form(cls, name: str) -> str:
-        if name in BUILTIN_REWARDS or (":" in name and all(name.split(":", 1))):
-            return _shipped(name)
-        raise PydanticCustomError(
-            "reward_name",
-            "unknown reward '{name}'; use math, gsm8k_format, format, builtin:<name> or "
-            "module:function",
-            {"name": name},
-        )
+        return known_reward(name)
+
+
+def known_reward(name: str) -> str:
+    """`name` if it names a reward (a shipped one, builtin:<task> or module:function)."""
+    if name in BUILTIN_REWARDS or (":" in name and all(name.split(":", 1))):
+        return _shipped(name)
+    raise PydanticCustomError(
+        "reward_name",
+        "unknown reward '{name}'; use math, gsm8k_format, format, builtin:<name> or "
+        "module:function",
+        {"name": name},
+    )
 
 
 class Dataset(Strict):

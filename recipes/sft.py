@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from recipes.architectures import ARCHITECTURES, ModelRecipe, sizes
 from recipes.fields import Identifier, Strict
 from recipes.files import same_local
-from recipes.run_sections import Model, _shipped
+from recipes.run_sections import Model, _shipped, known_reward
 from recipes.service_sections import (
     Resources,
     TrainerLayout,
@@ -90,7 +90,8 @@ class Sft(Strict):
 
 
 class SftEval(Strict):
-    """The held-out loss: the mean loss per assistant token over held-out rows."""
+    """The held-out loss: the mean loss per assistant token over held-out rows; and where
+    `reward` names a reward, `forgesky eval`'s pass@k on them."""
 
     enabled: bool = True
     # a split of the dataset section's data, or other data as `path` (same fields)
@@ -100,6 +101,28 @@ class SftEval(Strict):
     rows: int = Field(default=256, ge=1)
     # a held-out loss every this many steps (0: only at the start and the end)
     every: int = Field(default=0, ge=0)
+    # pass@k (`forgesky eval`), where `reward` names one as a GRPO recipe's dataset.rewards do
+    # (math, gsm8k_format, format, builtin:<task>, module:function): each of the first
+    # `prompts` held-out rows is its turns before its last assistant turn, whose content is
+    # the answer the reward is given; greedy pass@1, and pass@k from `samples` (default k)
+    # completions of up to `max_new_tokens` sampled at `temperature`; a completion is correct
+    # where the reward gives it at least `correct_at`
+    reward: Identifier | None = None
+    prompts: int = Field(default=64, ge=1)
+    k: int = Field(default=1, ge=1)
+    samples: int | None = Field(default=None, ge=1)
+    max_new_tokens: int = Field(default=256, ge=1)
+    temperature: float = Field(default=1.0, gt=0)
+    correct_at: float = 1.0
+
+    @field_validator("reward")
+    @classmethod
+    def _known_reward(cls, name: str | None) -> str | None:
+        return None if name is None else known_reward(name)
+
+    @property
+    def samples_drawn(self) -> int:
+        return self.samples if self.samples is not None else self.k
 
 
 class SftLayout(Strict):
@@ -182,6 +205,10 @@ def _consistency_errors(r: SftRecipe) -> list[str]:
             )
         else:
             errors += local_split_errors(path, e.split, same_data=same)
+    if e.reward is None and (e.k > 1 or e.samples is not None):
+        errors.append("eval.k: pass@k is scored by a reward; name one as eval.reward")
+    if e.samples_drawn < e.k:
+        errors.append(f"eval.samples: {e.samples} is fewer than eval.k {e.k}")
     t = r.layout.trainer
     if r.cpu and r.sft.attention in ("varlen", "flex"):
         errors.append(

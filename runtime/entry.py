@@ -155,6 +155,7 @@ def _make_user_code_importable(recipe, source: str) -> None:
 def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named: bool = False):
     """Parse arguments into a RunConfig: recipe (with overrides) and its plan."""
     from recipes import apply_overrides, load_recipe, plan
+    from recipes.sft_rows import check_local_data
     from runtime.control.config import RunConfig
 
     args = build_parser(prog, named).parse_args(argv)
@@ -177,6 +178,7 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named:
     cluster = cluster_from_env(port=args.worker_port)
     nodes = args.nodes if args.nodes is not None else (cluster.nodes if recipe.cpu else None)
     run_plan = plan(recipe, gpus, nodes=nodes, accelerator=_accelerator(recipe))
+    check_local_data(recipe)  # an SFT recipe's local data, before anything starts
     if args.join_timeout <= 0:
         raise UserError(f"--join-timeout must be positive (got {args.join_timeout:g})")
     run_dir = Path(args.run_dir or Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -200,25 +202,57 @@ def _run_sft(config: Any, over: bool) -> int:
     if over:
         return 0
     from runtime.sft.ranks import on_ranks
+    from runtime.sft.run import prepare, run
 
-    if on_ranks(config.recipe, config.plan):
-        if config.cluster.multi_node:
-            print(
-                f"forgesky: error: {config.recipe.name}: an SFT run is one node's", file=sys.stderr
-            )
-            return 2
-        from runtime.sft.ranks import run_on_ranks
-
-        return run_on_ranks(
-            config.recipe, config.run_dir, config.plan, wandb_mode=config.wandb_mode
-        )
-    from runtime.sft.run import run
-
+    ranks = on_ranks(config.recipe, config.plan)
     try:
-        run(config.recipe, config.run_dir, wandb_mode=config.wandb_mode)
+        if ranks and config.cluster.multi_node:
+            raise UserError(f"{config.recipe.name}: an SFT run is one node's")
+        # what needs the tokenizer, checked before anything starts
+        data = prepare(config.recipe)
     except UserError as e:
         print(f"forgesky: error: {e}", file=sys.stderr)
         return 2
+    if ranks:
+        from runtime.sft.ranks import run_on_ranks
+
+        return run_on_ranks(
+            config.recipe, config.run_dir, config.plan, data=data, wandb_mode=config.wandb_mode
+        )
+    import threading
+
+    from runtime.procs.signals import StopSignals
+
+    stop = threading.Event()
+
+    def on_stop() -> None:
+        if not stop.is_set():
+            stop.set()
+            print(
+                "forgesky: stopping: finishing the step in flight (Ctrl-C again to force)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def on_force() -> None:
+        print("forgesky: forced exit", file=sys.stderr, flush=True)
+        os._exit(130)
+
+    signals = StopSignals(on_stop, on_force)
+    signals.install()
+    try:
+        run(
+            config.recipe,
+            config.run_dir,
+            data=data,
+            stopping=stop.is_set,
+            wandb_mode=config.wandb_mode,
+        )
+    except UserError as e:
+        print(f"forgesky: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        signals.uninstall()
     return 0
 
 

@@ -304,21 +304,33 @@ def check_out_file(out: str) -> None:
 
 
 def _run_sft(source: Source, recipe: Any, out: str | None) -> int:
-    """An SFT model's evaluation: its held-out loss (runtime.sft.run.evaluate)."""
+    """An SFT model's evaluation: its held-out loss (runtime.sft.run.evaluate) and, where the
+    recipe names a reward (eval.reward), pass@1 and pass@k of sampled completions
+    (runtime.sft.sampled)."""
     from runtime.sft.run import evaluate as held_out_loss
 
     e, step = recipe.eval, _exported_step(source)
     data = e.path or recipe.dataset.path
+    sampled = f"; pass@k by {e.reward} on up to {e.prompts} of them" if e.reward else ""
     print(
         f"evaluating {source.path} with recipe {recipe.name}: the loss on up to {e.rows} rows "
-        f"of {data} {e.split}",
+        f"of {data} {e.split}{sampled}",
         flush=True,
     )
-    metrics = held_out_loss(recipe, load_hf_weights(source, recipe))
+    if e.reward:
+        from runtime.tasks.rewards import resolve_reward
+
+        resolve_reward(e.reward)  # a reward that cannot be imported: said before any work
+    weights = load_hf_weights(source, recipe)
+    metrics = held_out_loss(recipe, weights)
     print(
         f"loss {metrics['eval/loss']:.4g} ({int(metrics['eval/rows'])} rows, "
         f"{int(metrics['eval/tokens'])} assistant tokens, {metrics['eval/seconds']:.1f} s)"
     )
+    if e.reward:
+        from runtime.sft.sampled import evaluate as pass_at_k
+
+        metrics |= pass_at_k(recipe, weights)
     if out:
         result = {"source": str(source.path), "step": step, "recipe": recipe.name, "data": data}
         Path(out).write_text(json.dumps({**result, "split": e.split, **metrics}, indent=2) + "\n")

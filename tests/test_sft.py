@@ -1,6 +1,8 @@
 """SFT recipes: the catalog's, their minimum (the trainer's GPUs alone), plans, and the one-line
 refusals of bad input."""
 
+import json
+
 import pytest
 import torch
 
@@ -104,6 +106,11 @@ def test_the_recipes_table_lists_sft_beside_grpo(capsys):
             "eval.split: 'train_sft' is the split the run trains on",
         ),
         (
+            ["validate", "tiny-sft", "--set", "eval.samples=2"],
+            "eval.samples: 2 is fewer than eval.k 4",
+        ),
+        (["plan", "tiny-sft", "--set", "eval.reward=nope"], "eval.reward: unknown reward 'nope'"),
+        (
             ["plan", "qwen3-8b-sft", "--set", "layout.trainer.gpus=1"],
             "layout.trainer.gpus: the qwen3 8b trainer does not fit 1 x H100",
         ),
@@ -189,8 +196,116 @@ def test_an_sft_recipe_without_its_data_section_names_it():
         validate_recipe(data, "mine.yaml")
 
 
+def test_pass_at_k_needs_a_reward():
+    data = load_recipe("tiny-sft").model_dump()
+    data["eval"] |= {"reward": None, "k": 4}
+    with pytest.raises(UserError, match="eval.k: pass@k is scored by a reward; name one as eval"):
+        validate_recipe(data, "mine.yaml")
+    data["eval"] |= {"k": 1}
+    assert validate_recipe(data, "mine.yaml").eval.reward is None
+
+
 def test_sft_data_fields_by_format():
     r = load_recipe("tiny-sft")
     assert r.dataset.fields == ("messages",)
     pc = apply_overrides(r, ["dataset.format=prompt_completion", "dataset.prompt_field=q"])
     assert pc.dataset.fields == ("q", "completion")
+
+
+def _turns(answer):
+    return {
+        "messages": [{"role": "user", "content": "12"}, {"role": "assistant", "content": answer}]
+    }
+
+
+# case -> (the data file's name, its text, what the one line says)
+BAD_DATA = {
+    "fields": (
+        "d.jsonl",
+        json.dumps({"conversation": [], "id": 1}) + "\n",
+        "dataset.messages_field 'messages' is not a field of the data (format messages); "
+        "its fields: conversation, id",
+    ),
+    "empty-assistant": (
+        "d.jsonl",
+        json.dumps(_turns("23")) + "\n" + json.dumps(_turns(" ")) + "\n",
+        "row 1: no assistant turn with content (an empty assistant turn set",
+    ),
+    "not-turns": (
+        "d.json",
+        json.dumps([_turns("23"), {"messages": "12"}]),
+        "row 1: its 'messages' is not a list of {role, content} turns",
+    ),
+    "not-json": ("d.jsonl", json.dumps(_turns("23")) + "\n{oops\n", "line 2: not JSON"),
+    "no-rows": ("d.jsonl", "\n", "has no rows"),
+    "csv-fields": ("d.csv", "prompt,answer\n12,23\n", "its fields: prompt, answer"),
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "plan", "local"])
+@pytest.mark.parametrize("case", BAD_DATA)
+def test_bad_local_sft_data_is_one_line_and_exit_2_before_anything_starts(
+    tmp_path, capsys, command, case
+):
+    """Read with the standard library before anything starts: no torch, `datasets` or
+    tokenizer is imported to say it (tests/test_sft.py's other imports hold none of them)."""
+    import sys
+
+    name, text, message = BAD_DATA[case]
+    data = tmp_path / name
+    data.write_text(text)
+    argv = [command, "tiny-sft", "--set", f"dataset.path={data}"]
+    if name.endswith(".csv"):
+        argv += ["--set", "dataset.format=prompt_completion"]
+    run_dir = tmp_path / "run"
+    if command == "local":
+        argv += ["--run-dir", str(run_dir)]
+    heavy = {"torch", "datasets", "transformers"} & set(sys.modules)
+    code, out, err = run_main(capsys, *argv)
+    assert code == 2 and out == "", (out, err)
+    assert err.count("\n") == 1 and f"dataset '{data}'" in err and message in err, err
+    assert not run_dir.exists()
+    if not heavy:  # run alone, this file imports none of them: the check did not either
+        assert not {"torch", "datasets", "transformers"} & set(sys.modules)
+
+
+def test_a_local_tokenizer_without_a_chat_template_is_refused_before_anything_starts(
+    tmp_path, capsys
+):
+    from runtime.tasks.tiny import tokenizer
+
+    tok = tokenizer()
+    tok.save_pretrained(tmp_path / "with")
+    tok.chat_template = None
+    tok.save_pretrained(tmp_path / "without")
+    for command in ("validate", "plan", "local"):
+        argv = [command, "tiny-sft", "--set", f"model.tokenizer={tmp_path / 'without'}"]
+        run_dir = tmp_path / "run"
+        code, out, err = run_main(
+            capsys, *argv, *(["--run-dir", str(run_dir)] * (command == "local"))
+        )
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert "model.tokenizer: the tokenizer has no chat template" in err, err
+        assert not run_dir.exists()
+    code, out, err = run_main(
+        capsys, "plan", "tiny-sft", "--set", f"model.tokenizer={tmp_path / 'with'}"
+    )
+    assert code == 0, err
+
+
+def test_rows_past_those_looked_at_first_are_checked_as_the_run_loads_them(
+    tmp_path, capsys, monkeypatch
+):
+    import recipes.sft_rows
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(_turns("23")) + "\n" + json.dumps(_turns("")) + "\n")
+    monkeypatch.setattr(recipes.sft_rows, "ROWS_LOOKED_AT", 1)
+    code, _, err = run_main(capsys, "plan", "tiny-sft", "--set", f"dataset.path={data}")
+    assert code == 0, err
+    from runtime.sft.run import run
+
+    recipe = apply_overrides(load_recipe("tiny-sft"), [f"dataset.path={data}"])
+    with pytest.raises(UserError, match="row 1: no assistant turn with content"):
+        run(recipe, tmp_path / "run", log=lambda _: None)
+    assert not (tmp_path / "run").exists()

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 import torch
-from runtime_helpers import NOISE, finish, metrics, start
+from runtime_helpers import NOISE, finish, metrics, start, wait_for_line
 
 from recipes import apply_overrides, load_recipe
 
@@ -84,6 +85,38 @@ def test_bad_data_on_trainer_ranks_is_one_line_before_any_proc_starts(tmp_path: 
     code, out = finish(start(args), timeout=120)
     assert code == 2, out
     assert out.strip().splitlines() == [
-        f"forgesky: dataset '{load_recipe('tiny-sft').dataset.path}': dataset.messages_field "
+        f"forgesky: error: dataset '{load_recipe('tiny-sft').dataset.path}': "
+        "dataset.messages_field "
         "'chat' is not a field of the data (format messages); its fields: messages"
     ], out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 1], ids=["trainer-ranks", "one-process"])
+def test_a_stopped_sft_run_checkpoints_its_last_step_and_exits_zero(
+    tmp_path: Path, nothing_left, ranks: int
+):
+    """SIGTERM mid-run (what a preempted node or `kill` sends): the run ends at its step
+    boundary, writes the checkpoint of its last step (none was due: no periodic ones) and
+    exits 0 with no model folder, as a GRPO run does; on the trainer actor's ranks and in the
+    one process alike."""
+    from runtime.control import checkpoint
+
+    run_dir = tmp_path / "run"
+    args = ["--recipe", "tiny-sft", "--run-dir", str(run_dir), "--set", f"trainer.ranks={ranks}"]
+    args += ["--set", "sft.steps=500", "--set", "sft.checkpoint_interval=0"]
+    proc = start(args)
+    wait_for_line(proc, "step 3/500", timeout=300)
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc, timeout=120)
+    assert code == 0, out
+    assert "forgesky: stopping: finishing" in out, out
+    stopped_at = metrics(run_dir)[-1]["step"]
+    assert 3 <= stopped_at < 500, out
+    assert f"checkpoint step {stopped_at} -> " in out, out
+    assert f"stopped at step {stopped_at}; outputs in {run_dir}" in out, out
+    last = checkpoint.latest(run_dir / "checkpoints")
+    assert last is not None and last.step == stopped_at
+    assert json.loads((last.path / "sft_state.json").read_text())["step"] == stopped_at
+    assert not (run_dir / "model").exists()
+    nothing_left(out, proc.pid)

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from recipes import UserError, apply_overrides, load_recipe
+from recipes.sft_rows import check_rows
 from runtime.sft.data import (
     IGNORE,
     ChatEncoder,
     Counts,
-    check_rows,
     examples,
     micro_batches,
     pack,

@@ -30,6 +30,16 @@ def test_tiny_sft_halves_its_held_out_loss(tmp_path):
     model = tmp_path / "run" / "model"
     assert (model / "config.json").is_file() and (model / "model.safetensors").is_file()
     assert json.loads((model / "forgesky.json").read_text())["step"] == 60
+    # `forgesky eval` samples it too (tiny-sft names a reward): the random init's greedy count
+    # scores about 0.03 a digit (docs/sft.md), this model's most of its answers' digits
+    from runtime.evaluate import run as evaluate
+
+    out = tmp_path / "eval.json"
+    assert evaluate(str(model), None, [], str(out)) == 0
+    result = json.loads(out.read_text())
+    assert result["eval/prompts"] == 64 and result["eval/reward_mean"] >= 0.5, result
+    assert 0 < result["eval/pass@1"] <= result["eval/pass@4"] <= 1, result
+    assert result["eval/mean@4"] <= result["eval/pass@4"], result
 
 
 def test_a_resumed_sft_run_is_the_unbroken_run_step_for_step(tmp_path):
@@ -60,14 +70,34 @@ def test_a_resumed_sft_run_is_the_unbroken_run_step_for_step(tmp_path):
 
 def test_forgesky_eval_reports_the_held_out_loss(tmp_path, capsys):
     from runtime.evaluate import run as evaluate
+    from runtime.sft.run import run
 
-    run_tiny_sft(tmp_path / "run", steps=10)
+    recipe = load_recipe("tiny-sft")
+    loss_only = recipe.eval.model_copy(update={"reward": None, "k": 1})
+    run(recipe.model_copy(update={"eval": loss_only}), tmp_path / "run", steps=10, log=print)
     out = tmp_path / "eval.json"
     assert evaluate(str(tmp_path / "run" / "model"), None, [], str(out)) == 0
     result = json.loads(out.read_text())
     logged = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["eval/loss"]
     assert result["eval/loss"] == pytest.approx(logged, rel=1e-5)
     assert "loss" in capsys.readouterr().out
+    assert "eval/pass@1" not in result  # no reward named: the loss alone
+
+
+def test_held_out_chats_prompt_with_the_turns_before_the_last_answer(tmp_path):
+    from runtime.sft.sampled import held_out_prompts
+
+    chat = [
+        {"role": "user", "content": "12"},
+        {"role": "assistant", "content": "34"},
+        {"role": "user", "content": "56"},
+        {"role": "assistant", "content": "78"},
+    ]
+    data = tmp_path / "test.jsonl"
+    data.write_text(json.dumps({"messages": chat}) + "\n")
+    recipe = apply_overrides(load_recipe("tiny-sft"), [f"eval.path={data}"])
+    [prompt], [turns] = held_out_prompts(recipe)
+    assert (prompt.text, prompt.answer) == ("56", "78") and turns == chat[:3]
 
 
 def test_sft_data_without_its_fields_stops_the_run_before_training(tmp_path, capsys):
@@ -83,6 +113,33 @@ def test_sft_data_without_its_fields_stops_the_run_before_training(tmp_path, cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "its fields: conversation, id" in err
     assert not (tmp_path / "run").exists() and not run_dir.exists()
+
+
+def test_data_with_no_row_that_fits_max_tokens_stops_before_training(tmp_path, capsys):
+    """Rows longer than dataset.max_tokens are dropped or cut (and counted); where none is left
+    to train on, the run says so in one line as it starts, before its trainer."""
+    from launcher.cli import main
+
+    long = {"role": "user", "content": "1234567890" * 4}  # 41 tokens before the answer
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"messages": [long, {"role": "assistant", "content": "1"}]}) + "\n")
+    with pytest.raises(UserError, match="no row fits dataset.max_tokens 32 after the chat templ"):
+        run_tiny_sft(tmp_path / "run", f"dataset.path={data}")
+    with pytest.raises(UserError, match="no row of the first 64 \\(eval.rows\\) fits"):
+        run_tiny_sft(tmp_path / "run", f"eval.path={data}", "dataset.overlong=truncate")
+    argv = [
+        "local",
+        "tiny-sft",
+        "--set",
+        f"dataset.path={data}",
+        "--set",
+        "dataset.overlong=truncate",
+    ]
+    assert main([*argv, "--run-dir", str(tmp_path / "cli")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "none keeps an assistant token: dataset.overlong truncate" in err, err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cli").exists()
 
 
 def test_a_grpo_recipe_starts_from_an_sft_runs_model_folder(tmp_path):

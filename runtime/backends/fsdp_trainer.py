@@ -123,7 +123,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         attention: str = "sdpa",
     ):
         self.spec = spec
-        self.attention = attention  # "document" for SFT's packed rows (GPUs and CPU alike)
+        self.attention = attention  # SFT's packed rows: "varlen", "document" or "flex" (packing.py)
         self.lora = lora
         self.optim_config = optim
         self.temperature = temperature

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from recipes.errors import UserError
+from recipes.sft_rows import conversation, no_template
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,7 @@ class ChatEncoder:
 
     def __init__(self, tokenizer: Any, *, thinking: bool | None = None, where: str = "tokenizer"):
         if not getattr(tokenizer, "chat_template", None):
-            raise UserError(
-                f"{where}: the tokenizer has no chat template, which SFT applies to every row; "
-                "use the family's tokenizer (model.tokenizer) or one with a chat template"
-            )
+            raise UserError(no_template(where))
         self.tokenizer = tokenizer
         self.extra = {} if thinking is None else {"enable_thinking": thinking}
 
@@ -93,46 +91,6 @@ class ChatEncoder:
 
 def _prefix_length(full: str, part: str) -> int | None:
     return len(part) if full.startswith(part) else None
-
-
-def conversation(row: Mapping[str, Any], dataset: Any) -> list[dict[str, str]]:
-    """A row as chat messages (the system prompt first where it has none)."""
-    if dataset.format == "messages":
-        messages = [
-            {"role": m["role"], "content": m["content"]} for m in row[dataset.messages_field]
-        ]
-    else:
-        messages = [
-            {"role": "user", "content": row[dataset.prompt_field]},
-            {"role": "assistant", "content": row[dataset.completion_field]},
-        ]
-    if dataset.system_prompt and not any(m["role"] == "system" for m in messages):
-        messages.insert(0, {"role": "system", "content": dataset.system_prompt})
-    return messages
-
-
-def check_rows(rows: Sequence[Mapping[str, Any]], dataset: Any, name: str) -> None:
-    """UserError for data the run cannot train on: a field the recipe names that the data lacks
-    (with the fields it has), a row without an assistant turn that says something."""
-    if len(rows) == 0:
-        raise UserError(f"dataset {name!r} has no rows")
-    names = getattr(rows, "column_names", None)
-    columns = list(names) if names is not None else list(rows[0].keys())
-    setting = "messages_field" if dataset.format == "messages" else "prompt_field"
-    for key, column in zip((setting, "completion_field"), dataset.fields, strict=False):
-        if column not in columns:
-            raise UserError(
-                f"dataset {name!r}: dataset.{key} {column!r} is not a field of the data "
-                f"(format {dataset.format}); its fields: {', '.join(columns)}"
-            )
-    for i in range(len(rows)):
-        messages = conversation(rows[i], dataset)
-        said = [m for m in messages if m["role"] == "assistant" and str(m["content"]).strip()]
-        if not said:
-            raise UserError(
-                f"dataset {name!r} row {i}: no assistant turn with content (an empty assistant "
-                "turn set: nothing to train on); fix or remove the row"
-            )
 
 
 def examples(

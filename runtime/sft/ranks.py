@@ -99,16 +99,16 @@ class RankTrainer:
         self.step = 0
 
     def _wait(self, call: Awaitable[T]) -> T:
-        """`call`'s answer. A stop requested (Ctrl-C, SIGTERM) or a failure ends the loop at
-        its next call (RunStopping, or the failure): the run keeps its checkpoints so far."""
+        """`call`'s answer. A failure ends the loop at its next call (the failure raised). A
+        stop requested (Ctrl-C, SIGTERM) does not: the loop ends at its step boundary and
+        saves its last step first (runtime.sft.run.run's `stopping`); only once the
+        lifecycle's event loop is gone (the stop's grace spent) is it RunStopping."""
         from runtime.procs.lifecycle import RunStopping
 
         life = self.services.life
         if life.failure is not None:
-            raise life.failure
-        if life.stopping.is_set():
             call.close()  # type: ignore[attr-defined]
-            raise RunStopping()
+            raise life.failure
         future = asyncio.run_coroutine_threadsafe(call, self.loop)  # type: ignore[arg-type]
         while True:
             try:
@@ -155,12 +155,15 @@ def run_on_ranks(
     run_dir: Path,
     plan: Any,
     *,
+    data: Any = None,
     wandb_mode: str = "disabled",
     checkpoint_every: int | None = None,
     log: Callable[[str], None] = print,
 ) -> int:
     """Train `recipe` (an SFT recipe) into `run_dir` on the trainer actor's ranks of `plan`;
-    the process exit code (a failure's line said, as a GRPO run's)."""
+    the process exit code (a failure's line said, as a GRPO run's). `data`: the recipe's,
+    prepared (runtime.sft.run.prepare; default: prepared once the lifecycle runs). A stop
+    (Ctrl-C, SIGTERM) ends the run at its step boundary with a checkpoint of its last step."""
     import os
     import time
 
@@ -184,6 +187,8 @@ def run_on_ranks(
             run,
             recipe,
             run_dir,
+            data=data,
+            stopping=life.stopping.is_set,
             wandb_mode=wandb_mode,
             checkpoint_every=checkpoint_every,
             log=log,

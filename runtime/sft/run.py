@@ -22,12 +22,13 @@ import json
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from recipes import UserError
-from runtime.sft.data import ChatEncoder, Counts, Example, check_rows, examples, micro_batches
+from recipes.sft_rows import check_rows
+from runtime.sft.data import ChatEncoder, Counts, Example, examples, micro_batches
 
 STATE_FILE = "sft_state.json"
 # the micro-batch of the CPU trainer where the recipe leaves it auto
@@ -104,6 +105,21 @@ def load_rows(dataset: Any, path: str, split: str, what: str) -> Any:
     return rows
 
 
+def nothing_kept(dataset: Any, path: str, scope: str = "") -> str:
+    """The line for data with no row left to train on: each longer than dataset.max_tokens,
+    dropped, or cut before its assistant turn."""
+    how = (
+        "a longer one is dropped"
+        if dataset.overlong == "drop"
+        else "cut to it, none keeps an assistant token"
+    )
+    return (
+        f"dataset {path!r}: no row {scope}fits dataset.max_tokens {dataset.max_tokens} after "
+        f"the chat template ({how}: dataset.overlong {dataset.overlong}); nothing to train "
+        "on: raise dataset.max_tokens"
+    )
+
+
 def held_out(recipe: Any, encoder: ChatEncoder) -> list[Example]:
     """The first eval.rows rows of the held-out data, encoded as the training rows are."""
     e, d = recipe.eval, recipe.dataset
@@ -151,10 +167,42 @@ def one_process_trainer(recipe: Any) -> Any:
     )
 
 
+@dataclass
+class Data:
+    """A run's data, checked: the chat template it applies, its training rows and its held-out
+    examples."""
+
+    encoder: ChatEncoder
+    stream: RowStream
+    evaluation: list[Example]
+
+
+def prepare(recipe: Any) -> Data:
+    """The recipe's tokenizer, training rows and held-out examples, checked: what needs the
+    tokenizer (its chat template, rows that fit dataset.max_tokens) is a UserError here, as the
+    run starts and before its trainer does."""
+    from runtime.backends.build import load_tokenizer
+
+    encoder = ChatEncoder(
+        load_tokenizer(recipe), thinking=recipe.model.thinking, where="model.tokenizer"
+    )
+    d = recipe.dataset
+    stream = RowStream(load_rows(d, d.path, d.split, "dataset.path"), encoder, d, recipe.sft.seed)
+    if not any(True for _ in examples(stream.rows, range(len(stream.rows)), encoder, d, Counts())):
+        raise UserError(nothing_kept(d, d.path))
+    e = recipe.eval
+    evaluation = held_out(recipe, encoder) if e.enabled else []
+    if e.enabled and not evaluation:
+        raise UserError(nothing_kept(d, e.path or d.path, f"of the first {e.rows} (eval.rows) "))
+    return Data(encoder, stream, evaluation)
+
+
 def run(
     recipe: Any,
     run_dir: Path,
     *,
+    data: Data | None = None,
+    stopping: Callable[[], bool] = lambda: False,
     steps: int | None = None,
     checkpoint_every: int | None = None,
     wandb_mode: str = "disabled",
@@ -170,24 +218,23 @@ def run(
     `start_trainer(recipe)` gives the trainer once the data is checked: the one-process CPU
     trainer, or the trainer actor's ranks (runtime.sft.ranks.RankTrainer); either takes
     `sft_step`, `sft_loss`, `save_checkpoint`, `checkpoint_written`, `load_checkpoint` and
-    counts `step`. `tokens_per_micro_batch`: the planned micro-batch (default: the CPU's);
-    `peak_flops`: the trainer's GPUs' bf16 peak in all, for the MFU; `started`: when the run's
-    process started (time.perf_counter), the run's clock's zero."""
+    counts `step`. `data`: the recipe's, prepared (default: prepared here). `stopping()`: true
+    once a stop is asked for (Ctrl-C, SIGTERM): the run ends at the step boundary, with a
+    checkpoint of its last step and no model folder, as a GRPO run does.
+    `tokens_per_micro_batch`: the planned micro-batch (default: the CPU's); `peak_flops`: the
+    trainer's GPUs' bf16 peak in all, for the MFU; `started`: when the run's process started
+    (time.perf_counter), the run's clock's zero."""
     started = time.perf_counter() if started is None else started
     from recipes import plan
-    from runtime.backends.build import load_tokenizer, model_spec
+    from runtime.backends.build import model_spec
     from runtime.control import checkpoint
     from runtime.control.metrics import MetricsLogger, read_metrics
     from runtime.control.run import recorded_config, summary_line, usd_per_hour, write_recorded
 
     total = steps or recipe.sft.steps
     every = recipe.sft.checkpoint_interval if checkpoint_every is None else checkpoint_every
-    encoder = ChatEncoder(
-        load_tokenizer(recipe), thinking=recipe.model.thinking, where="model.tokenizer"
-    )
-    d = recipe.dataset
-    stream = RowStream(load_rows(d, d.path, d.split, "dataset.path"), encoder, d, recipe.sft.seed)
-    evaluation = held_out(recipe, encoder) if recipe.eval.enabled else []
+    data = data or prepare(recipe)
+    stream, evaluation = data.stream, data.evaluation
     run_dir.mkdir(parents=True, exist_ok=True)
     run_plan = run_plan or plan(recipe, 0)
     write_recorded(run_dir, recorded_config(recipe, run_plan))
@@ -203,6 +250,7 @@ def run(
         trainer.load_checkpoint(str(ckpt.path))
         state = json.loads((ckpt.path / STATE_FILE).read_text())
         stream.load_state_dict(state["data"])
+    began, saved = trainer.step, trainer.step if ckpt is not None else None
     micro = tokens_per_micro_batch or micro_tokens(recipe)
 
     def eval_loss() -> float:
@@ -224,7 +272,7 @@ def run(
     try:
         if trainer.step == 0 and evaluation:
             metrics.log(0, {"eval/loss": eval_loss()})
-        while trainer.step < total:
+        while trainer.step < total and not stopping():
             start = time.perf_counter()
             rows = stream.take(recipe.sft.tokens_per_step)
             packs = list(micro_batches(iter(rows), micro, pad_to=False))
@@ -256,17 +304,24 @@ def run(
             metrics.log(step, record)
             if (every and step % every == 0) or step == total:
                 path = _save(trainer, stream, root, step, metrics.wandb_run_id)
+                saved = step
                 log(f"checkpoint step {step} -> {path}")
-        write = getattr(trainer, "write_model", None)
-        if write is not None:  # the actor's ranks write it from their memory
-            model = write(run_dir, recipe, trainer.step)
-        else:
-            from runtime.export import write_run_model
+        if trainer.step < total and trainer.step not in (began, saved):  # stopped: keep it
+            path = _save(trainer, stream, root, trainer.step, metrics.wandb_run_id)
+            log(f"checkpoint step {trainer.step} -> {path}")
+        if trainer.step >= total:  # a stopped run leaves its checkpoints, not a model
+            write = getattr(trainer, "write_model", None)
+            if write is not None:  # the actor's ranks write it from their memory
+                model = write(run_dir, recipe, trainer.step)
+            else:
+                from runtime.export import write_run_model
 
-            model = write_run_model(run_dir, recipe, trainer.step)
-        log(f"model -> {model}")
+                model = write_run_model(run_dir, recipe, trainer.step)
+            log(f"model -> {model}")
         rows = sum(int(r.get("rows", 0)) for r in _latest_records(read_metrics(metrics.path)))
         log(summary_line(metrics, recipe, run_plan, trainer.step, rows))
+        if trainer.step < total:
+            log(f"stopped at step {trainer.step}; outputs in {run_dir}")
     finally:
         metrics.close()
     return {"step": trainer.step, **record}

@@ -119,9 +119,10 @@ GROUPS: dict[str, Group] = {
         # the pytest process ends, and the runtime test's `forgesky eval` starts vLLM at 0.85
         (R + "test_tiny_gpu_learns_on_one_gpu_colocated", "tests/test_gpu_vllm.py"),
     ),
-    # SFT through the trainer actor: no estimate from a run yet (start-up, the blocks
-    # compiled, 30 steps of a 0.6B model and its export guessed at 3 minutes)
-    "sft": Group(1, 3.0, ("tests/test_gpu_sft.py",)),
+    # SFT through the trainer actor, varlen and document attention: no estimate from a run yet
+    # (start-up, the blocks compiled, 30 steps of a 0.6B model and its export guessed at 3
+    # minutes each)
+    "sft": Group(1, 6.0, ("tests/test_gpu_sft.py",)),
     # an engine of its own (built with LoRA), in a process of its own
     # the runtime test first, for the same reason as the vllm group's
     "lora": Group(
