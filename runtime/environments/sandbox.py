@@ -10,6 +10,7 @@ rlimits` in the recipe runs with the rlimits alone and says so; the default refu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -174,10 +175,8 @@ def run_python(code: str, limits: Limits) -> Outcome:
             out, _ = proc.communicate(timeout=limits.wall_seconds)
         except subprocess.TimeoutExpired:
             stopped = "wall"
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             out, _ = proc.communicate()
         seconds = time.monotonic() - start
     text = out.decode("utf-8", errors="replace")
@@ -187,5 +186,8 @@ def run_python(code: str, limits: Limits) -> Outcome:
     elif stopped is None and "MemoryError" in text:
         stopped = "memory"
     if len(text) > limits.output_chars:
-        text = text[: limits.output_chars] + f"\n... ({len(text) - limits.output_chars} more characters)"
+        text = (
+            text[: limits.output_chars]
+            + f"\n... ({len(text) - limits.output_chars} more characters)"
+        )
     return Outcome(text, code_, stopped, seconds)
