@@ -155,7 +155,7 @@ def run_python(code: str, limits: Limits) -> Outcome:
         work.mkdir()
         jailed = limits.isolation == "namespaces"
         argv = [
-            sys.executable, "-I", "-S", "-c", _JAIL, str(source), str(work),
+            sys.executable, "-I", "-u", "-c", _JAIL, str(source), str(work),
             str(limits.disk_mb) if jailed else "-",
         ]  # fmt: skip
         if jailed:
