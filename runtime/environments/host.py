@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from runtime.environments.sandbox import SandboxUnavailable
+
 # A function name the chat templates and the OpenAI tool format take.
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Shipped environments (recipes/names.py BUILTIN_ENVIRONMENTS): the class, and whether it is
@@ -151,6 +153,8 @@ class Host:
     def _build(self) -> Any:
         try:
             return self.cls(**self.spec.args)
+        except (EnvironmentProblem, SandboxUnavailable):
+            raise  # its own line says what to do
         except Exception as e:
             raise EnvironmentProblem(
                 f"environment {self.spec.target}: building it with env.args "
