@@ -271,3 +271,28 @@ def test_environments_that_cannot_be_hosted_say_why_in_one_line(target, words):
     with pytest.raises(EnvironmentProblem) as e:
         Host(Spec(target)).probe()
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_worked_example_of_docs_tools_md_runs(tmp_path, monkeypatch):
+    """The environment docs/tools.md shows, as written there, hosted in a worker."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "tools.md").read_text()
+    example = text.split("## A worked example", 1)[1].split("```python\n", 1)[1].split("```")[0]
+    (tmp_path / "myenvs").mkdir()
+    (tmp_path / "myenvs" / "__init__.py").write_text("")
+    (tmp_path / "myenvs" / "lookup.py").write_text(example)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    async def go():
+        envs = await _workers(Spec("myenvs.lookup:LookupEnv", {"table": "capitals"}), count=1)
+        try:
+            ep = await envs.open({"question": "Capital of Peru?", "answer": "Lima"}, seed=0)
+            got = await envs.step(ep.episode, ToolCall("lookup", {"key": "Peru"}))
+            return ep.tools, got, await envs.close(ep.episode, f"It is {got.text}.")
+        finally:
+            await envs.shutdown()
+
+    tools, got, reward = run(go())
+    assert [t["function"]["name"] for t in tools] == ["lookup"]
+    assert (got.text, reward) == ("Lima", 1.0)
