@@ -94,19 +94,25 @@ class SandboxUnavailable(RuntimeError):
 
 @cache
 def namespaces_error() -> str | None:
-    """Why user + network + mount namespaces cannot be made here, or None when they can."""
+    """Why the sandbox's namespaces cannot be made here (or made but not used: some kernels let
+    an unprivileged user make a user namespace but not mount in it), or None when they can."""
     unshare = shutil.which("unshare")
     if unshare is None:
         return "no unshare command (util-linux) on this machine"
     try:
         out = subprocess.run(
             [unshare, "--user", "--map-root-user", "--net", "--mount", "--fork", "true"],
-            capture_output=True, text=True, timeout=10, check=False,
+            capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"unshare failed: {e}"
     if out.returncode != 0:
-        return f"unshare --user failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}"
+        lines = out.stderr.strip().splitlines()
+        return f"unshare --user failed: {lines[-1] if lines else f'exit code {out.returncode}'}"
+    probe = _execute("print('ok')", Limits(wall_seconds=30), jailed=True)
+    if probe.output != "ok\n":
+        lines = probe.output.strip().splitlines()
+        return f"the namespaces cannot be set up: {lines[-1] if lines else probe.returncode}"
     return None
 
 
@@ -147,13 +153,16 @@ def run_python(code: str, limits: Limits) -> Outcome:
     """Run `code` with the Python running this, under `limits`; never raises for what the code
     does (SandboxUnavailable where the isolation cannot be had, see check())."""
     check(limits)
+    return _execute(code, limits, jailed=limits.isolation == "namespaces")
+
+
+def _execute(code: str, limits: Limits, *, jailed: bool) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="forgesky-sandbox-") as folder:
         home = Path(folder)
         source = home / "code.py"
         source.write_text(code)
         work = home / "work"
         work.mkdir()
-        jailed = limits.isolation == "namespaces"
         argv = [
             sys.executable, "-I", "-u", "-c", _JAIL, str(source), str(work),
             str(limits.disk_mb) if jailed else "-",
