@@ -296,3 +296,25 @@ def test_the_worked_example_of_docs_tools_md_runs(tmp_path, monkeypatch):
     tools, got, reward = run(go())
     assert [t["function"]["name"] for t in tools] == ["lookup"]
     assert (got.text, reward) == ("Lima", 1.0)
+
+
+def test_start_environments_builds_the_hosting_a_recipe_names():
+    from recipes.environment import Environment
+    from recipes.errors import UserError
+    from runtime.environments.start import start_environments
+
+    section = Environment(
+        name="builtin:python", call_timeout_s=20, sandbox={"isolation": "rlimits", "cpu_seconds": 2}
+    )
+
+    async def go():
+        envs = await start_environments(section, in_process=True)
+        ep = await envs.open({"answer": "#### 6"}, seed=0)
+        got = await envs.step(ep.episode, ToolCall("python", {"code": "print(2 * 3)"}))
+        return envs, got, await envs.close(ep.episode, "#### 6")
+
+    envs, got, reward = run(go())
+    assert (got.text, reward) == ("6\n", 1.0)
+    assert envs.call_timeout_s == 20 and envs.host.spec.args["limits"]["cpu_seconds"] == 2
+    with pytest.raises(UserError, match=r"^env.name tool_envs:CannotBuild: environment .* raised"):
+        run(start_environments(Environment(name="tool_envs:CannotBuild"), in_process=True))
