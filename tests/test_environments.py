@@ -9,12 +9,10 @@ import signal
 
 import pytest
 
-pytest.importorskip("openenv", reason="openenv is in the runtime extra (make install)")
-
-from runtime.environments.api import ToolCall  # noqa: E402
-from runtime.environments.host import EnvironmentProblem, Host, Spec  # noqa: E402
-from runtime.environments.local import LocalEnvironments  # noqa: E402
-from runtime.environments.workers import EnvironmentsLost, Workers  # noqa: E402
+from runtime.environments.api import ToolCall
+from runtime.environments.host import EnvironmentProblem, Host, Spec
+from runtime.environments.local import LocalEnvironments
+from runtime.environments.workers import EnvironmentsLost, Workers
 
 TOOLS = Spec("tool_envs:ToolsEnv")
 

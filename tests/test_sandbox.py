@@ -107,7 +107,6 @@ def test_without_user_namespaces_the_sandbox_refuses_unless_the_recipe_says_rlim
 
 
 def test_builtin_python_runs_the_models_code_and_scores_the_final_answer(limits):
-    pytest.importorskip("openenv", reason="openenv is in the runtime extra (make install)")
     from runtime.environments.api import ToolCall
     from runtime.environments.host import Spec
     from runtime.environments.local import LocalEnvironments
