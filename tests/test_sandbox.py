@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +131,25 @@ def test_builtin_python_runs_the_models_code_and_scores_the_final_answer(limits)
     assert (ran.text, ran.error) == ("48\n", None)
     assert "[stopped: more than 1 CPU seconds]" in spun.text
     assert (right, wrong) == (1.0, 0.0)
+
+
+@ISOLATED
+def test_processes_the_code_starts_die_with_it():
+    """A child that leaves the code's session and outlives it is killed with the code (its PID
+    namespace ends with it)."""
+    marker = "31415.926"
+    code = (
+        "import subprocess\n"
+        f"subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
+        "print('left it running')\n"
+    )
+    out = run_python(code, LIMITS)
+    assert out.output == "left it running\n" and out.stopped is None
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes().decode():
+                left.append(proc.name)
+        except OSError:
+            continue  # ended while looked at
+    assert left == []

@@ -1,8 +1,8 @@
 """Running model-written Python under limits: CPU seconds, memory, no network, writes only to a
 temporary folder, killed when it runs past its wall time.
 
-The isolation is Linux's own: `unshare` (util-linux) puts the child in new user, network and
-mount namespaces (no network device but loopback; every mount remounted read-only, a size-capped
+The isolation is Linux's own: `unshare` (util-linux) puts the child in new user, network, mount
+and PID namespaces (no network device but loopback; every mount remounted read-only, a size-capped
 tmpfs as the only writable folder), and `resource` rlimits cap CPU seconds, address space, file
 size and core dumps. Where user namespaces are not permitted (some containers), `isolation:
 rlimits` in the recipe runs with the rlimits alone and says so; the default refuses to start.
@@ -49,6 +49,13 @@ if size_mb != "-":
         raise SystemExit("sandbox: the filesystem is still writable outside the tmpfs")
 os.chdir(tmp)
 os.environ["HOME"] = os.environ["TMPDIR"] = tmp
+if os.getpid() == 1:
+    # the first process of a PID namespace ignores signals it has no handler for (SIGXCPU at
+    # the CPU limit): the code runs in a child, this one waits and exits as it did
+    pid = os.fork()
+    if pid:
+        status = os.waitpid(pid, 0)[1]
+        os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 sys.argv = ["-"]
 sys.path.insert(0, tmp)
 try:
@@ -101,7 +108,7 @@ def namespaces_error() -> str | None:
         return "no unshare command (util-linux) on this machine"
     try:
         out = subprocess.run(
-            [unshare, "--user", "--map-root-user", "--net", "--mount", "--fork", "true"],
+            [unshare, "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork", "true"],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -168,9 +175,10 @@ def _execute(code: str, limits: Limits, *, jailed: bool) -> Outcome:
             str(limits.disk_mb) if jailed else "-",
         ]  # fmt: skip
         if jailed:
-            # --kill-child: the code dies with unshare when the wall time kills it
+            # --pid: the code is the first process of its own PID namespace, so every process
+            # it starts dies with it; --kill-child: it dies with unshare, which the wall time kills
             argv = [
-                "unshare", "--user", "--map-root-user", "--net", "--mount", "--fork",
+                "unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork",
                 "--kill-child", *argv,
             ]  # fmt: skip
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -187,10 +195,19 @@ def _execute(code: str, limits: Limits, *, jailed: bool) -> Outcome:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what it left running in its process group
         seconds = time.monotonic() - start
     text = out.decode("utf-8", errors="replace")
     code_ = proc.returncode
-    if stopped is None and code_ in (-signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGXCPU):
+    # killed by SIGXCPU at the soft CPU limit, SIGKILL at the hard one: as a signal (rlimits) or
+    # as 128 + the signal (namespaces: the code's parent in its PID namespace exits so)
+    if stopped is None and code_ in (
+        -signal.SIGXCPU,
+        -signal.SIGKILL,
+        128 + signal.SIGXCPU,
+        128 + signal.SIGKILL,
+    ):
         stopped = "cpu"
     elif stopped is None and "MemoryError" in text:
         stopped = "memory"
