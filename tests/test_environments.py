@@ -94,6 +94,25 @@ def test_a_tool_that_raises_is_an_error_observation_and_the_episode_goes_on():
     assert counters["tool_errors"] == 1 and counters["workers_lost"] == 0
 
 
+def test_a_slow_tool_holds_only_its_own_episode_on_a_shared_worker():
+    async def go():
+        envs = await _workers(count=1)
+        try:
+            slow_ep = (await envs.open({}, seed=0)).episode
+            fast_ep = (await envs.open({}, seed=1)).episode
+            slow = asyncio.ensure_future(envs.step(slow_ep, ToolCall("slow", {"seconds": 8})))
+            await asyncio.sleep(0.2)  # the slow call is in the worker first
+            fast = await envs.step(fast_ep, ToolCall("lookup", {"key": "pear"}))
+            still_running = not slow.done()
+            return fast, still_running, await slow, envs.counters()
+        finally:
+            await envs.shutdown()
+
+    fast, still_running, slow, counters = run(go())
+    assert fast.text == "4" and still_running  # answered while the other call still ran
+    assert slow.text == "waited 8.0" and counters["tool_s"] >= 8
+
+
 def test_a_hung_tool_times_out_its_worker_is_replaced_and_its_episodes_dropped():
     async def go():
         envs = await _workers(count=2, call_timeout_s=1.0)
