@@ -282,7 +282,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return _cmd_cheapest(args)
     recipe = apply_overrides(load_recipe(args.recipe), list(plan_overrides(args)))
     if recipe.kind == "grpo" and (
-        recipe.grpo.loss.count(":") or any(":" in r.name for r in recipe.dataset.rewards)
+        recipe.grpo.loss.count(":")
+        or any(":" in r.name for r in recipe.dataset.rewards)
+        or (recipe.env is not None and not recipe.env.builtin)
     ):
         from launcher.options import check_references
 

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from recipes.costs import predict_step, ranking_words
+from recipes.environment import env_words
 from recipes.errors import DoesNotFit
 from recipes.memory import (
     ACCELERATOR_BYTES,
@@ -133,6 +134,7 @@ def gpu_plan(
         idle_gpus=idle,
         reference_in_trainer=lay.reference.in_trainer,
         lora=lora_words(recipe),
+        env=env_words(recipe.env),
         accelerator=accelerator,
         settings=settings,
         share=share,

@@ -44,6 +44,7 @@ controller, the weight store and the reward procs, gets one of them last.
 
 from __future__ import annotations
 
+from recipes.environment import env_words
 from recipes.errors import DoesNotFit, UserError
 from recipes.gpu_plan import expected_paths, gpu_plan
 from recipes.memory import estimate_memory
@@ -298,6 +299,7 @@ def cpu_plan(recipe: Recipe, nodes: int) -> Plan:
         memory=estimate_memory(recipe),
         reference_in_trainer=lay.reference.in_trainer,
         lora=lora_words(recipe),
+        env=env_words(recipe.env),
         accelerator="cpu",
         minimum_gpus=0,
         settings=settings,

@@ -34,6 +34,10 @@ LOSS_AGGREGATION: dict[str, str] = {
 # task's (builtin:<task>) or its own (module:function).
 BUILTIN_REWARDS: tuple[str, ...] = ("math", "gsm8k_format", "format")
 
+# Environments shipped with the runtime (runtime/environments/builtins.py): a recipe's env.name
+# `builtin:<name>` names one; its own is `module:Class`, an OpenEnv Environment.
+BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("python",)
+
 # Tasks shipped with the runtime (runtime/tasks/<name>/): `builtin:<name>` in a recipe's
 # dataset.path, model.tokenizer or reward names one of them.
 BUILTIN_TASKS: tuple[str, ...] = ("tiny", "arith")

@@ -85,6 +85,8 @@ class Plan:
     # own), and the line under the table that says what trains (`lora_words`)
     reference_in_trainer: bool = False
     lora: str = ""
+    # a multi-turn run: the line on its environment (recipes/environment.py `env_words`)
+    env: str = ""
 
     def placements_of(self, service: Service) -> tuple[Placement, ...]:
         """The placements of one service, in replica order."""
@@ -98,6 +100,8 @@ class Plan:
         d["settings"] = self.settings.to_dict() if self.settings else None
         if not self.lora:  # a run that trains every parameter: as before LoRA was planned
             del d["reference_in_trainer"], d["lora"]
+        if not self.env:  # a single-turn run
+            del d["env"]
         return d
 
     def describe(self) -> str:
@@ -108,6 +112,7 @@ class Plan:
             [
                 *self._table(),
                 *([self.lora] if self.lora else []),
+                *([self.env] if self.env else []),
                 *self._host_lines(),
                 *self._step_lines(),
                 *self._gpu_memory_lines(),

@@ -6,7 +6,9 @@ A reference is `module:function`. The module is looked for on the search path (t
 folder, the current directory, then Python's path) by file, without running it; the function
 must be defined at its top level (or bound there by an assignment or import, which is not
 checked further); a `def` must take the arguments the runtime passes (a loss `(inputs, config)`,
-a reward `(prompt, completion, answer)`).
+a reward `(prompt, completion, answer)`). An environment (`env.name: mypkg.envs:MyEnv`) is a
+class instead, which must derive from an OpenEnv Environment: a base named `...Environment`
+(openenv's `Environment`, `MCPEnvironment`), directly or through classes of the same file.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Reference:
     field: str  # e.g. "grpo.loss", "dataset.rewards.0.name"
     spec: str
     arguments: tuple[str, ...]
+    kind: str = "function"  # or "environment": a class deriving from an OpenEnv Environment
 
     @property
     def module(self) -> str:
@@ -55,6 +58,9 @@ def references(recipe: Any) -> list[Reference]:
             found.append(
                 Reference(f"dataset.rewards.{i}.name", name, ("prompt", "completion", "answer"))
             )
+    env = getattr(recipe, "env", None)
+    if env is not None and not env.builtin:
+        found.append(Reference("env.name", env.name, (), kind="environment"))
     return found
 
 
@@ -97,7 +103,10 @@ def check(refs: Sequence[Reference], paths: Iterable[Path]) -> dict[str, Path]:
                 "current directory and the Python path)"
             )
         file, root = found
-        _check_function(where, file, ref)
+        if ref.kind == "environment":
+            _check_environment(where, file, ref)
+        else:
+            _check_function(where, file, ref)
         top = ref.module.split(".")[0]
         where_top = root / top if (root / top).is_dir() else root / f"{top}.py"
         if roots.get(top, where_top) != where_top:
@@ -110,11 +119,53 @@ def check(refs: Sequence[Reference], paths: Iterable[Path]) -> dict[str, Path]:
     return roots
 
 
-def _check_function(where: str, file: Path, ref: Reference) -> None:
+def _parse(where: str, file: Path) -> ast.Module:
     try:
-        tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+        return ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
     except (OSError, SyntaxError, ValueError) as e:
         raise UserError(f"{where}: cannot read {file}: {e}") from None
+
+
+def _base_name(base: ast.expr) -> str:
+    """`Environment` for `Environment`, `interfaces.Environment` or `MCPEnvironment[...]`."""
+    if isinstance(base, ast.Subscript):
+        base = base.value
+    if isinstance(base, ast.Attribute):
+        return base.attr
+    return base.id if isinstance(base, ast.Name) else ""
+
+
+def _check_environment(where: str, file: Path, ref: Reference) -> None:
+    """The class is defined (or bound) at the top level of its file and derives from an OpenEnv
+    Environment, directly or through classes defined in the same file."""
+    tree = _parse(where, file)
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    name, seen = ref.function, set()
+    if name not in classes:
+        if any(_binds(node, name) for node in tree.body):
+            return  # imported or assigned: the runtime checks what it is
+        raise UserError(f"{where}: {file.name} has no class {name!r}")
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for base in classes[current].bases:
+            base_name = _base_name(base)
+            if base_name.endswith("Environment") and base_name not in classes:
+                return
+            if base_name in classes:
+                todo.append(base_name)
+    bases = ", ".join(_base_name(b) or "?" for b in classes[name].bases) or "none"
+    raise UserError(
+        f"{where}: {name} is not an OpenEnv Environment (its bases: {bases}); derive it from "
+        "openenv.core.env_server.interfaces.Environment or MCPEnvironment"
+    )
+
+
+def _check_function(where: str, file: Path, ref: Reference) -> None:
+    tree = _parse(where, file)
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == ref.function:
             args = node.args

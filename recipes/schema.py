@@ -21,6 +21,7 @@ from pydantic import model_validator
 from pydantic_core import PydanticCustomError
 
 from recipes.architectures import ARCHITECTURES, Arch, ModelRecipe, sizes
+from recipes.environment import Environment
 from recipes.fields import Identifier, Strict
 from recipes.files import same_local
 from recipes.lora import VLLM_LORA_RANKS
@@ -54,6 +55,8 @@ class Recipe(ModelRecipe, Strict):
     reference: ReferenceSettings = ReferenceSettings()
     weight_sync: WeightSyncSettings = WeightSyncSettings()
     watchdog: WatchdogSettings = WatchdogSettings()
+    # Multi-turn episodes with tool calls (recipes/environment.py); none: single-turn rollouts.
+    env: Environment | None = None
 
     @property
     def seed(self) -> int:
@@ -245,6 +248,11 @@ def _consistency_errors(r: Recipe) -> list[str]:
             f"{g.max_prompt_tokens} (prompts are cut to it)"
         )
     errors += _eval_errors(r)
+    if r.env is not None and r.env.max_episode_tokens > arch.max_seq_len:
+        errors.append(
+            f"env.max_episode_tokens: {r.env.max_episode_tokens} exceeds the {fam} {size} "
+            f"context of {arch.max_seq_len} tokens"
+        )
     if g.overlong_buffer > g.max_response_tokens:
         errors.append(
             f"grpo.overlong_buffer_tokens: {g.overlong_buffer} exceeds grpo.max_response_tokens "
