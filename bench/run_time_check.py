@@ -32,7 +32,7 @@ def summaries(source: Path) -> list[tuple[str, dict[str, Any]]]:
     if isinstance(data, dict) and "measured_wall_s" not in data:
         # a JSON of bench/gpu_grpo.py: each section's run carries its summary as run_summary
         found = [
-            (f"{source}#{name}", part["run_summary"])
+            (f"{source}#{name}", _with_run_lengths(part["run_summary"], part))
             for name, part in data.items()
             if isinstance(part, dict) and part.get("run_summary")
         ]
@@ -41,6 +41,25 @@ def summaries(source: Path) -> list[tuple[str, dict[str, Any]]]:
     if isinstance(data, dict):
         return [(str(source), data)]
     return [(str(d.get("run", f"{source}#{i}")), d) for i, d in enumerate(data)]
+
+
+def _with_run_lengths(summary: dict[str, Any], section: dict[str, Any]) -> dict[str, Any]:
+    """A bench section's summary, given the prediction at the run's lengths from the section's
+    own `predicted_step_s` (bench/gpu_grpo.py: the cost model at the run's mean lengths) where
+    the runtime did not record it."""
+    predicted = summary.get("predicted")
+    if not predicted or predicted.get("at_run_lengths") or not section.get("predicted_step_s"):
+        return summary
+    step = section["predicted_step_s"]
+    at = {
+        "prompt_tokens": section.get("prompt_tokens_mean"),
+        "response_tokens": section.get("response_tokens_mean"),
+        "step_s": step,
+        "wall_s_on_the_nodes": round(
+            predicted["wall_s_on_the_nodes"] + predicted["steps"] * (step - predicted["step_s"]), 1
+        ),
+    }
+    return {**summary, "predicted": {**predicted, "at_run_lengths": at}}
 
 
 def check(name: str, summary: dict[str, Any]) -> dict[str, Any]:
@@ -53,6 +72,14 @@ def check(name: str, summary: dict[str, Any]) -> dict[str, Any]:
         "predicted_wall_s": predicted,
         "predicted": summary.get("predicted"),
     }
+    at = (summary.get("predicted") or {}).get("at_run_lengths") or {}
+    if at.get("wall_s_on_the_nodes") and measured is not None:
+        # the model given the lengths the run had: its error apart from the plan's assumption
+        # that every prompt and completion is as long as the recipe allows
+        row["predicted_at_run_lengths_s"] = at["wall_s_on_the_nodes"]
+        row["error_at_run_lengths"] = round(
+            (measured - at["wall_s_on_the_nodes"]) / at["wall_s_on_the_nodes"], 3
+        )
     if predicted and measured is not None:
         row["error"] = round((measured - predicted) / predicted, 3)
         row["within_target"] = abs(row["error"]) <= TARGET_ERROR
@@ -78,9 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         error = "-" if r["error"] is None else f"{r['error']:+.1%}"
         predicted = "-" if r["predicted_wall_s"] is None else f"{r['predicted_wall_s']:.0f} s"
         short = " (under 20 steps)" if (r["steps"] or 0) < MIN_STEPS else ""
+        at = ""
+        if r.get("error_at_run_lengths") is not None:
+            at = (
+                f"; at the run's lengths {r['predicted_at_run_lengths_s']:.0f} s, "
+                f"error {r['error_at_run_lengths']:+.1%}"
+            )
         print(
             f"{r['run']}: {r['steps']} steps, measured {r['measured_wall_s']:.0f} s, "
-            f"predicted {predicted}, error {error}{short}"
+            f"predicted {predicted}, error {error}{at}{short}"
         )
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
     if errors:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -373,3 +374,39 @@ def test_launch_carries_the_plans_price_to_the_nodes(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "resources.usd_per_node_hour=1.5" in out and "price_source" not in out
+
+
+def test_the_run_time_check_also_prices_each_step_at_the_runs_own_lengths(tmp_path, capsys):
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import run_time_check
+
+    from runtime.control.metrics import MetricsLogger
+    from runtime.control.run import _at_run_lengths
+
+    # the runtime's side: the cost model at the metrics' mean lengths, on the run's own plan
+    recipe = load_recipe("qwen3-1.7b")
+    p = plan(recipe, 1, accelerator="H200")
+    with open(os.devnull, "w") as quiet:
+        metrics = MetricsLogger(tmp_path / "run", stream=quiet)
+        for step in (1, 2):
+            metrics.log(step, {"prompt/len_mean": 200.0, "response/len_mean": 500.0 + step})
+        metrics.close()
+    at = _at_run_lengths(metrics, recipe, p)
+    assert at["prompt_tokens"] == 200.0 and at["response_tokens"] == 501.5
+    assert 0 < at["step_s"] < p.predicted_step_s  # shorter than the recipe's maxima
+    # the check's side: a bench section's own step at the run's lengths stands in where the
+    # runtime did not record one
+    summary = {
+        "steps": 20,
+        "measured_wall_s": 600.0,
+        "predicted": {"steps": 20, "step_s": 30.0, "wall_s_on_the_nodes": 800.0},
+    }
+    bench = tmp_path / "gpu_grpo.json"
+    bench.write_text(json.dumps({"grpo": {"run_summary": summary, "predicted_step_s": 25.0}}))
+    assert run_time_check.main([str(bench), "--out", str(tmp_path / "out.json")]) == 0
+    row = json.loads((tmp_path / "out.json").read_text())["runs"][0]
+    assert row["error"] == -0.25 and not row["within_target"]
+    assert row["predicted_at_run_lengths_s"] == 700.0 and row["error_at_run_lengths"] == -0.143
+    assert "at the run's lengths 700 s, error -14.3%" in capsys.readouterr().out

@@ -388,6 +388,14 @@ def summary_line(metrics: Any, recipe: Any, run_plan: Any, step: int, samples: i
             **estimate.to_dict(),
             "wall_s_on_the_nodes": round(estimate.wall_s - estimate.provision_s, 1),
         }
+        at = _at_run_lengths(metrics, recipe, run_plan)
+        if at is not None:
+            # the same run with each step at the lengths it had, not the recipe's maxima
+            on_nodes = predicted["wall_s_on_the_nodes"]
+            at["wall_s_on_the_nodes"] = round(
+                on_nodes + estimate.steps * (at["step_s"] - estimate.step_s), 1
+            )
+            predicted["at_run_lengths"] = at
     done = metrics.summary(step, samples, predicted)
     words = f"run: {done['measured_wall_s'] / 60:.1f} min on the nodes"
     if predicted is not None:
@@ -400,6 +408,30 @@ def summary_line(metrics: Any, recipe: Any, run_plan: Any, step: int, samples: i
     if done["recoveries"]:
         words += f"; {done['recoveries']} recoveries, {done['recovery_lost_s']:.0f} s lost"
     return words
+
+
+def _at_run_lengths(metrics: Any, recipe: Any, run_plan: Any) -> dict[str, Any] | None:
+    """The cost model's step at the run's mean prompt and completion lengths (its metrics), where
+    the plan priced it at the recipe's maxima; None for an SFT run or one without steps."""
+    from recipes.gpu_plan import predict_layout
+    from runtime.control.metrics import read_metrics
+
+    if recipe.kind != "grpo" or run_plan.settings is None:
+        return None
+    rows = [r for r in read_metrics(metrics.path) if "response/len_mean" in r]
+    prompts = [r["prompt/len_mean"] for r in rows if "prompt/len_mean" in r]
+    if not rows or not prompts:
+        return None
+    prompt = sum(prompts) / len(prompts)
+    response = sum(r["response/len_mean"] for r in rows) / len(rows)
+    step = predict_layout(
+        recipe, run_plan.accelerator, run_plan.placements, run_plan.settings, prompt, response
+    )
+    return {
+        "prompt_tokens": round(prompt, 1),
+        "response_tokens": round(response, 1),
+        "step_s": round(step.seconds, 3),
+    }
 
 
 def model_room_warning(config: RunConfig) -> str | None:
