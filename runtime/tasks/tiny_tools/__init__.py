@@ -1,0 +1,49 @@
+"""`tiny-tools`: a task the tiny model can solve only by calling its tool.
+
+Each episode has its own table of secret digits, one per key (a to j), drawn from the episode's
+seed. The prompt names a key; the tool `lookup(key)` returns that key's digit; the answer must
+be that digit (reward 1, else 0). Nothing in the prompt tells the digit: a policy that does not
+call the tool scores 1 in 10 at best by guessing. Solving it takes two turns: the call, then
+the answer copied from the tool's result.
+
+`LookupEnvironment` follows OpenEnv's Environment shape (reset / step, observations carrying
+reward and done) without importing OpenEnv, so a worker hosting OpenEnv environments runs it as
+any other; `runtime.episodes.local.LocalEnvironments` runs it in-process. `tokenizer()` is the
+task's own: Qwen3's tool-call format with the few pieces the task uses as single tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.tasks.shipped import ShippedTask
+from runtime.tasks.tiny_tools.environment import (
+    KEYS,
+    LookupAction,
+    LookupEnvironment,
+    LookupObservation,
+)
+
+
+def tokenizer() -> Any:
+    from runtime.tasks.tiny_tools.tokenization import build_tokenizer
+
+    return build_tokenizer()
+
+
+def rows(split: str = "train") -> list[dict[str, str]]:
+    """One prompt per key; the answer depends on the episode's table, not on the row."""
+    return [{"question": key, "answer": ""} for key in KEYS]
+
+
+SHIPPED = ShippedTask("tiny-tools", rows=rows, tokenizer=lambda _vocab: tokenizer())
+
+__all__ = [
+    "KEYS",
+    "SHIPPED",
+    "LookupAction",
+    "LookupEnvironment",
+    "LookupObservation",
+    "rows",
+    "tokenizer",
+]

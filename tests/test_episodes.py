@@ -1,0 +1,251 @@
+"""Multi-turn episodes: tool calls in Qwen3's and Llama 3.1's formats, the episode loop against
+a real environment (tiny-tools, in-process), the training mask token by token and the policy
+version of every token."""
+
+import asyncio
+
+import pytest
+
+from runtime.environments.api import ToolCall
+from runtime.episodes.formats import tool_format
+from runtime.episodes.local import tiny_tools_environments
+from runtime.episodes.loop import NOT_GENERATED, EpisodeRunner, Limits, Turn, episode_stats
+from runtime.tasks.tiny_tools.environment import LOOKUP_TOOL
+
+# Qwen3's layout: tools as JSON in the system turn, calls in <tool_call> blocks, results as
+# <tool_response> blocks in a user turn, an empty think block on the generation prompt.
+QWEN3 = (
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>"
+    "{% for t in tools %}{{ '\\n' }}{{ t | tojson }}{% endfor %}{{ '\\n' }}</tools><|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>\n{{ m.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content or '' }}"
+    "{% for c in m.tool_calls or [] %}"
+    '<tool_call>\n{"name": "{{ c.function.name }}", "arguments": '
+    "{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n\n</think>\n\n{% endif %}"
+)
+# Llama 3.1's layout: tools in the system turn, a call is the assistant's whole turn as JSON
+# with "parameters", results in ipython turns.
+LLAMA31 = (
+    "<|begin_of_text|>"
+    "{% if tools %}<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+    "{% for t in tools %}{{ '\\n' }}{{ t | tojson }}{% endfor %}<|eot_id|>{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role in ('ipython', 'tool') %}"
+    "<|start_header_id|>ipython<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
+    "{% elif m.tool_calls %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    "{% for c in m.tool_calls %}"
+    '{"name": "{{ c.function.name }}", "parameters": {{ c.function.arguments | tojson }}}'
+    "{% endfor %}<|eot_id|>"
+    "{% else %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+SPECIALS = {
+    "qwen3": ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"],
+    "llama3": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+}
+TEMPLATES = {"qwen3": QWEN3, "llama3": LLAMA31}
+EOS = {"qwen3": "<|im_end|>", "llama3": "<|eot_id|>"}
+
+
+def family_tokenizer(family):
+    """One token per character, the family's markers one token each (built locally)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {s: i for i, s in enumerate(["<pad>", "<unk>", *chars])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens([AddedToken(t, special=True) for t in ["<pad>", "<unk>"]])
+    core.add_tokens([AddedToken(t, special=False, normalized=False) for t in SPECIALS[family]])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        eos_token=EOS[family],
+        chat_template=TEMPLATES[family],
+    )
+
+
+def pieces(tok, ids):
+    return [tok.decode([i]) for i in ids]
+
+
+class Scripted:
+    """The model's side of an episode, written out: each call answers the next turn of every
+    episode with the given text, sampled by `version` (log-prob -0.5 a token)."""
+
+    def __init__(self, tok, turns, versions):
+        self.tok, self.turns, self.versions = tok, list(turns), list(versions)
+        self.calls = []
+
+    async def __call__(self, prompts, most, seed):
+        text, version = self.turns.pop(0), self.versions.pop(0)
+        self.calls.append((len(prompts), most))
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        ids = ids[:most]
+        ended = ids[-1:] == [self.tok.eos_token_id]
+        return [
+            Turn(list(ids), [-0.5] * len(ids), version, "stop" if ended else "length")
+            for _ in prompts
+        ]
+
+
+CALLS = {
+    "qwen3": '<tool_call>\n{"name": "lookup", "arguments": {"key": "c"}}\n</tool_call><|im_end|>',
+    "llama3": '{"name": "lookup", "parameters": {"key": "c"}}<|eot_id|>',
+}
+
+
+def run(family, turns, versions, limits=None, rows=None):
+    tok = family_tokenizer(family)
+    envs = tiny_tools_environments()
+    model = Scripted(tok, turns, versions)
+    limits = limits or Limits(max_turns=4, max_tokens=400, max_turn_tokens=120)
+    runner = EpisodeRunner(envs, tool_format(family, tok), model, limits)
+    rows = rows or [{"question": "c"}]
+    episodes = asyncio.run(runner.run(rows, [7] * len(rows)))
+    return tok, envs, model, episodes
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3"])
+def test_a_known_episode_trains_only_the_models_tokens_token_by_token(family):
+    from runtime.tasks.tiny_tools import LookupEnvironment
+
+    env = LookupEnvironment()
+    env.reset(seed=7, key="c")  # the episode's table (seed 7)
+    value = env.table["c"]
+    answer = f"{value}{EOS[family]}"
+    tok, envs, model, (ep,) = run(family, [CALLS[family], answer], [3, 4])
+    assert (ep.reward, ep.turns, ep.tool_calls, ep.tool_errors, ep.end) == (1.0, 2, 1, 0, "answer")
+
+    # the whole sequence is the template's own rendering of the chat, token for token
+    chat = [
+        {"role": "user", "content": "c"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "lookup", "arguments": {"key": "c"}}}
+            ],
+        },
+        {"role": "ipython" if family == "llama3" else "tool", "content": value},
+        {"role": "assistant", "content": value},
+    ]
+    fmt = tool_format(family, tok)
+    rendered = tok.apply_chat_template(chat, tools=[LOOKUP_TOOL], tokenize=False)
+    if family == "qwen3":  # each turn was sampled after the generation prompt's think block
+        think = "<|im_start|>assistant\n"
+        rendered = rendered.replace(think, think + "<think>\n\n</think>\n\n")
+    whole = ep.prompt_ids + ep.tokens
+    assert tok.decode(whole) == rendered[: len(tok.decode(whole))]
+    assert rendered[len(tok.decode(whole)) :] in ("", "\n")  # the tail after the last turn
+
+    # token by token: the model's two turns carry loss, the rest (prompt, tool result, the
+    # template's markers between) none
+    opening = fmt.prompt_ids([{"role": "user", "content": "c"}], [LOOKUP_TOOL])
+    assert ep.prompt_ids == opening
+    call_ids = tok(CALLS[family], add_special_tokens=False)["input_ids"]
+    answer_ids = tok(answer, add_special_tokens=False)["input_ids"]
+    between = ep.tokens[len(call_ids) : len(ep.tokens) - len(answer_ids)]
+    expected = (
+        [(p, True) for p in pieces(tok, call_ids)]
+        + [(p, False) for p in pieces(tok, between)]
+        + [(p, True) for p in pieces(tok, answer_ids)]
+    )
+    assert list(zip(pieces(tok, ep.tokens), ep.generated, strict=True)) == expected
+    if family == "qwen3":
+        assert "".join(pieces(tok, between)) == (
+            f"\n<|im_start|>user\n<tool_response>\n{value}\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        )
+    else:
+        assert "".join(pieces(tok, between)) == (
+            f"<|start_header_id|>ipython<|end_header_id|>\n\n{value}<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        )
+    # log-probs only where the model sampled; each token the version of its turn
+    assert ep.logprobs == [-0.5 if g else 0.0 for g in ep.generated]
+    assert ep.versions == (
+        [3] * len(call_ids) + [NOT_GENERATED] * len(between) + [4] * len(answer_ids)
+    )
+    assert ep.oldest_version == 3
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3"])
+def test_turns_parse_into_calls_answers_or_malformed(family):
+    fmt = tool_format(family, family_tokenizer(family))
+    turn = fmt.parse(CALLS[family])
+    assert turn.calls == (ToolCall("lookup", {"key": "c"}),) and turn.malformed is None
+    assert fmt.parse(f"7{EOS[family]}").calls == ()
+    assert fmt.parse(f"7{EOS[family]}").content == "7"
+    bad = CALLS[family].replace('"key": "c"}', '"key": "c"')  # a brace short
+    assert fmt.parse(bad).malformed and fmt.parse(bad).calls == ()
+    if family == "qwen3":
+        two = CALLS["qwen3"].replace("<|im_end|>", "") * 2
+        assert len(fmt.parse(two).calls) == 2
+        assert fmt.parse("<tool_call>\n{").malformed == "an unclosed <tool_call> block"
+    else:
+        two = '{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": ";"}}'
+        assert [c.name for c in fmt.parse(two).calls] == ["a", "b"]
+
+
+def test_a_malformed_call_is_answered_with_an_error_and_counted_never_raised():
+    bad = '<tool_call>\n{"name": "lookup", "arguments": {"key": }\n</tool_call><|im_end|>'
+    tok, envs, model, (ep,) = run("qwen3", [bad, "<|im_end|>"], [0, 0])
+    assert (ep.turns, ep.malformed, ep.tool_errors, ep.tool_calls) == (2, 1, 1, 0)
+    text = tok.decode([t for t, g in zip(ep.tokens, ep.generated, strict=True) if not g])
+    assert "error: malformed tool call" in text
+    assert ep.reward == 0.0
+    stats = episode_stats([ep])
+    assert stats["episode/tool_errors"] == 1 and stats["episode/malformed_calls"] == 1
+
+
+def test_an_unknown_tool_is_an_error_observation_from_the_environment():
+    call = CALLS["qwen3"].replace("lookup", "search")
+    tok, envs, model, (ep,) = run("qwen3", [call, "1<|im_end|>"], [0, 0])
+    assert (ep.tool_calls, ep.tool_errors, ep.malformed) == (1, 1, 0)
+    assert envs.counters()["tool_errors"] == 1
+    assert "error: no tool 'search'" in tok.decode(ep.tokens)
+
+
+def test_max_turns_and_the_token_budget_end_episodes():
+    _, _, model, (ep,) = run(
+        "qwen3",
+        [CALLS["qwen3"]] * 3,
+        [0] * 3,
+        Limits(max_turns=2, max_tokens=400, max_turn_tokens=120),
+    )
+    assert (ep.turns, ep.end, ep.tool_calls) == (2, "max_turns", 2)
+    _, _, model, (ep,) = run(
+        "qwen3",
+        [CALLS["qwen3"]] * 3,
+        [0] * 3,
+        Limits(max_turns=9, max_tokens=60, max_turn_tokens=120),
+    )
+    assert ep.end == "max_tokens" and len(ep.tokens) <= 60
+    assert model.calls[0] == (1, 60)  # the first turn may use the whole budget
+
+
+def test_episodes_share_each_generator_call_and_steps_run_per_episode():
+    rows = [{"question": k} for k in "abc"]
+    answer = "0<|im_end|>"
+    _, envs, model, eps = run("qwen3", [CALLS["qwen3"], answer], [0, 1], rows=rows)
+    assert [n for n, _ in model.calls] == [3, 3]  # one call per round, every episode in it
+    assert [ep.tool_calls for ep in eps] == [1, 1, 1]
+    assert episode_stats(eps)["episode/turns_mean"] == 2.0
+    assert envs.counters()["tool_calls"] == 3
+
+
+def test_limits_refuse_zero():
+    with pytest.raises(ValueError, match="max_turns must be at least 1"):
+        Limits(max_turns=0, max_tokens=10, max_turn_tokens=5)
