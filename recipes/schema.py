@@ -25,8 +25,8 @@ from recipes.fields import Identifier, Strict
 from recipes.files import same_local
 from recipes.lora import VLLM_LORA_RANKS
 from recipes.memory import estimate_memory, memory_errors
-from recipes.names import ALL_LINEAR, BUILTIN_SPLITS, LORA_TARGETS
-from recipes.run_sections import Dataset, Eval, Grpo, Model
+from recipes.names import ALL_LINEAR, BUILTIN_SPLITS, EPISODE_TASKS, LORA_TARGETS, TOOL_FAMILIES
+from recipes.run_sections import Dataset, Episodes, Eval, Grpo, Model
 from recipes.service_sections import (
     GeneratorSettings,
     Layout,
@@ -54,6 +54,7 @@ class Recipe(ModelRecipe, Strict):
     reference: ReferenceSettings = ReferenceSettings()
     weight_sync: WeightSyncSettings = WeightSyncSettings()
     watchdog: WatchdogSettings = WatchdogSettings()
+    episodes: Episodes | None = None
 
     @property
     def seed(self) -> int:
@@ -72,6 +73,28 @@ class Recipe(ModelRecipe, Strict):
             # The message names its own field path; the loader prints it as is.
             raise PydanticCustomError("recipe", errors[0])
         return self
+
+
+def _episode_errors(r: Recipe) -> list[str]:
+    e = r.episodes
+    if e is None:
+        return [] if r.dataset.rewards else ["dataset.rewards: List should have at least 1 item"]
+    errors = []
+    if e.environment.removeprefix("builtin:") not in EPISODE_TASKS:
+        errors.append(
+            f"episodes.environment: {e.environment!r} is no shipped environment "
+            f"(shipped: {', '.join('builtin:' + t for t in EPISODE_TASKS)})"
+        )
+    if r.model.family not in TOOL_FAMILIES:
+        errors.append(f"episodes: no tool-call format for the {r.model.family} family")
+    if e.max_turn_tokens is not None and e.max_turn_tokens > r.grpo.max_response_tokens:
+        errors.append(
+            f"episodes.max_turn_tokens: {e.max_turn_tokens} exceeds the episode's "
+            f"grpo.max_response_tokens {r.grpo.max_response_tokens}"
+        )
+    if r.eval.enabled:
+        errors.append("eval.enabled: evaluation runs single-turn prompts; set it false")
+    return errors
 
 
 def _eval_errors(r: Recipe) -> list[str]:
@@ -245,6 +268,7 @@ def _consistency_errors(r: Recipe) -> list[str]:
             f"{g.max_prompt_tokens} (prompts are cut to it)"
         )
     errors += _eval_errors(r)
+    errors += _episode_errors(r)
     if g.overlong_buffer > g.max_response_tokens:
         errors.append(
             f"grpo.overlong_buffer_tokens: {g.overlong_buffer} exceeds grpo.max_response_tokens "

@@ -249,3 +249,75 @@ def test_episodes_share_each_generator_call_and_steps_run_per_episode():
 def test_limits_refuse_zero():
     with pytest.raises(ValueError, match="max_turns must be at least 1"):
         Limits(max_turns=0, max_tokens=10, max_turn_tokens=5)
+
+
+def test_an_episode_group_trains_on_the_models_tokens_at_their_oldest_version():
+    import torch
+
+    from runtime.control.batching import collate_groups, spread, train_batch
+    from runtime.control.buffer import RolloutBuffer
+    from runtime.episodes.rollout import episode_group
+    from runtime.tasks.data import Prompt
+
+    rows = [{"question": "c"}] * 2
+    tok, _, _, eps = run("qwen3", [CALLS["qwen3"], "1<|im_end|>"], [3, 5], rows=rows)
+    group = episode_group(Prompt(0, "c", ""), eps)
+    assert group.policy_version == 3  # the oldest turn's: the staleness rule counts from it
+    assert group.token_versions[0] == eps[0].versions
+    batch = collate_groups([group], pad_id=0)
+    start = len(group.prompt_tokens)
+    for row, ep in enumerate(eps):
+        end = start + len(ep.tokens)
+        assert batch.response_mask[row, start:end].tolist() == ep.generated
+        assert (
+            not batch.response_mask[row, :start].any() and not batch.response_mask[row, end:].any()
+        )
+        assert batch.old_logprobs[row, start:end].tolist() == ep.logprobs
+    # the reference answers masked tokens only; spread lays them back over the response
+    ref = [-1.0] * sum(eps[0].generated)
+    assert spread(ref, eps[0].generated) == [-1.0 if g else 0.0 for g in eps[0].generated]
+    train, info = train_batch(
+        [group], pad_id=0, group_size=2, loss="grpo", version=4, mask_truncated=False
+    )
+    assert torch.equal(train["response_mask"], batch.response_mask)
+    assert info["response/len_mean"] == sum(eps[0].generated)
+    assert info["policy/staleness_mean"] == 1.0
+    # a trainer 2 versions past the oldest turn drops it with max_policy_age 1
+    buffer = RolloutBuffer(max_policy_age=1, capacity=4)
+    assert buffer.is_fresh(group, 4) and not buffer.is_fresh(group, 5)
+
+
+def test_a_group_with_a_lost_episode_carries_no_rewards():
+    from runtime.episodes.local import tiny_tools_environments
+    from runtime.episodes.rollout import episode_group
+    from runtime.tasks.data import Prompt
+
+    class Losing:
+        """tiny-tools whose second episode's worker is lost before it closes."""
+
+        def __init__(self):
+            self.inner, self.opened = tiny_tools_environments(), []
+
+        async def open(self, row, seed):
+            opening = await self.inner.open(row, seed)
+            self.opened.append(opening.episode)
+            return opening
+
+        async def step(self, episode, call):
+            return await self.inner.step(episode, call)
+
+        async def close(self, episode, answer):
+            reward = await self.inner.close(episode, answer)
+            return None if episode == self.opened[1] else reward
+
+        def counters(self):
+            return self.inner.counters()
+
+    tok = family_tokenizer("qwen3")
+    model = Scripted(tok, ["1<|im_end|>"], [0])
+    limits = Limits(max_turns=2, max_tokens=100, max_turn_tokens=50)
+    runner = EpisodeRunner(Losing(), tool_format("qwen3", tok), model, limits)
+    eps = asyncio.run(runner.run([{"question": "a"}] * 2, [1, 1]))
+    assert [ep.dropped for ep in eps] == [False, True]
+    assert episode_stats(eps)["episode/dropped"] == 1
+    assert episode_group(Prompt(0, "a", ""), eps).rewards == []

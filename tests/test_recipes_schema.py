@@ -247,7 +247,7 @@ def test_rewards_and_template_are_checked(tmp_path):
     )
     data["dataset"]["rewards"] = [{"name": "builtin:tinny"}]
     assert (
-        "dataset.rewards.0.name: no shipped task named 'tinny' (shipped: tiny, arith)"
+        "dataset.rewards.0.name: no shipped task named 'tinny' (shipped: tiny, arith, tiny-tools)"
         in error_of(load_recipe, write(tmp_path, data))
     )
     data["dataset"]["rewards"] = [{"name": "mypkg.rewards:exact"}, {"name": "builtin:tiny"}]

@@ -1,10 +1,12 @@
 """`tiny-tools`: a task the tiny model can solve only by calling its tool.
 
-Each episode has its own table of secret digits, one per key (a to j), drawn from the episode's
+Each episode has its own table of secret digits, one per key (a to e), drawn from the episode's
 seed. The prompt names a key; the tool `lookup(key)` returns that key's digit; the answer must
-be that digit (reward 1, else 0). Nothing in the prompt tells the digit: a policy that does not
-call the tool scores 1 in 10 at best by guessing. Solving it takes two turns: the call, then
-the answer copied from the tool's result.
+be that digit. Nothing in the prompt tells the digit: a policy that does not call the tool is
+right 1 time in 10 at best by guessing. Solving it takes two turns: the call, then the answer
+copied from the tool's result. Reward: 0.2 for looking the prompt's key up, plus 0.8 times the
+answer's prefix credit (environment.py): 1.0 only for the right digit after the right lookup,
+about 0.08 for guessing.
 
 `LookupEnvironment` follows OpenEnv's Environment shape (reset / step, observations carrying
 reward and done) without importing OpenEnv, so a worker hosting OpenEnv environments runs it as

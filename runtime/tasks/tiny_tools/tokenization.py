@@ -1,12 +1,12 @@
 """The tiny-tools tokenizer: Qwen3's chat layout and tool-call format over a vocabulary of a
 few dozen tokens, built locally.
 
-A character-level vocabulary (digits, the keys a to j, newline) plus single tokens for the
-template's markers and for the two halves of a lookup call around its key, the way a BPE
-vocabulary trained on such calls would merge them: `<tool_call>\\n{"name": "lookup",
-"arguments": {"key": "` and `"}}\\n</tool_call>`. A call is then three tokens (open, key,
-close), so a policy sampling from random weights makes one now and then, and GRPO can take it
-from there. The template writes the tools' names in a system turn, calls in `<tool_call>`
+A character-level vocabulary (digits, the keys a to e, newline) plus single tokens for the
+template's markers and for each whole lookup call (`<tool_call>\\n{"name": "lookup",
+"arguments": {"key": "a"}}\\n</tool_call>`, one per key), the way a BPE vocabulary trained
+on such calls would merge them: a policy sampling from random weights then makes a call now
+and then, and GRPO can take it from there (spelled out in JSON, a call would be dozens of
+tokens no random policy ever writes). The template writes the tools' names in a system turn, calls in `<tool_call>`
 blocks, results as `<tool_response>` blocks in a user turn, as Qwen3's does.
 """
 
@@ -15,13 +15,16 @@ from __future__ import annotations
 from transformers import PreTrainedTokenizerFast
 
 PAD, START, END, UNK = "<pad>", "<|im_start|>", "<|im_end|>", "<unk>"
-CALL_OPEN = '<tool_call>\n{"name": "lookup", "arguments": {"key": "'
-CALL_CLOSE = '"}}\n</tool_call>'
+KEYS = "abc"
+
+
+def call_text(key: str) -> str:
+    """A lookup call as Qwen3 writes it (and the template renders it)."""
+    return f'<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{key}"}}}}\n</tool_call>'
+
+
 MARKERS = (
-    CALL_OPEN,
-    CALL_CLOSE,
-    "<tool_call>",
-    "</tool_call>",
+    *(call_text(k) for k in KEYS),
     "<tool_response>",
     "</tool_response>",
     "system",
@@ -29,7 +32,7 @@ MARKERS = (
     "assistant",
     "lookup",
 )
-CHARACTERS = "0123456789abcdefghij\n"
+CHARACTERS = "0123456789" + KEYS + "\n"
 
 CHAT_TEMPLATE = (
     "{%- if tools -%}{{ '<|im_start|>system\\n' }}"
