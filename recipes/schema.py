@@ -248,7 +248,7 @@ def _consistency_errors(r: Recipe) -> list[str]:
     if (fam, size) not in ARCHITECTURES:
         return [f"model.size: unknown {fam} size '{size}'; known sizes: {', '.join(sizes(fam))}"]
     arch = r.arch
-    errors = []
+    errors = _episode_errors(r)
     if r.model.thinking is not None and fam != "qwen3":
         errors.append(
             f"model.thinking: {fam} models have no thinking mode (Qwen3 has); leave it unset"
@@ -268,7 +268,6 @@ def _consistency_errors(r: Recipe) -> list[str]:
             f"{g.max_prompt_tokens} (prompts are cut to it)"
         )
     errors += _eval_errors(r)
-    errors += _episode_errors(r)
     if g.overlong_buffer > g.max_response_tokens:
         errors.append(
             f"grpo.overlong_buffer_tokens: {g.overlong_buffer} exceeds grpo.max_response_tokens "
