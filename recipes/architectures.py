@@ -153,7 +153,7 @@ TINY_GPU = Arch(
 
 # The tiny model for the tiny-tools task: the same shape, the vocabulary of that task's tokenizer
 # (its characters, chat markers and whole lookup calls: runtime/tasks/tiny_tools).
-TINY_TOOLS = dataclasses.replace(TINY, size="tiny-tools", vocab_size=31)
+TINY_TOOLS = dataclasses.replace(TINY, size="tiny-tools", vocab_size=27)
 
 ARCHITECTURES: dict[tuple[str, str], Arch] = {
     (a.family, a.size): a

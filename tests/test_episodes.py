@@ -321,3 +321,81 @@ def test_a_group_with_a_lost_episode_carries_no_rewards():
     assert [ep.dropped for ep in eps] == [False, True]
     assert episode_stats(eps)["episode/dropped"] == 1
     assert episode_group(Prompt(0, "a", ""), eps).rewards == []
+
+
+def test_the_tiny_tools_tokenizer_fits_its_architecture_and_renders_calls_as_one_token():
+    from recipes.architectures import architecture
+    from runtime.tasks.tiny_tools import tokenizer
+    from runtime.tasks.tiny_tools.tokenization import call_text
+
+    tok = tokenizer()
+    assert len(tok) == architecture("qwen3", "tiny-tools").vocab_size
+    assert len(tok(call_text("b"), add_special_tokens=False)["input_ids"]) == 1
+    fmt = tool_format("qwen3", tok)
+    assert fmt.parse(call_text("b") + "<|im_end|>").calls == (ToolCall("lookup", {"key": "b"}),)
+
+
+@pytest.mark.slow
+def test_tiny_tools_learns_to_call_its_tool_and_copy_the_result():
+    """The tiny-tools recipe's promise, in one process with its settings: from random weights,
+    reward from near 0 to >= 0.8, two turns an episode (the call, then the answer)."""
+    import dataclasses
+    import random
+    import statistics
+
+    import torch
+
+    from recipes import load_recipe
+    from runtime.backends import HFGenerator, OptimizerConfig, TitanTrainer
+    from runtime.episodes.rollout import EpisodeRollout
+    from runtime.grpo import group_advantages, policy_loss
+    from runtime.models import ModelSpec
+    from runtime.tasks.data import Prompt
+    from runtime.tasks.tiny_tools import KEYS, tokenizer
+
+    recipe = load_recipe("recipes/catalog/tiny-tools.yaml")
+    g = recipe.grpo
+    tok = tokenizer()
+    spec = dataclasses.replace(ModelSpec.from_arch(recipe.arch), vocab_size=len(tok))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer = TitanTrainer(spec, OptimizerConfig(lr=g.learning_rate), seed=0)
+        gen = HFGenerator(
+            spec, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seed=0,
+            weights=trainer.hf_state_dict(),
+        )  # fmt: skip
+        episodes = EpisodeRollout.from_recipe(recipe, tok)
+
+        async def turn(prompts, most, seed):
+            out = gen.generate(prompts, n=1, max_new_tokens=most, temperature=1.0, seed=seed)
+            return [vars(c) for c in out]
+
+        rng = random.Random(0)
+        rewards, turns = [], []
+        for step in range(g.steps):
+            prompts = [Prompt(i, rng.choice(KEYS), "") for i in range(g.prompts_per_step)]
+            groups = asyncio.run(episodes.groups(prompts, rng.randrange(1 << 30), turn))
+            stats = episodes.take_stats()
+            from runtime.control.batching import train_batch
+
+            train, info = train_batch(
+                groups, pad_id=tok.pad_token_id, group_size=g.group_size, loss="grpo", version=step
+            )
+            trainer.train_step(
+                train["tokens"], train["response_mask"],
+                group_advantages(torch.tensor([r for gr in groups for r in gr.rewards]),
+                                 g.group_size),
+                train["old_logprobs"], None, policy_loss,
+                max_response_tokens=g.max_response_tokens, variant=g.loss,
+                clip_high=g.clip_high, entropy_coef=g.entropy_coef,
+            )  # fmt: skip
+            gen.load_weights(trainer.hf_state_dict())
+            gen.policy_version = step + 1
+            rewards.append(info["reward/mean"])
+            turns.append(stats["episode/turns_mean"])
+    finally:
+        torch.set_num_threads(threads)
+    assert statistics.mean(rewards[:5]) < 0.1, rewards[:5]
+    assert statistics.mean(rewards[-10:]) >= 0.8, rewards[-10:]
+    assert statistics.mean(turns[-10:]) >= 1.95, turns[-10:]

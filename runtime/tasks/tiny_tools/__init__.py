@@ -1,6 +1,6 @@
 """`tiny-tools`: a task the tiny model can solve only by calling its tool.
 
-Each episode has its own table of secret digits, one per key (a to e), drawn from the episode's
+Each episode has its own table of secret digits, one per key (a to c), drawn from the episode's
 seed. The prompt names a key; the tool `lookup(key)` returns that key's digit; the answer must
 be that digit. Nothing in the prompt tells the digit: a policy that does not call the tool is
 right 1 time in 10 at best by guessing. Solving it takes two turns: the call, then the answer

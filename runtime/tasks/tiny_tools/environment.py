@@ -24,7 +24,7 @@ LOOKUP_TOOL = {
         "description": "The secret digit stored under a key.",
         "parameters": {
             "type": "object",
-            "properties": {"key": {"type": "string", "description": "one letter, a to e"}},
+            "properties": {"key": {"type": "string", "description": "one letter, a to c"}},
             "required": ["key"],
         },
     },

@@ -1,7 +1,7 @@
 """The tiny-tools tokenizer: Qwen3's chat layout and tool-call format over a vocabulary of a
 few dozen tokens, built locally.
 
-A character-level vocabulary (digits, the keys a to e, newline) plus single tokens for the
+A character-level vocabulary (digits, the keys a to c, newline) plus single tokens for the
 template's markers and for each whole lookup call (`<tool_call>\\n{"name": "lookup",
 "arguments": {"key": "a"}}\\n</tool_call>`, one per key), the way a BPE vocabulary trained
 on such calls would merge them: a policy sampling from random weights then makes a call now
