@@ -399,3 +399,28 @@ def test_tiny_tools_learns_to_call_its_tool_and_copy_the_result():
     assert statistics.mean(rewards[:5]) < 0.1, rewards[:5]
     assert statistics.mean(rewards[-10:]) >= 0.8, rewards[-10:]
     assert statistics.mean(turns[-10:]) >= 1.95, turns[-10:]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("episodes.max_turns=0", "episodes.max_turns: Input should be greater than or equal to 1"),
+        ("episodes.max_turn_tokens=0", "episodes.max_turn_tokens: Input should be greater than"),
+        (
+            "episodes.max_turn_tokens=41",
+            "episodes.max_turn_tokens: 41 exceeds the episode's grpo.max_response_tokens 40",
+        ),
+        (
+            "episodes.environment=builtin:tiny",
+            "episodes.environment: 'builtin:tiny' is no shipped environment",
+        ),
+        ("eval.enabled=true", "eval.enabled: evaluation runs single-turn prompts; set it false"),
+    ],
+)
+def test_a_bad_episodes_section_is_one_line(override, message):
+    from recipes import UserError, apply_overrides, load_recipe
+
+    recipe = load_recipe("recipes/catalog/tiny-tools.yaml")
+    with pytest.raises(UserError) as info:
+        apply_overrides(recipe, [override])
+    assert message in str(info.value) and "\n" not in str(info.value)
