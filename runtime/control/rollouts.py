@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from runtime.control.batching import collate_groups, spread
@@ -125,7 +126,11 @@ class Rollouts:
                 seed = hash((g.seed, self.generate_calls)) & 0x7FFFFFFF
                 self._calls_in_flight += 1
                 try:
-                    async with self.turns.turn(f"generator{replica}"):
+                    # an episode call takes the GPU's turn per generator call, not while its
+                    # tools run (_continue)
+                    unit = f"generator{replica}"
+                    turn = self.turns.turn(unit) if self.episodes is None else nullcontext()
+                    async with turn:
                         start = self._call_started[replica] = time.perf_counter()
                         try:
                             if self.episodes is not None:
@@ -182,7 +187,8 @@ class Rollouts:
         """An episode turn on `replica`: prompts given as token ids, one completion each."""
 
         async def turn(prompts: list[list[int]], most: int, seed: int) -> list[dict[str, Any]]:
-            return await self.services.continue_tokens(replica, prompts, seed, most)
+            async with self.turns.turn(f"generator{replica}"):
+                return await self.services.continue_tokens(replica, prompts, seed, most)
 
         return turn
 
