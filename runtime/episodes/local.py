@@ -1,14 +1,14 @@
 """Environments run in this process: an `Environments` (runtime/environments/api.py) over
 environment classes in OpenEnv's shape (reset / step, observations with reward and done).
 
-For CPU runs and tests of the episode loop; a run with real tools hosts its environments in
-worker processes (runtime/environments) behind the same interface. A step runs in a thread, so a
-slow tool does not stall the event loop; an exception in a tool becomes an error observation.
+For environments whose steps take no time (tiny-tools) and tests of the episode loop: a step
+runs on the event loop, so a slow tool would stall every episode. Real tools run in worker
+processes (runtime/environments) behind the same interface. An exception in a tool becomes an
+error observation.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from collections.abc import Callable
@@ -58,7 +58,7 @@ class LocalEnvironments:
         start = time.perf_counter()
         self.totals["tool_calls"] += 1
         try:
-            obs = await asyncio.to_thread(env.step, self.call_action(call))
+            obs = env.step(self.call_action(call))
         except Exception as e:  # noqa: BLE001 - a tool that raises is an observation
             self.totals["tool_errors"] += 1
             return StepResult(f"error: {type(e).__name__}: {e}", error="raised")
