@@ -6,6 +6,7 @@ them, and the runtime builds TorchTitan models from them, so they live in one ta
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,6 +151,10 @@ TINY_GPU = Arch(
     tie_embeddings=True,
 )
 
+# The tiny model for the tiny-tools task: the same shape, the vocabulary of that task's tokenizer
+# (its characters, chat markers and whole lookup calls: runtime/tasks/tiny_tools).
+TINY_TOOLS = dataclasses.replace(TINY, size="tiny-tools", vocab_size=27)
+
 ARCHITECTURES: dict[tuple[str, str], Arch] = {
     (a.family, a.size): a
     for a in (
@@ -164,6 +169,7 @@ ARCHITECTURES: dict[tuple[str, str], Arch] = {
         _llama3("8b", 4096, 32, 32, head_dim=128, ffn_dim=14336, tied=False, rope_factor=8.0),
         TINY,
         TINY_GPU,
+        TINY_TOOLS,
     )
 }
 

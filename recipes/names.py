@@ -40,7 +40,11 @@ BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("python",)
 
 # Tasks shipped with the runtime (runtime/tasks/<name>/): `builtin:<name>` in a recipe's
 # dataset.path, model.tokenizer or reward names one of them.
-BUILTIN_TASKS: tuple[str, ...] = ("tiny", "arith")
+BUILTIN_TASKS: tuple[str, ...] = ("tiny", "arith", "tiny-tools")
+# Those whose episodes run tools (a recipe's `episodes.environment`), and the model families
+# whose tool-call format the runtime reads (runtime/episodes/formats.py).
+EPISODE_TASKS: tuple[str, ...] = ("tiny-tools",)
+TOOL_FAMILIES: tuple[str, ...] = ("qwen3", "llama3")
 # The splits each of them has: "train" to learn from, "test" held out for evaluation.
 BUILTIN_SPLITS: tuple[str, ...] = ("train", "test")
 

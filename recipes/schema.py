@@ -26,8 +26,8 @@ from recipes.fields import Identifier, Strict
 from recipes.files import same_local
 from recipes.lora import VLLM_LORA_RANKS
 from recipes.memory import estimate_memory, memory_errors
-from recipes.names import ALL_LINEAR, BUILTIN_SPLITS, LORA_TARGETS
-from recipes.run_sections import Dataset, Eval, Grpo, Model
+from recipes.names import ALL_LINEAR, BUILTIN_SPLITS, EPISODE_TASKS, LORA_TARGETS, TOOL_FAMILIES
+from recipes.run_sections import Dataset, Episodes, Eval, Grpo, Model
 from recipes.service_sections import (
     GeneratorSettings,
     Layout,
@@ -57,6 +57,8 @@ class Recipe(ModelRecipe, Strict):
     watchdog: WatchdogSettings = WatchdogSettings()
     # Multi-turn episodes with tool calls (recipes/environment.py); none: single-turn rollouts.
     env: Environment | None = None
+    # The rollout side of episodes (runtime/episodes): turns, their tokens, the turn rewards.
+    episodes: Episodes | None = None
 
     @property
     def seed(self) -> int:
@@ -75,6 +77,28 @@ class Recipe(ModelRecipe, Strict):
             # The message names its own field path; the loader prints it as is.
             raise PydanticCustomError("recipe", errors[0])
         return self
+
+
+def _episode_errors(r: Recipe) -> list[str]:
+    e = r.episodes
+    if e is None:
+        return [] if r.dataset.rewards else ["dataset.rewards: List should have at least 1 item"]
+    errors = []
+    if e.environment.removeprefix("builtin:") not in EPISODE_TASKS:
+        errors.append(
+            f"episodes.environment: {e.environment!r} is no shipped environment "
+            f"(shipped: {', '.join('builtin:' + t for t in EPISODE_TASKS)})"
+        )
+    if r.model.family not in TOOL_FAMILIES:
+        errors.append(f"episodes: no tool-call format for the {r.model.family} family")
+    if e.max_turn_tokens is not None and e.max_turn_tokens > r.grpo.max_response_tokens:
+        errors.append(
+            f"episodes.max_turn_tokens: {e.max_turn_tokens} exceeds the episode's "
+            f"grpo.max_response_tokens {r.grpo.max_response_tokens}"
+        )
+    if r.eval.enabled:
+        errors.append("eval.enabled: evaluation runs single-turn prompts; set it false")
+    return errors
 
 
 def _eval_errors(r: Recipe) -> list[str]:
@@ -228,7 +252,7 @@ def _consistency_errors(r: Recipe) -> list[str]:
     if (fam, size) not in ARCHITECTURES:
         return [f"model.size: unknown {fam} size '{size}'; known sizes: {', '.join(sizes(fam))}"]
     arch = r.arch
-    errors = []
+    errors = _episode_errors(r)
     if r.model.thinking is not None and fam != "qwen3":
         errors.append(
             f"model.thinking: {fam} models have no thinking mode (Qwen3 has); leave it unset"

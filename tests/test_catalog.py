@@ -33,8 +33,9 @@ NAMES = [
     "tiny",
     "tiny-gpu",
     "tiny-lora",
+    "tiny-tools",
 ]
-CPU_NAMES = ["tiny", "tiny-lora"]
+CPU_NAMES = ["tiny", "tiny-lora", "tiny-tools"]
 GPU_NAMES = [n for n in NAMES if n not in CPU_NAMES]
 MODEL_NAMES = [n for n in GPU_NAMES if n != "tiny-gpu"]  # the Qwen3 and Llama recipes
 LORA_NAMES = [n for n in NAMES if n.endswith("-lora")]

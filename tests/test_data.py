@@ -241,7 +241,7 @@ def test_builtin_sources_are_the_shipped_tasks():
     assert next(source).text.startswith(">> ")
     with pytest.raises(
         UserError,
-        match=r"dataset.path 'builtin:other': no shipped task named 'other' \(shipped: tiny, arith\)",
+        match=r"dataset.path 'builtin:other': no shipped task named 'other' \(shipped: tiny, arith, tiny-tools\)",
     ):
         # past the schema, which refuses it first (test_recipes_schema)
         build_prompt_source(DatasetSpec.model_construct(path="builtin:other"))

@@ -247,7 +247,7 @@ def test_rewards_and_template_are_checked(tmp_path):
     )
     data["dataset"]["rewards"] = [{"name": "builtin:tinny"}]
     assert (
-        "dataset.rewards.0.name: no shipped task named 'tinny' (shipped: tiny, arith)"
+        "dataset.rewards.0.name: no shipped task named 'tinny' (shipped: tiny, arith, tiny-tools)"
         in error_of(load_recipe, write(tmp_path, data))
     )
     data["dataset"]["rewards"] = [{"name": "mypkg.rewards:exact"}, {"name": "builtin:tiny"}]
@@ -399,8 +399,8 @@ def test_override_mistakes():
         "aggregation, checkpoint_finish_s, checkpoint_interval"
     )
     assert (
-        "valid keys under the top level: dataset, description, env, eval, generator, grpo, layout, "
-        "model, name, reference, resources, trainer, watchdog, weight_sync"
+        "valid keys under the top level: dataset, description, env, episodes, eval, generator, grpo, "
+        "layout, model, name, reference, resources, trainer, watchdog, weight_sync"
     ) in error_of(apply_overrides, base, ["gpro.steps=3"])
     assert "did you mean grpo?" in error_of(apply_overrides, base, ["gpro.steps=3"])
     # a key in the wrong case names the key it meant, wherever difflib would not

@@ -210,7 +210,7 @@ def test_resolves_named_and_user_rewards(user_module):
         ("accuracy", "reward 'accuracy': unknown reward"),
         (
             "builtin:nosuchtask",
-            "reward 'builtin:nosuchtask': no shipped task named 'nosuchtask' (shipped: tiny, arith)",
+            "reward 'builtin:nosuchtask': no shipped task named 'nosuchtask' (shipped: tiny, arith, tiny-tools)",
         ),
     ],
 )
@@ -223,7 +223,9 @@ def test_unresolvable_rewards_are_one_line_user_errors(user_module, spec, messag
 
 def test_builtin_rewards_are_the_shipped_tasks_own():
     assert resolve_reward("builtin:tiny")("123", "456", "456") == 1.0
-    with pytest.raises(UserError, match=r"no shipped task named 'other' \(shipped: tiny, arith\)"):
+    with pytest.raises(
+        UserError, match=r"no shipped task named 'other' \(shipped: tiny, arith, tiny-tools\)"
+    ):
         resolve_reward("builtin:other")
     with pytest.raises(UserError, match=r"the shipped task 'arith' has no reward of its own"):
         resolve_reward("builtin:arith")

@@ -139,6 +139,33 @@ class GeneratorActor(Actor):
                 out[0]["generator/push_overlap_s"] = receiving(start, end)
         return out
 
+    @endpoint
+    async def continue_tokens(
+        self, prompts: list[list[int]], seed: int | None, max_new_tokens: int
+    ) -> list[dict[str, Any]]:
+        """One completion of each prompt, given as token ids (an episode's next turn: its
+        opening and turns so far), with log-probs, the policy version that sampled it and
+        whether it ended on an end token ("stop") or at `max_new_tokens` ("length")."""
+        g = self.recipe.grpo
+        completions = self.backend.generate(
+            prompts,
+            n=1,
+            max_new_tokens=max_new_tokens,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            seed=seed,
+            logprobs=True,
+        )
+        return [
+            {
+                "response_ids": c.response_ids,
+                "response_logprobs": c.response_logprobs,
+                "policy_version": c.policy_version,
+                "finish_reason": c.finish_reason,
+            }
+            for c in completions
+        ]
+
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
         r = self.recipe
         return build.encode_messages(

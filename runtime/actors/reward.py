@@ -13,9 +13,12 @@ class RewardActor(Actor):
 
     @endpoint
     async def setup(self, rewards: list[dict[str, Any]]) -> list[str]:
-        """Resolve every reward now, so a missing module fails before training starts."""
+        """Resolve every reward now, so a missing module fails before training starts. A recipe
+        with episodes may have none (its environments score): nothing to resolve."""
         from runtime.tasks.rewards import build_reward_fn
 
+        if not rewards:
+            return []
         self.mix = build_reward_fn(rewards)
         return list(self.mix.fns)
 

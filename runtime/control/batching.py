@@ -17,12 +17,22 @@ from runtime.grpo import group_advantages
 @dataclass
 class RolloutBatch:
     """Right-padded sequences (prompt then response) of some groups, completion-major in group
-    order, and what lines up with them; log-probs are 0 off the response."""
+    order, and what lines up with them; log-probs are 0 off the response. In an episode the
+    response is every turn and the mask holds only the tokens the model sampled."""
 
     tokens: Tensor  # Long[B, T]
     response_mask: Tensor  # Bool[B, T]
     old_logprobs: Tensor  # Float[B, T]: the generator's
     ref_logprobs: Tensor | None  # Float[B, T]: the reference's, if scored
+
+
+def spread(values: Sequence[float], mask: Sequence[bool]) -> list[float]:
+    """Values of the masked positions (in order) laid out over the whole mask, 0 elsewhere."""
+    it = iter(values)
+    out = [next(it) if m else 0.0 for m in mask]
+    if next(it, None) is not None:
+        raise ValueError(f"{len(values)} values for {sum(mask)} masked positions")
+    return out
 
 
 def collate_groups(groups: Sequence[Group], pad_id: int) -> RolloutBatch:
@@ -46,7 +56,15 @@ def collate_groups(groups: Sequence[Group], pad_id: int) -> RolloutBatch:
         start, end = len(gr.prompt_tokens), lengths[row]
         tokens[row, :start] = torch.tensor(gr.prompt_tokens, dtype=torch.long)
         tokens[row, start:end] = torch.tensor(response, dtype=torch.long)
-        mask[row, start:end] = True
+        if gr.response_masks:  # an episode: only the tokens the model sampled
+            if len(gr.response_masks[i]) != len(response):
+                raise ValueError(
+                    f"completion {row}: {len(response)} response tokens but a mask of "
+                    f"{len(gr.response_masks[i])}"
+                )
+            mask[row, start:end] = torch.tensor(gr.response_masks[i], dtype=torch.bool)
+        else:
+            mask[row, start:end] = True
         old[row, start:end] = torch.tensor(logprobs, dtype=torch.float32)
         if ref is not None:
             ref[row, start:end] = torch.tensor(gr.ref_logprobs[i], dtype=torch.float32)

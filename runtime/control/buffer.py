@@ -37,6 +37,13 @@ class Group:
     ref_logprobs: list[list[float]] = field(default_factory=list)
     seq: int = -1  # admission order (-1: restored from a checkpoint, before every new one)
     truncated: list[bool] = field(default_factory=list)  # cut at max_response_tokens
+    # Multi-turn episodes (runtime/episodes): per completion, which response tokens the model
+    # sampled (the rest are tool results and template tokens: no loss, no KL) and the policy
+    # version of each token's turn (-1 where not sampled). Empty for single-turn groups: every
+    # response token is sampled, by `policy_version`. An episode group's `policy_version` is
+    # the oldest of its turns', so the staleness rule holds for every token in it.
+    response_masks: list[list[bool]] = field(default_factory=list)
+    token_versions: list[list[int]] = field(default_factory=list)
 
 
 def _none() -> None:

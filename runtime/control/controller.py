@@ -81,8 +81,19 @@ class Controller:
             from runtime.tasks.data import build_prompt_source
 
             source = build_prompt_source(self.recipe.dataset, seed=self.recipe.grpo.seed)
+        episodes = None
+        if getattr(self.recipe, "episodes", None) is not None:
+            from runtime.episodes.rollout import EpisodeRollout
+
+            episodes = EpisodeRollout.from_recipe(self.recipe)
         self.rollouts = Rollouts(
-            self.recipe.grpo, self.services, source, self.progress, self.turns, self.notes
+            self.recipe.grpo,
+            self.services,
+            source,
+            self.progress,
+            self.turns,
+            self.notes,
+            episodes,
         )
         if self.recipe.eval.enabled:
             self.evaluator = Evaluator(

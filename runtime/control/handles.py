@@ -30,6 +30,12 @@ class ServiceHandles(Protocol):
         response_logprobs, text, finish_reason and the policy_version that sampled each; an
         evaluation asks for `n` at its own `temperature` (0: greedy)."""
 
+    async def continue_tokens(
+        self, replica: int, prompts: list[list[int]], seed: int, max_new_tokens: int
+    ) -> list[dict[str, Any]]:
+        """One completion of each token-id prompt (an episode's next turn): response_ids,
+        response_logprobs, policy_version and finish_reason."""
+
     async def score(
         self, items: list[tuple[str, str, str]]
     ) -> list[tuple[float, dict[str, float]]]:

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import nullcontext
 from typing import Any
 
-from runtime.control.batching import collate_groups
+from runtime.control.batching import collate_groups, spread
 from runtime.control.buffer import Group, RolloutBuffer
 from runtime.control.handles import ServiceHandles
 from runtime.control.progress import Notes, Progress
@@ -43,8 +44,12 @@ class Rollouts:
         progress: Progress,
         turns: GpuTurns,
         notes: Notes,
+        episodes: Any = None,
     ) -> None:
         self.grpo = grpo
+        # multi-turn episodes with tools (runtime/episodes/rollout.EpisodeRollout), or None
+        self.episodes = episodes
+        self._dropped_episodes = 0
         self.services = services
         self.source = source
         self.progress = progress
@@ -121,12 +126,22 @@ class Rollouts:
                 seed = hash((g.seed, self.generate_calls)) & 0x7FFFFFFF
                 self._calls_in_flight += 1
                 try:
-                    async with self.turns.turn(f"generator{replica}"):
+                    # an episode call takes the GPU's turn per generator call, not while its
+                    # tools run (_continue)
+                    unit = f"generator{replica}"
+                    turn = self.turns.turn(unit) if self.episodes is None else nullcontext()
+                    async with turn:
                         start = self._call_started[replica] = time.perf_counter()
                         try:
-                            out = await self.services.generate(
-                                replica, [p.messages() for p in prompts], seed
-                            )
+                            if self.episodes is not None:
+                                held = await self.episodes.groups(
+                                    prompts, seed, self._continue(replica)
+                                )
+                                out = []
+                            else:
+                                out = await self.services.generate(
+                                    replica, [p.messages() for p in prompts], seed
+                                )
                         finally:
                             del self._call_started[replica]
                         end = time.perf_counter()
@@ -142,7 +157,8 @@ class Rollouts:
                                 self.notes.add(key, value)
                     self._generating_s += end - max(start, self._mark)
                     self._calls_ended += 1
-                    held = groups_of(prompts, out, g.group_size)
+                    if self.episodes is None:
+                        held = groups_of(prompts, out, g.group_size)
                     for i, gr in enumerate(held):
                         gr.seq = first + i
                 except BaseException:
@@ -167,11 +183,25 @@ class Rollouts:
                 await asyncio.gather(finishing, return_exceptions=True)
             raise
 
+    def _continue(self, replica: int) -> Any:
+        """An episode turn on `replica`: prompts given as token ids, one completion each."""
+
+        async def turn(prompts: list[list[int]], most: int, seed: int) -> list[dict[str, Any]]:
+            async with self.turns.turn(f"generator{replica}"):
+                return await self.services.continue_tokens(replica, prompts, seed, most)
+
+        return turn
+
     async def _finish(self, replica: int, groups: list[Group], per_call: int) -> None:
         """Rewards and reference log-probs for one call's groups, the recipe's reward shaping,
-        dynamic sampling's filter, then into the buffer."""
+        dynamic sampling's filter, then into the buffer. Episode groups come scored by their
+        environments; one with a lost episode is left out (counted)."""
+        lost = [gr for gr in groups if gr.response_masks and not gr.rewards]
+        self._dropped_episodes += len(lost)
+        self._pending.difference_update(gr.seq for gr in lost)
+        groups = [gr for gr in groups if gr not in lost]
         try:
-            await self._score(groups)
+            await self._score([gr for gr in groups if not gr.response_masks])
             await self._reference(groups)
         finally:
             self._calls_in_flight -= 1
@@ -190,6 +220,8 @@ class Rollouts:
         await self.progress.notify()
 
     async def _score(self, groups: list[Group]) -> None:
+        if not groups:
+            return
         items = [(gr.prompt, text, gr.answer) for gr in groups for text in gr.texts]
         start = time.perf_counter()
         scores = await self.services.score(items)
@@ -205,7 +237,7 @@ class Rollouts:
 
     async def _reference(self, groups: list[Group]) -> None:
         """Score the groups under the frozen reference (for the KL term and its metric)."""
-        if not self.services.has_reference:
+        if not self.services.has_reference or not groups:
             return
         batch = collate_groups(groups, self.services.pad_id)
         async with self.turns.turn(self.services.reference_unit):
@@ -213,7 +245,11 @@ class Rollouts:
             rows = iter(await self.services.reference_logprobs(batch.tokens, batch.response_mask))
             self.notes.add("time/reference_s", time.perf_counter() - start)
         for gr in groups:
-            gr.ref_logprobs.extend(next(rows) for _ in gr.responses)
+            for i in range(len(gr.responses)):
+                row = next(rows)  # the reference's log-prob of each masked token
+                gr.ref_logprobs.append(
+                    spread(row, gr.response_masks[i]) if gr.response_masks else row
+                )
 
     def _keeps(self, group: Group) -> bool:
         """Dynamic sampling (DAPO): a group whose completions all scored alike teaches nothing
@@ -297,6 +333,11 @@ class Rollouts:
         stats["generator/overlapped_calls"] = self._overlapped_calls
         if self.grpo.uses_dynamic_sampling:
             stats["rollout/dropped_uninformative"] = self._dropped
+        if self.episodes is not None:
+            stats.update(self.episodes.take_stats())
+            # groups left out for an episode their environment lost
+            stats["episode/dropped_groups"] = self._dropped_episodes
+            self._dropped_episodes = 0
         self._generating_s = 0.0
         self._calls_ended = 0
         self._overlapped_calls = 0

@@ -126,6 +126,13 @@ class Services:
         call = gen.generate.call_one(prompts, seed, n, temperature)
         return await self.call(f"generator{replica}", call, kind="generate")
 
+    async def continue_tokens(
+        self, replica: int, prompts: list[list[int]], seed: int, max_new_tokens: int
+    ) -> list[dict[str, Any]]:
+        gen = self.generator_actors[replica]
+        call = gen.continue_tokens.call_one(prompts, seed, max_new_tokens)
+        return await self.call(f"generator{replica}", call, kind="generate")
+
     async def score(
         self, items: list[tuple[str, str, str]]
     ) -> list[tuple[float, dict[str, float]]]:

@@ -27,7 +27,17 @@ def _arith() -> ShippedTask:
     return SHIPPED
 
 
-_LOADERS: dict[str, Callable[[], ShippedTask]] = {"tiny": _tiny, "arith": _arith}
+def _tiny_tools() -> ShippedTask:
+    from runtime.tasks.tiny_tools import SHIPPED
+
+    return SHIPPED
+
+
+_LOADERS: dict[str, Callable[[], ShippedTask]] = {
+    "tiny": _tiny,
+    "arith": _arith,
+    "tiny-tools": _tiny_tools,
+}
 
 
 def shipped_task(name: str, *, field: str) -> ShippedTask:

@@ -1,0 +1,217 @@
+"""The episode loop: many episodes at once, one generator call per turn for all of them.
+
+Each round samples the next turn of every episode still running in one batched call, parses
+each turn in its family's format (runtime/episodes/formats.py), steps the environments of the
+turns that called tools (concurrently: a slow tool holds up only the round, never another
+episode's step), appends the tool messages and starts the next round. An episode ends when the
+model answers without a tool call, the environment says it is done, it has had `max_turns`
+turns, or its tokens after the prompt reach `max_tokens`; `close` then gives its reward (None:
+the episode is dropped and counted).
+
+The training sequence of an episode is its prompt and every turn; `generated` marks the tokens
+the model sampled (the only ones with loss, KL and log-probs), and `versions` the policy
+version of the turn that sampled each (-1 on the environment's and the template's tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.environments.api import Environments, ToolCall
+from runtime.episodes.formats import ToolFormat
+
+NOT_GENERATED = -1  # the version of a token the model did not sample
+
+
+@dataclass(frozen=True)
+class Limits:
+    """An episode's bounds: turns of the model, tokens after the prompt (the model's and the
+    tools'), tokens of one turn; `turn_rewards` adds the steps' rewards to the closing one."""
+
+    max_turns: int
+    max_tokens: int
+    max_turn_tokens: int
+    turn_rewards: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_tokens", "max_turn_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One sampled turn: its tokens, their log-probs, the version that sampled them, and
+    whether it stopped on an end token ("stop") or at the length limit ("length")."""
+
+    ids: list[int]
+    logprobs: list[float]
+    version: int
+    finish_reason: str
+
+
+# (prompts as token ids, most new tokens, seed) -> one turn per prompt, in order
+Generate = Callable[[list[list[int]], int, int], Awaitable[list[Turn]]]
+
+
+@dataclass
+class Episode:
+    """One episode's record (see the module docstring)."""
+
+    row: dict[str, Any]
+    prompt_ids: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    generated: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0  # malformed turns and calls that failed
+    malformed: int = 0
+    tool_s: float = 0.0
+    turn_reward: float = 0.0
+    reward: float | None = None
+    answer: str = ""
+    end: str = ""  # answer, done, max_turns, max_tokens
+    finish_reason: str = "stop"  # "length" when the last turn was cut
+    episode: str = ""
+    _running: bool = True
+
+    @property
+    def dropped(self) -> bool:
+        return self.reward is None
+
+    @property
+    def oldest_version(self) -> int:
+        generated = [v for v in self.versions if v != NOT_GENERATED]
+        return min(generated) if generated else 0
+
+    def _add(self, ids: Sequence[int], logprobs: Sequence[float] | None, version: int) -> None:
+        self.tokens.extend(ids)
+        self.generated.extend([logprobs is not None] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.versions.extend([version if logprobs is not None else NOT_GENERATED] * len(ids))
+
+
+def malformed_text(reason: str) -> str:
+    """The observation that answers a turn whose tool call could not be read."""
+    return f"error: malformed tool call ({reason}); write one call per block, valid JSON"
+
+
+class EpisodeRunner:
+    """Runs episodes of one format against one `Environments`, generating through `generate`."""
+
+    def __init__(
+        self,
+        environments: Environments,
+        fmt: ToolFormat,
+        generate: Generate,
+        limits: Limits,
+    ) -> None:
+        self.environments = environments
+        self.fmt = fmt
+        self.generate = generate
+        self.limits = limits
+
+    async def run(self, rows: list[dict[str, Any]], seeds: list[int]) -> list[Episode]:
+        """One episode per row (opened with its seed), in order."""
+        episodes = [Episode(row=dict(r)) for r in rows]
+        openings = await asyncio.gather(
+            *(self.environments.open(r, s) for r, s in zip(rows, seeds, strict=True))
+        )
+        for ep, opening in zip(episodes, openings, strict=True):
+            ep.episode = opening.episode
+            messages = opening.messages or ep.row.get("messages") or []
+            if not messages:
+                raise ValueError("an episode needs messages: from its environment or its row")
+            ep.prompt_ids = self.fmt.prompt_ids(messages, opening.tools)
+        seed = seeds[0] if seeds else 0
+        round_ = 0
+        while running := [ep for ep in episodes if ep._running]:
+            # the turn may use what is left of the episode's budget, at most max_turn_tokens
+            most = max(self._room(ep) for ep in running)
+            turns = await self.generate(
+                [ep.prompt_ids + ep.tokens for ep in running], most, seed + round_
+            )
+            round_ += 1
+            await asyncio.gather(
+                *(self._after(ep, t) for ep, t in zip(running, turns, strict=True))
+            )
+        await asyncio.gather(*(self._close(ep) for ep in episodes))
+        return episodes
+
+    def _room(self, ep: Episode) -> int:
+        return max(1, min(self.limits.max_turn_tokens, self.limits.max_tokens - len(ep.tokens)))
+
+    async def _after(self, ep: Episode, turn: Turn) -> None:
+        """Record a turn, step its calls, append their results, or end the episode."""
+        room = self._room(ep)
+        ids, logprobs, finish = turn.ids, turn.logprobs, turn.finish_reason
+        if len(ids) > room:
+            ids, logprobs, finish = ids[:room], logprobs[:room], "length"
+        ep._add(ids, logprobs, turn.version)
+        ep.turns += 1
+        ep.finish_reason = finish
+        parsed = self.fmt.parse(self.fmt.tokenizer.decode(ids, skip_special_tokens=False))
+        ep.answer = parsed.content
+        if parsed.malformed is None and not parsed.calls:
+            return self._end(ep, "answer")
+        results: list[str] = []
+        if parsed.malformed is not None:
+            ep.malformed += 1
+            ep.tool_errors += 1
+            results.append(malformed_text(parsed.malformed))
+        done = False
+        for call in parsed.calls:
+            text, done = await self._step(ep, call)
+            results.append(text)
+            if done:
+                break
+        if done:
+            return self._end(ep, "done")
+        if ep.turns >= self.limits.max_turns:
+            return self._end(ep, "max_turns")
+        follow = self.fmt.observation_ids(results, turn_closed=finish == "stop")
+        if len(ep.tokens) + len(follow) >= self.limits.max_tokens:
+            return self._end(ep, "max_tokens")
+        ep._add(follow, None, NOT_GENERATED)
+
+    async def _step(self, ep: Episode, call: ToolCall) -> tuple[str, bool]:
+        ep.tool_calls += 1
+        start = time.perf_counter()
+        result = await self.environments.step(ep.episode, call)
+        ep.tool_s += time.perf_counter() - start
+        if result.error is not None:
+            ep.tool_errors += 1
+        if result.reward is not None:
+            ep.turn_reward += result.reward
+        return result.text, result.done
+
+    def _end(self, ep: Episode, why: str) -> None:
+        ep.end = why
+        ep._running = False
+
+    async def _close(self, ep: Episode) -> None:
+        reward = await self.environments.close(ep.episode, ep.answer)
+        if reward is not None and self.limits.turn_rewards:
+            reward += ep.turn_reward
+        ep.reward = reward
+
+
+def episode_stats(episodes: Sequence[Episode]) -> dict[str, float]:
+    """The `episode/` metrics of some episodes (sums, and means over those kept)."""
+    kept = [ep for ep in episodes if not ep.dropped]
+    stats = {
+        "episode/tool_calls": float(sum(ep.tool_calls for ep in episodes)),
+        "episode/tool_errors": float(sum(ep.tool_errors for ep in episodes)),
+        "episode/malformed_calls": float(sum(ep.malformed for ep in episodes)),
+        "episode/tool_s": sum(ep.tool_s for ep in episodes),
+        "episode/dropped": float(len(episodes) - len(kept)),
+    }
+    if kept:
+        stats["episode/turns_mean"] = sum(ep.turns for ep in kept) / len(kept)
+    return stats
