@@ -13,6 +13,13 @@ from typing import Any, Protocol
 
 # Why a step did not give a tool's result; the text of such a step tells the model what went wrong.
 ERRORS = ("malformed", "unknown_tool", "raised", "timeout", "crashed")
+# The running totals `Environments.counters()` gives.
+COUNTERS = ("tool_calls", "tool_errors", "tool_s", "episodes_dropped", "workers_lost")
+
+
+def zero_counters() -> dict[str, float]:
+    """Every counter of COUNTERS at 0."""
+    return dict.fromkeys(COUNTERS, 0.0)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import itertools
 import time
 from typing import Any
 
-from runtime.environments.api import Opening, StepResult, ToolCall
+from runtime.environments.api import Opening, StepResult, ToolCall, zero_counters
 
 _ENDED = {
     "timeout": "the episode ran past its time and ends here",
@@ -39,13 +39,7 @@ class Hosted:
         self._deadlines: dict[str, float] = {}
         self._lost: dict[str, str] = {}
         self._ids = itertools.count()
-        self._counts = {
-            "tool_calls": 0.0,
-            "tool_errors": 0.0,
-            "tool_s": 0.0,
-            "episodes_dropped": 0.0,
-            "workers_lost": 0.0,
-        }
+        self._counts = zero_counters()
 
     # -- what a hosting supplies -------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from runtime.environments.api import Opening, StepResult, ToolCall
+from runtime.environments.api import Opening, StepResult, ToolCall, zero_counters
 
 
 class LocalEnvironments:
@@ -38,13 +38,7 @@ class LocalEnvironments:
         self.answer_action = answer_action
         self._open: dict[str, Any] = {}
         self._ids = itertools.count()
-        self.totals = {
-            "tool_calls": 0.0,
-            "tool_errors": 0.0,
-            "tool_s": 0.0,
-            "episodes_dropped": 0.0,
-            "workers_lost": 0.0,
-        }
+        self.totals = zero_counters()
 
     async def open(self, row: dict[str, Any], seed: int) -> Opening:
         env = self.factory()
