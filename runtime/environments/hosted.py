@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from abc import ABC, abstractmethod
 from typing import Any
 
 from runtime.environments.api import Opening, StepResult, ToolCall, zero_counters
@@ -30,7 +31,7 @@ class Lost(Exception):
         self.text = text or _ENDED[reason]
 
 
-class Hosted:
+class Hosted(ABC):
     """The Environments protocol over a hosting's `_open` / `_call` / `_close_episode`."""
 
     def __init__(self, call_timeout_s: float, episode_timeout_s: float) -> None:
@@ -43,16 +44,19 @@ class Hosted:
 
     # -- what a hosting supplies -------------------------------------------------------------
 
+    @abstractmethod
     async def _open(self, episode: str, row: dict[str, Any], seed: int, timeout: float) -> dict:
-        raise NotImplementedError
+        """Supplied by each hosting (workers.py, local.py)."""
 
+    @abstractmethod
     async def _call(self, episode: str, name: str, arguments: Any, timeout: float) -> dict:
-        raise NotImplementedError
+        """Supplied by each hosting (workers.py, local.py)."""
 
+    @abstractmethod
     async def _close_episode(self, episode: str, answer: str, timeout: float) -> float:
-        raise NotImplementedError
+        """Supplied by each hosting (workers.py, local.py)."""
 
-    def _forget(self, episode: str) -> None:
+    def _forget(self, episode: str) -> None:  # noqa: B027 (a hosting may hold nothing)
         """Free what the hosting holds for an episode that was dropped."""
 
     # -- the protocol --------------------------------------------------------------------------

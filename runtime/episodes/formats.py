@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +57,7 @@ def _call(obj: Any, arguments_key: str) -> ToolCall:
     return ToolCall(obj["name"], args)
 
 
-class ToolFormat:
+class ToolFormat(ABC):
     """One family's tool-call format, over a tokenizer that has its chat template."""
 
     family = ""
@@ -116,8 +117,9 @@ class ToolFormat:
 
     # --- parsing --------------------------------------------------------------------------------
 
+    @abstractmethod
     def parse(self, text: str) -> ParsedTurn:
-        raise NotImplementedError
+        """The family's own tool-call syntax (Qwen3Format, Llama3Format)."""
 
 
 class Qwen3Format(ToolFormat):
