@@ -18,6 +18,7 @@ attention keeps samples apart:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +74,16 @@ class DocumentAttention(ScaledDotProductAttention):
         return out.transpose(1, 2)
 
 
+@functools.cache
+def _varlen_arguments() -> frozenset[str]:
+    """The arguments the installed torch's varlen_attn takes (read once, not every layer's call)."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
 class TorchVarlenAttention(VarlenAttention):
     """TorchTitan's variable-length attention on torch's own flash attention kernel (FA2).
     TorchTitan's class switches torch to the FA3 (Hopper) or FA4 (Blackwell) kernels, which need
@@ -98,13 +109,11 @@ class TorchVarlenAttention(VarlenAttention):
         enable_gqa: bool = False,
         **kwargs: Any,
     ) -> Tensor:
-        import inspect
-
         from torch.nn.attention.varlen import varlen_attn
 
         # the nodes' torch 2.11 takes neither num_splits nor, maybe, enable_gqa: pass what it
         # takes, and give keys and values the queries' heads where it cannot group them
-        takes = inspect.signature(varlen_attn).parameters
+        takes = _varlen_arguments()
         b, length, heads, dim = q_BLNH.shape
         k, v = k_BLNH, v_BLNH
         extra: dict[str, Any] = {}
