@@ -136,22 +136,29 @@ def sync_seconds(arch: Any, transports: tuple[str, ...], lora: Any = None) -> fl
 
 
 def ranking_lengths(recipe: Any) -> tuple[int, int]:
-    """The mean prompt and completion lengths plans weigh layouts at: the dataset's stated
-    mean prompt (`dataset.prompt_tokens_mean`, else the most a prompt may take) and the most
-    a completion may take (reasoning models on math run to it)."""
-    g = recipe.grpo
-    prompt = recipe.dataset.prompt_tokens_mean or g.max_prompt_tokens
-    return prompt, g.max_response_tokens
+    """The mean prompt and completion lengths plans weigh layouts and price steps at: the
+    dataset's stated means (`dataset.prompt_tokens_mean`, `dataset.response_tokens_mean`), each
+    else the most it may take (a reasoning model on math runs its completions to the limit)."""
+    g, d = recipe.grpo, recipe.dataset
+    return (
+        d.prompt_tokens_mean or g.max_prompt_tokens,
+        d.response_tokens_mean or g.max_response_tokens,
+    )
 
 
 def ranking_words(recipe: Any) -> str:
     """`ranking_lengths` in words, for plans and notes."""
     prompt, response = ranking_lengths(recipe)
-    if recipe.dataset.prompt_tokens_mean:
+    d = recipe.dataset
+    if not d.prompt_tokens_mean and not d.response_tokens_mean:
+        return f"the recipe's maximum lengths ({prompt} + {response})"
+    said = "dataset.prompt_tokens_mean" if d.prompt_tokens_mean else "the most a prompt may take"
+    if d.response_tokens_mean:
         return (
-            f"{prompt}-token prompts (dataset.prompt_tokens_mean) and {response}-token completions"
+            f"{prompt}-token prompts ({said}) and {response}-token completions "
+            "(dataset.response_tokens_mean)"
         )
-    return f"the recipe's maximum lengths ({prompt} + {response})"
+    return f"{prompt}-token prompts ({said}) and {response}-token completions"
 
 
 def predict_step(

@@ -183,6 +183,10 @@ class Dataset(Strict):
     # included): plans rank their layouts at it (unset: at grpo.max_prompt_tokens, the most a
     # prompt may take). A run prints its own mean (prompt/len_mean) after a few steps.
     prompt_tokens_mean: int | None = Field(default=None, gt=0)
+    # The completions' mean length in tokens the policy is expected to sample on this data:
+    # plans price a step at it (unset: at grpo.max_response_tokens, the most a completion may
+    # take). A run's summary names both means it had (response/len_mean) for the next plan.
+    response_tokens_mean: int | None = Field(default=None, gt=0)
 
     _builtin = field_validator("path")(_shipped)
 

@@ -271,6 +271,12 @@ def _consistency_errors(r: Recipe) -> list[str]:
             f"dataset.prompt_tokens_mean: {mean} exceeds grpo.max_prompt_tokens "
             f"{g.max_prompt_tokens} (prompts are cut to it)"
         )
+    mean = r.dataset.response_tokens_mean
+    if mean is not None and mean > g.max_response_tokens:
+        errors.append(
+            f"dataset.response_tokens_mean: {mean} exceeds grpo.max_response_tokens "
+            f"{g.max_response_tokens} (completions stop at it)"
+        )
     errors += _eval_errors(r)
     if r.env is not None and r.env.max_episode_tokens > arch.max_seq_len:
         errors.append(

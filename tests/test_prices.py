@@ -410,3 +410,31 @@ def test_the_run_time_check_also_prices_each_step_at_the_runs_own_lengths(tmp_pa
     assert row["error"] == -0.25 and not row["within_target"]
     assert row["predicted_at_run_lengths_s"] == 700.0 and row["error_at_run_lengths"] == -0.143
     assert "at the run's lengths 700 s, error -14.3%" in capsys.readouterr().out
+
+
+def test_a_plan_prices_steps_at_the_means_a_recipe_states_and_a_run_names_its_own(tmp_path):
+    from recipes import apply_overrides
+    from recipes.errors import UserError
+    from runtime.control.metrics import MetricsLogger
+    from runtime.control.run import summary_line
+
+    recipe = load_recipe("qwen3-1.7b")
+    stated = apply_overrides(
+        recipe, ["dataset.prompt_tokens_mean=207", "dataset.response_tokens_mean=512"]
+    )
+    at_max, at_means = plan(recipe, 1, accelerator="H200"), plan(stated, 1, accelerator="H200")
+    assert at_means.predicted_step_s < at_max.predicted_step_s
+    words = "207-token prompts (dataset.prompt_tokens_mean) and 512-token completions "
+    assert words + "(dataset.response_tokens_mean)" in at_means.describe()
+    assert run_estimate(stated, at_means).step_s == round(at_means.predicted_step_s, 3)
+    with pytest.raises(UserError, match=r"dataset.response_tokens_mean: 2000 exceeds grpo.max_"):
+        apply_overrides(recipe, ["dataset.response_tokens_mean=2000"])
+    # the run's summary names the means it had, where they are 10 % or more off the plan's
+    with open(os.devnull, "w") as quiet:
+        metrics = MetricsLogger(tmp_path / "run", stream=quiet)
+        for step in (1, 2):
+            metrics.log(step, {"prompt/len_mean": 207.0, "response/len_mean": 512.0})
+        line = summary_line(metrics, recipe, at_max, 2, 256)
+        assert "--set dataset.prompt_tokens_mean=207 dataset.response_tokens_mean=512" in line
+        assert "for the next plan" not in summary_line(metrics, stated, at_means, 2, 256)
+        metrics.close()

@@ -400,6 +400,13 @@ def summary_line(metrics: Any, recipe: Any, run_plan: Any, step: int, samples: i
     words = f"run: {done['measured_wall_s'] / 60:.1f} min on the nodes"
     if predicted is not None:
         words += f" (predicted {predicted['wall_s_on_the_nodes'] / 60:.1f} min)"
+        at = predicted.get("at_run_lengths")
+        if at is not None and _lengths_differ(recipe, at):
+            words += (
+                f"; at this run's lengths the plan says {at['wall_s_on_the_nodes'] / 60:.1f} min:"
+                f" --set dataset.prompt_tokens_mean={round(at['prompt_tokens'])}"
+                f" dataset.response_tokens_mean={round(at['response_tokens'])} for the next plan"
+            )
     if "cost_usd" in done:
         words += (
             f"; ${done['cost_usd']:,.2f} ({recipe.resources.price_source or 'the recipe'}), "
@@ -408,6 +415,15 @@ def summary_line(metrics: Any, recipe: Any, run_plan: Any, step: int, samples: i
     if done["recoveries"]:
         words += f"; {done['recoveries']} recoveries, {done['recovery_lost_s']:.0f} s lost"
     return words
+
+
+def _lengths_differ(recipe: Any, at: dict[str, Any]) -> bool:
+    """Whether a run's mean lengths are 10 % or more off those its plan priced a step at."""
+    from recipes.costs import ranking_lengths
+
+    planned = ranking_lengths(recipe)
+    ran = (at["prompt_tokens"], at["response_tokens"])
+    return any(abs(r - p) >= 0.1 * p for p, r in zip(planned, ran, strict=True))
 
 
 def _at_run_lengths(metrics: Any, recipe: Any, run_plan: Any) -> dict[str, Any] | None:
