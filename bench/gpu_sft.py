@@ -269,6 +269,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         print("\n".join(log.read_text().splitlines()[-15:]), flush=True)
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
     summary = summarize(rows, a.warmup, max(a.gpus, 1))
+    # the run's own end: its measured wall time beside the plan's prediction (run_time_check.py)
+    ended = run_dir / "summary.json"
+    run_summary = json.loads(ended.read_text()) if ended.exists() else None
     if not a.keep_run:
         shutil.rmtree(run_dir, ignore_errors=True)
     complete = code == 0 and summary["measured_steps"] > 0
@@ -306,6 +309,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "log": str(log) if log else "the bench's own output",
         "device": device,
         **summary,
+        "run_summary": run_summary,
     }
 
 

@@ -38,6 +38,8 @@ def summaries(source: Path) -> list[tuple[str, dict[str, Any]]]:
         ]
         if found:
             return found
+        if not any(k in data for k in ("predicted", "steps")):
+            return []
     if isinstance(data, dict):
         return [(str(source), data)]
     return [(str(d.get("run", f"{source}#{i}")), d) for i, d in enumerate(data)]
@@ -100,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (source.is_file() or (source / "summary.json").is_file()):
             print(f"run_time_check: {source}: no summary.json", file=sys.stderr)
             return 2
-        rows.extend(check(name, s) for name, s in summaries(source))
+        found = summaries(source)
+        if not found:
+            print(f"run_time_check: {source}: no run's summary in it", file=sys.stderr)
+            return 2
+        rows.extend(check(name, s) for name, s in found)
     for r in rows:
         error = "-" if r["error"] is None else f"{r['error']:+.1%}"
         predicted = "-" if r["predicted_wall_s"] is None else f"{r['predicted_wall_s']:.0f} s"

@@ -59,6 +59,9 @@ class RunEstimate:
     spot: Offer | None
     price_source: str
     steps_key: str = "grpo.steps"  # the setting `steps` comes from
+    # the length a step is priced at that the recipe does not state (the most it may take):
+    # "prompt", "completion", "prompt and completion", or "" where both means are stated
+    at_most: str = ""
 
     @property
     def wall_s(self) -> float:
@@ -88,6 +91,12 @@ class RunEstimate:
             parts.append(f"{self.checkpoints} checkpoint copies {span(self.checkpoint_s)}")
         parts.append(f"the last checkpoint and the export {span(self.finish_s)}")
         out = [f"run: {' + '.join(parts)} = {span(self.wall_s)} predicted ({self.steps_key})"]
+        if self.at_most:
+            out.append(
+                f"  steps priced at the longest {self.at_most} the recipe allows, an upper "
+                "bound: --set dataset.prompt_tokens_mean=N dataset.response_tokens_mean=M (your "
+                "data's means; a run's last line names them) prices yours"
+            )
         node = f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.gpus_per_node} {self.accelerator}"
         if self.on_demand is None and self.spot is None:
             out.append(
@@ -170,7 +179,13 @@ def run_estimate(
     download_s = 2 * recipe.arch.params / GB / DOWNLOAD_GB_S_ASSUMED
     provision_s = PROVISION_S_ASSUMED + SETUP_S_MEASURED
     per_node = plan.gpus_per_node
+    unstated = []
+    if recipe.kind == "grpo":
+        d = recipe.dataset
+        unstated = [w for w, v in (("prompt", d.prompt_tokens_mean),
+                                   ("completion", d.response_tokens_mean)) if v is None]  # fmt: skip
     return RunEstimate(
+        at_most=" and ".join(unstated),
         steps=steps,
         step_s=plan.predicted_step_s,
         startup_s=provision_s + download_s + process_start_s(recipe.arch.params),

@@ -97,6 +97,8 @@ class TorchVarlenAttention(VarlenAttention):
     def __init__(self, config: Config) -> None:
         Module.__init__(self)
         self.window_size = config.window_size
+        # read here, not in forward: the compiled forward would trace into the cache's wrapper
+        self.groups_heads = "enable_gqa" in _varlen_arguments()
 
     def forward(
         self,
@@ -113,12 +115,11 @@ class TorchVarlenAttention(VarlenAttention):
 
         # the nodes' torch 2.11 takes neither num_splits nor, maybe, enable_gqa: pass what it
         # takes, and give keys and values the queries' heads where it cannot group them
-        takes = _varlen_arguments()
         b, length, heads, dim = q_BLNH.shape
         k, v = k_BLNH, v_BLNH
         extra: dict[str, Any] = {}
         if k.shape[2] != heads:
-            if "enable_gqa" in takes:
+            if self.groups_heads:
                 extra["enable_gqa"] = True
             else:
                 k = k.repeat_interleave(heads // k.shape[2], dim=2)
