@@ -155,6 +155,7 @@ def _make_user_code_importable(recipe, source: str) -> None:
 def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named: bool = False):
     """Parse arguments into a RunConfig: recipe (with overrides) and its plan."""
     from recipes import apply_overrides, load_recipe, plan
+    from recipes.files import bucket_reads
     from recipes.sft_rows import check_local_data
     from runtime.control.config import RunConfig
 
@@ -174,6 +175,13 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named:
         overrides.append(f"{section}.checkpoint_interval={args.checkpoint_every}")
     if overrides:
         recipe = apply_overrides(recipe, overrides)
+    for setting in bucket_reads(recipe):
+        # on the nodes the launcher has put a copy in its place (launcher/files.py)
+        raise UserError(
+            f"{setting.field} {setting.value!r}: a folder in a bucket, which {prog} cannot read "
+            "(forgesky launch copies it to the nodes); copy it to this machine (aws s3 sync, "
+            "gcloud storage cp -r, ...) and name that folder"
+        )
     gpus = args.gpus if args.gpus is not None else _default_gpus(recipe)
     cluster = cluster_from_env(port=args.worker_port)
     nodes = args.nodes if args.nodes is not None else (cluster.nodes if recipe.cpu else None)

@@ -385,7 +385,7 @@ def test_project_dir_is_the_repository():
 def test_bucket_schemes_are_the_stores_skypilot_mounts():
     from sky.data import storage
 
-    from launcher.options import BUCKET_SCHEMES
+    from recipes.buckets import BUCKET_SCHEMES
 
     prefixes = set()
     for store in storage.StoreType:
