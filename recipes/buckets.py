@@ -32,9 +32,11 @@ def bucket_problem(url: str) -> str | None:
     if scheme not in BUCKET_SCHEMES:
         import difflib
 
-        close = difflib.get_close_matches(scheme, BUCKET_SCHEMES, n=1, cutoff=0.5)
+        # https:// is Azure's alone: not a guess for ftp:// or http://
+        stores = [s for s in BUCKET_SCHEMES if s != "https"]
+        close = difflib.get_close_matches(scheme, stores, n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]}://?)" if close and scheme else ""
-        kinds = ", ".join(f"{s}://" for s in BUCKET_SCHEMES if s != "https")
+        kinds = ", ".join(f"{s}://" for s in stores)
         return f"not a bucket URL{hint}; use {kinds} or https://<account>{_AZURE_HOST}/<container>"
     if not parts.netloc or not _BUCKET_NAME.fullmatch(parts.netloc):
         return "bucket name missing or invalid"
