@@ -390,8 +390,15 @@ def test_sft_into_a_bucket_then_grpo_from_it(node_root, tmp_path, capsys):
     node_model = f"{node_root}/forgesky/files/model.hf_id/model"
     assert config["file_mounts"][node_model] == url
     assert task.file_mounts[node_model] == url and task.envs["MODEL"] == node_model
+    args = node_arguments(task, tmp_path / "home")
+    # launched before the SFT run ended: SkyPilot's copy of a prefix holding nothing yet is an
+    # empty folder, refused before anything starts
+    Path(node_model).mkdir(parents=True)
+    with pytest.raises(UserError, match="no config.json or \\*.safetensors in the folder"):
+        parse_config(args)
+    Path(node_model).rmdir()
     copy_from_buckets(node_root, task, buckets)
-    recipe = parse_config(node_arguments(task, tmp_path / "home")).recipe
+    recipe = parse_config(args).recipe
     assert recipe.model.hf_id == node_model
     spec = model_spec(recipe)
     start = to_hf(initial_weights(recipe, spec).state_dict(), spec)
