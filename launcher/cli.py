@@ -495,7 +495,7 @@ def _print_model_folder(job: Any, *, gone: bool) -> None:
         )
     else:
         print(
-            f"model folder at the end: {job.name}:sky_workdir/{job.run_dir}/model on node 0 "
+            f"model folder at the end: {job.run_dir}/model on node 0 of {job.name} "
             "(--checkpoint-bucket puts it in a bucket)"
         )
 

@@ -90,7 +90,7 @@ class Job:
     # the model and tokenizer folders in a bucket it reads, copied to every node
     bucket_files: tuple[BucketFile, ...]
     # Overrides the node re-applies with --set (model.hf_id travels as $MODEL instead), then
-    # each local file's node path.
+    # each local file's and bucket folder's node path.
     node_overrides: tuple[str, ...]
     envs: dict[str, str] = field(default_factory=dict)
 

@@ -53,8 +53,10 @@ def bucket_problem(url: str) -> str | None:
 
 
 def bucket_source(url: str) -> str:
-    """`url` as a file mount's source: SkyPilot refuses one ending in a slash."""
-    return url.rstrip("/")
+    """A well-formed `url` as a file mount's source: SkyPilot refuses one ending in a slash, and
+    knows schemes in lower case only."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme.lower()}://{rest}".rstrip("/")
 
 
 def bucket_leaf(url: str) -> str:

@@ -3,9 +3,10 @@
 `model.hf_id` and `model.tokenizer` (a Hugging Face model folder), `dataset.path` and
 `eval.path` (a data file, a saved dataset, a folder of data files) each take either a local path
 or something remote: a Hub name (`Qwen/Qwen3-8B`, `openai/gsm8k`), a URL (`hf://`, `s3://`, ...)
-or a shipped task (`builtin:tiny`). A model or tokenizer URL names a folder in a bucket, which
-`forgesky launch` copies to the nodes (launcher/files.py). A value is local when it exists on this machine or looks like
-a path (`/`, `~`, `./`, `../`, or a data file's suffix); everything else is remote.
+or a shipped task (`builtin:tiny`). A value is local when it exists on this machine or looks like
+a path (`/`, `~`, `./`, `../`, or a data file's suffix); everything else is remote. A model or
+tokenizer URL names a folder in a bucket, which `forgesky launch` copies to the nodes
+(launcher/files.py).
 
 A relative path written in a recipe file is looked for next to that file first (and made
 absolute when found there), then in the current directory; one given with `--set` is relative

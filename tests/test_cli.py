@@ -475,8 +475,7 @@ def test_a_managed_job_or_down_without_a_bucket_warns_the_model_folder_goes(
     code, out, err = run_main(capsys, "launch", "qwen3-1.7b-sft", "--dryrun")
     assert code == 0 and "warning" not in err
     assert (
-        "model folder at the end: sft-qwen3-1.7b-sft:sky_workdir/runs/sft-qwen3-1.7b-sft/model "
-        "on node 0"
+        "model folder at the end: runs/sft-qwen3-1.7b-sft/model on node 0 of sft-qwen3-1.7b-sft"
     ) in out
 
 

@@ -459,6 +459,7 @@ def test_plan_says_the_model_comes_from_its_bucket_and_reads_nothing(capsys, mon
     "url, leaf",
     [
         ("s3://me/ckpt/sft-x/model/", "model"),
+        ("S3://me/ckpt/sft-x/Model", "Model"),
         ("gs://only-a-bucket", "only-a-bucket"),
         ("cos://us-east/bucket/m", "m"),
         ("https://acct.blob.core.windows.net/container/runs/m", "m"),
@@ -468,4 +469,4 @@ def test_a_bucket_folder_keeps_its_name_on_the_nodes(url, leaf):
     recipe = apply_overrides(load_recipe("qwen3-1.7b"), [f"model.hf_id={url}"])
     [shipped] = files.bucket_files(recipe)
     assert shipped.remote == f"{files.FILES_MOUNT_DIR}/model.hf_id/{leaf}"
-    assert not shipped.source.endswith("/")
+    assert not shipped.source.endswith("/") and shipped.source.startswith(url.split(":")[0].lower())
