@@ -153,10 +153,17 @@ def _make_user_code_importable(recipe, source: str) -> None:
 
 
 def _check_model_folder(recipe) -> None:
-    """A local model folder the run starts from holds its weights: checked before anything
-    starts. On a node the folder may be a copy of one in a bucket (launcher/files.py), empty
-    where the run that writes it had not finished."""
+    """A local model folder the run starts from is there and holds its weights: checked before
+    anything starts. On a node the folder may be a copy of one in a bucket (launcher/files.py),
+    empty or missing where the run that writes it had not finished."""
+    from recipes.files import looks_local
+
     folder = Path(recipe.model.hf_id).expanduser()
+    if looks_local(recipe.model.hf_id) and not folder.exists():
+        raise UserError(
+            f"model.hf_id {recipe.model.hf_id!r}: no such folder; name a Hugging Face model "
+            "folder, or a Hub model (Qwen/Qwen3-1.7B)"
+        )
     if recipe.model.init != "hub" or not folder.is_dir():
         return
     missing = [name for name in ("config.json", "*.safetensors") if not any(folder.glob(name))]

@@ -391,8 +391,10 @@ def test_sft_into_a_bucket_then_grpo_from_it(node_root, tmp_path, capsys):
     assert config["file_mounts"][node_model] == url
     assert task.file_mounts[node_model] == url and task.envs["MODEL"] == node_model
     args = node_arguments(task, tmp_path / "home")
-    # launched before the SFT run ended: SkyPilot's copy of a prefix holding nothing yet is an
-    # empty folder, refused before anything starts
+    # launched before the SFT run ended: SkyPilot's copy of a prefix holding nothing yet is no
+    # folder or an empty one, refused before anything starts
+    with pytest.raises(UserError, match="no such folder"):
+        parse_config(args)
     Path(node_model).mkdir(parents=True)
     with pytest.raises(UserError, match="no config.json or \\*.safetensors in the folder"):
         parse_config(args)
