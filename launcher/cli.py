@@ -295,6 +295,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from recipes.run_cost import check_idle
 
         check_idle(recipe, run_plan, gpus)
+    from recipes.files import bucket_reads
     from recipes.sft_rows import check_local_data
 
     check_local_data(recipe)  # an SFT recipe's local data, read without a tokenizer
@@ -308,6 +309,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(_json({**run_plan.to_dict(), "run": run.to_dict() if run else None}))
     else:
         print(run_plan.describe())
+        for setting in bucket_reads(recipe):
+            print(
+                f"{setting.field}: {setting.value}, a folder in a bucket: launch copies it to "
+                "every node (not read now)"
+            )
         if run is not None:
             print("\n".join(run.lines()))
         if args.explain:
@@ -411,13 +417,14 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         f"{', '.join(given) if given else 'none'}"
     )
     print(f"{PROG} on the nodes: {project.summary}")
-    for line in describe(job.local_files):
+    for line in describe((*job.local_files, *job.bucket_files)):
         print(f"to every node: {line}")
     if options.managed and options.spot and not options.checkpoint_bucket:
         print(
             f"{PROG}: warning: no --checkpoint-bucket: a preempted job restarts from step 0",
             file=sys.stderr,
         )
+    _print_model_folder(job, gone=options.managed or args.down)
     if args.dryrun:
         import shlex
 
@@ -471,6 +478,26 @@ def _print_run_cost(recipe: Any, run_plan: Any, infra: str | None) -> None:
     run = run_estimate(recipe, run_plan, book, book.cloud_of(infra))
     if run is not None:
         print("\n".join(run.lines()))
+
+
+def _print_model_folder(job: Any, *, gone: bool) -> None:
+    """Where the run's model folder will be: in the bucket (an SFT run's, the start of a GRPO
+    run), else on node 0, or a warning where the cluster goes when the run ends."""
+    url = job.model_url
+    if url is not None:
+        then = f"; GRPO from it: --set model.hf_id={url}" if job.recipe.kind == "sft" else ""
+        print(f"model folder at the end: {url}{then}")
+    elif gone:
+        print(
+            f"{PROG}: warning: no --checkpoint-bucket: the model folder goes with the cluster "
+            "when the run ends",
+            file=sys.stderr,
+        )
+    else:
+        print(
+            f"model folder at the end: {job.run_dir}/model on node 0 of {job.name} "
+            "(--checkpoint-bucket puts it in a bucket)"
+        )
 
 
 def _version() -> str:

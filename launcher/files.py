@@ -1,5 +1,6 @@
 """Local files and folders a recipe names (data, held-out data, a model or tokenizer folder),
-brought to the nodes as SkyPilot file mounts, and the node paths the run reads them at.
+and model folders in a bucket, brought to the nodes as SkyPilot file mounts, and the node paths
+the run reads them at.
 
 Each lands under FILES_MOUNT_DIR/<setting>/<its name> (e.g.
 /forgesky/files/dataset.path/train.jsonl): one folder per setting, so two settings never
@@ -12,6 +13,13 @@ SkyPilot to its jobs bucket (one it makes for the job, or `jobs.bucket` in ~/.sk
 and copied from there on every (re)start. SkyPilot sets no size limit on either. What SkyPilot
 cannot bring is refused here, before launch: a path that is missing, unreadable, not a regular
 file or folder, or a folder holding links (rsync copies them as links, which dangle on a node).
+
+A model or tokenizer folder in a bucket (`s3://me/ckpt/sft-qwen3-1.7b-sft/model`, an SFT run's
+export) is a file mount whose source is the bucket URL: SkyPilot copies it to every node when
+the cluster starts (and a managed job's on every restart), with the store's own tool (`aws s3
+sync`, ...), so vLLM and the trainer read local files. The URL's form is checked by the recipe
+(recipes/buckets.py); what the bucket holds is not looked at here (no network), SkyPilot finds
+out at launch.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from recipes import UserError
-from recipes.files import DATA_FIELDS, DATA_FILE_FORMATS, local_path, read_paths
+from recipes.buckets import bucket_leaf, bucket_source
+from recipes.files import DATA_FIELDS, DATA_FILE_FORMATS, bucket_reads, local_path, read_paths
 
 # The repository's root: a task runs from there (its workdir).
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -71,10 +80,41 @@ def local_files(recipe: Any) -> tuple[LocalFile, ...]:
     return tuple(found)
 
 
-def describe(files: tuple[LocalFile, ...], *, sizes: bool = True) -> list[str]:
-    """One line a file for people: the setting, the local path (its size), the node path."""
+@dataclass(frozen=True)
+class BucketFile:
+    """A setting's folder in a bucket and where the nodes see it."""
+
+    field: str  # e.g. "model.hf_id"
+    value: str  # the bucket URL, as the recipe (or --set) gives it
+    remote: str  # on the nodes
+
+    @property
+    def source(self) -> str:
+        """The file mount's source: the URL without a trailing slash."""
+        return bucket_source(self.value)
+
+
+def bucket_files(recipe: Any) -> tuple[BucketFile, ...]:
+    """The model and tokenizer folders in a bucket that a run of `recipe` reads, each given its
+    node path (two settings naming one folder share it)."""
+    found: list[BucketFile] = []
+    for setting in bucket_reads(recipe):
+        source = bucket_source(setting.value)
+        same = next((f for f in found if f.source == source), None)
+        remote = same.remote if same else f"{FILES_MOUNT_DIR}/{setting.field}/{bucket_leaf(source)}"
+        found.append(BucketFile(setting.field, setting.value, remote))
+    return tuple(found)
+
+
+def describe(files: tuple[LocalFile | BucketFile, ...], *, sizes: bool = True) -> list[str]:
+    """One line a file for people: the setting, the local path (its size) or the bucket URL,
+    the node path."""
     return [
-        f"{f.field} {f.source}{f' ({_size(f.size)})' if sizes else ''} -> {f.remote}" for f in files
+        f"{f.field} {f.source}"
+        + (" (copied from the bucket)" if isinstance(f, BucketFile) else "")
+        + (f" ({_size(f.size)})" if sizes and isinstance(f, LocalFile) else "")
+        + f" -> {f.remote}"
+        for f in files
     ]
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import re
 import sys
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.files import LocalFile, local_files
+from launcher.files import BucketFile, LocalFile, bucket_files, local_files
 from launcher.names import RECOVERY_STRATEGIES, WANDB_MODES
 from recipes import (
     Plan,
@@ -26,6 +25,7 @@ from recipes import (
     minimum_gpus,
     plan,
 )
+from recipes.buckets import bucket_problem, bucket_source
 from recipes.memory import disk_errors
 from recipes.names import WORKER_PORT, WORKER_PORT_ENV
 from recipes.planner import unsold_note
@@ -47,9 +47,6 @@ SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
 # range; Kubernetes: pods reach pods), and Monarch's procs also listen on ephemeral ports, so the
 # task opens nothing: `resources.ports` would open the port to the internet, for a service that
 # runs whatever code reaches it.
-# Store URL schemes SkyPilot mounts (sky.data.storage.StoreType prefixes); https:// is Azure blob.
-BUCKET_SCHEMES = ("s3", "gs", "r2", "cos", "oci", "nebius", "cw", "vastdata", "https")
-_BUCKET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # SkyPilot's cluster-name rule (sky.utils.common_utils.check_cluster_name_is_valid).
 _CLUSTER_NAME = re.compile(r"[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?")
 
@@ -90,8 +87,10 @@ class Job:
     code_mounts: tuple[tuple[str, str], ...]
     # the local data, model and tokenizer files and folders the run reads (launcher.files)
     local_files: tuple[LocalFile, ...]
+    # the model and tokenizer folders in a bucket it reads, copied to every node
+    bucket_files: tuple[BucketFile, ...]
     # Overrides the node re-applies with --set (model.hf_id travels as $MODEL instead), then
-    # each local file's node path.
+    # each local file's and bucket folder's node path.
     node_overrides: tuple[str, ...]
     envs: dict[str, str] = field(default_factory=dict)
 
@@ -101,6 +100,14 @@ class Job:
         if self.options.checkpoint_bucket:
             return f"{CHECKPOINT_MOUNT}/{self.name}"
         return f"runs/{self.name}"
+
+    @property
+    def model_url(self) -> str | None:
+        """Where the model folder a finished run writes (RUN_DIR/model) lands in the bucket;
+        None without one (then it is on node 0, and goes with the cluster)."""
+        if not self.options.checkpoint_bucket:
+            return None
+        return f"{bucket_source(self.options.checkpoint_bucket)}/{self.name}/model"
 
     @property
     def recovery_strategy(self) -> str:
@@ -181,9 +188,10 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
     code_mounts = tuple(
         (f"{CODE_MOUNT_DIR}/{local.name}", str(local)) for _, local in sorted(code.items())
     )
-    files = local_files(recipe)
-    # The node reads each local file where it is mounted: the recipe's own value is replaced.
-    node_paths = {f.field: f.remote for f in files}
+    files, buckets = local_files(recipe), bucket_files(recipe)
+    # The node reads each local file and bucket folder where it is mounted: the recipe's own
+    # value is replaced.
+    node_paths = {f.field: f.remote for f in (*files, *buckets)}
     envs = {
         # Knobs of the task, like SkyPilot's torchforge example: change them with
         # `sky launch --env KEY=VALUE` without re-rendering.
@@ -211,6 +219,7 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         recipe_mount=mount,
         code_mounts=code_mounts,
         local_files=files,
+        bucket_files=buckets,
         node_overrides=node_overrides,
         envs=envs,
     )
@@ -274,31 +283,9 @@ def secret_values(job: Job, environ: Mapping[str, str] | None) -> dict[str, str 
 
 def check_bucket_url(url: str) -> None:
     """Raise UserError unless `url` names a bucket SkyPilot can mount (s3://bucket/path, ...)."""
-    parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in BUCKET_SCHEMES:
-        import difflib
-
-        close = difflib.get_close_matches(scheme, BUCKET_SCHEMES, n=1, cutoff=0.5)
-        hint = f" (did you mean {close[0]}://?)" if close and scheme else ""
-        kinds = ", ".join(f"{s}://" for s in BUCKET_SCHEMES if s != "https")
-        raise UserError(
-            f"--checkpoint-bucket {url!r}: not a bucket URL{hint}; use {kinds} "
-            "or https://<account>.blob.core.windows.net/<container>"
-        )
-    if not parts.netloc or not _BUCKET_NAME.fullmatch(parts.netloc):
-        raise UserError(f"--checkpoint-bucket {url!r}: bucket name missing or invalid")
-    if parts.query or parts.fragment or " " in url:
-        raise UserError(f"--checkpoint-bucket {url!r}: no spaces, '?' or '#' in a bucket URL")
-    if scheme == "https" and (
-        not parts.netloc.endswith(".blob.core.windows.net") or not parts.path.strip("/")
-    ):
-        raise UserError(
-            f"--checkpoint-bucket {url!r}: an https:// bucket must be an Azure blob container, "
-            "https://<account>.blob.core.windows.net/<container>"
-        )
-    if scheme == "cos" and not parts.path.strip("/"):
-        raise UserError(f"--checkpoint-bucket {url!r}: IBM COS URLs are cos://<region>/<bucket>")
+    problem = bucket_problem(url)
+    if problem:
+        raise UserError(f"--checkpoint-bucket {url!r}: {problem}")
 
 
 def _check_managed_options(options: LaunchOptions) -> None:

@@ -110,6 +110,13 @@ def header(job: Job, command: str, path: str | None, project: ProjectSource) -> 
             "the run reads them at their node paths:",
             *(f"  {line}" for line in describe(job.local_files, sizes=False)),
         ]
+    if job.bucket_files:
+        lines += [
+            "Folders in a bucket are copied to every node as file_mounts (SkyPilot's COPY, by the "
+            "store's own tool);",
+            "the run reads them at their node paths:",
+            *(f"  {line}" for line in describe(job.bucket_files)),
+        ]
     lines += [
         "",
         "Run from the repository root (workdir: . is synced to every node):"

@@ -87,7 +87,8 @@ def build_task(job: Job, secrets: Mapping[str, str | None], source: ProjectSourc
         secrets=dict(secrets),
     )
     mounts = {**source.mounts, **dict(job.code_mounts)}
-    mounts |= {f.remote: f.source for f in job.local_files}
+    # a bucket folder as a plain file mount is SkyPilot's COPY: downloaded to the node's disk
+    mounts |= {f.remote: f.source for f in (*job.local_files, *job.bucket_files)}
     if job.recipe_mount is not None:
         remote, local = job.recipe_mount
         mounts[remote] = local

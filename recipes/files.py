@@ -4,7 +4,9 @@
 `eval.path` (a data file, a saved dataset, a folder of data files) each take either a local path
 or something remote: a Hub name (`Qwen/Qwen3-8B`, `openai/gsm8k`), a URL (`hf://`, `s3://`, ...)
 or a shipped task (`builtin:tiny`). A value is local when it exists on this machine or looks like
-a path (`/`, `~`, `./`, `../`, or a data file's suffix); everything else is remote.
+a path (`/`, `~`, `./`, `../`, or a data file's suffix); everything else is remote. A model or
+tokenizer URL names a folder in a bucket, which `forgesky launch` copies to the nodes
+(launcher/files.py).
 
 A relative path written in a recipe file is looked for next to that file first (and made
 absolute when found there), then in the current directory; one given with `--set` is relative
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recipes.buckets import is_url
+
 # Where each path-like setting lives in a recipe: (section, key).
 PATH_FIELDS = (
     ("model", "hf_id"),
@@ -29,6 +33,9 @@ PATH_FIELDS = (
 # A data file's suffix -> the Hugging Face `datasets` builder that reads it.
 DATA_FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 DATA_FIELDS = ("dataset.path", "eval.path")
+# The settings that may name a folder in a bucket (recipes/buckets.py), which `forgesky launch`
+# copies to the nodes: a model (an SFT run's export, say) or a tokenizer.
+BUCKET_FIELDS = ("model.hf_id", "model.tokenizer")
 
 
 def is_remote(value: str) -> bool:
@@ -100,3 +107,9 @@ def read_paths(recipe: Any) -> list[PathSetting]:
     if recipe.eval.enabled and recipe.eval.path is not None:
         found.append(PathSetting("eval.path", recipe.eval.path))
     return found
+
+
+def bucket_reads(recipe: Any) -> list[PathSetting]:
+    """The settings a run of `recipe` reads that name a folder in a bucket (a model, a
+    tokenizer): the nodes get a copy, a run on this machine cannot read them."""
+    return [s for s in read_paths(recipe) if s.field in BUCKET_FIELDS and is_url(s.value)]

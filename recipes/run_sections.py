@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from recipes.buckets import bucket_problem, is_url
 from recipes.fields import Identifier, Strict
 from recipes.names import (
     ALL_LINEAR,
@@ -145,6 +146,20 @@ class Model(Strict):
     lora: Lora | None = None
 
     _builtin = field_validator("hf_id", "tokenizer")(_shipped)
+
+    @field_validator("hf_id", "tokenizer")
+    @classmethod
+    def _bucket(cls, value: str | None) -> str | None:
+        """A URL must name a bucket SkyPilot copies from (recipes/buckets.py): checked by form,
+        with no network."""
+        problem = bucket_problem(value) if value is not None and is_url(value) else None
+        if problem:
+            raise PydanticCustomError(
+                "bucket",
+                "{problem}; or name a Hub model (Qwen/Qwen3-1.7B) or a local folder",
+                {"problem": problem},
+            )
+        return value
 
 
 class Reward(Strict):

@@ -152,9 +152,33 @@ def _make_user_code_importable(recipe, source: str) -> None:
     sys.path[:0] = [f for f in folders if f not in sys.path]
 
 
+def _check_model_folder(recipe) -> None:
+    """A local model folder the run starts from is there and holds its weights: checked before
+    anything starts. On a node the folder may be a copy of one in a bucket (launcher/files.py),
+    empty or missing where the run that writes it had not finished."""
+    from recipes.files import looks_local
+
+    folder = Path(recipe.model.hf_id).expanduser()
+    if looks_local(recipe.model.hf_id) and not folder.exists():
+        raise UserError(
+            f"model.hf_id {recipe.model.hf_id!r}: no such folder; name a Hugging Face model "
+            "folder, or a Hub model (Qwen/Qwen3-1.7B)"
+        )
+    if recipe.model.init != "hub" or not folder.is_dir():
+        return
+    missing = [name for name in ("config.json", "*.safetensors") if not any(folder.glob(name))]
+    if missing:
+        raise UserError(
+            f"model.hf_id {recipe.model.hf_id!r}: no {' or '.join(missing)} in the folder; name a "
+            "Hugging Face model folder (a run's RUN_DIR/model once the run has finished; a LoRA "
+            "run's adapter as `forgesky export --merge` writes it)"
+        )
+
+
 def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named: bool = False):
     """Parse arguments into a RunConfig: recipe (with overrides) and its plan."""
     from recipes import apply_overrides, load_recipe, plan
+    from recipes.files import bucket_reads
     from recipes.sft_rows import check_local_data
     from runtime.control.config import RunConfig
 
@@ -174,6 +198,14 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named:
         overrides.append(f"{section}.checkpoint_interval={args.checkpoint_every}")
     if overrides:
         recipe = apply_overrides(recipe, overrides)
+    for setting in bucket_reads(recipe):
+        # on the nodes the launcher has put a copy in its place (launcher/files.py)
+        raise UserError(
+            f"{setting.field} {setting.value!r}: a folder in a bucket, which {prog} cannot read "
+            "(forgesky launch copies it to the nodes); copy it to this machine (aws s3 sync, "
+            "gcloud storage cp -r, ...) and name that folder"
+        )
+    _check_model_folder(recipe)
     gpus = args.gpus if args.gpus is not None else _default_gpus(recipe)
     cluster = cluster_from_env(port=args.worker_port)
     nodes = args.nodes if args.nodes is not None else (cluster.nodes if recipe.cpu else None)

@@ -426,6 +426,59 @@ def test_bad_bucket_url(capsys, no_cloud, url, fragment):
     assert no_cloud == []
 
 
+@pytest.mark.parametrize("command", ["plan", "validate", "render", "launch"])
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("ftp://host/model", "not a bucket URL; use s3://, gs://, r2://"),
+        ("s4://bucket/model", "did you mean s3://"),
+        ("hf://Qwen/Qwen3-1.7B", "or name a Hub model (Qwen/Qwen3-1.7B)"),
+        ("s3:///model", "bucket name missing or invalid"),
+        ("gs://bucket/model?v=2", "no spaces, '?' or '#'"),
+        ("https://example.com/model", "Azure blob container"),
+    ],
+)
+def test_a_bad_bucket_path_for_the_model_is_one_line_at_once(
+    capsys, no_cloud, command, url, fragment
+):
+    argv = [command, "qwen3-1.7b", "--set", f"model.hf_id={url}"]
+    started = time.monotonic()
+    code, out, err = run_main(capsys, *argv, *(["--yes"] if command == "launch" else []))
+    assert time.monotonic() - started < 1.0
+    assert_user_error(code, err, f"model.hf_id={url}: model.hf_id: ", fragment)
+    assert out == "" and no_cloud == []
+
+
+def test_local_cannot_read_a_bucket(capsys):
+    started = time.monotonic()
+    code, out, err = run_main(
+        capsys, "local", "tiny", "--set", "model.hf_id=s3://me/ckpt/sft-tiny-sft/model",
+        "--set", "model.init=hub",
+    )  # fmt: skip
+    assert time.monotonic() - started < 1.0
+    assert_user_error(
+        code,
+        err,
+        "model.hf_id 's3://me/ckpt/sft-tiny-sft/model': a folder in a bucket, which forgesky "
+        "local cannot read",
+        "copy it to this machine",
+    )
+    assert out == ""
+
+
+def test_a_managed_job_or_down_without_a_bucket_warns_the_model_folder_goes(
+    capsys, monkeypatch, no_cloud
+):
+    code, out, err = run_main(capsys, "launch", "qwen3-1.7b-sft", "--managed", "--dryrun")
+    assert code == 0
+    assert "warning: no --checkpoint-bucket: the model folder goes with the cluster" in err
+    code, out, err = run_main(capsys, "launch", "qwen3-1.7b-sft", "--dryrun")
+    assert code == 0 and "warning" not in err
+    assert (
+        "model folder at the end: runs/sft-qwen3-1.7b-sft/model on node 0 of sft-qwen3-1.7b-sft"
+    ) in out
+
+
 def test_managed_only_options_need_managed(capsys):
     code, _, err = run_main(capsys, "render", "qwen3-8b", "--recovery", "failover")
     assert_user_error(code, err, "--managed")

@@ -16,9 +16,11 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import sky
@@ -349,3 +351,124 @@ def test_two_packages_of_one_name_are_refused(tmp_path, monkeypatch, capsys):
     assert main(["render", str(recipe)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the nodes can import only one" in err, err
+
+
+# --- folders in a bucket -------------------------------------------------------------------------
+
+
+def copy_from_buckets(root: Path, task: sky.Task, buckets: Path) -> None:
+    """What SkyPilot's COPY of a bucket source does at launch, for the mounts under the node's
+    root: the bucket's folder (here buckets/<bucket>/<path>) copied there."""
+    for remote, source in task.file_mounts.items():
+        if remote.startswith(str(root)) and "://" in source:
+            parts = urllib.parse.urlsplit(source)
+            shutil.copytree(buckets / parts.netloc / parts.path.lstrip("/"), remote)
+
+
+def test_sft_into_a_bucket_then_grpo_from_it(node_root, tmp_path, capsys):
+    """The two commands: an SFT launch with --checkpoint-bucket says where its model folder
+    lands; a GRPO recipe naming that URL gets a file mount SkyPilot copies from the bucket, and
+    the runtime on the node starts from the SFT run's weights at the mount's node path."""
+    from safetensors.torch import load_file
+
+    from runtime.backends.build import initial_weights, model_spec
+    from runtime.entry import parse_config
+    from runtime.models import to_hf
+    from runtime.sft.run import run as run_sft
+
+    assert main(["launch", "tiny-sft", "--checkpoint-bucket", "s3://me/ckpt/", "--dryrun"]) == 0
+    out = capsys.readouterr().out
+    url = "s3://me/ckpt/sft-tiny-sft/model"
+    assert f"model folder at the end: {url}; GRPO from it: --set model.hf_id={url}" in out
+    assert "--run-dir /checkpoints/sft-tiny-sft" in out  # the bucket is mounted at /checkpoints
+    buckets = tmp_path / "buckets"  # s3://me/ckpt is buckets/me/ckpt here
+    run_sft(load_recipe("tiny-sft"), buckets / "me/ckpt/sft-tiny-sft", steps=2, log=lambda _: 0)
+    capsys.readouterr()  # the run's progress lines
+
+    # a trailing slash as a user may type it: SkyPilot refuses one on a mount's source
+    config, task = render(capsys, "tiny", "--set", f"model.hf_id={url}/", "--set", "model.init=hub")
+    node_model = f"{node_root}/forgesky/files/model.hf_id/model"
+    assert config["file_mounts"][node_model] == url
+    assert task.file_mounts[node_model] == url and task.envs["MODEL"] == node_model
+    args = node_arguments(task, tmp_path / "home")
+    # launched before the SFT run ended: SkyPilot's copy of a prefix holding nothing yet is no
+    # folder or an empty one, refused before anything starts
+    with pytest.raises(UserError, match="no such folder"):
+        parse_config(args)
+    Path(node_model).mkdir(parents=True)
+    with pytest.raises(UserError, match="no config.json or \\*.safetensors in the folder"):
+        parse_config(args)
+    Path(node_model).rmdir()
+    copy_from_buckets(node_root, task, buckets)
+    recipe = parse_config(args).recipe
+    assert recipe.model.hf_id == node_model
+    spec = model_spec(recipe)
+    start = to_hf(initial_weights(recipe, spec).state_dict(), spec)
+    trained = load_file(buckets / "me/ckpt/sft-tiny-sft/model/model.safetensors")
+    assert trained and all(torch.equal(start[k].float(), trained[k].float()) for k in trained)
+
+
+def test_a_bucket_model_beside_a_checkpoint_bucket_in_a_managed_job(monkeypatch, capsys):
+    handed = []
+    monkeypatch.setattr(sky.jobs, "launch", lambda task, **kw: handed.append(task) or "r")
+    monkeypatch.setattr(sky, "stream_and_get", lambda request: ([3], None))
+    url = "gs://team/sft/qwen3-1.7b/model"
+    argv = ["launch", "qwen3-1.7b", "--set", f"model.hf_id={url}", "--managed", "--spot",
+            "--checkpoint-bucket", "s3://b/ckpt", "--yes"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    node_model = "/forgesky/files/model.hf_id/model"
+    assert f"to every node: model.hf_id {url} (copied from the bucket) -> {node_model}" in out
+    assert "model folder at the end: s3://b/ckpt/grpo-qwen3-1.7b/model\n" in out
+    (task,) = handed
+    assert task.file_mounts[node_model] == url and task.envs["MODEL"] == node_model
+    assert list(task.storage_mounts) == ["/checkpoints"]
+    # what SkyPilot makes of it again from the YAML it stores for the job
+    again = sky.Task.from_yaml_config(task.to_yaml_config())
+    assert again.file_mounts[node_model] == url
+
+
+def test_a_tokenizer_in_a_bucket_and_the_header(capsys):
+    model, tokenizer = "r2://models/qwen3/sft", "r2://models/qwen3/tokenizer"
+    shared = ["--set", f"model.hf_id={model}", "--set", f"model.tokenizer={model}"]
+    config, task = render(capsys, "qwen3-1.7b", *shared)
+    mounted = {k: v for k, v in task.file_mounts.items() if k.startswith("/forgesky/files")}
+    assert mounted == {"/forgesky/files/model.hf_id/sft": model}  # one folder, one mount
+    assert "--set model.tokenizer=/forgesky/files/model.hf_id/sft" in config["run"]
+    apart = ["--set", f"model.hf_id={model}", "--set", f"model.tokenizer={tokenizer}"]
+    config, task = render(capsys, "qwen3-1.7b", *apart)
+    assert task.file_mounts["/forgesky/files/model.tokenizer/tokenizer"] == tokenizer
+    assert main(["render", "qwen3-1.7b", *apart]) == 0
+    header = capsys.readouterr().out.split("\n\n")[0]
+    assert "# Folders in a bucket are copied to every node as file_mounts" in header
+    assert f"#   model.tokenizer {tokenizer} (copied from the bucket) -> " in header
+
+
+def test_plan_says_the_model_comes_from_its_bucket_and_reads_nothing(capsys, monkeypatch):
+    import socket
+
+    monkeypatch.setattr(socket, "socket", lambda *a, **k: pytest.fail("network used"))
+    url = "s3://me/ckpt/sft-qwen3-1.7b-sft/model"
+    assert main(["plan", "qwen3-1.7b", "--set", f"model.hf_id={url}"]) == 0
+    assert (
+        f"model.hf_id: {url}, a folder in a bucket: launch copies it to every node (not read now)"
+    ) in capsys.readouterr().out
+    assert main(["validate", "qwen3-1.7b", "--set", f"model.hf_id={url}"]) == 0
+    assert f"ok (recipe qwen3-1.7b, {url}," in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "url, leaf",
+    [
+        ("s3://me/ckpt/sft-x/model/", "model"),
+        ("S3://me/ckpt/sft-x/Model", "Model"),
+        ("gs://only-a-bucket", "only-a-bucket"),
+        ("cos://us-east/bucket/m", "m"),
+        ("https://acct.blob.core.windows.net/container/runs/m", "m"),
+    ],
+)
+def test_a_bucket_folder_keeps_its_name_on_the_nodes(url, leaf):
+    recipe = apply_overrides(load_recipe("qwen3-1.7b"), [f"model.hf_id={url}"])
+    [shipped] = files.bucket_files(recipe)
+    assert shipped.remote == f"{files.FILES_MOUNT_DIR}/model.hf_id/{leaf}"
+    assert not shipped.source.endswith("/") and shipped.source.startswith(url.split(":")[0].lower())

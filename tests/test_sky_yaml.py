@@ -144,3 +144,46 @@ def test_bucket_and_recovery_render_as_skypilot_reads_them(capsys):
     assert task.storage_mounts["/checkpoints"].source == "r2://ckpt/run1"
     for r in task.resources:
         assert sky.JOBS_RECOVERY_STRATEGY_REGISTRY.from_str(r.job_recovery["strategy"]) is not None
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "s3://me/ckpt/sft-qwen3-1.7b-sft/model",
+        "gs://me/sft/model",
+        "r2://me/sft/model",
+        "cos://us-east/me/sft/model",
+        "oci://me/sft/model",
+        "nebius://me/sft/model",
+        "cw://me/sft/model",
+        "vastdata://me/sft/model",
+        "https://acct.blob.core.windows.net/me/sft/model",
+    ],
+)
+def test_a_model_in_a_bucket_renders_as_a_copy_skypilot_reads(capsys, url):
+    """Every store forgesky takes a model from: a plain file mount from the URL (SkyPilot's
+    COPY), beside the checkpoint bucket's mount in a managed job."""
+    from recipes.buckets import BUCKET_SCHEMES
+
+    assert url.split("://")[0] in BUCKET_SCHEMES
+    argv = ["render", "qwen3-1.7b", "--set", f"model.hf_id={url}", "--managed", "--spot"]
+    assert main([*argv, "--checkpoint-bucket", "s3://ckpt/runs"]) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    task = sky.Task.from_yaml_config(copy.deepcopy(config))
+    assert task.file_mounts["/forgesky/files/model.hf_id/model"] == url
+    assert task.envs["MODEL"] == "/forgesky/files/model.hf_id/model"
+    assert list(task.storage_mounts) == ["/checkpoints"]
+
+
+@pytest.mark.parametrize("url", ["s3://me/sft/model", "gs://me/sft/model", "cw://me/sft/model"])
+def test_skypilot_copies_a_bucket_model_to_its_node_path(capsys, url):
+    """The command SkyPilot runs on each node for the rendered mount (its own code builds it;
+    stores whose command needs credentials to build are left to the parse above)."""
+    from sky import cloud_stores
+
+    assert main(["render", "qwen3-1.7b", "--set", f"model.hf_id={url}"]) == 0
+    task = sky.Task.from_yaml_config(yaml.safe_load(capsys.readouterr().out))
+    [(node, source)] = [(k, v) for k, v in task.file_mounts.items() if "://" in v]
+    command = cloud_stores.get_storage_from_path(source).make_sync_dir_command(source, node)
+    assert command.endswith(f"me/sft/model {node}") or f"me/sft/model {node} " in command
+    assert node == "/forgesky/files/model.hf_id/model" == task.envs["MODEL"]

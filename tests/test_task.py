@@ -385,7 +385,7 @@ def test_project_dir_is_the_repository():
 def test_bucket_schemes_are_the_stores_skypilot_mounts():
     from sky.data import storage
 
-    from launcher.options import BUCKET_SCHEMES
+    from recipes.buckets import BUCKET_SCHEMES
 
     prefixes = set()
     for store in storage.StoreType:
@@ -394,6 +394,12 @@ def test_bucket_schemes_are_the_stores_skypilot_mounts():
     # Hugging Face buckets are left out: a checkpoint mount needs a writable object store.
     assert prefixes - set(BUCKET_SCHEMES) == {"hf"}
     assert set(BUCKET_SCHEMES) <= prefixes
+    # and a model folder in any of them is a file mount SkyPilot knows how to copy
+    from sky import cloud_stores
+
+    for scheme in BUCKET_SCHEMES:
+        host = "acct.blob.core.windows.net/container" if scheme == "https" else "bucket"
+        assert cloud_stores.get_storage_from_path(f"{scheme}://{host}/model") is not None
 
 
 def test_one_node_tasks_have_no_worker_port(monkeypatch, capsys, env):
