@@ -85,6 +85,14 @@ STARTUP_SOURCES = (
     ("gpu_h200_2026-11-28-lora/gpu_grpo_qwen3-8b-lora.json", "grpo"),
     ("gpu_h200_2026-11-29-lora/side_by_side_lora8b.json", "grpo_1gpu_on_policy"),
 )
+# SFT runs whose whole wall time the bench measured (bench/gpu_sft.py, the trainer alone through
+# `python -m runtime`): their start against the GRPO line above at the same size gives the share
+# an SFT plan's start-up takes (one size measured: the share is assumed to hold at the others).
+SFT_STARTUP_SOURCES = (
+    ("gpu_h200_2026-11-29-sftpairs/pairs_sft.json", "pair1_ours"),
+    ("gpu_h200_2026-11-29-sftpairs/pairs_sft.json", "pair2_ours"),
+    ("gpu_h200_2026-11-29-sftpairs/pairs_sft.json", "pair3_ours"),
+)
 # What a figure's reader should know about its run.
 SYNC_NOTES = {
     "store": "measured 2026-11-21, when the store took one key a parameter; in a run not "
@@ -260,6 +268,26 @@ def startup_fit() -> dict[str, Any]:
     }
 
 
+def sft_startup_share(startup: dict[str, Any]) -> dict[str, Any]:
+    """The SFT runs' start (wall time less steps x step time: the trainer up, the weights
+    loaded, the first step's compile) over the GRPO line's at their size: the median share."""
+    from recipes import load_recipe
+
+    shares, starts = [], []
+    for file, name in SFT_STARTUP_SOURCES:
+        run = section(file, name)
+        start = run["wall_s"] - run["steps"] * run["step_s"]
+        params = load_recipe(run["recipe"]).arch.params / 1e9
+        starts.append(start)
+        shares.append(start / (startup["base_s"] + startup["s_per_billion_params"] * params))
+    return {
+        "share_of_grpo": round(statistics.median(shares), 3),
+        "runs": len(SFT_STARTUP_SOURCES),
+        "spread_s": [round(min(starts), 1), round(max(starts), 1)],
+        "source": "bench/cost_constants.py SFT_STARTUP_SOURCES",
+    }
+
+
 def derive() -> dict[str, Any]:
     rates = {
         gpu: {model: service_rates(*where) for model, where in models.items()}
@@ -274,7 +302,8 @@ def derive() -> dict[str, Any]:
         "size_source": " vs ".join(f"{g} {m}" for g, m in SIZE_PAIR),
         "sync": sync_rates(),
         "lora": lora_factors(rates, beta),
-        "startup": startup_fit(),
+        "startup": (startup := startup_fit()),
+        "sft_startup": sft_startup_share(startup),
     }
 
 

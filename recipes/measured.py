@@ -45,6 +45,15 @@ MEASURED = {
             }
         }
     },
+    "sft_startup": {
+        "runs": 3,
+        "share_of_grpo": 0.332,
+        "source": "bench/cost_constants.py SFT_STARTUP_SOURCES",
+        "spread_s": [
+            52.3,
+            92.8
+        ]
+    },
     "size_exponent": 0.422,
     "size_source": "H200 qwen3-1.7b vs H200 qwen3-8b",
     "startup": {

@@ -140,12 +140,14 @@ def span(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def process_start_s(params: int) -> float:
+def process_start_s(params: int, kind: str = "grpo") -> float:
     """The run's processes from their start to the first step's start and the first steps'
     compile, measured: a line in the weights' size through committed runs (MEASURED["startup"],
-    bench/cost_constants.py)."""
+    bench/cost_constants.py); an SFT run (the trainer alone) takes the share of it its runs
+    measured (MEASURED["sft_startup"])."""
     fit = MEASURED["startup"]
-    return fit["base_s"] + fit["s_per_billion_params"] * params / 1e9
+    line = fit["base_s"] + fit["s_per_billion_params"] * params / 1e9
+    return line * MEASURED["sft_startup"]["share_of_grpo"] if kind == "sft" else line
 
 
 def run_estimate(
@@ -188,7 +190,7 @@ def run_estimate(
         at_most=" and ".join(unstated),
         steps=steps,
         step_s=plan.predicted_step_s,
-        startup_s=provision_s + download_s + process_start_s(recipe.arch.params),
+        startup_s=provision_s + download_s + process_start_s(recipe.arch.params, recipe.kind),
         provision_s=provision_s,
         evals=evals,
         eval_s=evals * one_eval,
