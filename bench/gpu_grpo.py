@@ -420,6 +420,13 @@ def summarize(
         # policy.py): with on-policy steps, how soon sampling uses the new policy
         "sync_ready_s": mean([r["sync/ready_s"] for r in measured if r.get("sync/ready_s")]),
         "publish_s": mean([r["time/publish_s"] for r in measured if "time/publish_s" in r]),
+        # a LoRA version's load into vLLM, in parts (vLLM's LoRAModel build, the slot's copy)
+        **{
+            f"adapter_{part}_s": mean([r[k] for r in measured if k in r])
+            for part in ("build", "activate")
+            for k in [f"time/adapter_{part}_s"]
+            if any(k in r for r in measured)
+        },
         # Direct path (runtime.weights.direct): the trainer's broadcast, in the background.
         "push_s": mean([r["time/push_s"] for r in measured if "time/push_s" in r]),
         "push_gb_per_s": per(

@@ -31,6 +31,8 @@ class FakeServices:
     generate_s: float = 0.0  # seconds per generate call (jittered by `jitter`)
     reference_s: float = 0.0
     load_s: float = 0.0
+    # > 0: loads are LoRA versions into vLLM, replica r's adapter built in adapter_s * (r + 1)
+    adapter_s: float = 0.0
     jitter: float = 0.0
     seed: int = 0
     loaded: list[int] = field(default_factory=list)
@@ -124,7 +126,12 @@ class FakeServices:
     async def load_version(self, replica: int, version: int) -> dict[str, float]:
         await self._pause(self.load_s)
         self.loaded[replica] = max(self.loaded[replica], version)
-        return {"version": self.loaded[replica], "bytes": 0, "seconds": self.load_s}
+        out = {"version": self.loaded[replica], "bytes": 0, "seconds": self.load_s}
+        if self.adapter_s:
+            build = self.adapter_s * (replica + 1)
+            out.update(adapter_build_s=build, adapter_activate_s=self.adapter_s / 2)
+            out["seconds"] += build + self.adapter_s / 2
+        return out
 
     async def version_loaded(self, version: int) -> None:
         return None

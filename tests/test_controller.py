@@ -82,6 +82,18 @@ def test_ready_time_spans_the_publish_and_the_slowest_load(tmp_path):
     assert all(r["sync/ready_s"] >= 0.05 for r in rows[1:]), [r["sync/ready_s"] for r in rows]
 
 
+def test_a_lora_versions_load_is_logged_in_parts_from_the_slowest_generator(tmp_path):
+    cfg = config(tmp_path, "grpo.max_policy_age=0")
+    services = FakeServices(generators=2, adapter_s=0.25)
+    rows = asyncio.run(run(cfg, services)).metrics.records
+    # generator 1 builds its adapter in 0.5 s, generator 0 in 0.25: the step waits on the first
+    assert all(r["time/adapter_build_s"] == 0.5 for r in rows), rows
+    assert all(r["time/adapter_activate_s"] == 0.125 for r in rows)
+    assert not any("time/adapter_build_s" in r for r in asyncio.run(
+        run(config(tmp_path / "full", "grpo.max_policy_age=0"), FakeServices(generators=2))
+    ).metrics.records)  # fmt: skip
+
+
 def test_lock_step_trains_every_prompt_once_in_order(tmp_path):
     cfg = config(tmp_path, "grpo.max_policy_age=0")
     services = FakeServices()

@@ -74,7 +74,12 @@ class GeneratorActor(Actor):
             self.backend.incoming_version = version
         loaded, nbytes = await self.receiver.load(version, self.backend)
         self.backend.policy_version = loaded
-        return {"version": loaded, "bytes": nbytes, "seconds": time.perf_counter() - start}
+        out = {"version": loaded, "bytes": nbytes, "seconds": time.perf_counter() - start}
+        # a LoRA version into vLLM from memory: its build (vLLM's LoRAModel) and slot activation
+        slots = getattr(self.backend, "slots", None)
+        for part, seconds in (getattr(slots, "timings", None) or {}).items():
+            out[f"adapter_{part}"] = seconds
+        return out
 
     @endpoint
     async def close(self) -> None:

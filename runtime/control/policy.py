@@ -34,6 +34,7 @@ class PolicySync:
         self.mode = mode  # the recipe's weight_sync.transport
         self.paths: list[str] = ["store"] * services.generators
         self.last_load_s = 0.0  # the slowest generator's last load
+        self.last_load_parts: dict[str, float] = {}  # its adapter's build and activation (LoRA)
         # From the train step's end to the last generator holding its version (publish, any
         # generation still in flight, the load): how soon sampling can use a new policy.
         self.last_ready_s = 0.0
@@ -66,7 +67,7 @@ class PolicySync:
         s = self.services
         await s.publish(version)
         loads = await asyncio.gather(*(s.load_version(r, version) for r in range(s.generators)))
-        self.last_load_s = max(r["seconds"] for r in loads)
+        self._took(loads)
         self.progress.loaded = [int(r["version"]) for r in loads]
         await s.version_loaded(version)
 
@@ -76,18 +77,17 @@ class PolicySync:
         s = self.services
         since = time.perf_counter() if trained_at is None else trained_at
 
-        async def load(replica: int) -> float:
+        async def load(replica: int) -> dict[str, float]:
             async with self.turns.turn(f"generator{replica}"):
                 result = await s.load_version(replica, version)
             # A generator that received a newer version already loads that one.
             loaded = self.progress.loaded
             loaded[replica] = max(loaded[replica], int(result["version"]))
             await self.progress.notify()
-            return result["seconds"]
+            return result
 
         async def switch() -> None:
-            loads = await asyncio.gather(*(load(r) for r in range(s.generators)))
-            self.last_load_s = max(loads)
+            self._took(await asyncio.gather(*(load(r) for r in range(s.generators))))
             self.last_ready_s = time.perf_counter() - since
             await s.version_loaded(version)
             if version - 1 >= 0:
@@ -96,6 +96,13 @@ class PolicySync:
         task = asyncio.create_task(switch())
         self._tasks.add(task)
         task.add_done_callback(self._done)
+
+    def _took(self, loads: list[dict[str, float]]) -> None:
+        slowest = max(loads, key=lambda r: r["seconds"])
+        self.last_load_s = slowest["seconds"]
+        self.last_load_parts = {
+            k.removeprefix("adapter_"): v for k, v in slowest.items() if k.startswith("adapter_")
+        }
 
     def _done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
