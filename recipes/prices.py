@@ -23,7 +23,8 @@ SNAPSHOT_DATE = "2026-11-29"
 @dataclass(frozen=True)
 class Offer:
     """One instance type: `count` GPUs of `accelerator` on `cloud`, its cheapest hourly price
-    over the catalog's regions (None: not sold that way) and that region."""
+    over the catalog's regions (None: not sold that way) and that region, and its vCPUs (None
+    where the catalog lists none)."""
 
     cloud: str
     accelerator: str
@@ -33,6 +34,7 @@ class Offer:
     on_demand_region: str | None
     spot: float | None
     spot_region: str | None
+    vcpus: float | None = None
 
     def price(self, spot: bool) -> float | None:
         return self.spot if spot else self.on_demand
