@@ -13,9 +13,10 @@ from launcher.options import CHECKPOINT_MOUNT, CODE_MOUNT_DIR, Job
 from launcher.scripts import STOPPED_EXIT_CODE, run_script, setup_script
 from launcher.source import ProjectSource
 from recipes import UserError
+from recipes.names import CPU_NODE_VCPUS
 
 # vCPUs for CPU recipes: the runtime starts one process per service (see recipes.plan).
-CPU_NODE_CPUS = "8+"
+CPU_NODE_CPUS = f"{CPU_NODE_VCPUS}+"
 
 
 def disk_gb(job: Job) -> int:

@@ -4,7 +4,8 @@ tools in, and how the run hosts it (worker processes beside the generator, docs/
     env:
       name: builtin:python            # or mypkg.envs:MyEnvironment (an OpenEnv Environment)
       args: {}                        # keyword arguments the class is built with
-      workers_per_node: 4             # CPU worker processes hosting the episodes, per node
+      cpus_per_episode: null          # CPU cores an episode's tools take while they run
+      workers_per_node: auto          # CPU worker processes hosting the episodes, per node
       max_turns: 4                    # model turns an episode may take
       max_turn_tokens: null           # tokens the model may sample in one turn
       max_episode_tokens: null        # tokens an episode may hold, its opening prompt included
@@ -18,11 +19,17 @@ that alternates the model's turns with the tools' results, in the model family's
 and the environment gives the reward (the dataset then needs none). Every number is > 0; the
 class is found and checked without importing it (recipes/references.py), the way a custom
 reward is.
+
+The planner sizes the workers (`env_plan`): the episodes in flight at once (every generator
+replica's call: its prompts x grpo.group_size) times `cpus_per_episode` are the cores the tools
+may take at once, weighed against the cores node 0 has left beside its own processes.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -32,6 +39,19 @@ from recipes.fields import Strict
 from recipes.names import BUILTIN_ENVIRONMENTS
 
 _CLASS = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+# CPU cores an episode's tools take while they run, where env.cpus_per_episode is not set: the
+# Python sandbox runs the model's program in a process of its own (a core while it runs);
+# tiny-tools looks a digit up (microseconds). An environment of your own: a core, unless set.
+BUILTIN_CPUS_PER_EPISODE: dict[str, float] = {"python": 1.0, "tiny-tools": 0.005}
+OWN_CPUS_PER_EPISODE = 1.0
+# Cores node 0's own processes take: the controller (its run loop, tokenizing the episodes'
+# turns), and per GPU the proc that drives it (a trainer rank or a generator worker, with vLLM's
+# engine loop beside it); on CPU, each service's process.
+CONTROLLER_CORES = 2
+CORES_PER_GPU = 2
+# The most environment workers `auto` starts on a node, however many cores it has.
+MAX_AUTO_WORKERS = 64
 
 
 class Sandbox(Strict):
@@ -52,7 +72,10 @@ class Environment(Strict):
 
     name: str
     args: dict[str, Any] = {}
-    workers_per_node: int = Field(default=4, gt=0)
+    # default: BUILTIN_CPUS_PER_EPISODE for a shipped environment, else OWN_CPUS_PER_EPISODE
+    cpus_per_episode: float | None = Field(default=None, gt=0)
+    # auto: the planner's count (env_plan), from the cores the episodes need and the node's
+    workers_per_node: int | Literal["auto"] = "auto"
     max_turns: int = Field(default=4, gt=0)
     # default: grpo.max_response_tokens (what is left of the episode's budget bounds it too)
     max_turn_tokens: int | None = Field(default=None, gt=0)
@@ -64,6 +87,15 @@ class Environment(Strict):
     call_timeout_s: float = Field(default=30.0, gt=0)
     episode_timeout_s: float = Field(default=300.0, gt=0)
     sandbox: Sandbox = Sandbox()
+
+    @field_validator("workers_per_node")
+    @classmethod
+    def _some_workers(cls, n: int | str) -> int | str:
+        if n != "auto" and n < 1:
+            raise PydanticCustomError(
+                "workers", "Input should be greater than 0, or auto (got {n})", {"n": n}
+            )
+        return n
 
     @field_validator("name")
     @classmethod
@@ -90,6 +122,15 @@ class Environment(Strict):
     def builtin(self) -> bool:
         return self.name.startswith("builtin:")
 
+    @property
+    def cores_per_episode(self) -> float:
+        """`cpus_per_episode`, or the environment's default."""
+        if self.cpus_per_episode is not None:
+            return self.cpus_per_episode
+        if self.builtin:
+            return BUILTIN_CPUS_PER_EPISODE[self.name.removeprefix("builtin:")]
+        return OWN_CPUS_PER_EPISODE
+
     def episode_tokens(self, grpo: Any) -> int:
         """The tokens an episode may hold, its opening prompt included."""
         if self.max_episode_tokens is not None:
@@ -97,11 +138,147 @@ class Environment(Strict):
         return grpo.max_prompt_tokens + grpo.max_response_tokens
 
 
-def env_words(recipe: Any) -> str:
-    """The plan's line on a multi-turn run (empty for a single-turn one)."""
+def episodes_in_flight(recipe: Any, replicas: int) -> int:
+    """Episodes open at once: each generator replica's call, its share of
+    prompts_per_step x steps_per_call prompts (runtime/control/rollouts.py `per_call`) times
+    group_size episodes each. A replica's next call opens its episodes once the last call's
+    have closed, so this is the most."""
+    g = recipe.grpo
+    per_call = max(1, math.ceil(g.prompts_per_step * g.steps_per_call / replicas))
+    return replicas * per_call * g.group_size
+
+
+def own_cores(cpu: bool, placements: Any, reward_procs: int) -> int:
+    """Cores node 0's own processes take: the controller's, and on GPUs CORES_PER_GPU for each
+    GPU of node 0 a service uses plus a core for each reward proc; on CPU a core for each of the
+    service processes on node 0 (their `placements`)."""
+    on_node0 = [p for p in placements if p.node == 0]
+    if cpu:
+        return CONTROLLER_CORES + len(on_node0)
+    gpus = len({g for p in on_node0 for g in p.gpus})
+    return CONTROLLER_CORES + CORES_PER_GPU * gpus + reward_procs
+
+
+@dataclass(frozen=True)
+class EnvPlan:
+    """Where a run's environment workers go and why: the cores its episodes' tools may take at
+    once (`episodes` in flight x `cores_per_episode` = `cores_needed`) against what node 0 has
+    left (`node_vcpus` less `own_cores`); `workers` worker processes on node 0. `node_vcpus`
+    is None where it is not known (no catalog offer of the node); `short` the cores the node
+    lacks (0: it has them)."""
+
+    episodes: int
+    cores_per_episode: float
+    cores_needed: float
+    node_vcpus: float | None
+    own_cores: int
+    workers: int
+    workers_from: str  # "auto" or "env.workers_per_node"
+    node_source: str  # what node_vcpus is: an instance type, this machine, ...
+
+    @property
+    def free_cores(self) -> float | None:
+        return None if self.node_vcpus is None else max(0.0, self.node_vcpus - self.own_cores)
+
+    @property
+    def short(self) -> float:
+        free = self.free_cores
+        return 0.0 if free is None else max(0.0, self.cores_needed - free)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "free_cores": self.free_cores, "short": self.short}
+
+    def words(self) -> str:
+        """One line: episodes x cores = needed, the node's vCPUs, where the workers go."""
+        need = (
+            f"{self.episodes} episodes in flight x {self.cores_per_episode:g} core"
+            f"{'' if self.cores_per_episode == 1 else 's'} = {self.cores_needed:g} cores"
+        )
+        workers = f"{self.workers} worker{'' if self.workers == 1 else 's'} on node 0"
+        if self.workers_from != "auto":
+            workers += f" ({self.workers_from})"
+        if self.node_vcpus is None:
+            return (
+                f"environment cores: {need}; node 0's vCPUs unknown ({self.node_source}): {workers}"
+            )
+        node = (
+            f"node 0 has {self.node_vcpus:g} vCPUs ({self.node_source}), {self.own_cores} "
+            f"for its own processes"
+        )
+        if self.short:
+            return (
+                f"environment cores: {need}; {node}: {workers}, {self.short:g} cores short "
+                "(the tools' calls wait for cores; lower env.cpus_per_episode or "
+                "grpo.prompts_per_step, or pick a node with more vCPUs)"
+            )
+        return f"environment cores: {need}; {node}: {workers}"
+
+
+def env_plan(
+    recipe: Any,
+    replicas: int,
+    node_vcpus: float | None,
+    own: int,
+    node_source: str,
+) -> EnvPlan | None:
+    """The plan of a multi-turn run's environment workers (None for a single-turn run): the
+    cores its episodes need against node 0's `node_vcpus` less its `own` processes' cores.
+    workers_per_node auto: a worker per core needed (at least 1), within the cores left
+    (at least 1) and MAX_AUTO_WORKERS."""
+    env = getattr(recipe, "env", None)
+    if env is None:
+        return None
+    episodes = episodes_in_flight(recipe, replicas)
+    per = env.cores_per_episode
+    needed = round(episodes * per, 2)
+    if env.workers_per_node == "auto":
+        workers = math.ceil(needed)
+        if node_vcpus is not None:
+            workers = min(workers, max(1, math.floor(node_vcpus - own)))
+        workers, source = max(1, min(workers, MAX_AUTO_WORKERS)), "auto"
+    else:
+        workers, source = env.workers_per_node, "env.workers_per_node"
+    return EnvPlan(episodes, per, needed, node_vcpus, own, workers, source, node_source)
+
+
+def node_env_plan(
+    recipe: Any,
+    cpu: bool,
+    placements: Any,
+    replicas: int,
+    node_vcpus: float | None,
+    node_source: str,
+) -> EnvPlan | None:
+    """`env_plan` for node 0 of a run placed as `placements`, with `node_vcpus`."""
+    if getattr(recipe, "env", None) is None:
+        return None
+    own = own_cores(cpu, placements, recipe.layout.reward.procs)
+    return env_plan(recipe, replicas, node_vcpus, own, node_source)
+
+
+def planned_node(accelerator: str, per_node: int) -> tuple[float | None, str]:
+    """Node 0's vCPUs as planned, and what they are: for GPUs, the catalog's node of `per_node`
+    `accelerator`s with the fewest (recipes/prices.py: whichever cloud SkyPilot picks, it has at
+    least those); on CPU, what launch asks for (CPU_NODE_VCPUS or more)."""
+    if accelerator == "cpu":
+        from recipes.names import CPU_NODE_VCPUS
+
+        return CPU_NODE_VCPUS, f"a CPU node of {CPU_NODE_VCPUS}+ vCPUs, as launched"
+    from recipes.prices import price_book
+
+    offer = price_book().fewest_vcpus(accelerator, per_node)
+    if offer is None:
+        return None, f"no catalog offer of {per_node} {accelerator} a node"
+    return offer.vcpus, f"the fewest of {per_node} {accelerator} a node: {offer.instance_type}"
+
+
+def env_words(recipe: Any, workers: int | None = None) -> str:
+    """The plan's line on a multi-turn run (empty for a single-turn one); `workers`: the
+    planned count where env.workers_per_node is auto."""
     env = getattr(recipe, "env", None)
     if env is None:
         return ""
+    count = env.workers_per_node if workers is None else workers
     sandbox = ""
     if env.name == "builtin:python":
         s = env.sandbox
@@ -110,8 +287,8 @@ def env_words(recipe: Any) -> str:
             + (", rlimits only" if s.isolation == "rlimits" else "")
         )
     return (
-        f"environment {env.name}: {env.workers_per_node} CPU worker"
-        f"{'' if env.workers_per_node == 1 else 's'} a node, up to {env.max_turns} turn"
+        f"environment {env.name}: {count} CPU worker"
+        f"{'' if count == 1 else 's'} on node 0, up to {env.max_turns} turn"
         f"{'' if env.max_turns == 1 else 's'} and {env.episode_tokens(recipe.grpo)} tokens an episode, "
         f"timeouts {env.call_timeout_s:g} s a call, {env.episode_timeout_s:g} s an episode"
         f"{sandbox}"

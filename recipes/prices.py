@@ -69,6 +69,16 @@ class PriceBook:
         ]
         return min(sold, key=lambda o: (o.price(spot), o.cloud), default=None)
 
+    def fewest_vcpus(self, accelerator: str, per_node: int) -> Offer | None:
+        """The offer of `per_node` GPUs of `accelerator` with the fewest vCPUs (the least a
+        node of them has, whichever cloud SkyPilot picks), or None."""
+        listed = [
+            o
+            for o in self.offers
+            if o.accelerator == accelerator and o.count == per_node and o.vcpus is not None
+        ]
+        return min(listed, key=lambda o: (o.vcpus, o.cloud), default=None)
+
     def counts(self, accelerator: str) -> tuple[int, ...]:
         """GPUs a node of `accelerator` comes with in some offer."""
         return tuple(sorted({o.count for o in self.offers if o.accelerator == accelerator}))

@@ -84,10 +84,13 @@ class Controller:
 
             source = build_prompt_source(self.recipe.dataset, seed=self.recipe.grpo.seed)
         if getattr(self.recipe, "env", None) is not None:
+            from runtime.environments.start import node_workers
             from runtime.episodes.rollout import EpisodeRollout
 
-            # the environment workers: stopped with the run (stop_environments)
-            self.episodes = await EpisodeRollout.start(self.recipe)
+            # the environment workers (as many as the plan says for this node's cores, or
+            # env.workers_per_node): stopped with the run (stop_environments)
+            workers = node_workers(self.recipe, self.config.plan)
+            self.episodes = await EpisodeRollout.start(self.recipe, workers=workers)
         self.rollouts = Rollouts(
             self.recipe.grpo,
             self.services,

@@ -3,10 +3,26 @@ default), or in this process for CPU tests and tiny runs."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from recipes.environment import node_env_plan
 from recipes.errors import UserError
 from runtime.environments.hosted import Hosted
+
+
+def node_workers(recipe: Any, plan: Any) -> int:
+    """The environment workers this node starts: env.workers_per_node, or with auto the plan's
+    count (recipes/environment.py `env_plan`) for the cores this process may run on."""
+    env = recipe.env
+    if env.workers_per_node != "auto":
+        return env.workers_per_node
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    planned = node_env_plan(
+        recipe, plan.cpu, plan.placements, plan.generator_replicas, cores or 1, "this node"
+    )
+    assert planned is not None  # the recipe has an env section
+    return planned.workers
 
 
 async def start_environments(
@@ -14,7 +30,10 @@ async def start_environments(
 ) -> Hosted:
     """Hosting for `env` (recipes/environment.py), started: every worker ready, or the first
     environment built and its tools listed. An environment that cannot be hosted is one line:
-    UserError in-process, EnvironmentsLost from the workers (each failed to start)."""
+    UserError in-process, EnvironmentsLost from the workers (each failed to start).
+
+    `workers`: how many (`node_workers`); by default env.workers_per_node, or one where that is
+    auto and no plan says more."""
     from runtime.environments.host import EnvironmentProblem, Spec
     from runtime.environments.sandbox import SandboxUnavailable
 
@@ -32,7 +51,7 @@ async def start_environments(
 
     hosting = Workers(
         spec,
-        workers or env.workers_per_node,
+        workers or (1 if env.workers_per_node == "auto" else env.workers_per_node),
         call_timeout_s=env.call_timeout_s,
         episode_timeout_s=env.episode_timeout_s,
     )

@@ -49,10 +49,16 @@ class EpisodeRollout:
 
     @classmethod
     async def start(
-        cls, recipe: Any, tokenizer: Any = None, *, in_process: bool = False
+        cls,
+        recipe: Any,
+        tokenizer: Any = None,
+        *,
+        in_process: bool = False,
+        workers: int | None = None,
     ) -> EpisodeRollout:
-        """The run's episodes, their environment workers started (`in_process`: hosted in this
-        process instead, for tests). A hosting that cannot start ends the run in one line."""
+        """The run's episodes, their environment workers started (`workers` of them, by default
+        env.workers_per_node; `in_process`: hosted in this process instead, for tests). A
+        hosting that cannot start ends the run in one line."""
         from runtime.environments.start import start_environments
 
         if tokenizer is None:
@@ -60,7 +66,7 @@ class EpisodeRollout:
 
             tokenizer = load_tokenizer(recipe)
         fmt = tool_format(recipe.model.family, tokenizer, recipe.model.thinking)
-        environments = await start_environments(recipe.env, in_process=in_process)
+        environments = await start_environments(recipe.env, in_process=in_process, workers=workers)
         return cls(environments, fmt, limits_of(recipe), recipe.grpo.group_size)
 
     async def shutdown(self) -> None:
