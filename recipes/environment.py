@@ -88,14 +88,14 @@ class Environment(Strict):
     episode_timeout_s: float = Field(default=300.0, gt=0)
     sandbox: Sandbox = Sandbox()
 
-    @field_validator("workers_per_node")
+    @field_validator("workers_per_node", mode="before")
     @classmethod
-    def _some_workers(cls, n: int | str) -> int | str:
-        if n != "auto" and n < 1:
-            raise PydanticCustomError(
-                "workers", "Input should be greater than 0, or auto (got {n})", {"n": n}
-            )
-        return n
+    def _some_workers(cls, n: Any) -> Any:
+        if isinstance(n, str) and n.strip().isdigit():  # from --set
+            n = int(n)
+        if n == "auto" or (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+            return n
+        raise PydanticCustomError("workers", "Input should be greater than 0, or auto", {})
 
     @field_validator("name")
     @classmethod
@@ -183,7 +183,7 @@ class EnvPlan:
     @property
     def short(self) -> float:
         free = self.free_cores
-        return 0.0 if free is None else max(0.0, self.cores_needed - free)
+        return 0.0 if free is None else round(max(0.0, self.cores_needed - free), 2)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "free_cores": self.free_cores, "short": self.short}
