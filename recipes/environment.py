@@ -35,6 +35,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from recipes.errors import UserError
 from recipes.fields import Strict
 from recipes.names import BUILTIN_ENVIRONMENTS
 
@@ -52,6 +53,24 @@ CONTROLLER_CORES = 2
 CORES_PER_GPU = 2
 # The most environment workers `auto` starts on a node, however many cores it has.
 MAX_AUTO_WORKERS = 64
+# Where node 0 lacks the cores, CPU-only nodes of CPU_NODE_VCPUS_FOR_ENV vCPUs or more (what
+# launch asks SkyPilot for) host the rest, a core of each kept for its own runtime; at most
+# MAX_CPU_NODES of them.
+CPU_NODE_VCPUS_FOR_ENV = 32
+MAX_CPU_NODES = 16
+
+
+def _count_or_auto(n: Any, least: int, most: int) -> Any:
+    if isinstance(n, str) and n.strip().isdigit():  # from --set
+        n = int(n)
+    if n == "auto" or (isinstance(n, int) and not isinstance(n, bool) and least <= n <= most):
+        return n
+    if isinstance(n, int) and not isinstance(n, bool) and n > most:
+        raise PydanticCustomError(
+            "count", "Input should be at most {most}, or auto", {"most": most}
+        )
+    word = "greater than 0" if least == 1 else f"{least} or more"
+    raise PydanticCustomError("count", "Input should be {word}, or auto", {"word": word})
 
 
 class Sandbox(Strict):
@@ -76,6 +95,9 @@ class Environment(Strict):
     cpus_per_episode: float | None = Field(default=None, gt=0)
     # auto: the planner's count (env_plan), from the cores the episodes need and the node's
     workers_per_node: int | Literal["auto"] = "auto"
+    # CPU-only nodes beside the run's own for the workers node 0 has no cores for (auto: as
+    # many as the cores short need, 0 where none are short)
+    cpu_nodes: int | Literal["auto"] = "auto"
     max_turns: int = Field(default=4, gt=0)
     # default: grpo.max_response_tokens (what is left of the episode's budget bounds it too)
     max_turn_tokens: int | None = Field(default=None, gt=0)
@@ -91,11 +113,12 @@ class Environment(Strict):
     @field_validator("workers_per_node", mode="before")
     @classmethod
     def _some_workers(cls, n: Any) -> Any:
-        if isinstance(n, str) and n.strip().isdigit():  # from --set
-            n = int(n)
-        if n == "auto" or (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-            return n
-        raise PydanticCustomError("workers", "Input should be greater than 0, or auto", {})
+        return _count_or_auto(n, 1, MAX_AUTO_WORKERS * 16)
+
+    @field_validator("cpu_nodes", mode="before")
+    @classmethod
+    def _some_nodes(cls, n: Any) -> Any:
+        return _count_or_auto(n, 0, MAX_CPU_NODES)
 
     @field_validator("name")
     @classmethod
@@ -175,6 +198,11 @@ class EnvPlan:
     workers: int
     workers_from: str  # "auto" or "env.workers_per_node"
     node_source: str  # what node_vcpus is: an instance type, this machine, ...
+    # CPU-only nodes for the rest (plan nodes num_nodes ..), each of cpu_node_vcpus or more
+    # with cpu_node_workers workers
+    cpu_nodes: int = 0
+    cpu_node_vcpus: int = CPU_NODE_VCPUS_FOR_ENV
+    cpu_node_workers: int = 0
 
     @property
     def free_cores(self) -> float | None:
@@ -205,13 +233,34 @@ class EnvPlan:
             f"node 0 has {self.node_vcpus:g} vCPUs ({self.node_source}), {self.own_cores} "
             f"for its own processes"
         )
+        if self.short and self.cpu_nodes:
+            n = self.cpu_nodes
+            return (
+                f"environment cores: {need}; {node}: {workers}, {self.short:g} cores short: "
+                f"{n} CPU node{'' if n == 1 else 's'} of {self.cpu_node_vcpus}+ vCPUs beside "
+                f"the run's with {self.cpu_node_workers} workers each"
+            )
+        if self.cpu_nodes:
+            return (
+                f"environment cores: {need}; {node}: {workers}, and {self.cpu_nodes} CPU "
+                f"node{'' if self.cpu_nodes == 1 else 's'} (env.cpu_nodes) with "
+                f"{self.cpu_node_workers} worker{'' if self.cpu_node_workers == 1 else 's'} each"
+            )
         if self.short:
             return (
                 f"environment cores: {need}; {node}: {workers}, {self.short:g} cores short "
-                "(the tools' calls wait for cores; lower env.cpus_per_episode or "
-                "grpo.prompts_per_step, or pick a node with more vCPUs)"
+                "(env.cpu_nodes 0: the tools' calls wait for cores)"
             )
         return f"environment cores: {need}; {node}: {workers}"
+
+
+def auto_workers(needed: float, free: float | None) -> int:
+    """workers_per_node auto: a worker per core needed (at least 1), within the `free` cores (at
+    least 1; None: not known) and MAX_AUTO_WORKERS."""
+    workers = math.ceil(needed)
+    if free is not None:
+        workers = min(workers, max(1, math.floor(free)))
+    return max(1, min(workers, MAX_AUTO_WORKERS))
 
 
 def env_plan(
@@ -222,23 +271,39 @@ def env_plan(
     node_source: str,
 ) -> EnvPlan | None:
     """The plan of a multi-turn run's environment workers (None for a single-turn run): the
-    cores its episodes need against node 0's `node_vcpus` less its `own` processes' cores.
-    workers_per_node auto: a worker per core needed (at least 1), within the cores left
-    (at least 1) and MAX_AUTO_WORKERS."""
+    cores its episodes need against node 0's `node_vcpus` less its `own` processes' cores, and
+    the CPU nodes for the cores it lacks (env.cpu_nodes auto), each with a worker per core it
+    takes there. More than MAX_CPU_NODES is refused in one line."""
     env = getattr(recipe, "env", None)
     if env is None:
         return None
     episodes = episodes_in_flight(recipe, replicas)
     per = env.cores_per_episode
     needed = round(episodes * per, 2)
+    free = None if node_vcpus is None else max(0.0, node_vcpus - own)
     if env.workers_per_node == "auto":
-        workers = math.ceil(needed)
-        if node_vcpus is not None:
-            workers = min(workers, max(1, math.floor(node_vcpus - own)))
-        workers, source = max(1, min(workers, MAX_AUTO_WORKERS)), "auto"
+        workers, source = auto_workers(needed, free), "auto"
     else:
         workers, source = env.workers_per_node, "env.workers_per_node"
-    return EnvPlan(episodes, per, needed, node_vcpus, own, workers, source, node_source)
+    short = 0.0 if free is None else max(0.0, needed - free)
+    per_node = CPU_NODE_VCPUS_FOR_ENV - 1  # a core for the node's own runtime
+    nodes = env.cpu_nodes
+    if nodes == "auto":
+        nodes = math.ceil(round(short, 2) / per_node)
+        if nodes > MAX_CPU_NODES:
+            raise UserError(
+                f"{recipe.name}: {episodes} episodes in flight x {per:g} cores need "
+                f"{needed:g} cores, {short:g} more than node 0 has: {nodes} CPU nodes of "
+                f"{CPU_NODE_VCPUS_FOR_ENV} vCPUs, more than {MAX_CPU_NODES}; lower "
+                "env.cpus_per_episode or grpo.prompts_per_step (or set env.cpu_nodes)"
+            )
+    node_workers = 0
+    if nodes:
+        node_workers = max(1, min(math.ceil(short / nodes), per_node, MAX_AUTO_WORKERS))
+    return EnvPlan(
+        episodes, per, needed, node_vcpus, own, workers, source, node_source,
+        nodes, CPU_NODE_VCPUS_FOR_ENV, node_workers,
+    )  # fmt: skip
 
 
 def node_env_plan(

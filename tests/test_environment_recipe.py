@@ -98,10 +98,13 @@ def test_plan_shows_the_environment_in_one_line_and_set_reaches_it(tmp_path, cap
         f"environment cores: {episodes} episodes in flight x 1 core = {episodes} cores; node 0 "
         f"has {vcpus:g} vCPUs (the fewest of 1 H100 a node: "
     )
-    assert lines[1].endswith(f"{own} for its own processes: {workers} workers on node 0, "
-                             f"{episodes - (vcpus - own):g} cores short (the tools' calls wait "
-                             "for cores; lower env.cpus_per_episode or grpo.prompts_per_step, or "
-                             "pick a node with more vCPUs)")  # fmt: skip
+    short = episodes - (vcpus - own)
+    nodes = math.ceil(short / 31)  # CPU nodes of 32 vCPUs, a core of each for its runtime
+    assert lines[1].endswith(
+        f"{own} for its own processes: {workers} workers on node 0, {short:g} cores short: "
+        f"{nodes} CPU nodes of 32+ vCPUs beside the run's with {math.ceil(short / nodes)} "
+        "workers each"
+    )
     code, out, _ = run(capsys, "plan", str(path), "--json", "--gpus", "1")
     plan = json.loads(out)
     assert plan["env"].startswith(f"environment builtin:python: {workers} CPU workers")
@@ -111,6 +114,7 @@ def test_plan_shows_the_environment_in_one_line_and_set_reaches_it(tmp_path, cap
         "node_vcpus": vcpus,
     }
     assert plan["environment"]["workers_from"] == "auto"
+    assert plan["environment"]["cpu_nodes"] == nodes
     code, out, _ = run(capsys, "plan", "qwen3-1.7b", "--json", "--gpus", "1")
     assert "env" not in json.loads(out)  # a single-turn recipe's plan is as before
     assert "environment" not in json.loads(out)
@@ -173,6 +177,9 @@ def test_set_adds_an_env_section_to_a_recipe_without_one(capsys):
         ({"name": "builtin:python", "workers_per_node": "many"}, "env.workers_per_node: "),
         ({"name": "builtin:python", "cpus_per_episode": 0}, "env.cpus_per_episode: Input should be greater than 0"),
         ({"name": "builtin:python", "cpus_per_episode": -1}, "env.cpus_per_episode: Input should be greater than 0"),
+        ({"name": "builtin:python", "cpu_nodes": -1}, "env.cpu_nodes: Input should be 0 or more, or auto"),
+        ({"name": "builtin:python", "cpu_nodes": 17}, "env.cpu_nodes: Input should be at most 16, or auto"),
+        ({"name": "builtin:python", "cpus_per_episode": 40}, "qwen-tools: 128 episodes in flight x 40 cores need 5120 cores, "),
         ({"name": "builtin:python", "sandbox": {"cpu_seconds": 0}}, "env.sandbox.cpu_seconds: Input should be greater than 0"),
         ({"name": "builtin:python", "sandbox": {"memory_mb": 0}}, "env.sandbox.memory_mb: Input should be greater than 0"),
         ({"name": "builtin:python", "sandbox": {"isolation": "none"}}, "env.sandbox.isolation: "),
