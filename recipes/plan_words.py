@@ -91,6 +91,11 @@ class Plan:
     # and where its environment workers go, for the cores they need (`env_plan`)
     environment: EnvPlan | None = field(default=None, hash=False, compare=False)
 
+    @property
+    def env_nodes(self) -> int:
+        """CPU-only nodes for the environment workers, after the run's own (env.cpu_nodes)."""
+        return self.environment.cpu_nodes if self.environment else 0
+
     def placements_of(self, service: Service) -> tuple[Placement, ...]:
         """The placements of one service, in replica order."""
         return tuple(p for p in self.placements if p.service == service)

@@ -208,7 +208,12 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named:
     _check_model_folder(recipe)
     gpus = args.gpus if args.gpus is not None else _default_gpus(recipe)
     cluster = cluster_from_env(port=args.worker_port)
-    nodes = args.nodes if args.nodes is not None else (cluster.nodes if recipe.cpu else None)
+    nodes = args.nodes
+    if nodes is None and recipe.cpu:
+        # the cluster's nodes less the CPU nodes the recipe names for its environments
+        env = getattr(recipe, "env", None)
+        extra = env.cpu_nodes if env is not None and env.cpu_nodes != "auto" else 0
+        nodes = max(1, cluster.nodes - extra)
     run_plan = plan(recipe, gpus, nodes=nodes, accelerator=_accelerator(recipe))
     check_local_data(recipe)  # an SFT recipe's local data, before anything starts
     if args.join_timeout <= 0:

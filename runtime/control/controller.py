@@ -90,7 +90,8 @@ class Controller:
             # the environment workers (as many as the plan says for this node's cores, or
             # env.workers_per_node): stopped with the run (stop_environments)
             workers = node_workers(self.recipe, self.config.plan)
-            self.episodes = await EpisodeRollout.start(self.recipe, workers=workers)
+            nodes = getattr(self.services, "environment_nodes", [])
+            self.episodes = await EpisodeRollout.start(self.recipe, workers=workers, nodes=nodes)
         self.rollouts = Rollouts(
             self.recipe.grpo,
             self.services,

@@ -3,12 +3,13 @@ default), or in this process for CPU tests and tiny runs."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from recipes.environment import node_env_plan
 from recipes.errors import UserError
-from runtime.environments.hosted import Hosted
 
 
 def node_workers(recipe: Any, plan: Any) -> int:
@@ -26,14 +27,19 @@ def node_workers(recipe: Any, plan: Any) -> int:
 
 
 async def start_environments(
-    env: Any, *, in_process: bool = False, workers: int | None = None
-) -> Hosted:
+    env: Any,
+    *,
+    in_process: bool = False,
+    workers: int | None = None,
+    nodes: Sequence[tuple[str, Any, int]] = (),
+) -> Any:
     """Hosting for `env` (recipes/environment.py), started: every worker ready, or the first
     environment built and its tools listed. An environment that cannot be hosted is one line:
     UserError in-process, EnvironmentsLost from the workers (each failed to start).
 
     `workers`: how many (`node_workers`); by default env.workers_per_node, or one where that is
-    auto and no plan says more."""
+    auto and no plan says more. `nodes`: CPU nodes' (name, EnvironmentNode actor, workers),
+    started beside this node's workers; the episodes then spread over them all (nodes.py)."""
     from runtime.environments.host import EnvironmentProblem, Spec
     from runtime.environments.sandbox import SandboxUnavailable
 
@@ -55,9 +61,18 @@ async def start_environments(
         call_timeout_s=env.call_timeout_s,
         episode_timeout_s=env.episode_timeout_s,
     )
+    remote = []
+    if nodes:
+        from runtime.environments.nodes import RemoteNode
+
+        remote = [RemoteNode(name, actor, n, env.call_timeout_s) for name, actor, n in nodes]
     try:
-        await hosting.start()
+        await asyncio.gather(hosting.start(), *(r.start(env) for r in remote))
     except BaseException:  # it cannot start, or the run stopped meanwhile: no worker stays
-        await hosting.shutdown()
+        await asyncio.gather(hosting.shutdown(), *(r.shutdown() for r in remote))
         raise
-    return hosting
+    if not remote:
+        return hosting
+    from runtime.environments.nodes import Spread
+
+    return Spread(hosting, len(hosting.workers), remote)

@@ -55,6 +55,7 @@ class EpisodeRollout:
         *,
         in_process: bool = False,
         workers: int | None = None,
+        nodes: Any = (),
     ) -> EpisodeRollout:
         """The run's episodes, their environment workers started (`workers` of them, by default
         env.workers_per_node; `in_process`: hosted in this process instead, for tests). A
@@ -66,7 +67,9 @@ class EpisodeRollout:
 
             tokenizer = load_tokenizer(recipe)
         fmt = tool_format(recipe.model.family, tokenizer, recipe.model.thinking)
-        environments = await start_environments(recipe.env, in_process=in_process, workers=workers)
+        environments = await start_environments(
+            recipe.env, in_process=in_process, workers=workers, nodes=nodes
+        )
         return cls(environments, fmt, limits_of(recipe), recipe.grpo.group_size)
 
     async def shutdown(self) -> None:
