@@ -69,7 +69,7 @@ class EnvironmentNode(Actor):
         return reward, self.hosting.counters()
 
     @endpoint
-    async def stop(self) -> None:
+    async def stop_workers(self) -> None:
         if self.hosting is not None:
             await self.hosting.shutdown()
 
@@ -117,7 +117,7 @@ class RemoteNode:
 
     async def shutdown(self) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.actor.stop.call_one(), 15.0)
+            await asyncio.wait_for(self.actor.stop_workers.call_one(), 15.0)
 
 
 class Spread:
