@@ -30,7 +30,9 @@ def node_env(rank: int, port: int) -> dict[str, str]:
     return {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), tests, os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(ROOT), tests, os.environ.get("PYTHONPATH")])
+        ),
         "SKYPILOT_NODE_RANK": str(rank),
         "SKYPILOT_NODE_IPS": "\n".join(IPS) + "\n",
         "FORGESKY_WORKER_PORT": str(port),
