@@ -88,7 +88,7 @@ def _addresses(task: str, count: int) -> list[str]:
     host = f"{task}-$i.$SKYPILOT_JOBGROUP_NAME"
     return [
         f"for i in $(seq 0 {count - 1}); do",
-        f"  IP=$(getent hosts \"{host}\" | awk '{{print $1; exit}}')",
+        f"  IP=$(getent hosts \"{host}\" | awk '{{print $1; exit}}' || true)",
         '  if [ -z "$IP" ]; then',
         f'    echo "forgesky: error: node {host} of the job group has no address" >&2; exit 1',
         "  fi",
