@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from runtime_helpers import ROOT, finish, free_port, leftover_processes
 
+from runtime.control.metrics import read_metrics
+
 pytestmark = pytest.mark.slow
 IPS = ["127.0.0.1", "127.0.0.2"]
 SETTINGS = [
@@ -75,6 +77,40 @@ def test_a_tool_call_is_answered_by_a_worker_on_the_cpu_node(tmp_path: Path):
         assert leftover_processes(controller.pid) == [] and leftover_processes(node1.pid) == []
     finally:
         for proc in (controller, node1):
+            if proc.poll() is None:
+                proc.kill()
+        log.close()
+
+
+def test_a_run_steps_its_episodes_on_node_0_and_the_cpu_node(tmp_path: Path):
+    """`python -m runtime` on both nodes, as the job group's scripts start it: the controller
+    spawns the CPU node's environment host with the services, and the run's episodes call
+    their tools on both nodes' workers."""
+    port = free_port(*IPS)
+    run_dir = tmp_path / "run"
+    args = ["-m", "runtime", "--recipe", "tiny-tools", "--set", "env.cpu_nodes=1",
+            "--steps", "2", "--run-dir", str(run_dir)]  # fmt: skip
+    log = (tmp_path / "node1.log").open("w")
+    node1 = subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env=node_env(1, port), stdout=log,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    node0 = subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env=node_env(0, port), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        code, out = finish(node0, timeout=400)
+        assert code == 0, out + (tmp_path / "node1.log").read_text()
+        assert "environment workers: 2 on node 0, 1 on node 1 (127.0.0.2)" in out
+        assert node1.wait(60) == 0
+        records = read_metrics(run_dir / "metrics.jsonl")
+        steps = [r for r in records if "episode/tool_calls" in r]
+        assert len(steps) == 2 and sum(r["episode/tool_calls"] for r in steps) > 0
+        assert all(r["episode/workers_lost"] == 0 for r in steps)
+        assert leftover_processes(node0.pid) == [] and leftover_processes(node1.pid) == []
+    finally:
+        for proc in (node0, node1):
             if proc.poll() is None:
                 proc.kill()
         log.close()

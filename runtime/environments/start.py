@@ -75,4 +75,6 @@ async def start_environments(
         return hosting
     from runtime.environments.nodes import Spread
 
+    where = ", ".join(f"{r.workers} on {r.name}" for r in remote)
+    print(f"environment workers: {len(hosting.workers)} on node 0, {where}", flush=True)
     return Spread(hosting, len(hosting.workers), remote)
