@@ -30,6 +30,17 @@ from runtime.environments.api import Opening, StepResult, ToolCall, zero_counter
 _MARGIN_S = 10.0
 
 
+async def served(hosting: Any, op: str, *args: Any) -> tuple[Any, dict]:
+    """A CPU node's answer to one request (`op`: open, step or close on its hosting) and its
+    counters after it; ("lost", why) where every worker there is gone (the controller's side
+    drops the episode)."""
+    try:
+        answer = await getattr(hosting, op)(*args)
+    except Exception as e:
+        return ("lost", str(e)), hosting.counters()
+    return answer, hosting.counters()
+
+
 class EnvironmentNode(Actor):
     """A CPU node's environment workers, served to the controller's `Spread`."""
 
@@ -46,27 +57,15 @@ class EnvironmentNode(Actor):
 
     @concurrent_endpoint
     async def open(self, row: dict[str, Any], seed: int) -> tuple[Any, dict]:
-        try:
-            opened = await self.hosting.open(row, seed)
-        except Exception as e:  # every worker lost: the controller's side ends the run
-            return ("lost", str(e)), self.hosting.counters()
-        return opened, self.hosting.counters()
+        return await served(self.hosting, "open", row, seed)
 
     @concurrent_endpoint
     async def step(self, episode: str, call: ToolCall) -> tuple[Any, dict]:
-        try:
-            result = await self.hosting.step(episode, call)
-        except Exception as e:
-            return ("lost", str(e)), self.hosting.counters()
-        return result, self.hosting.counters()
+        return await served(self.hosting, "step", episode, call)
 
     @concurrent_endpoint
     async def close(self, episode: str, answer: str) -> tuple[Any, dict]:
-        try:
-            reward = await self.hosting.close(episode, answer)
-        except Exception as e:
-            return ("lost", str(e)), self.hosting.counters()
-        return reward, self.hosting.counters()
+        return await served(self.hosting, "close", episode, answer)
 
     @endpoint
     async def stop_workers(self) -> None:
