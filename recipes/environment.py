@@ -5,7 +5,8 @@ tools in, and how the run hosts it (worker processes beside the generator, docs/
       name: builtin:python            # or mypkg.envs:MyEnvironment (an OpenEnv Environment)
       args: {}                        # keyword arguments the class is built with
       cpus_per_episode: null          # CPU cores an episode's tools take while they run
-      workers_per_node: auto          # CPU worker processes hosting the episodes, per node
+      workers_per_node: auto          # CPU worker processes hosting the episodes on node 0
+      cpu_nodes: auto                 # CPU-only nodes for the workers node 0 has no cores for
       max_turns: 4                    # model turns an episode may take
       max_turn_tokens: null           # tokens the model may sample in one turn
       max_episode_tokens: null        # tokens an episode may hold, its opening prompt included
@@ -22,7 +23,9 @@ reward is.
 
 The planner sizes the workers (`env_plan`): the episodes in flight at once (every generator
 replica's call: its prompts x grpo.group_size) times `cpus_per_episode` are the cores the tools
-may take at once, weighed against the cores node 0 has left beside its own processes.
+may take at once, weighed against the cores node 0 has left beside its own processes; the cores
+it lacks go to CPU-only nodes after the run's own (launched with them as a SkyPilot job group,
+launcher/task.py; hosted by runtime/environments/nodes.py).
 """
 
 from __future__ import annotations

@@ -112,3 +112,22 @@ def test_each_task_joins_the_other_tasks_nodes_into_one_cluster(tmp_path):
     )  # fmt: skip
     assert out.returncode == 1
     assert out.stderr == "forgesky: error: node envs-2.grp of the job group has no address\n"
+
+
+def test_launch_submits_the_job_group_as_one_managed_job(monkeypatch, capsys):
+    """Only SkyPilot's SDK call is replaced (tests/fake_sky.py): it gets the real Dag."""
+    from fake_sky import FakeSky
+
+    import sky
+
+    fake = FakeSky(monkeypatch, {"request-sky.jobs.launch": ([7], None)})
+    argv = ["launch", "qwen3-1.7b", "--gpus", "1", "--managed", *TOOLS, "--yes"]
+    assert main([*argv, "--set", "env.cpu_nodes=3"]) == 0
+    out = capsys.readouterr().out
+    assert "managed job group (train, envs) grpo-qwen3-1-7b;" in out
+    launched = [c for c in fake.calls if c[0] == "sky.jobs.launch"]
+    ((_, args, kwargs),) = launched
+    dag = args[0]
+    assert isinstance(dag, sky.Dag) and dag.is_job_group() and kwargs["name"] == dag.name
+    assert [(t.name, t.num_nodes) for t in dag.tasks] == [("train", 1), ("envs", 3)]
+    assert [t.envs["FORGESKY_WORKER_PORT"] for t in dag.tasks] == ["26600", "26600"]
