@@ -18,9 +18,8 @@ tools in, and how the run hosts it (worker processes beside the generator, docs/
 A recipe without the section has single-turn rollouts. With it, each completion is an episode
 that alternates the model's turns with the tools' results, in the model family's chat format,
 and the environment gives the reward (the dataset then needs none). Every number is > 0
-(cpu_nodes >= 0); the
-class is found and checked without importing it (recipes/references.py), the way a custom
-reward is.
+(cpu_nodes >= 0); the class is found and checked without importing it (recipes/references.py),
+the way a custom reward is.
 
 The planner sizes the workers (`env_plan`): the episodes in flight at once (every generator
 replica's call: its prompts x grpo.group_size) times `cpus_per_episode` are the cores the tools
