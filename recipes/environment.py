@@ -185,6 +185,11 @@ def own_cores(cpu: bool, placements: Any, reward_procs: int) -> int:
     return CONTROLLER_CORES + CORES_PER_GPU * gpus + reward_procs
 
 
+# How CPU nodes launch, and what the plan's price leaves out (the catalog snapshot holds GPU
+# nodes only).
+_CPU_NODES_NOTE = " (a managed job group, --managed; their price is not in the cost below)"
+
+
 @dataclass(frozen=True)
 class EnvPlan:
     """Where a run's environment workers go and why: the cores its episodes' tools may take at
@@ -241,13 +246,14 @@ class EnvPlan:
             return (
                 f"environment cores: {need}; {node}: {workers}, {self.short:g} cores short: "
                 f"{n} CPU node{'' if n == 1 else 's'} of {self.cpu_node_vcpus}+ vCPUs beside "
-                f"the run's with {self.cpu_node_workers} workers each"
+                f"the run's with {self.cpu_node_workers} workers each{_CPU_NODES_NOTE}"
             )
         if self.cpu_nodes:
             return (
                 f"environment cores: {need}; {node}: {workers}, and {self.cpu_nodes} CPU "
                 f"node{'' if self.cpu_nodes == 1 else 's'} (env.cpu_nodes) with "
                 f"{self.cpu_node_workers} worker{'' if self.cpu_node_workers == 1 else 's'} each"
+                f"{_CPU_NODES_NOTE}"
             )
         if self.short:
             return (

@@ -41,7 +41,7 @@ def test_the_cpu_nodes_are_a_job_group_skypilot_parses(tmp_path, capsys):
     )
     assert main([*args, "-o", str(out)]) == 0
     nodes = dag_utils.load_dag_from_yaml_str(out.read_text()).tasks[1].num_nodes
-    assert f": {nodes} CPU nodes of 32+ vCPUs beside the run's" in line
+    assert f": {nodes} CPU nodes of 32+ vCPUs beside the run's" in line and "--managed" in line
 
 
 def test_without_managed_it_is_one_line_before_skypilot_is_imported(tmp_path):

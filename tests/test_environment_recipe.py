@@ -103,7 +103,7 @@ def test_plan_shows_the_environment_in_one_line_and_set_reaches_it(tmp_path, cap
     assert lines[1].endswith(
         f"{own} for its own processes: {workers} workers on node 0, {short:g} cores short: "
         f"{nodes} CPU nodes of 32+ vCPUs beside the run's with {math.ceil(short / nodes)} "
-        "workers each"
+        "workers each (a managed job group, --managed; their price is not in the cost below)"
     )
     code, out, _ = run(capsys, "plan", str(path), "--json", "--gpus", "1")
     plan = json.loads(out)
