@@ -282,7 +282,7 @@ def env_plan(
     """The plan of a multi-turn run's environment workers (None for a single-turn run): the
     cores its episodes need against node 0's `node_vcpus` less its `own` processes' cores, and
     the CPU nodes for the cores it lacks (env.cpu_nodes auto), each with a worker per core it
-    takes there. More than MAX_CPU_NODES is refused in one line."""
+    takes there (more than MAX_CPU_NODES: `check_env_plan` refuses the chosen plan)."""
     env = getattr(recipe, "env", None)
     if env is None:
         return None
@@ -299,13 +299,6 @@ def env_plan(
     nodes = env.cpu_nodes
     if nodes == "auto":
         nodes = math.ceil(round(short, 2) / per_node)
-        if nodes > MAX_CPU_NODES:
-            raise UserError(
-                f"{recipe.name}: {episodes} episodes in flight x {per:g} cores need "
-                f"{needed:g} cores, {short:g} more than node 0 has: {nodes} CPU nodes of "
-                f"{CPU_NODE_VCPUS_FOR_ENV} vCPUs, more than {MAX_CPU_NODES}; lower "
-                "env.cpus_per_episode or grpo.prompts_per_step (or set env.cpu_nodes)"
-            )
     node_workers = 0
     if nodes:
         node_workers = max(1, min(math.ceil(short / nodes), per_node, MAX_AUTO_WORKERS))
@@ -313,6 +306,19 @@ def env_plan(
         episodes, per, needed, node_vcpus, own, workers, source, node_source,
         nodes, CPU_NODE_VCPUS_FOR_ENV, node_workers,
     )  # fmt: skip
+
+
+def check_env_plan(recipe: Any, planned: EnvPlan | None) -> None:
+    """The run's plan asks for more than MAX_CPU_NODES CPU nodes: one line (UserError)."""
+    if planned is None or planned.cpu_nodes <= MAX_CPU_NODES:
+        return
+    raise UserError(
+        f"{recipe.name}: {planned.episodes} episodes in flight x {planned.cores_per_episode:g} "
+        f"cores need {planned.cores_needed:g} cores, {planned.short:g} more than node 0 has: "
+        f"{planned.cpu_nodes} CPU nodes of {planned.cpu_node_vcpus} vCPUs, more than "
+        f"{MAX_CPU_NODES}; lower env.cpus_per_episode or grpo.prompts_per_step (or set "
+        "env.cpu_nodes)"
+    )
 
 
 def node_env_plan(

@@ -180,6 +180,7 @@ def test_set_adds_an_env_section_to_a_recipe_without_one(capsys):
         ({"name": "builtin:python", "cpu_nodes": -1}, "env.cpu_nodes: Input should be 0 or more, or auto"),
         ({"name": "builtin:python", "cpu_nodes": 17}, "env.cpu_nodes: Input should be at most 16, or auto"),
         ({"name": "builtin:python", "cpus_per_episode": 40}, "qwen-tools: 128 episodes in flight x 40 cores need 5120 cores, "),
+        ({"name": "builtin:python", "cpus_per_episode": 40, "cpu_nodes": 17}, "env.cpu_nodes: Input should be at most 16"),
         ({"name": "builtin:python", "sandbox": {"cpu_seconds": 0}}, "env.sandbox.cpu_seconds: Input should be greater than 0"),
         ({"name": "builtin:python", "sandbox": {"memory_mb": 0}}, "env.sandbox.memory_mb: Input should be greater than 0"),
         ({"name": "builtin:python", "sandbox": {"isolation": "none"}}, "env.sandbox.isolation: "),
@@ -199,6 +200,14 @@ def test_bad_env_sections_are_one_line_exit_2(tmp_path, capsys, env, message):
     for command in ("validate", "plan"):
         code, _, err = run(capsys, command, str(path))
         assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_too_many_cpu_nodes_is_said_as_such_on_any_gpu_count(tmp_path, capsys):
+    path = project(tmp_path, {"name": "builtin:python", "cpus_per_episode": 40})
+    for gpus in ("1", "2", "8"):
+        code, _, err = run(capsys, "plan", str(path), "--gpus", gpus)
+        assert code == 2 and err.count("\n") == 1, err
+        assert "CPU nodes of 32 vCPUs, more than 16; lower env.cpus_per_episode" in err
 
 
 def test_validate_imports_neither_the_environment_nor_openenv(tmp_path):
