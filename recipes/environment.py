@@ -258,7 +258,7 @@ class EnvPlan:
         if self.short:
             return (
                 f"environment cores: {need}; {node}: {workers}, {self.short:g} cores short "
-                "(env.cpu_nodes 0: the tools' calls wait for cores)"
+                "(no CPU nodes for them, env.cpu_nodes: the tools' calls wait for cores)"
             )
         return f"environment cores: {need}; {node}: {workers}"
 
@@ -278,6 +278,7 @@ def env_plan(
     node_vcpus: float | None,
     own: int,
     node_source: str,
+    cpu_run: bool = False,
 ) -> EnvPlan | None:
     """The plan of a multi-turn run's environment workers (None for a single-turn run): the
     cores its episodes need against node 0's `node_vcpus` less its `own` processes' cores, and
@@ -298,7 +299,8 @@ def env_plan(
     per_node = CPU_NODE_VCPUS_FOR_ENV - 1  # a core for the node's own runtime
     nodes = env.cpu_nodes
     if nodes == "auto":
-        nodes = math.ceil(round(short, 2) / per_node)
+        # a CPU recipe runs on one machine or its own CPU nodes: auto adds none
+        nodes = 0 if cpu_run else math.ceil(round(short, 2) / per_node)
     node_workers = 0
     if nodes:
         node_workers = max(1, min(math.ceil(short / nodes), per_node, MAX_AUTO_WORKERS))
@@ -333,7 +335,7 @@ def node_env_plan(
     if getattr(recipe, "env", None) is None:
         return None
     own = own_cores(cpu, placements, recipe.layout.reward.procs)
-    return env_plan(recipe, replicas, node_vcpus, own, node_source)
+    return env_plan(recipe, replicas, node_vcpus, own, node_source, cpu_run=cpu)
 
 
 def planned_node(accelerator: str, per_node: int) -> tuple[float | None, str]:

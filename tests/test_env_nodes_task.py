@@ -131,3 +131,21 @@ def test_launch_submits_the_job_group_as_one_managed_job(monkeypatch, capsys):
     assert isinstance(dag, sky.Dag) and dag.is_job_group() and kwargs["name"] == dag.name
     assert [(t.name, t.num_nodes) for t in dag.tasks] == [("train", 1), ("envs", 3)]
     assert [t.envs["FORGESKY_WORKER_PORT"] for t in dag.tasks] == ["26600", "26600"]
+
+
+def test_the_runtime_takes_the_cpu_nodes_its_cluster_has(tmp_path, monkeypatch):
+    """env.cpu_nodes auto on the nodes: the nodes the cluster has beyond the run's own (the job
+    group's envs task), none on one machine, where node 0's cores serve (forgesky local)."""
+    from runtime.entry import parse_config
+
+    args = ["--recipe", "qwen3-1.7b", "--gpus", "1", "--run-dir", str(tmp_path / "run"),
+            "--set", "env.name=builtin:python", "--set", "eval.enabled=false"]  # fmt: skip
+    for var in ("SKYPILOT_NODE_IPS", "SKYPILOT_NODE_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    alone = parse_config(args)
+    assert alone.plan.env_nodes == 0 and alone.plan.environment.short > 0
+    monkeypatch.setenv("SKYPILOT_NODE_IPS", "10.0.0.1\n10.0.1.1\n10.0.1.2\n")
+    monkeypatch.setenv("SKYPILOT_NODE_RANK", "2")
+    grouped = parse_config(args)
+    assert (grouped.plan.num_nodes, grouped.plan.env_nodes) == (1, 2)
+    assert grouped.cluster.rank == 2
