@@ -30,12 +30,15 @@ NOT_GENERATED = -1  # the version of a token the model did not sample
 @dataclass(frozen=True)
 class Limits:
     """An episode's bounds: turns of the model, tokens after the prompt (the model's and the
-    tools'), tokens of one turn; `turn_rewards` adds the steps' rewards to the closing one."""
+    tools'), tokens of one turn, tokens of the whole episode (its opening prompt included;
+    None: no bound past `max_tokens`); `turn_rewards` adds the steps' rewards to the closing
+    one."""
 
     max_turns: int
     max_tokens: int
     max_turn_tokens: int
     turn_rewards: bool = False
+    max_episode_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens", "max_turn_tokens"):
@@ -116,13 +119,19 @@ class EpisodeRunner:
         self.fmt = fmt
         self.generate = generate
         self.limits = limits
+        # wall seconds of `run` spent in generator calls, and waiting on the environments
+        # (opening the episodes, each round's tool calls, closing them)
+        self.generate_s = 0.0
+        self.env_wait_s = 0.0
 
     async def run(self, rows: list[dict[str, Any]], seeds: list[int]) -> list[Episode]:
         """One episode per row (opened with its seed), in order."""
         episodes = [Episode(row=dict(r)) for r in rows]
+        start = time.perf_counter()
         openings = await asyncio.gather(
             *(self.environments.open(r, s) for r, s in zip(rows, seeds, strict=True))
         )
+        self.env_wait_s += time.perf_counter() - start
         for ep, opening in zip(episodes, openings, strict=True):
             ep.episode = opening.episode
             messages = opening.messages or ep.row.get("messages") or []
@@ -134,21 +143,37 @@ class EpisodeRunner:
         while running := [ep for ep in episodes if ep._running]:
             # the turn may use what is left of the episode's budget, at most max_turn_tokens
             most = max(self._room(ep) for ep in running)
-            turns = await self.generate(
-                [ep.prompt_ids + ep.tokens for ep in running], most, seed + round_
-            )
+            prompts = [ep.prompt_ids + ep.tokens for ep in running]
+            start = time.perf_counter()
+            turns = await self.generate(prompts, most, seed + round_)
+            steps = time.perf_counter()
+            self.generate_s += steps - start
             round_ += 1
-            await asyncio.gather(
-                *(self._after(ep, t) for ep, t in zip(running, turns, strict=True))
-            )
+            parsed = [(ep, self._record(ep, t)) for ep, t in zip(running, turns, strict=True)]
+            stepping = [(ep, calls, results) for ep, (calls, results) in parsed if ep._running]
+            start = time.perf_counter()
+            ended = await asyncio.gather(*(self._calls(*s) for s in stepping))
+            self.env_wait_s += time.perf_counter() - start
+            for (ep, _, results), done in zip(stepping, ended, strict=True):
+                self._follow(ep, results, done)
+        start = time.perf_counter()
         await asyncio.gather(*(self._close(ep) for ep in episodes))
+        self.env_wait_s += time.perf_counter() - start
         return episodes
 
-    def _room(self, ep: Episode) -> int:
-        return max(1, min(self.limits.max_turn_tokens, self.limits.max_tokens - len(ep.tokens)))
+    def _left(self, ep: Episode) -> int:
+        """The tokens the episode may still add after its prompt."""
+        left = self.limits.max_tokens - len(ep.tokens)
+        if self.limits.max_episode_tokens is not None:
+            left = min(left, self.limits.max_episode_tokens - len(ep.prompt_ids) - len(ep.tokens))
+        return left
 
-    async def _after(self, ep: Episode, turn: Turn) -> None:
-        """Record a turn, step its calls, append their results, or end the episode."""
+    def _room(self, ep: Episode) -> int:
+        return max(1, min(self.limits.max_turn_tokens, self._left(ep)))
+
+    def _record(self, ep: Episode, turn: Turn) -> tuple[list[ToolCall], list[str]]:
+        """Record a turn and parse it: the calls to step and the results so far (a malformed
+        turn's error); the episode ends here where the turn answered."""
         room = self._room(ep)
         ids, logprobs, finish = turn.ids, turn.logprobs, turn.finish_reason
         if len(ids) > room:
@@ -159,32 +184,40 @@ class EpisodeRunner:
         parsed = self.fmt.parse(self.fmt.tokenizer.decode(ids, skip_special_tokens=False))
         ep.answer = parsed.content
         if parsed.malformed is None and not parsed.calls:
-            return self._end(ep, "answer")
+            self._end(ep, "answer")
+            return [], []
         results: list[str] = []
         if parsed.malformed is not None:
             ep.malformed += 1
             ep.tool_errors += 1
             results.append(malformed_text(parsed.malformed))
-        done = False
-        for call in parsed.calls:
+        return list(parsed.calls), results
+
+    async def _calls(self, ep: Episode, calls: list[ToolCall], results: list[str]) -> bool:
+        """Step one episode's calls in order, appending their results; whether the environment
+        ended the episode."""
+        for call in calls:
             text, done = await self._step(ep, call)
             results.append(text)
             if done:
-                break
+                return True
+        return False
+
+    def _follow(self, ep: Episode, results: list[str], done: bool) -> None:
+        """Append the results of a turn's calls, or end the episode."""
         if done:
             return self._end(ep, "done")
         if ep.turns >= self.limits.max_turns:
             return self._end(ep, "max_turns")
-        follow = self.fmt.observation_ids(results, turn_closed=finish == "stop")
-        if len(ep.tokens) + len(follow) >= self.limits.max_tokens:
+        follow = self.fmt.observation_ids(results, turn_closed=ep.finish_reason == "stop")
+        if len(follow) >= self._left(ep):
             return self._end(ep, "max_tokens")
         ep._add(follow, None, NOT_GENERATED)
 
     async def _step(self, ep: Episode, call: ToolCall) -> tuple[str, bool]:
         ep.tool_calls += 1
-        start = time.perf_counter()
         result = await self.environments.step(ep.episode, call)
-        ep.tool_s += time.perf_counter() - start
+        ep.tool_s += result.seconds
         if result.error is not None:
             ep.tool_errors += 1
         if result.reward is not None:

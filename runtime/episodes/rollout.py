@@ -1,10 +1,12 @@
 """Episodes in the run's rollout loop: one call's prompts become groups of episodes, run with
 the generator replica's turns batched across them, and come back as the rollout groups the
 buffer and the trainer take (runtime/control/buffer.py), with a response mask and per-token
-policy versions."""
+policy versions. The episodes' environments are the run's environment workers
+(runtime/environments/workers.py), started with the run and shut down with it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,17 +19,21 @@ from runtime.episodes.loop import Episode, EpisodeRunner, Generate, Limits, Turn
 Continue = Callable[[list[list[int]], int, int], Awaitable[list[dict[str, Any]]]]
 
 
-def environments_for(name: str) -> Environments:
-    """The environments a recipe's `episodes.environment` names."""
-    if name == "builtin:tiny-tools":
-        from runtime.episodes.local import tiny_tools_environments
-
-        return tiny_tools_environments()
-    raise ValueError(f"episodes.environment {name!r}: no such environment")
+def limits_of(recipe: Any) -> Limits:
+    """An episode's bounds from the recipe's `env` and `grpo` sections."""
+    e, g = recipe.env, recipe.grpo
+    return Limits(
+        max_turns=e.max_turns,
+        max_tokens=g.max_response_tokens,
+        max_turn_tokens=e.max_turn_tokens or g.max_response_tokens,
+        turn_rewards=e.turn_rewards,
+        max_episode_tokens=e.episode_tokens(g),
+    )
 
 
 class EpisodeRollout:
-    """The episodes of a run: their environments, format and limits."""
+    """The episodes of a run: their environments, format and limits, and the `episode/`
+    metrics of the episodes since the last step record."""
 
     def __init__(
         self, environments: Environments, fmt: ToolFormat, limits: Limits, group_size: int
@@ -36,23 +42,32 @@ class EpisodeRollout:
         self.fmt = fmt
         self.limits = limits
         self.group_size = group_size
-        self._episodes: list[Episode] = []  # since the last take_stats
+        # since the last take_stats: the episodes, and the calls' seconds (see `groups`)
+        self._episodes: list[Episode] = []
+        self._call_s = self._generate_s = self._env_wait_s = 0.0
+        self._counted = environments.counters()
 
     @classmethod
-    def from_recipe(cls, recipe: Any, tokenizer: Any = None) -> EpisodeRollout:
+    async def start(
+        cls, recipe: Any, tokenizer: Any = None, *, in_process: bool = False
+    ) -> EpisodeRollout:
+        """The run's episodes, their environment workers started (`in_process`: hosted in this
+        process instead, for tests). A hosting that cannot start ends the run in one line."""
+        from runtime.environments.start import start_environments
+
         if tokenizer is None:
             from runtime.backends.build import load_tokenizer
 
             tokenizer = load_tokenizer(recipe)
-        e, g = recipe.episodes, recipe.grpo
-        limits = Limits(
-            max_turns=e.max_turns,
-            max_tokens=g.max_response_tokens,
-            max_turn_tokens=e.max_turn_tokens or g.max_response_tokens,
-            turn_rewards=e.turn_rewards,
-        )
         fmt = tool_format(recipe.model.family, tokenizer, recipe.model.thinking)
-        return cls(environments_for(e.environment), fmt, limits, g.group_size)
+        environments = await start_environments(recipe.env, in_process=in_process)
+        return cls(environments, fmt, limits_of(recipe), recipe.grpo.group_size)
+
+    async def shutdown(self) -> None:
+        """Stop the environments' workers (the run's end, a stop, a failure)."""
+        stop = getattr(self.environments, "shutdown", None)
+        if stop is not None:
+            await stop()
 
     async def groups(self, prompts: list[Any], seed: int, generate: Continue) -> list[Group]:
         """`group_size` episodes of each prompt (one environment seed a group, so they face
@@ -64,14 +79,28 @@ class EpisodeRollout:
             rows += [row] * n
             seeds += [(seed + 7919 * i) & 0x7FFFFFFF] * n
         runner = EpisodeRunner(self.environments, self.fmt, _turns(generate), self.limits)
-        episodes = await runner.run(rows, seeds)
+        start = time.perf_counter()
+        try:
+            episodes = await runner.run(rows, seeds)
+        finally:
+            self._call_s += time.perf_counter() - start
+            self._generate_s += runner.generate_s
+            self._env_wait_s += runner.env_wait_s
         self._episodes += episodes
         return [episode_group(p, episodes[i * n : (i + 1) * n]) for i, p in enumerate(prompts)]
 
     def take_stats(self) -> dict[str, float]:
-        """The `episode/` metrics of the episodes since the last call."""
+        """The `episode/` metrics since the last call (docs/tools.md, Metrics)."""
         stats = episode_stats(self._episodes) if self._episodes else {}
-        self._episodes = []
+        counters = self.environments.counters()
+        stats["episode/workers_lost"] = counters["workers_lost"] - self._counted["workers_lost"]
+        idle = max(0.0, self._call_s - self._generate_s)
+        stats["episode/env_wait_s"] = self._env_wait_s
+        stats["episode/generator_idle_s"] = idle
+        if self._call_s > 0:
+            stats["episode/generator_idle_share"] = idle / self._call_s
+        self._episodes, self._counted = [], counters
+        self._call_s = self._generate_s = self._env_wait_s = 0.0
         return stats
 
 
@@ -90,13 +119,14 @@ def episode_group(prompt: Any, episodes: list[Episode]) -> Group:
     """One prompt's episodes as a rollout group: the response is every turn after the opening,
     masked to the model's tokens; `policy_version` the oldest turn's. A group with a dropped
     episode has no rewards (`dropped`): the rollout loop leaves it out and counts it."""
-    first = episodes[0].prompt_ids
-    if any(ep.prompt_ids != first for ep in episodes):
+    kept = [ep for ep in episodes if not ep.dropped]
+    first = kept[0].prompt_ids if kept else episodes[0].prompt_ids
+    if any(ep.prompt_ids != first for ep in kept):
         raise ValueError(
             f"prompt {prompt.id}: the episodes of one group opened differently; an environment "
             "must open alike for the same row and seed"
         )
-    dropped = any(ep.dropped for ep in episodes)
+    dropped = len(kept) < len(episodes)
     return Group(
         prompt_id=prompt.id,
         prompt=prompt.text,
