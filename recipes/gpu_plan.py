@@ -134,7 +134,7 @@ def gpu_plan(
         idle_gpus=idle,
         reference_in_trainer=lay.reference.in_trainer,
         lora=lora_words(recipe),
-        env=env_words(recipe.env),
+        env=env_words(recipe),
         accelerator=accelerator,
         settings=settings,
         share=share,

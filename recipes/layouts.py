@@ -299,7 +299,7 @@ def cpu_plan(recipe: Recipe, nodes: int) -> Plan:
         memory=estimate_memory(recipe),
         reference_in_trainer=lay.reference.in_trainer,
         lora=lora_words(recipe),
-        env=env_words(recipe.env),
+        env=env_words(recipe),
         accelerator="cpu",
         minimum_gpus=0,
         settings=settings,

@@ -34,16 +34,14 @@ LOSS_AGGREGATION: dict[str, str] = {
 # task's (builtin:<task>) or its own (module:function).
 BUILTIN_REWARDS: tuple[str, ...] = ("math", "gsm8k_format", "format")
 
-# Environments shipped with the runtime (runtime/environments/builtins.py): a recipe's env.name
+# Environments shipped with the runtime (runtime/environments/host.py BUILTINS): a recipe's env.name
 # `builtin:<name>` names one; its own is `module:Class`, an OpenEnv Environment.
-BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("python",)
+BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("python", "tiny-tools")
 
 # Tasks shipped with the runtime (runtime/tasks/<name>/): `builtin:<name>` in a recipe's
 # dataset.path, model.tokenizer or reward names one of them.
 BUILTIN_TASKS: tuple[str, ...] = ("tiny", "arith", "tiny-tools")
-# Those whose episodes run tools (a recipe's `episodes.environment`), and the model families
-# whose tool-call format the runtime reads (runtime/episodes/formats.py).
-EPISODE_TASKS: tuple[str, ...] = ("tiny-tools",)
+# The model families whose tool-call format the runtime reads (runtime/episodes/formats.py).
 TOOL_FAMILIES: tuple[str, ...] = ("qwen3", "llama3")
 # The splits each of them has: "train" to learn from, "test" held out for evaluation.
 BUILTIN_SPLITS: tuple[str, ...] = ("train", "test")

@@ -177,7 +177,7 @@ class Dataset(Strict):
     answer_field: Identifier = "answer"
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     system_prompt: str | None = None
-    # at least one, except in a recipe with `episodes` (there the environments score)
+    # at least one, except in a recipe with an `env` section (there the environment scores)
     rewards: list[Reward] = Field(default_factory=list)
     # The prompts' mean length in tokens, as the generator gets them (template and chat format
     # included): plans rank their layouts at it (unset: at grpo.max_prompt_tokens, the most a
@@ -334,20 +334,3 @@ class Eval(Strict):
     @property
     def samples_drawn(self) -> int:
         return self.samples if self.samples is not None else self.k
-
-
-class Episodes(Strict):
-    """Multi-turn rollouts with tool calls (runtime/episodes): each completion is an episode
-    that alternates the model's turns with its environment's tool results, in the model
-    family's chat format; the environment gives the reward. The episode's tokens after the
-    prompt (the model's and the tools') are at most grpo.max_response_tokens."""
-
-    # where the episodes' environments come from: a shipped task's, run in the controller's
-    # process ("builtin:<task>")
-    environment: Identifier
-    # the model's turns in an episode, and the tokens it may sample in one (default:
-    # grpo.max_response_tokens)
-    max_turns: int = Field(default=4, ge=1)
-    max_turn_tokens: int | None = Field(default=None, ge=1)
-    # add the rewards the environment gives per tool call to the episode's closing reward
-    turn_rewards: bool = False

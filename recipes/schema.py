@@ -26,8 +26,8 @@ from recipes.fields import Identifier, Strict
 from recipes.files import same_local
 from recipes.lora import VLLM_LORA_RANKS
 from recipes.memory import estimate_memory, memory_errors
-from recipes.names import ALL_LINEAR, BUILTIN_SPLITS, EPISODE_TASKS, LORA_TARGETS, TOOL_FAMILIES
-from recipes.run_sections import Dataset, Episodes, Eval, Grpo, Model
+from recipes.names import ALL_LINEAR, BUILTIN_SPLITS, LORA_TARGETS, TOOL_FAMILIES
+from recipes.run_sections import Dataset, Eval, Grpo, Model
 from recipes.service_sections import (
     GeneratorSettings,
     Layout,
@@ -57,8 +57,6 @@ class Recipe(ModelRecipe, Strict):
     watchdog: WatchdogSettings = WatchdogSettings()
     # Multi-turn episodes with tool calls (recipes/environment.py); none: single-turn rollouts.
     env: Environment | None = None
-    # The rollout side of episodes (runtime/episodes): turns, their tokens, the turn rewards.
-    episodes: Episodes | None = None
 
     @property
     def seed(self) -> int:
@@ -80,20 +78,15 @@ class Recipe(ModelRecipe, Strict):
 
 
 def _episode_errors(r: Recipe) -> list[str]:
-    e = r.episodes
+    e = r.env
     if e is None:
         return [] if r.dataset.rewards else ["dataset.rewards: List should have at least 1 item"]
     errors = []
-    if e.environment.removeprefix("builtin:") not in EPISODE_TASKS:
-        errors.append(
-            f"episodes.environment: {e.environment!r} is no shipped environment "
-            f"(shipped: {', '.join('builtin:' + t for t in EPISODE_TASKS)})"
-        )
     if r.model.family not in TOOL_FAMILIES:
-        errors.append(f"episodes: no tool-call format for the {r.model.family} family")
+        errors.append(f"env: no tool-call format for the {r.model.family} family")
     if e.max_turn_tokens is not None and e.max_turn_tokens > r.grpo.max_response_tokens:
         errors.append(
-            f"episodes.max_turn_tokens: {e.max_turn_tokens} exceeds the episode's "
+            f"env.max_turn_tokens: {e.max_turn_tokens} exceeds the episode's "
             f"grpo.max_response_tokens {r.grpo.max_response_tokens}"
         )
     if r.eval.enabled:
@@ -272,7 +265,7 @@ def _consistency_errors(r: Recipe) -> list[str]:
             f"{g.max_prompt_tokens} (prompts are cut to it)"
         )
     errors += _eval_errors(r)
-    if r.env is not None and r.env.max_episode_tokens > arch.max_seq_len:
+    if r.env is not None and (r.env.max_episode_tokens or 0) > arch.max_seq_len:
         errors.append(
             f"env.max_episode_tokens: {r.env.max_episode_tokens} exceeds the {fam} {size} "
             f"context of {arch.max_seq_len} tokens"

@@ -41,7 +41,8 @@ def project(tmp_path: Path, env: dict) -> Path:
             """
         )
     )
-    recipe = {**QWEN, "name": "qwen-tools", "env": env}
+    # evaluation runs single-turn prompts: a recipe with episodes turns it off
+    recipe = {**QWEN, "name": "qwen-tools", "env": env, "eval": {"enabled": False}}
     path = tmp_path / "mine" / "qwen-tools.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -78,7 +79,7 @@ def test_plan_shows_the_environment_in_one_line_and_set_reaches_it(tmp_path, cap
 def test_set_adds_an_env_section_to_a_recipe_without_one(capsys):
     code, out, err = run(
         capsys, "plan", "qwen3-1.7b", "--gpus", "1", "--set", "env.name=builtin:python",
-        "--set", "env.sandbox.isolation=rlimits",
+        "--set", "env.sandbox.isolation=rlimits", "--set", "eval.enabled=false",
     )  # fmt: skip
     assert code == 0, err
     assert "s wall, rlimits only" in out
@@ -96,12 +97,14 @@ def test_set_adds_an_env_section_to_a_recipe_without_one(capsys):
         ({"name": "builtin:python", "sandbox": {"memory_mb": 0}}, "env.sandbox.memory_mb: Input should be greater than 0"),
         ({"name": "builtin:python", "sandbox": {"isolation": "none"}}, "env.sandbox.isolation: "),
         ({"name": "builtin:python", "max_episode_tokens": 100000}, "env.max_episode_tokens: 100000 exceeds the qwen3 1.7b context of 40960 tokens"),
-        ({"name": "builtin:search"}, "env.name: no shipped environment named 'search' (shipped: python)"),
-        ({"name": "lookup"}, "env.name: 'lookup' is neither builtin:<name> (python) nor module:Class"),
+        ({"name": "builtin:search"}, "env.name: no shipped environment named 'search' (shipped: python, tiny-tools)"),
+        ({"name": "lookup"}, "env.name: 'lookup' is neither builtin:<name> (python, tiny-tools) nor module:Class"),
         ({"name": "myenvs.lookup:Missing"}, "env.name 'myenvs.lookup:Missing': lookup.py has no class 'Missing'"),
         ({"name": "myenvs.nowhere:Lookup"}, "env.name 'myenvs.nowhere:Lookup': module 'myenvs.nowhere' not found"),
         ({"name": "myenvs.lookup:Table"}, "env.name 'myenvs.lookup:Table': Table is not an OpenEnv Environment (its bases: dict)"),
         ({"name": "builtin:python", "turns": 3}, "env.turns: unknown key; did you mean max_turns?"),
+        ({"name": "builtin:python", "max_turn_tokens": 0}, "env.max_turn_tokens: Input should be greater than 0"),
+        ({"name": "builtin:python", "max_turn_tokens": 2000}, "env.max_turn_tokens: 2000 exceeds the episode's grpo.max_response_tokens 1024"),
     ],
 )  # fmt: skip
 def test_bad_env_sections_are_one_line_exit_2(tmp_path, capsys, env, message):

@@ -404,20 +404,18 @@ def test_tiny_tools_learns_to_call_its_tool_and_copy_the_result():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("episodes.max_turns=0", "episodes.max_turns: Input should be greater than or equal to 1"),
-        ("episodes.max_turn_tokens=0", "episodes.max_turn_tokens: Input should be greater than"),
+        ("env.max_turns=0", "env.max_turns: Input should be greater than 0"),
+        ("env.max_turn_tokens=0", "env.max_turn_tokens: Input should be greater than 0"),
         (
-            "episodes.max_turn_tokens=41",
-            "episodes.max_turn_tokens: 41 exceeds the episode's grpo.max_response_tokens 40",
+            "env.max_turn_tokens=41",
+            "env.max_turn_tokens: 41 exceeds the episode's grpo.max_response_tokens 40",
         ),
-        (
-            "episodes.environment=builtin:tiny",
-            "episodes.environment: 'builtin:tiny' is no shipped environment",
-        ),
+        ("env.name=builtin:tiny", "env.name: no shipped environment named 'tiny'"),
         ("eval.enabled=true", "eval.enabled: evaluation runs single-turn prompts; set it false"),
+        ("env=null", "dataset.rewards: List should have at least 1 item"),
     ],
 )
-def test_a_bad_episodes_section_is_one_line(override, message):
+def test_a_bad_env_section_is_one_line(override, message):
     from recipes import UserError, apply_overrides, load_recipe
 
     recipe = load_recipe("recipes/catalog/tiny-tools.yaml")

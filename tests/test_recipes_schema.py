@@ -399,7 +399,7 @@ def test_override_mistakes():
         "aggregation, checkpoint_finish_s, checkpoint_interval"
     )
     assert (
-        "valid keys under the top level: dataset, description, env, episodes, eval, generator, grpo, "
+        "valid keys under the top level: dataset, description, env, eval, generator, grpo, "
         "layout, model, name, reference, resources, trainer, watchdog, weight_sync"
     ) in error_of(apply_overrides, base, ["gpro.steps=3"])
     assert "did you mean grpo?" in error_of(apply_overrides, base, ["gpro.steps=3"])

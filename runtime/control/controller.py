@@ -82,7 +82,7 @@ class Controller:
 
             source = build_prompt_source(self.recipe.dataset, seed=self.recipe.grpo.seed)
         episodes = None
-        if getattr(self.recipe, "episodes", None) is not None:
+        if getattr(self.recipe, "env", None) is not None:
             from runtime.episodes.rollout import EpisodeRollout
 
             episodes = EpisodeRollout.from_recipe(self.recipe)

@@ -30,12 +30,15 @@ NOT_GENERATED = -1  # the version of a token the model did not sample
 @dataclass(frozen=True)
 class Limits:
     """An episode's bounds: turns of the model, tokens after the prompt (the model's and the
-    tools'), tokens of one turn; `turn_rewards` adds the steps' rewards to the closing one."""
+    tools'), tokens of one turn, tokens of the whole episode (its opening prompt included;
+    None: no bound past `max_tokens`); `turn_rewards` adds the steps' rewards to the closing
+    one."""
 
     max_turns: int
     max_tokens: int
     max_turn_tokens: int
     turn_rewards: bool = False
+    max_episode_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens", "max_turn_tokens"):
@@ -144,8 +147,15 @@ class EpisodeRunner:
         await asyncio.gather(*(self._close(ep) for ep in episodes))
         return episodes
 
+    def _left(self, ep: Episode) -> int:
+        """The tokens the episode may still add after its prompt."""
+        left = self.limits.max_tokens - len(ep.tokens)
+        if self.limits.max_episode_tokens is not None:
+            left = min(left, self.limits.max_episode_tokens - len(ep.prompt_ids) - len(ep.tokens))
+        return left
+
     def _room(self, ep: Episode) -> int:
-        return max(1, min(self.limits.max_turn_tokens, self.limits.max_tokens - len(ep.tokens)))
+        return max(1, min(self.limits.max_turn_tokens, self._left(ep)))
 
     async def _after(self, ep: Episode, turn: Turn) -> None:
         """Record a turn, step its calls, append their results, or end the episode."""
@@ -176,7 +186,7 @@ class EpisodeRunner:
         if ep.turns >= self.limits.max_turns:
             return self._end(ep, "max_turns")
         follow = self.fmt.observation_ids(results, turn_closed=finish == "stop")
-        if len(ep.tokens) + len(follow) >= self.limits.max_tokens:
+        if len(follow) >= self._left(ep):
             return self._end(ep, "max_tokens")
         ep._add(follow, None, NOT_GENERATED)
 

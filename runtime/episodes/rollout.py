@@ -17,13 +17,20 @@ from runtime.episodes.loop import Episode, EpisodeRunner, Generate, Limits, Turn
 Continue = Callable[[list[list[int]], int, int], Awaitable[list[dict[str, Any]]]]
 
 
-def environments_for(name: str) -> Environments:
-    """The environments a recipe's `episodes.environment` names."""
-    if name == "builtin:tiny-tools":
+def environments_for(env: Any) -> Environments:
+    """The environments a recipe's `env` section names."""
+    if env.name == "builtin:tiny-tools":
         from runtime.episodes.local import tiny_tools_environments
 
         return tiny_tools_environments()
-    raise ValueError(f"episodes.environment {name!r}: no such environment")
+    from runtime.environments.host import Spec
+    from runtime.environments.local import LocalEnvironments
+
+    return LocalEnvironments(
+        Spec.from_section(env),
+        call_timeout_s=env.call_timeout_s,
+        episode_timeout_s=env.episode_timeout_s,
+    )
 
 
 class EpisodeRollout:
@@ -44,15 +51,16 @@ class EpisodeRollout:
             from runtime.backends.build import load_tokenizer
 
             tokenizer = load_tokenizer(recipe)
-        e, g = recipe.episodes, recipe.grpo
+        e, g = recipe.env, recipe.grpo
         limits = Limits(
             max_turns=e.max_turns,
             max_tokens=g.max_response_tokens,
             max_turn_tokens=e.max_turn_tokens or g.max_response_tokens,
             turn_rewards=e.turn_rewards,
+            max_episode_tokens=e.episode_tokens(g),
         )
         fmt = tool_format(recipe.model.family, tokenizer, recipe.model.thinking)
-        return cls(environments_for(e.environment), fmt, limits, g.group_size)
+        return cls(environments_for(e), fmt, limits, g.group_size)
 
     async def groups(self, prompts: list[Any], seed: int, generate: Continue) -> list[Group]:
         """`group_size` episodes of each prompt (one environment seed a group, so they face
