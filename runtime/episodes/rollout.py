@@ -62,17 +62,25 @@ class EpisodeRollout:
         fmt = tool_format(recipe.model.family, tokenizer, recipe.model.thinking)
         return cls(environments_for(e), fmt, limits, g.group_size)
 
-    async def groups(self, prompts: list[Any], seed: int, generate: Continue) -> list[Group]:
-        """`group_size` episodes of each prompt (one environment seed a group, so they face
-        the same world), as one group per prompt, in order."""
-        n = self.group_size
-        rows, seeds = [], []
-        for i, p in enumerate(prompts):
+    async def play(
+        self, prompts: list[Any], seeds: list[int], n: int, generate: Continue
+    ) -> list[Episode]:
+        """`n` episodes of each prompt, prompt-major, each opened with its prompt's environment
+        seed: a prompt's episodes face the same world, so their rewards compare."""
+        rows, opened = [], []
+        for p, seed in zip(prompts, seeds, strict=True):
             row = {"id": p.id, "question": p.text, "answer": p.answer, "messages": p.messages()}
             rows += [row] * n
-            seeds += [(seed + 7919 * i) & 0x7FFFFFFF] * n
+            opened += [seed & 0x7FFFFFFF] * n
         runner = EpisodeRunner(self.environments, self.fmt, _turns(generate), self.limits)
-        episodes = await runner.run(rows, seeds)
+        return await runner.run(rows, opened)
+
+    async def groups(self, prompts: list[Any], seed: int, generate: Continue) -> list[Group]:
+        """`group_size` episodes of each prompt (`play`, a seed a prompt drawn from the call's),
+        as one group per prompt, in order."""
+        n = self.group_size
+        seeds = [seed + 7919 * i for i in range(len(prompts))]
+        episodes = await self.play(prompts, seeds, n, generate)
         self._episodes += episodes
         return [episode_group(p, episodes[i * n : (i + 1) * n]) for i, p in enumerate(prompts)]
 
@@ -87,7 +95,13 @@ def _turns(generate: Continue) -> Generate:
     async def turns(prompts: list[list[int]], most: int, seed: int) -> list[Turn]:
         out = await generate(prompts, most, seed)
         return [
-            Turn(c["response_ids"], c["response_logprobs"], c["policy_version"], c["finish_reason"])
+            Turn(
+                c["response_ids"],
+                # none where the turn was not sampled for training (an evaluation's)
+                c["response_logprobs"] or [0.0] * len(c["response_ids"]),
+                c["policy_version"],
+                c["finish_reason"],
+            )
             for c in out
         ]
 
