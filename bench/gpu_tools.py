@@ -34,7 +34,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +48,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 DRY_RECIPE = "tiny-tools"
+# how long a stopped run may take to shut its procs down before its session is killed
+STOP_GRACE_S = 40
 TOOL = "wait"
 CALL = f'<tool_call>\n{{"name": "{TOOL}", "arguments": {{}}}}\n</tool_call>'
 PAD, START, END, UNK = "<pad>", "<|im_start|>", "<|im_end|>", "<unk>"
@@ -139,9 +143,65 @@ def command(a: argparse.Namespace, sets: list[str], run_dir: Path) -> list[str]:
     return cmd
 
 
+def run_child(cmd: list[str], log: Path | None) -> int:
+    """`cmd` in a session of its own. SIGTERM or SIGINT here (the call's time limit) stops the
+    run as a user's Ctrl-C does (at its next trainer call, shutting its procs down) and the bench
+    goes on to summarize the steps it recorded; past STOP_GRACE_S its whole session is killed."""
+    out = log.open("w") if log else None
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                            start_new_session=True)  # fmt: skip
+    deadline: list[float] = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        if not deadline:
+            deadline.append(time.monotonic() + STOP_GRACE_S)
+            proc.send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                if deadline and time.monotonic() > deadline[0]:
+                    os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if out:
+            out.close()
+
+
 def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in rows if isinstance(r.get(key), int | float)]
     return statistics.fmean(values) if values else None
+
+
+def idle_share(timed: list[dict[str, Any]]) -> float | None:
+    """1 - the generator's sampling seconds over the steps' wall seconds: the rollouts count an
+    episode call as busy from its start to its end (`generator/busy_share`, a share of the
+    step), and the episodes count the part of it that waited on the environments
+    (`episode/generator_idle_s`). None where a record lacks either."""
+    wall = sum(r["time/step_s"] for r in timed)
+    keys = ("generator/busy_share", "episode/generator_idle_s")
+    if (
+        not timed
+        or wall <= 0
+        or not all(isinstance(r.get(k), int | float) for r in timed for k in keys)
+    ):
+        return None
+    sampling = sum(
+        r["generator/busy_share"] * r["time/step_s"] - r["episode/generator_idle_s"] for r in timed
+    )
+    return 1 - sampling / wall
+
+
+def _share(timed: list[dict[str, Any]], key: str) -> float | None:
+    """`key`'s seconds over the episode calls' seconds (`key` / its `..._share`), all steps
+    together."""
+    share = key.removesuffix("_s") + "_share"
+    pairs = [(r[key], r[share]) for r in timed if r.get(share)]
+    calls = sum(idle / part for idle, part in pairs)
+    return sum(idle for idle, _ in pairs) / calls if calls else None
 
 
 def summarize(
@@ -152,10 +212,7 @@ def summarize(
     timed = [r for r in steps if r["step"] > warmup]
     wall = sum(r["time/step_s"] for r in timed)
     step_s = wall / len(timed) if timed else None
-    busy = [r.get("generator/busy_share") for r in timed]
-    idle = None
-    if timed and wall > 0 and all(isinstance(b, int | float) for b in busy):
-        idle = 1 - sum(b * r["time/step_s"] for b, r in zip(busy, timed, strict=True)) / wall
+    idle = idle_share(timed)
     tool_s = _mean(timed, "episode/tool_s")
     calls = _mean(timed, "episode/tool_calls")
     return {
@@ -173,7 +230,12 @@ def summarize(
         "tool_calls_per_step": calls,
         "tool_calls_per_episode": calls / episodes_per_step if calls is not None else None,
         "tool_s_per_call": tool_s / calls if tool_s is not None and calls else None,
+        # the share of the measured steps' wall time the generator sampled nothing, and of its
+        # episode calls' time spent waiting on the environments (tools, opening, scoring)
         "generator_idle_share": idle,
+        "generator_idle_share_in_calls": _share(timed, "episode/generator_idle_s"),
+        "env_wait_s_per_step": _mean(timed, "episode/env_wait_s"),
+        "generator_idle_s_per_step": _mean(timed, "episode/generator_idle_s"),
         "turns_mean": _mean(timed, "episode/turns_mean"),
         "tool_errors_per_step": _mean(timed, "episode/tool_errors"),
         "malformed_calls_per_step": _mean(timed, "episode/malformed_calls"),
@@ -193,7 +255,6 @@ def summarize(
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
     from gpu_grpo import gpu_info, placement_rows, versions
-    from gpu_sft import run_child
 
     from recipes import apply_overrides, load_recipe, plan
     from runtime.control.metrics import read_metrics

@@ -119,12 +119,12 @@ def episode_figures(greedy: list[Any], sampled: list[Any]) -> dict[str, float]:
     calls and failed calls, and the episodes lost (greedy and sampled)."""
     kept = [ep for ep in greedy if not ep.dropped]
     figures = {
-        "eval/tool_calls_mean": statistics.mean(ep.tool_calls for ep in greedy),
-        "eval/tool_errors_mean": statistics.mean(ep.tool_errors for ep in greedy),
+        "eval/tool_calls_mean": statistics.fmean(ep.tool_calls for ep in greedy),
+        "eval/tool_errors_mean": statistics.fmean(ep.tool_errors for ep in greedy),
         "eval/dropped": float(sum(ep.dropped for ep in [*greedy, *sampled])),
     }
     if kept:
-        figures["eval/turns_mean"] = statistics.mean(ep.turns for ep in kept)
+        figures["eval/turns_mean"] = statistics.fmean(ep.turns for ep in kept)
     return figures
 
 
