@@ -302,7 +302,6 @@ def play_episodes(
     from runtime.episodes.rollout import EpisodeRollout
 
     e, g = recipe.eval, recipe.grpo
-    rollout = EpisodeRollout.from_recipe(recipe, tokenizer)
 
     def at(temperature: float) -> Any:
         async def turn(ids: list[list[int]], most: int, seed: int) -> list[dict[str, Any]]:
@@ -321,6 +320,8 @@ def play_episodes(
 
     async def both() -> tuple[list[Any], list[Any]]:
         seeds = episode_seeds(prompts, g.seed)
+        # the environment's workers, as a run starts them
+        rollout = await EpisodeRollout.start(recipe, tokenizer)
         try:
             greedy = await rollout.play(prompts, seeds, 1, at(0.0))
             sampled = []
@@ -328,9 +329,7 @@ def play_episodes(
                 sampled = await rollout.play(prompts, seeds, e.samples_drawn, at(g.temperature))
             return greedy, sampled
         finally:
-            shutdown = getattr(rollout.environments, "shutdown", None)
-            if shutdown is not None:
-                await shutdown()
+            await rollout.shutdown()
 
     return asyncio.run(both())
 

@@ -75,19 +75,27 @@ class Services:
 
 def evaluate_in_run(policy: Policy, overrides: list[str] = EVAL) -> dict[str, float]:
     recipe = apply_overrides(load_recipe("tiny-tools"), overrides)
-    episodes = EpisodeRollout.from_recipe(recipe, tokenizer())
-    evaluator = Evaluator(
-        recipe,
-        Services(policy),
-        Progress(1),
-        GpuTurns([]),
-        prompts=held_out_prompts(recipe),
-        episodes=episodes,
-    )
-    metrics = asyncio.run(evaluator.run(0))
-    # an evaluation's episodes are not the training's: nothing joins the rollout's figures
-    assert episodes.take_stats() == {}
-    return metrics
+
+    async def evaluate() -> dict[str, float]:
+        episodes = await EpisodeRollout.start(recipe, tokenizer(), in_process=True)
+        evaluator = Evaluator(
+            recipe,
+            Services(policy),
+            Progress(1),
+            GpuTurns([]),
+            prompts=held_out_prompts(recipe),
+            episodes=episodes,
+        )
+        try:
+            metrics = await evaluator.run(0)
+        finally:
+            await episodes.shutdown()
+        # an evaluation's episodes are not the training's: nothing joins the rollout's figures
+        figures = episodes.take_stats()
+        assert "episode/turns_mean" not in figures and figures["episode/env_wait_s"] == 0
+        return metrics
+
+    return asyncio.run(evaluate())
 
 
 def test_a_run_evaluates_episodes_greedy_pass_at_1_and_sampled_pass_at_k():

@@ -1,16 +1,25 @@
 """Multi-turn episodes: tool calls in Qwen3's and Llama 3.1's formats, the episode loop against
-a real environment (tiny-tools, in-process), the training mask token by token and the policy
-version of every token."""
+a real environment (tiny-tools, hosted in this process), the training mask token by token and
+the policy version of every token."""
 
 import asyncio
 
 import pytest
 
 from runtime.environments.api import ToolCall
+from runtime.environments.host import Spec
+from runtime.environments.local import LocalEnvironments
 from runtime.episodes.formats import tool_format
-from runtime.episodes.local import tiny_tools_environments
 from runtime.episodes.loop import NOT_GENERATED, EpisodeRunner, Limits, Turn, episode_stats
-from runtime.tasks.tiny_tools.environment import LOOKUP_TOOL
+from runtime.tasks.tiny_tools.environment import LOOKUP_TOOL, LookupEnvironment
+
+TINY_TOOLS = Spec("runtime.tasks.tiny_tools.environment:LookupEnvironment")
+
+
+def tiny_tools_environments():
+    """The tiny-tools environment hosted in this process (the run's workers host the same)."""
+    return LocalEnvironments(TINY_TOOLS)
+
 
 # Qwen3's layout: tools as JSON in the system turn, calls in <tool_call> blocks, results as
 # <tool_response> blocks in a user turn, an empty think block on the generation prompt.
@@ -119,10 +128,8 @@ def run(family, turns, versions, limits=None, rows=None):
 
 @pytest.mark.parametrize("family", ["qwen3", "llama3"])
 def test_a_known_episode_trains_only_the_models_tokens_token_by_token(family):
-    from runtime.tasks.tiny_tools import LookupEnvironment
-
     env = LookupEnvironment()
-    env.reset(seed=7, key="c")  # the episode's table (seed 7)
+    env.reset(seed=7, row={"question": "c"})  # the episode's table (seed 7)
     value = env.table["c"]
     answer = f"{value}{EOS[family]}"
     tok, envs, model, (ep,) = run(family, [CALLS[family], answer], [3, 4])
@@ -215,7 +222,7 @@ def test_an_unknown_tool_is_an_error_observation_from_the_environment():
     tok, envs, model, (ep,) = run("qwen3", [call, "1<|im_end|>"], [0, 0])
     assert (ep.tool_calls, ep.tool_errors, ep.malformed) == (1, 1, 0)
     assert envs.counters()["tool_errors"] == 1
-    assert "error: no tool 'search'" in tok.decode(ep.tokens)
+    assert "error: there is no tool 'search'; the tools are: lookup" in tok.decode(ep.tokens)
 
 
 def test_max_turns_and_the_token_budget_end_episodes():
@@ -288,7 +295,6 @@ def test_an_episode_group_trains_on_the_models_tokens_at_their_oldest_version():
 
 
 def test_a_group_with_a_lost_episode_carries_no_rewards():
-    from runtime.episodes.local import tiny_tools_environments
     from runtime.episodes.rollout import episode_group
     from runtime.tasks.data import Prompt
 
@@ -337,16 +343,19 @@ def test_the_tiny_tools_tokenizer_fits_its_architecture_and_renders_calls_as_one
 
 @pytest.mark.slow
 def test_tiny_tools_learns_to_call_its_tool_and_copy_the_result():
-    """The tiny-tools recipe's promise, in one process with its settings: from random weights,
-    reward from near 0 to >= 0.8, two turns an episode (the call, then the answer)."""
+    """The tiny-tools recipe's promise with its settings, the trainer and generator in this
+    process and the environment in the recipe's worker processes: from random weights, reward
+    from near 0 to >= 0.8, two turns an episode (the call, then the answer)."""
     import dataclasses
     import random
     import statistics
+    import time
 
     import torch
 
     from recipes import load_recipe
     from runtime.backends import HFGenerator, OptimizerConfig, TitanTrainer
+    from runtime.control.batching import train_batch
     from runtime.episodes.rollout import EpisodeRollout
     from runtime.grpo import group_advantages, policy_loss
     from runtime.models import ModelSpec
@@ -357,45 +366,63 @@ def test_tiny_tools_learns_to_call_its_tool_and_copy_the_result():
     g = recipe.grpo
     tok = tokenizer()
     spec = dataclasses.replace(ModelSpec.from_arch(recipe.arch), vocab_size=len(tok))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    rewards, turns, seconds = [], [], {"step": 0.0, "env_wait": 0.0, "idle": 0.0}
+
+    async def learn():
         trainer = TitanTrainer(spec, OptimizerConfig(lr=g.learning_rate), seed=0)
         gen = HFGenerator(
             spec, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seed=0,
             weights=trainer.hf_state_dict(),
         )  # fmt: skip
-        episodes = EpisodeRollout.from_recipe(recipe, tok)
+        episodes = await EpisodeRollout.start(recipe, tok)
+        assert episodes.environments.pids and None not in episodes.environments.pids
 
         async def turn(prompts, most, seed):
             out = gen.generate(prompts, n=1, max_new_tokens=most, temperature=1.0, seed=seed)
             return [vars(c) for c in out]
 
         rng = random.Random(0)
-        rewards, turns = [], []
-        for step in range(g.steps):
-            prompts = [Prompt(i, rng.choice(KEYS), "") for i in range(g.prompts_per_step)]
-            groups = asyncio.run(episodes.groups(prompts, rng.randrange(1 << 30), turn))
-            stats = episodes.take_stats()
-            from runtime.control.batching import train_batch
+        try:
+            for step in range(g.steps):
+                start = time.perf_counter()
+                prompts = [Prompt(i, rng.choice(KEYS), "") for i in range(g.prompts_per_step)]
+                groups = await episodes.groups(prompts, rng.randrange(1 << 30), turn)
+                stats = episodes.take_stats()
+                train, info = train_batch(
+                    groups, pad_id=tok.pad_token_id, group_size=g.group_size, loss="grpo",
+                    version=step,
+                )  # fmt: skip
+                trainer.train_step(
+                    train["tokens"], train["response_mask"],
+                    group_advantages(torch.tensor([r for gr in groups for r in gr.rewards]),
+                                     g.group_size),
+                    train["old_logprobs"], None, policy_loss,
+                    max_response_tokens=g.max_response_tokens, variant=g.loss,
+                    clip_high=g.clip_high, entropy_coef=g.entropy_coef,
+                )  # fmt: skip
+                gen.load_weights(trainer.hf_state_dict())
+                gen.policy_version = step + 1
+                rewards.append(info["reward/mean"])
+                turns.append(stats["episode/turns_mean"])
+                assert stats["episode/dropped"] == 0 and stats["episode/workers_lost"] == 0
+                seconds["step"] += time.perf_counter() - start
+                seconds["env_wait"] += stats["episode/env_wait_s"]
+                seconds["idle"] += stats["episode/generator_idle_s"]
+        finally:
+            await episodes.shutdown()
 
-            train, info = train_batch(
-                groups, pad_id=tok.pad_token_id, group_size=g.group_size, loss="grpo", version=step
-            )
-            trainer.train_step(
-                train["tokens"], train["response_mask"],
-                group_advantages(torch.tensor([r for gr in groups for r in gr.rewards]),
-                                 g.group_size),
-                train["old_logprobs"], None, policy_loss,
-                max_response_tokens=g.max_response_tokens, variant=g.loss,
-                clip_high=g.clip_high, entropy_coef=g.entropy_coef,
-            )  # fmt: skip
-            gen.load_weights(trainer.hf_state_dict())
-            gen.policy_version = step + 1
-            rewards.append(info["reward/mean"])
-            turns.append(stats["episode/turns_mean"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        asyncio.run(learn())
     finally:
         torch.set_num_threads(threads)
+    print(
+        f"tiny-tools: reward {statistics.mean(rewards[:5]):.2f} (first 5 steps) -> "
+        f"{statistics.mean(rewards[-10:]):.2f} (last 10), turns {statistics.mean(turns[-10:]):.2f}; "
+        f"{seconds['step']:.0f} s of steps, {seconds['env_wait']:.0f} s waiting on the "
+        f"environment workers, generator idle {seconds['idle']:.0f} s"
+    )
     assert statistics.mean(rewards[:5]) < 0.1, rewards[:5]
     assert statistics.mean(rewards[-10:]) >= 0.8, rewards[-10:]
     assert statistics.mean(turns[-10:]) >= 1.95, turns[-10:]

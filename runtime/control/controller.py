@@ -57,6 +57,10 @@ class Controller:
         self.turns = GpuTurns(()) if self.mps_gpus else turns
         self.notes = Notes()
         self.rollouts: Rollouts | None = None
+        # a multi-turn run's episodes (runtime/episodes/rollout.py) and the tokenizer they are
+        # rendered with (None: the recipe's)
+        self.episodes: Any = None
+        self.tokenizer: Any = None
         self.evaluator: Evaluator | None = None
         sync = config.plan.settings.weight_sync
         self.policy = PolicySync(
@@ -81,11 +85,11 @@ class Controller:
             from runtime.tasks.data import build_prompt_source
 
             source = build_prompt_source(self.recipe.dataset, seed=self.recipe.grpo.seed)
-        episodes = None
         if getattr(self.recipe, "env", None) is not None:
             from runtime.episodes.rollout import EpisodeRollout
 
-            episodes = EpisodeRollout.from_recipe(self.recipe)
+            # the environment workers: stopped with the run (stop_environments)
+            self.episodes = await EpisodeRollout.start(self.recipe, self.tokenizer)
         self.rollouts = Rollouts(
             self.recipe.grpo,
             self.services,
@@ -93,7 +97,7 @@ class Controller:
             self.progress,
             self.turns,
             self.notes,
-            episodes,
+            self.episodes,
         )
         if self.recipe.eval.enabled:
             self.evaluator = Evaluator(
@@ -102,7 +106,7 @@ class Controller:
                 self.progress,
                 self.turns,
                 prompts=eval_prompts,
-                episodes=episodes,
+                episodes=self.episodes,
             )
         ckpt = checkpoint.latest(self.config.checkpoint_dir)
         if ckpt is not None:
@@ -317,6 +321,11 @@ class Controller:
             flush=True,
         )
         return False
+
+    async def stop_environments(self) -> None:
+        """At shutdown, whatever ended the run: the episodes' environment workers stop."""
+        if self.episodes is not None:
+            await self.episodes.shutdown()
 
     async def finish_checkpoint(self) -> None:
         """At shutdown: the checkpoint still being written when the run ended early (a failure,

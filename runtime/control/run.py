@@ -316,6 +316,8 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
             timeout=recipe.grpo.checkpoint_finish_s + FINISH_PROBE_S + 5.0,
             after_failure=True,
         )
+        # a multi-turn run's environment workers (started in prepare), stopped first
+        life.register("environment workers", controller.stop_environments, timeout=15.0)
         await controller.prepare()
         return controller
 

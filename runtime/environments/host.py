@@ -20,6 +20,7 @@ import importlib
 import inspect
 import json
 import os
+import queue
 import re
 import threading
 import time
@@ -34,7 +35,10 @@ from runtime.environments.sandbox import SandboxUnavailable
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Shipped environments (recipes/names.py BUILTIN_ENVIRONMENTS): the class, and whether it is
 # built with the recipe's sandbox limits.
-BUILTINS = {"python": ("runtime.environments.python_env:PythonEnvironment", True)}
+BUILTINS = {
+    "python": ("runtime.environments.python_env:PythonEnvironment", True),
+    "tiny-tools": ("runtime.tasks.tiny_tools.environment:LookupEnvironment", False),
+}
 
 
 class EnvironmentProblem(Exception):
@@ -77,13 +81,31 @@ def load_class(target: str) -> type:
     return found
 
 
+# Tools already checked (function_schema) and their argument validators (_refusal), by the
+# tool's JSON: an environment lists the same tools for every episode, and checking a schema
+# against JSON Schema's meta-schema costs milliseconds, more than a small episode's whole work.
+_CHECKED: dict[str, dict[str, Any]] = {}
+_VALIDATORS: dict[str, Any] = {}
+_CACHED = 1024
+
+
 def function_schema(tool: Any) -> dict[str, Any]:
     """An OpenEnv `Tool` as a function in the OpenAI tool format; EnvironmentProblem where the
     chat template could not express it."""
+    name, schema = tool.name, tool.input_schema or {"type": "object", "properties": {}}
+    key = json.dumps([name, tool.description, schema], sort_keys=True, default=str)
+    checked = _CHECKED.get(key)
+    if checked is None:
+        checked = _function_schema(name, tool.description, schema)
+        if len(_CHECKED) < _CACHED:
+            _CHECKED[key] = checked
+    return json.loads(json.dumps(checked))  # the caller's own copy
+
+
+def _function_schema(name: Any, description: Any, schema: Any) -> dict[str, Any]:
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
-    name, schema = tool.name, tool.input_schema or {"type": "object", "properties": {}}
     if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
         raise EnvironmentProblem(
             f"tool {name!r}: a tool name is 1-64 letters, digits, '_' or '-' (what the chat "
@@ -100,7 +122,7 @@ def function_schema(tool: Any) -> dict[str, Any]:
         raise EnvironmentProblem(f"tool {name!r}: not a valid JSON Schema: {e.message}") from None
     return {
         "type": "function",
-        "function": {"name": name, "description": tool.description or "", "parameters": schema},
+        "function": {"name": name, "description": description or "", "parameters": schema},
     }
 
 
@@ -238,36 +260,57 @@ class Host:
 
 
 def serve(conn: Connection, spec: Spec) -> None:
-    """A worker process (workers.py): build the host, say whether it is ready, then answer requests."""
+    """A worker process (workers.py): build the host, say whether it is ready, then answer
+    requests. Both ways a message is a list: requests (req, op, args), answers (req, ok,
+    value), as many as were waiting, so that many small episodes cost few pipe writes."""
     try:
         host = Host(spec)
         host.probe()
     except EnvironmentProblem as e:
-        conn.send((0, False, str(e)))
+        conn.send([(0, False, str(e))])
         return
     except BaseException as e:
-        conn.send((0, False, f"{type(e).__name__}: {e}".replace("\n", " ")))
+        conn.send([(0, False, f"{type(e).__name__}: {e}".replace("\n", " "))])
         return
-    conn.send((0, True, "ready"))
-    sending = threading.Lock()
+    conn.send([(0, True, "ready")])
+    answers: queue.SimpleQueue = queue.SimpleQueue()
     threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="forgesky-env")
 
     def answer(req: int, op: str, args: tuple) -> None:
         try:
-            value, ok = getattr(host, op)(*args), True
+            answers.put((req, getattr(host, op)(*args), True))
         except Exception as e:
-            value, ok = f"{type(e).__name__}: {e}", False
-        with sending:
-            conn.send((req, ok, value))
+            answers.put((req, f"{type(e).__name__}: {e}", False))
 
+    def send() -> None:
+        while True:
+            batch = [answers.get()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    batch.append(answers.get_nowait())
+            try:
+                conn.send([(req, ok, value) for req, value, ok in batch])
+            except (OSError, ValueError):
+                return  # the run is gone
+            except Exception:  # an answer that cannot be pickled: the others still go
+                for req, value, ok in batch:
+                    try:
+                        conn.send([(req, ok, value)])
+                    except (OSError, ValueError):
+                        return
+                    except Exception as e:
+                        conn.send([(req, False, f"the answer cannot be sent: {e}")])
+
+    threading.Thread(target=send, daemon=True, name="forgesky-env-send").start()
     while True:
         try:
-            req, op, args = conn.recv()
+            batch = conn.recv()
         except (EOFError, OSError):
             break
-        if op == "stop":
+        if any(op == "stop" for _, op, _ in batch):
             break
-        threads.submit(answer, req, op, args)
+        for req, op, args in batch:
+            threads.submit(answer, req, op, args)
     os._exit(0)  # threads of hung tools must not hold the process
 
 
@@ -281,14 +324,24 @@ def _refusal(tools: dict[str, dict[str, Any]], name: str, arguments: Any) -> dic
         }
     if not isinstance(arguments, dict):
         return {"text": f"error: {name}'s arguments must be a JSON object", "error": "malformed"}
-    from jsonschema import Draft202012Validator
-
     schema = tools[name]["function"]["parameters"]
-    problem = next(iter(Draft202012Validator(schema).iter_errors(arguments)), None)
+    problem = next(iter(_validator(schema).iter_errors(arguments)), None)
     if problem is not None:
         where = ".".join(str(p) for p in problem.absolute_path) or "arguments"
         return {"text": f"error: {name}: {where}: {problem.message}", "error": "malformed"}
     return None
+
+
+def _validator(schema: dict[str, Any]) -> Any:
+    key = json.dumps(schema, sort_keys=True, default=str)
+    validator = _VALIDATORS.get(key)
+    if validator is None:
+        from jsonschema import Draft202012Validator
+
+        validator = Draft202012Validator(schema)
+        if len(_VALIDATORS) < _CACHED:
+            _VALIDATORS[key] = validator
+    return validator
 
 
 def _close(env: Any) -> None:

@@ -49,6 +49,8 @@ class _Worker:
         self.failed_starts = 0
         self.pending: dict[int, asyncio.Future] = {}
         self.episodes: set[str] = set()
+        # requests not yet written: sent together once the loop has run what queued them
+        self.outbox: list[tuple[int, str, tuple]] = []
 
 
 class Workers(Hosted):
@@ -153,24 +155,42 @@ class Workers(Hosted):
         assert loop is not None
         while True:
             try:
-                req, ok, value = conn.recv()
+                batch = conn.recv()
             except (EOFError, OSError):
                 break
-            except Exception as e:  # an answer that cannot be unpickled
-                req, ok, value = -1, False, str(e)
+            except Exception:  # answers that cannot be unpickled: their calls time out
+                continue
             try:
-                loop.call_soon_threadsafe(self._answer, w, generation, req, ok, value)
+                loop.call_soon_threadsafe(self._answer, w, generation, batch)
             except RuntimeError:
                 return  # the loop is closed
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._gone, w, generation)
 
-    def _answer(self, w: _Worker, generation: int, req: int, ok: bool, value: Any) -> None:
+    def _answer(self, w: _Worker, generation: int, batch: list[tuple[int, bool, Any]]) -> None:
         if generation != w.generation:
             return
-        future = w.pending.pop(req, None)
-        if future is not None and not future.done():
-            future.set_result((ok, value))
+        for req, ok, value in batch:
+            future = w.pending.pop(req, None)
+            if future is not None and not future.done():
+                future.set_result((ok, value))
+
+    def _post(self, w: _Worker, req: int, op: str, args: tuple) -> None:
+        """Queue a request to `w`; what is queued goes in one write once the loop has run the
+        callbacks ready now (every episode of a round queues its call first)."""
+        assert self._loop is not None
+        if not w.outbox:
+            self._loop.call_soon(self._flush, w, w.generation)
+        w.outbox.append((req, op, args))
+
+    def _flush(self, w: _Worker, generation: int) -> None:
+        batch, w.outbox = w.outbox, []
+        if generation != w.generation or w.conn is None or not batch:
+            return  # the worker went meanwhile: its requests failed with it
+        try:
+            w.conn.send(batch)
+        except (OSError, ValueError):
+            self._kill(w)  # its requests fail as the worker's loss
 
     def _gone(self, w: _Worker, generation: int) -> None:
         """Worker `w` ended (it crashed, or was killed): its episodes are dropped, it restarts."""
@@ -181,7 +201,7 @@ class Workers(Hosted):
         for future in w.pending.values():
             if not future.done():
                 future.set_exception(Lost("crashed"))
-        w.pending = {}
+        w.pending, w.outbox = {}, []
         episodes, w.episodes = w.episodes, set()
         for episode in episodes:
             self._drop(episode, "crashed")
@@ -224,12 +244,7 @@ class Workers(Hosted):
         req = next(self._reqs)
         future = self._loop.create_future()
         w.pending[req] = future
-        try:
-            w.conn.send((req, op, args))
-        except (OSError, ValueError):
-            w.pending.pop(req, None)
-            self._kill(w)
-            raise Lost("crashed") from None
+        self._post(w, req, op, args)
         try:
             ok, value = await asyncio.wait_for(future, timeout)
         except TimeoutError:
@@ -249,8 +264,7 @@ class Workers(Hosted):
 
     def _send_drop(self, w: _Worker, episode: str) -> None:
         if w.conn is not None and w.ready:
-            with contextlib.suppress(OSError, ValueError):
-                w.conn.send((-1, "drop", (episode,)))
+            self._post(w, -1, "drop", (episode,))
 
     async def _open(self, episode: str, row: dict[str, Any], seed: int, timeout: float) -> dict:
         w = await self._pick()
@@ -306,10 +320,11 @@ class Workers(Hosted):
         for w in self.workers:
             if w.conn is not None and w.ready:
                 with contextlib.suppress(OSError, ValueError):
-                    w.conn.send((-1, "stop", ()))
+                    w.conn.send([(-1, "stop", ())])
+        deadline = time.monotonic() + 5.0  # for all of them: a worker's own exit is at once
         for w in self.workers:
             if w.proc is not None:
-                await asyncio.to_thread(w.proc.join, 5)
+                await asyncio.to_thread(w.proc.join, max(0.0, deadline - time.monotonic()))
                 if w.proc.is_alive():
                     w.proc.kill()
             self._kill(w)

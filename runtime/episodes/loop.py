@@ -119,13 +119,19 @@ class EpisodeRunner:
         self.fmt = fmt
         self.generate = generate
         self.limits = limits
+        # wall seconds of `run` spent in generator calls, and waiting on the environments
+        # (opening the episodes, each round's turns parsed and tool calls stepped, closing)
+        self.generate_s = 0.0
+        self.env_wait_s = 0.0
 
     async def run(self, rows: list[dict[str, Any]], seeds: list[int]) -> list[Episode]:
         """One episode per row (opened with its seed), in order."""
         episodes = [Episode(row=dict(r)) for r in rows]
+        start = time.perf_counter()
         openings = await asyncio.gather(
             *(self.environments.open(r, s) for r, s in zip(rows, seeds, strict=True))
         )
+        self.env_wait_s += time.perf_counter() - start
         for ep, opening in zip(episodes, openings, strict=True):
             ep.episode = opening.episode
             messages = opening.messages or ep.row.get("messages") or []
@@ -137,14 +143,19 @@ class EpisodeRunner:
         while running := [ep for ep in episodes if ep._running]:
             # the turn may use what is left of the episode's budget, at most max_turn_tokens
             most = max(self._room(ep) for ep in running)
-            turns = await self.generate(
-                [ep.prompt_ids + ep.tokens for ep in running], most, seed + round_
-            )
+            prompts = [ep.prompt_ids + ep.tokens for ep in running]
+            start = time.perf_counter()
+            turns = await self.generate(prompts, most, seed + round_)
+            steps = time.perf_counter()
+            self.generate_s += steps - start
             round_ += 1
             await asyncio.gather(
                 *(self._after(ep, t) for ep, t in zip(running, turns, strict=True))
             )
+            self.env_wait_s += time.perf_counter() - steps
+        start = time.perf_counter()
         await asyncio.gather(*(self._close(ep) for ep in episodes))
+        self.env_wait_s += time.perf_counter() - start
         return episodes
 
     def _left(self, ep: Episode) -> int:

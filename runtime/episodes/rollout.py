@@ -1,10 +1,12 @@
 """Episodes in the run's rollout loop: one call's prompts become groups of episodes, run with
 the generator replica's turns batched across them, and come back as the rollout groups the
 buffer and the trainer take (runtime/control/buffer.py), with a response mask and per-token
-policy versions."""
+policy versions. The episodes' environments are the run's environment workers
+(runtime/environments/workers.py), started with the run and shut down with it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,24 +19,21 @@ from runtime.episodes.loop import Episode, EpisodeRunner, Generate, Limits, Turn
 Continue = Callable[[list[list[int]], int, int], Awaitable[list[dict[str, Any]]]]
 
 
-def environments_for(env: Any) -> Environments:
-    """The environments a recipe's `env` section names."""
-    if env.name == "builtin:tiny-tools":
-        from runtime.episodes.local import tiny_tools_environments
-
-        return tiny_tools_environments()
-    from runtime.environments.host import Spec
-    from runtime.environments.local import LocalEnvironments
-
-    return LocalEnvironments(
-        Spec.from_section(env),
-        call_timeout_s=env.call_timeout_s,
-        episode_timeout_s=env.episode_timeout_s,
+def limits_of(recipe: Any) -> Limits:
+    """An episode's bounds from the recipe's `env` and `grpo` sections."""
+    e, g = recipe.env, recipe.grpo
+    return Limits(
+        max_turns=e.max_turns,
+        max_tokens=g.max_response_tokens,
+        max_turn_tokens=e.max_turn_tokens or g.max_response_tokens,
+        turn_rewards=e.turn_rewards,
+        max_episode_tokens=e.episode_tokens(g),
     )
 
 
 class EpisodeRollout:
-    """The episodes of a run: their environments, format and limits."""
+    """The episodes of a run: their environments, format and limits, and the `episode/`
+    metrics of the episodes since the last step record."""
 
     def __init__(
         self, environments: Environments, fmt: ToolFormat, limits: Limits, group_size: int
@@ -43,51 +42,85 @@ class EpisodeRollout:
         self.fmt = fmt
         self.limits = limits
         self.group_size = group_size
-        self._episodes: list[Episode] = []  # since the last take_stats
+        # since the last take_stats: the episodes, and the calls' seconds (see `groups`)
+        self._episodes: list[Episode] = []
+        self._call_s = self._generate_s = self._env_wait_s = 0.0
+        self._counted = environments.counters()
 
     @classmethod
-    def from_recipe(cls, recipe: Any, tokenizer: Any = None) -> EpisodeRollout:
+    async def start(
+        cls, recipe: Any, tokenizer: Any = None, *, in_process: bool = False
+    ) -> EpisodeRollout:
+        """The run's episodes, their environment workers started (`in_process`: hosted in this
+        process instead, for tests). A hosting that cannot start ends the run in one line."""
+        from runtime.environments.start import start_environments
+
         if tokenizer is None:
             from runtime.backends.build import load_tokenizer
 
             tokenizer = load_tokenizer(recipe)
-        e, g = recipe.env, recipe.grpo
-        limits = Limits(
-            max_turns=e.max_turns,
-            max_tokens=g.max_response_tokens,
-            max_turn_tokens=e.max_turn_tokens or g.max_response_tokens,
-            turn_rewards=e.turn_rewards,
-            max_episode_tokens=e.episode_tokens(g),
-        )
         fmt = tool_format(recipe.model.family, tokenizer, recipe.model.thinking)
-        return cls(environments_for(e), fmt, limits, g.group_size)
+        environments = await start_environments(recipe.env, in_process=in_process)
+        return cls(environments, fmt, limits_of(recipe), recipe.grpo.group_size)
+
+    async def shutdown(self) -> None:
+        """Stop the environments' workers (the run's end, a stop, a failure)."""
+        stop = getattr(self.environments, "shutdown", None)
+        if stop is not None:
+            await stop()
 
     async def play(
         self, prompts: list[Any], seeds: list[int], n: int, generate: Continue
     ) -> list[Episode]:
         """`n` episodes of each prompt, prompt-major, each opened with its prompt's environment
-        seed: a prompt's episodes face the same world, so their rewards compare."""
+        seed: a prompt's episodes face the same world, so their rewards compare. Neither the
+        episodes nor their seconds join the rollout's metrics (an evaluation's)."""
+        runner = self._runner(generate)
+        return await runner.run(*self._rows(prompts, seeds, n))
+
+    async def groups(self, prompts: list[Any], seed: int, generate: Continue) -> list[Group]:
+        """`group_size` episodes of each prompt (as `play`, a seed a prompt drawn from the
+        call's), as one group per prompt, in order."""
+        n = self.group_size
+        seeds = [seed + 7919 * i for i in range(len(prompts))]
+        runner = self._runner(generate)
+        start = time.perf_counter()
+        try:
+            episodes = await runner.run(*self._rows(prompts, seeds, n))
+        finally:
+            self._call_s += time.perf_counter() - start
+            self._generate_s += runner.generate_s
+            self._env_wait_s += runner.env_wait_s
+        self._episodes += episodes
+        return [episode_group(p, episodes[i * n : (i + 1) * n]) for i, p in enumerate(prompts)]
+
+    def _runner(self, generate: Continue) -> EpisodeRunner:
+        return EpisodeRunner(self.environments, self.fmt, _turns(generate), self.limits)
+
+    @staticmethod
+    def _rows(
+        prompts: list[Any], seeds: list[int], n: int
+    ) -> tuple[list[dict[str, Any]], list[int]]:
+        """The rows and environment seeds of `n` episodes of each prompt, prompt-major."""
         rows, opened = [], []
         for p, seed in zip(prompts, seeds, strict=True):
             row = {"id": p.id, "question": p.text, "answer": p.answer, "messages": p.messages()}
             rows += [row] * n
             opened += [seed & 0x7FFFFFFF] * n
-        runner = EpisodeRunner(self.environments, self.fmt, _turns(generate), self.limits)
-        return await runner.run(rows, opened)
-
-    async def groups(self, prompts: list[Any], seed: int, generate: Continue) -> list[Group]:
-        """`group_size` episodes of each prompt (`play`, a seed a prompt drawn from the call's),
-        as one group per prompt, in order."""
-        n = self.group_size
-        seeds = [seed + 7919 * i for i in range(len(prompts))]
-        episodes = await self.play(prompts, seeds, n, generate)
-        self._episodes += episodes
-        return [episode_group(p, episodes[i * n : (i + 1) * n]) for i, p in enumerate(prompts)]
+        return rows, opened
 
     def take_stats(self) -> dict[str, float]:
-        """The `episode/` metrics of the episodes since the last call."""
+        """The `episode/` metrics since the last call (docs/tools.md, Metrics)."""
         stats = episode_stats(self._episodes) if self._episodes else {}
-        self._episodes = []
+        counters = self.environments.counters()
+        stats["episode/workers_lost"] = counters["workers_lost"] - self._counted["workers_lost"]
+        idle = max(0.0, self._call_s - self._generate_s)
+        stats["episode/env_wait_s"] = self._env_wait_s
+        stats["episode/generator_idle_s"] = idle
+        if self._call_s > 0:
+            stats["episode/generator_idle_share"] = idle / self._call_s
+        self._episodes, self._counted = [], counters
+        self._call_s = self._generate_s = self._env_wait_s = 0.0
         return stats
 
 
@@ -112,13 +145,14 @@ def episode_group(prompt: Any, episodes: list[Episode]) -> Group:
     """One prompt's episodes as a rollout group: the response is every turn after the opening,
     masked to the model's tokens; `policy_version` the oldest turn's. A group with a dropped
     episode has no rewards (`dropped`): the rollout loop leaves it out and counts it."""
-    first = episodes[0].prompt_ids
-    if any(ep.prompt_ids != first for ep in episodes):
+    kept = [ep for ep in episodes if not ep.dropped]
+    first = kept[0].prompt_ids if kept else episodes[0].prompt_ids
+    if any(ep.prompt_ids != first for ep in kept):
         raise ValueError(
             f"prompt {prompt.id}: the episodes of one group opened differently; an environment "
             "must open alike for the same row and seed"
         )
-    dropped = any(ep.dropped for ep in episodes)
+    dropped = len(kept) < len(episodes)
     return Group(
         prompt_id=prompt.id,
         prompt=prompt.text,

@@ -8,10 +8,10 @@ copied from the tool's result. Reward: 0.2 for looking the prompt's key up, plus
 answer's prefix credit (environment.py): 1.0 only for the right digit after the right lookup,
 about 0.08 for guessing.
 
-`LookupEnvironment` follows OpenEnv's Environment shape (reset / step, observations carrying
-reward and done) without importing OpenEnv, so a worker hosting OpenEnv environments runs it as
-any other; `runtime.episodes.local.LocalEnvironments` runs it in-process. `tokenizer()` is the
-task's own: Qwen3's tool-call format with the few pieces the task uses as single tokens.
+`environment:LookupEnvironment` is an OpenEnv Environment, hosted by the run's environment
+workers like any other (env.name `builtin:tiny-tools`); this package does not import it, so that
+reading the task's rows and tokenizer does not import OpenEnv. `tokenizer()` is the task's own:
+Qwen3's tool-call format with the few pieces the task uses as single tokens.
 """
 
 from __future__ import annotations
@@ -19,12 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.tasks.shipped import ShippedTask
-from runtime.tasks.tiny_tools.environment import (
-    KEYS,
-    LookupAction,
-    LookupEnvironment,
-    LookupObservation,
-)
+from runtime.tasks.tiny_tools.tokenization import KEYS
 
 
 def tokenizer() -> Any:
@@ -40,12 +35,4 @@ def rows(split: str = "train") -> list[dict[str, str]]:
 
 SHIPPED = ShippedTask("tiny-tools", rows=rows, tokenizer=lambda _vocab: tokenizer())
 
-__all__ = [
-    "KEYS",
-    "SHIPPED",
-    "LookupAction",
-    "LookupEnvironment",
-    "LookupObservation",
-    "rows",
-    "tokenizer",
-]
+__all__ = ["KEYS", "SHIPPED", "rows", "tokenizer"]

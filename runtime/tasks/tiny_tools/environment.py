@@ -1,13 +1,25 @@
-"""The tiny-tools environment, in OpenEnv's Environment shape: `reset` opens an episode and
-returns its first observation (the chat messages and the tools), `step` takes one action (a
-tool call, or the final answer) and returns the next observation, with its reward and whether
-the episode is over. Plain methods and dataclasses, no OpenEnv import."""
+"""The tiny-tools environment, an OpenEnv `Environment`: `reset` opens an episode (its chat
+messages in the observation's metadata), `ListToolsAction` lists its one tool, `lookup`,
+`CallToolAction` calls it, and `score(answer)` is the episode's reward. It answers OpenEnv's MCP
+actions itself, without an MCP server: an episode costs the worker hosting it
+(runtime/environments) microseconds, not an MCP round trip."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
 from typing import Any
+
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.mcp_types import (
+    CallToolAction,
+    CallToolObservation,
+    ListToolsAction,
+    ListToolsObservation,
+    Tool,
+    ToolError,
+    ToolErrorType,
+)
+from openenv.core.env_server.types import Observation, State
 
 from runtime.tasks.tiny_tools.tokenization import KEYS
 
@@ -17,6 +29,8 @@ from runtime.tasks.tiny_tools.tokenization import KEYS
 # never answers (calls until its turns run out) scores 0.
 LOOKUP_CREDIT = 0.2
 
+# The tool in the OpenAI function format the chat templates take (what the hosting makes of
+# the environment's `Tool`, runtime/environments/host.py function_schema).
 LOOKUP_TOOL = {
     "type": "function",
     "function": {
@@ -29,63 +43,62 @@ LOOKUP_TOOL = {
         },
     },
 }
+_TOOL = Tool(
+    name="lookup",
+    description=LOOKUP_TOOL["function"]["description"],
+    input_schema=LOOKUP_TOOL["function"]["parameters"],
+)
 
 
-@dataclass
-class LookupAction:
-    """A tool call (`tool` and its `arguments`) or, with `tool` None, the final `answer`."""
-
-    tool: str | None = None
-    arguments: dict[str, Any] = field(default_factory=dict)
-    answer: str = ""
-
-
-@dataclass
-class LookupObservation:
-    """What the model sees next (`text`; on reset the chat `messages` and the `tools`), the
-    step's `reward`, `done`, and `error` when a call could not be served."""
-
-    text: str = ""
-    reward: float | None = None
-    done: bool = False
-    error: str | None = None
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    tools: list[dict[str, Any]] = field(default_factory=list)
-
-
-class LookupEnvironment:
-    """One episode at a time: a table of secret digits and the key the prompt asks for. One
-    lookup an episode: a second call gets an error (the digit to copy is then the only one the
-    episode shows)."""
+class LookupEnvironment(Environment):
+    """One episode at a time: a table of secret digits and the key the prompt (the row's
+    `question`) asks for. One lookup an episode: a second call gets an error (the digit to copy
+    is then the only one the episode shows)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.table: dict[str, str] = {}
         self.key = ""
         self.looked_up: set[str] = set()
+        self._state = State()
 
-    def reset(self, seed: int | None = None, key: str | None = None) -> LookupObservation:
+    def reset(
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        row: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Observation:
         rng = random.Random(seed)
         self.table = {k: str(rng.randrange(10)) for k in KEYS}
+        key = (row or {}).get("question")
         self.key = key if key in self.table else rng.choice(KEYS)
-        self.looked_up: set[str] = set()
-        return LookupObservation(
-            messages=[{"role": "user", "content": self.key}], tools=[LOOKUP_TOOL]
-        )
+        self.looked_up = set()
+        self._state = State(episode_id=episode_id, step_count=0)
+        return Observation(metadata={"messages": [{"role": "user", "content": self.key}]})
 
-    def step(self, action: LookupAction) -> LookupObservation:
-        if action.tool is None:
-            return LookupObservation(reward=self.reward(action.answer), done=True)
-        if action.tool != "lookup":
-            return LookupObservation(f"error: no tool {action.tool!r}", error="unknown_tool")
+    def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        self._state.step_count += 1
+        if isinstance(action, ListToolsAction):
+            return ListToolsObservation(tools=[_TOOL])
+        if not isinstance(action, CallToolAction):
+            return Observation(metadata={"error": f"tool calls only, got {type(action).__name__}"})
+        if action.tool_name != "lookup":
+            return _failed(action.tool_name, ToolErrorType.TOOL_NOT_FOUND, "no such tool")
         key = action.arguments.get("key")
         if self.looked_up:
-            return LookupObservation("error: one lookup an episode", error="raised")
+            return _failed("lookup", ToolErrorType.EXECUTION_ERROR, "one lookup an episode")
         if key not in self.table:
-            return LookupObservation(f"error: no key {key!r}", error="raised")
+            return _failed("lookup", ToolErrorType.EXECUTION_ERROR, f"no key {key!r}")
         self.looked_up.add(key)
-        return LookupObservation(self.table[key])
+        return CallToolObservation(tool_name="lookup", result=self.table[key])
 
-    def reward(self, answer: str) -> float:
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def score(self, answer: str) -> float:
+        """The episode's reward for the model's final answer."""
         want, got = self.table[self.key], answer.strip()
         matched = 0
         for a, b in zip(want, got, strict=False):
@@ -95,3 +108,7 @@ class LookupEnvironment:
         credit = matched / max(len(want), len(got), 1)
         looked = LOOKUP_CREDIT if got and self.key in self.looked_up else 0.0
         return looked + (1.0 - LOOKUP_CREDIT) * credit
+
+
+def _failed(tool: str, kind: ToolErrorType, message: str) -> CallToolObservation:
+    return CallToolObservation(tool_name=tool, error=ToolError(error_type=kind, message=message))

@@ -12,7 +12,10 @@ blocks, results as `<tool_response>` blocks in a user turn, as Qwen3's does.
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerFast
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 PAD, START, END, UNK = "<pad>", "<|im_start|>", "<|im_end|>", "<unk>"
 KEYS = "abc"
@@ -63,6 +66,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     """<pad>=0, <|im_start|>=1, <|im_end|>=2 (the end of a turn: EOS), <unk>=3, then the
     characters, then the markers."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     symbols = [PAD, START, END, UNK, *CHARACTERS]
     vocab = {s: i for i, s in enumerate(symbols)}
