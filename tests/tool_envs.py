@@ -1,16 +1,21 @@
-"""OpenEnv environments for the environment-hosting tests (tests/test_environments.py): tools
-that answer, sleep, raise, hang, or end their worker process."""
+"""OpenEnv environments for the environment-hosting tests (tests/test_environments.py,
+tests/test_episode_runs.py): tools that answer, sleep, raise, hang, or end their worker
+process."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from fastmcp import FastMCP
 from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from openenv.core.env_server.types import Observation, State
+
+from runtime.tasks.tiny_tools.environment import LookupEnvironment
 
 TABLE = {"apple": "17", "pear": "4"}
 
@@ -120,3 +125,35 @@ class CannotBuild(ToolsEnv):
 
 class NotAnEnvironment:
     pass
+
+
+class TinyToolsPid(LookupEnvironment):
+    """tiny-tools whose lookup answers with the id of the process serving it."""
+
+    def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        obs = super().step(action, timeout_s, **kwargs)
+        if isinstance(obs, CallToolObservation) and obs.error is None:
+            obs.result = str(os.getpid())
+        return obs
+
+
+class FragileTinyTools(LookupEnvironment):
+    """tiny-tools whose lookup ends its worker while the file `crash` is in `flags`: `once`, it
+    removes the file first (the worker comes back, the run goes on); else it leaves `broken`
+    there, and while that file is there the environment cannot be built (no worker comes back)."""
+
+    def __init__(self, flags: str, once: bool = True) -> None:
+        self.flags, self.once = Path(flags), once
+        if (self.flags / "broken").exists():
+            raise RuntimeError("the lookup table is gone")
+        super().__init__()
+
+    def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        crash = self.flags / "crash"
+        if isinstance(action, CallToolAction) and crash.exists():
+            if self.once:
+                crash.unlink(missing_ok=True)
+            else:
+                (self.flags / "broken").touch()
+            os._exit(3)
+        return super().step(action, timeout_s, **kwargs)
