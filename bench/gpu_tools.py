@@ -244,11 +244,12 @@ def summarize(
         "generate_s": _mean(timed, "time/generate_s"),
         "train_s": _mean(timed, "time/train_s"),
         "reward_mean": _mean(timed, "reward/mean"),
-        # every episode/, generator/ and time/ figure the records hold, means over the steps
+        # every episode/, generator/, time/ and gpu/ (turns on a shared GPU) figure the
+        # records hold, means over the measured steps
         "means": {
             k: _mean(timed, k)
             for k in sorted({k for r in timed for k in r})
-            if k.startswith(("episode/", "generator/", "time/", "environment/"))
+            if k.startswith(("episode/", "generator/", "time/", "gpu/"))
         },
     }
 
