@@ -120,7 +120,7 @@ class EpisodeRunner:
         self.generate = generate
         self.limits = limits
         # wall seconds of `run` spent in generator calls, and waiting on the environments
-        # (opening the episodes, each round's turns parsed and tool calls stepped, closing)
+        # (opening the episodes, each round's tool calls, closing them)
         self.generate_s = 0.0
         self.env_wait_s = 0.0
 
@@ -149,10 +149,13 @@ class EpisodeRunner:
             steps = time.perf_counter()
             self.generate_s += steps - start
             round_ += 1
-            await asyncio.gather(
-                *(self._after(ep, t) for ep, t in zip(running, turns, strict=True))
-            )
-            self.env_wait_s += time.perf_counter() - steps
+            parsed = [(ep, self._record(ep, t)) for ep, t in zip(running, turns, strict=True)]
+            stepping = [(ep, calls, results) for ep, (calls, results) in parsed if ep._running]
+            start = time.perf_counter()
+            ended = await asyncio.gather(*(self._calls(*s) for s in stepping))
+            self.env_wait_s += time.perf_counter() - start
+            for (ep, _, results), done in zip(stepping, ended, strict=True):
+                self._follow(ep, results, done)
         start = time.perf_counter()
         await asyncio.gather(*(self._close(ep) for ep in episodes))
         self.env_wait_s += time.perf_counter() - start
@@ -168,8 +171,9 @@ class EpisodeRunner:
     def _room(self, ep: Episode) -> int:
         return max(1, min(self.limits.max_turn_tokens, self._left(ep)))
 
-    async def _after(self, ep: Episode, turn: Turn) -> None:
-        """Record a turn, step its calls, append their results, or end the episode."""
+    def _record(self, ep: Episode, turn: Turn) -> tuple[list[ToolCall], list[str]]:
+        """Record a turn and parse it: the calls to step and the results so far (a malformed
+        turn's error); the episode ends here where the turn answered."""
         room = self._room(ep)
         ids, logprobs, finish = turn.ids, turn.logprobs, turn.finish_reason
         if len(ids) > room:
@@ -180,23 +184,32 @@ class EpisodeRunner:
         parsed = self.fmt.parse(self.fmt.tokenizer.decode(ids, skip_special_tokens=False))
         ep.answer = parsed.content
         if parsed.malformed is None and not parsed.calls:
-            return self._end(ep, "answer")
+            self._end(ep, "answer")
+            return [], []
         results: list[str] = []
         if parsed.malformed is not None:
             ep.malformed += 1
             ep.tool_errors += 1
             results.append(malformed_text(parsed.malformed))
-        done = False
-        for call in parsed.calls:
+        return list(parsed.calls), results
+
+    async def _calls(self, ep: Episode, calls: list[ToolCall], results: list[str]) -> bool:
+        """Step one episode's calls in order, appending their results; whether the environment
+        ended the episode."""
+        for call in calls:
             text, done = await self._step(ep, call)
             results.append(text)
             if done:
-                break
+                return True
+        return False
+
+    def _follow(self, ep: Episode, results: list[str], done: bool) -> None:
+        """Append the results of a turn's calls, or end the episode."""
         if done:
             return self._end(ep, "done")
         if ep.turns >= self.limits.max_turns:
             return self._end(ep, "max_turns")
-        follow = self.fmt.observation_ids(results, turn_closed=finish == "stop")
+        follow = self.fmt.observation_ids(results, turn_closed=ep.finish_reason == "stop")
         if len(follow) >= self._left(ep):
             return self._end(ep, "max_tokens")
         ep._add(follow, None, NOT_GENERATED)
