@@ -299,6 +299,7 @@ def play_episodes(
     import asyncio
 
     from runtime.control.evaluation import episode_seeds, needs_samples
+    from runtime.environments.workers import EnvironmentsLost
     from runtime.episodes.rollout import EpisodeRollout
 
     e, g = recipe.eval, recipe.grpo
@@ -331,7 +332,11 @@ def play_episodes(
         finally:
             await rollout.shutdown()
 
-    return asyncio.run(both())
+    try:
+        return asyncio.run(both())
+    except EnvironmentsLost as lost:
+        # workers that cannot start (the environment, its env.args) or all died: one line
+        raise UserError(f"eval: {lost}") from None
 
 
 def _is_eval_result(path: Path) -> bool:
