@@ -115,8 +115,8 @@ def write_tokenizer(recipe: Any, folder: Path) -> dict[str, Any]:
         raise AssertionError(f"bench tokenizer of {len(tok)} ids for a vocabulary of {vocab}")
     folder.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(folder)
-    return {"vocab_size": vocab, "characters": len(characters), "call_ids": vocab - 4 - len(
-        characters) - len(MARKERS)}  # fmt: skip
+    calls = vocab - 4 - len(characters) - len(MARKERS)
+    return {"vocab_size": vocab, "characters": len(characters), "call_ids": calls}
 
 
 def by_hand(a: argparse.Namespace, tokenizer: Path) -> list[str]:
