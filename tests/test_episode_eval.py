@@ -174,3 +174,18 @@ def test_forgesky_eval_plays_episodes_and_counts_the_tool_calls(tmp_path, capsys
     assert result["eval/tool_calls_mean"] == 2.0 and result["eval/tool_errors_mean"] == 1.0
     assert result["eval/pass@1"] == 0.0 and result["eval/reward_mean"] == 0.0
     assert {"eval/mean@4", "eval/pass@2", "eval/dropped"} <= set(result)
+
+
+@pytest.mark.slow
+def test_forgesky_eval_whose_environment_cannot_start_is_one_line(tmp_path, capsys):
+    """The environment's workers each fail to build it (its env.args): three tries a worker,
+    then one line and exit code 2."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    calling_model(folder)
+    sets = ["env.name=bench.tools_env:WaitEnvironment", "env.args={tool_s: -1}"]
+    args = [str(folder), "--recipe", "tiny-tools", "--set", "env.workers_per_node=1"]
+    assert main(["eval", *args, *(f"--set={s}" for s in sets)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "forgesky: error: eval: environment actor failed" in err
+    assert "raised ValueError: tool_s must be 0 or more, got -1" in err
