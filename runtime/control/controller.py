@@ -57,10 +57,8 @@ class Controller:
         self.turns = GpuTurns(()) if self.mps_gpus else turns
         self.notes = Notes()
         self.rollouts: Rollouts | None = None
-        # a multi-turn run's episodes (runtime/episodes/rollout.py) and the tokenizer they are
-        # rendered with (None: the recipe's)
+        # a multi-turn run's episodes and their environment workers (runtime/episodes/rollout.py)
         self.episodes: Any = None
-        self.tokenizer: Any = None
         self.evaluator: Evaluator | None = None
         sync = config.plan.settings.weight_sync
         self.policy = PolicySync(
@@ -89,7 +87,7 @@ class Controller:
             from runtime.episodes.rollout import EpisodeRollout
 
             # the environment workers: stopped with the run (stop_environments)
-            self.episodes = await EpisodeRollout.start(self.recipe, self.tokenizer)
+            self.episodes = await EpisodeRollout.start(self.recipe)
         self.rollouts = Rollouts(
             self.recipe.grpo,
             self.services,

@@ -16,6 +16,7 @@ step raises, is an error observation. Used in worker processes (workers.py) and 
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import inspect
 import json
@@ -99,7 +100,7 @@ def function_schema(tool: Any) -> dict[str, Any]:
         checked = _function_schema(name, tool.description, schema)
         if len(_CHECKED) < _CACHED:
             _CHECKED[key] = checked
-    return json.loads(json.dumps(checked))  # the caller's own copy
+    return copy.deepcopy(checked)  # the caller's own
 
 
 def _function_schema(name: Any, description: Any, schema: Any) -> dict[str, Any]:

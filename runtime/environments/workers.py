@@ -184,9 +184,11 @@ class Workers(Hosted):
         w.outbox.append((req, op, args))
 
     def _flush(self, w: _Worker, generation: int) -> None:
-        batch, w.outbox = w.outbox, []
-        if generation != w.generation or w.conn is None or not batch:
+        if generation != w.generation or w.conn is None:
             return  # the worker went meanwhile: its requests failed with it
+        batch, w.outbox = w.outbox, []
+        if not batch:
+            return
         try:
             w.conn.send(batch)
         except (OSError, ValueError):
