@@ -44,13 +44,15 @@ class Opening:
 @dataclass(frozen=True)
 class StepResult:
     """What one tool call gave: the tool message's text the model sees next, this turn's reward
-    where the environment gives one, whether the episode is over, and `error` (one of ERRORS)
-    where the call failed; a failed call is an observation, never an exception."""
+    where the environment gives one, whether the episode is over, `error` (one of ERRORS)
+    where the call failed (a failed call is an observation, never an exception), and the
+    seconds the tool ran where it is hosted (without the way there and back)."""
 
     text: str
     reward: float | None = None
     done: bool = False
     error: str | None = None
+    seconds: float = 0.0
 
 
 class Environments(Protocol):

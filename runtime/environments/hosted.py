@@ -100,7 +100,8 @@ class Hosted(ABC):
             self._counts["tool_errors"] += 1
             self._drop(episode, e.reason)
             return StepResult(e.text, done=True, error=e.reason)
-        self._counts["tool_s"] += out.get("seconds", 0.0)
+        seconds = out.get("seconds", 0.0)
+        self._counts["tool_s"] += seconds
         if out.get("error"):
             self._counts["tool_errors"] += 1
         return StepResult(
@@ -108,6 +109,7 @@ class Hosted(ABC):
             reward=out.get("reward"),
             done=bool(out.get("done")),
             error=out.get("error"),
+            seconds=seconds,
         )
 
     async def close(self, episode: str, answer: str) -> float | None:

@@ -216,9 +216,8 @@ class EpisodeRunner:
 
     async def _step(self, ep: Episode, call: ToolCall) -> tuple[str, bool]:
         ep.tool_calls += 1
-        start = time.perf_counter()
         result = await self.environments.step(ep.episode, call)
-        ep.tool_s += time.perf_counter() - start
+        ep.tool_s += result.seconds
         if result.error is not None:
             ep.tool_errors += 1
         if result.reward is not None:
