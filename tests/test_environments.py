@@ -335,3 +335,36 @@ def test_start_environments_builds_the_hosting_a_recipe_names():
     assert envs.call_timeout_s == 20 and envs.host.spec.args["limits"]["cpu_seconds"] == 2
     with pytest.raises(UserError, match=r"^env.name tool_envs:CannotBuild: environment .* raised"):
         run(start_environments(Environment(name="tool_envs:CannotBuild"), in_process=True))
+
+
+def test_a_start_stopped_midway_leaves_no_worker_behind():
+    """A run stopped while its workers start (they are still building their environment)."""
+    import psutil
+
+    from recipes.environment import Environment
+    from runtime.environments.start import start_environments
+
+    section = Environment(name="tool_envs:SlowToBuild", workers_per_node=2)
+
+    def workers() -> list[psutil.Process]:
+        servers = [
+            p
+            for p in psutil.Process().children()
+            if "multiprocessing.forkserver" in " ".join(p.cmdline())
+        ]
+        return [w for s in servers for w in s.children()]
+
+    async def go():
+        task = asyncio.ensure_future(start_environments(section))
+        async with asyncio.timeout(60):
+            while len(workers()) < 2:
+                await asyncio.sleep(0.05)
+        started = workers()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return started
+
+    started = run(go())
+    gone, alive = psutil.wait_procs(started, timeout=10)
+    assert not alive and len(gone) == 2

@@ -157,3 +157,11 @@ class FragileTinyTools(LookupEnvironment):
                 (self.flags / "broken").touch()
             os._exit(3)
         return super().step(action, timeout_s, **kwargs)
+
+
+class SlowToBuild(ToolsEnv):
+    """An environment whose construction takes `seconds`: its workers start that slowly."""
+
+    def __init__(self, seconds: float = 120.0) -> None:
+        time.sleep(seconds)
+        super().__init__()

@@ -36,5 +36,9 @@ async def start_environments(
         call_timeout_s=env.call_timeout_s,
         episode_timeout_s=env.episode_timeout_s,
     )
-    await hosting.start()
+    try:
+        await hosting.start()
+    except BaseException:  # it cannot start, or the run stopped meanwhile: no worker stays
+        await hosting.shutdown()
+        raise
     return hosting
