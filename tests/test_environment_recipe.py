@@ -41,7 +41,7 @@ def project(tmp_path: Path, env: dict) -> Path:
             """
         )
     )
-    # evaluation runs single-turn prompts: a recipe with episodes turns it off
+    # QWEN's evaluation names a dataset reward (math); an env recipe's is the environment's
     recipe = {**QWEN, "name": "qwen-tools", "env": env, "eval": {"enabled": False}}
     path = tmp_path / "mine" / "qwen-tools.yaml"
     path.write_text(yaml.safe_dump(recipe))

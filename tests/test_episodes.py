@@ -438,7 +438,10 @@ def test_tiny_tools_learns_to_call_its_tool_and_copy_the_result():
             "env.max_turn_tokens: 41 exceeds the episode's grpo.max_response_tokens 40",
         ),
         ("env.name=builtin:tiny", "env.name: no shipped environment named 'tiny'"),
-        ("eval.enabled=true", "eval.enabled: evaluation runs single-turn prompts; set it false"),
+        (
+            "eval={enabled: true, reward: math}",
+            "eval.reward: 'math': a recipe with env is evaluated by its environment's reward",
+        ),
         ("env=null", "dataset.rewards: List should have at least 1 item"),
     ],
 )

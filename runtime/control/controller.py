@@ -99,7 +99,12 @@ class Controller:
         )
         if self.recipe.eval.enabled:
             self.evaluator = Evaluator(
-                self.recipe, self.services, self.progress, self.turns, prompts=eval_prompts
+                self.recipe,
+                self.services,
+                self.progress,
+                self.turns,
+                prompts=eval_prompts,
+                episodes=self.episodes,
             )
         ckpt = checkpoint.latest(self.config.checkpoint_dir)
         if ckpt is not None:

@@ -69,25 +69,45 @@ class EpisodeRollout:
         if stop is not None:
             await stop()
 
+    async def play(
+        self, prompts: list[Any], seeds: list[int], n: int, generate: Continue
+    ) -> list[Episode]:
+        """`n` episodes of each prompt, prompt-major, each opened with its prompt's environment
+        seed: a prompt's episodes face the same world, so their rewards compare. Neither the
+        episodes nor their seconds join the rollout's metrics (an evaluation's)."""
+        runner = self._runner(generate)
+        return await runner.run(*self._rows(prompts, seeds, n))
+
     async def groups(self, prompts: list[Any], seed: int, generate: Continue) -> list[Group]:
-        """`group_size` episodes of each prompt (one environment seed a group, so they face
-        the same world), as one group per prompt, in order."""
+        """`group_size` episodes of each prompt (as `play`, a seed a prompt drawn from the
+        call's), as one group per prompt, in order."""
         n = self.group_size
-        rows, seeds = [], []
-        for i, p in enumerate(prompts):
-            row = {"id": p.id, "question": p.text, "answer": p.answer, "messages": p.messages()}
-            rows += [row] * n
-            seeds += [(seed + 7919 * i) & 0x7FFFFFFF] * n
-        runner = EpisodeRunner(self.environments, self.fmt, _turns(generate), self.limits)
+        seeds = [seed + 7919 * i for i in range(len(prompts))]
+        runner = self._runner(generate)
         start = time.perf_counter()
         try:
-            episodes = await runner.run(rows, seeds)
+            episodes = await runner.run(*self._rows(prompts, seeds, n))
         finally:
             self._call_s += time.perf_counter() - start
             self._generate_s += runner.generate_s
             self._env_wait_s += runner.env_wait_s
         self._episodes += episodes
         return [episode_group(p, episodes[i * n : (i + 1) * n]) for i, p in enumerate(prompts)]
+
+    def _runner(self, generate: Continue) -> EpisodeRunner:
+        return EpisodeRunner(self.environments, self.fmt, _turns(generate), self.limits)
+
+    @staticmethod
+    def _rows(
+        prompts: list[Any], seeds: list[int], n: int
+    ) -> tuple[list[dict[str, Any]], list[int]]:
+        """The rows and environment seeds of `n` episodes of each prompt, prompt-major."""
+        rows, opened = [], []
+        for p, seed in zip(prompts, seeds, strict=True):
+            row = {"id": p.id, "question": p.text, "answer": p.answer, "messages": p.messages()}
+            rows += [row] * n
+            opened += [seed & 0x7FFFFFFF] * n
+        return rows, opened
 
     def take_stats(self) -> dict[str, float]:
         """The `episode/` metrics since the last call (docs/tools.md, Metrics)."""
@@ -108,7 +128,13 @@ def _turns(generate: Continue) -> Generate:
     async def turns(prompts: list[list[int]], most: int, seed: int) -> list[Turn]:
         out = await generate(prompts, most, seed)
         return [
-            Turn(c["response_ids"], c["response_logprobs"], c["policy_version"], c["finish_reason"])
+            Turn(
+                c["response_ids"],
+                # none where the turn was not sampled for training (an evaluation's)
+                c["response_logprobs"] or [0.0] * len(c["response_ids"]),
+                c["policy_version"],
+                c["finish_reason"],
+            )
             for c in out
         ]
 

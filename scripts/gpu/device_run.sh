@@ -44,6 +44,12 @@
 #                                      (bench/gpu_sft.py) against TRL's SFTTrainer
 #                                      (bench/trl_sft.py), peer trl-sft (SFT_RECIPE, SFT_STEPS,
 #                                      SFT_WARMUP; SBS_OURS_S 300 and SBS_TRL_S 240 a run)
+#   scripts/gpu/device_run.sh tools [GPUS]  stage, install if needed, bench/gpu_tools.py: the
+#                                      plan of qwen3-1.7b-tools for GPUS (default 1), random
+#                                      weights, a tool that takes 100 ms a call, through
+#                                      `python -m runtime`; stopped (and still summarized) after
+#                                      TOOLS_LIMIT_S (default 330); gpu_tools$TAG.json, the run's
+#                                      log tools_run$TAG.log
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
@@ -543,6 +549,21 @@ case "$mode" in
       tee "$out/bench_product$tag.log" || status=$?
     exit "$status"
     ;;
+  tools)
+    # Multi-turn tool use: extra arguments after the GPU count go to bench/gpu_tools.py
+    # (--steps, --tool-s, --max-turns, --turn-tokens, --set KEY=VALUE).
+    gpus=${1:-1}
+    shift || true
+    install && check
+    mkdir -p /tmp/bench
+    json=/tmp/bench/gpu_tools$tag.json
+    status=0
+    timeout -s TERM -k 60 "${TOOLS_LIMIT_S:-330}" python3 bench/gpu_tools.py --gpus "$gpus" \
+      --out "$json" --log "$out/tools_run$tag.log" --work /tmp/gpu-tools-bench$tag "$@" 2>&1 |
+      tee "$out/bench_tools$tag.log" || status=$?
+    cp "$json" "$out/" 2>/dev/null || true
+    exit "$status"
+    ;;
   trl)
     install && check
     install_trl
@@ -554,7 +575,7 @@ case "$mode" in
     exit "$status"
     ;;
   *)
-    echo "unknown mode $mode (stage, check, tests, suite, groups, faults, trainer-tests, push, grpo, vllm, train, trl, side-by-side, pairs, product)" >&2
+    echo "unknown mode $mode (stage, check, tests, suite, groups, faults, trainer-tests, push, grpo, vllm, train, trl, side-by-side, pairs, product, tools)" >&2
     exit 2
     ;;
 esac
