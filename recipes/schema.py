@@ -279,6 +279,12 @@ def _consistency_errors(r: Recipe) -> list[str]:
             f"env.max_episode_tokens: {r.env.max_episode_tokens} exceeds the {fam} {size} "
             f"context of {arch.max_seq_len} tokens"
         )
+    elif r.env is not None and (r.env.max_episode_tokens or 0) > seq:
+        errors.append(
+            f"env.max_episode_tokens: {r.env.max_episode_tokens} exceeds grpo.max_prompt_tokens "
+            f"+ grpo.max_response_tokens ({seq}), the longest sequence the generator's context "
+            "and the memory plan hold: raise those instead"
+        )
     if g.overlong_buffer > g.max_response_tokens:
         errors.append(
             f"grpo.overlong_buffer_tokens: {g.overlong_buffer} exceeds grpo.max_response_tokens "

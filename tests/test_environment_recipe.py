@@ -103,6 +103,7 @@ def test_set_adds_an_env_section_to_a_recipe_without_one(capsys):
         ({"name": "myenvs.nowhere:Lookup"}, "env.name 'myenvs.nowhere:Lookup': module 'myenvs.nowhere' not found"),
         ({"name": "myenvs.lookup:Table"}, "env.name 'myenvs.lookup:Table': Table is not an OpenEnv Environment (its bases: dict)"),
         ({"name": "builtin:python", "turns": 3}, "env.turns: unknown key; did you mean max_turns?"),
+        ({"name": "builtin:python", "max_episode_tokens": 4096}, "env.max_episode_tokens: 4096 exceeds grpo.max_prompt_tokens + grpo.max_response_tokens (2048)"),
         ({"name": "builtin:python", "max_turn_tokens": 0}, "env.max_turn_tokens: Input should be greater than 0"),
         ({"name": "builtin:python", "max_turn_tokens": 2000}, "env.max_turn_tokens: 2000 exceeds the episode's grpo.max_response_tokens 1024"),
     ],

@@ -28,6 +28,7 @@ def limits_of(recipe: Any) -> Limits:
         max_turn_tokens=e.max_turn_tokens or g.max_response_tokens,
         turn_rewards=e.turn_rewards,
         max_episode_tokens=e.episode_tokens(g),
+        max_prompt_tokens=g.max_prompt_tokens,
     )
 
 
