@@ -57,8 +57,10 @@ class Controller:
         self.turns = GpuTurns(()) if self.mps_gpus else turns
         self.notes = Notes()
         self.rollouts: Rollouts | None = None
-        # a multi-turn run's episodes and their environment workers (runtime/episodes/rollout.py)
+        # a multi-turn run's episodes and their environment workers (runtime/episodes/rollout.py);
+        # `environments`: the workers already started (run.py starts them before the services)
         self.episodes: Any = None
+        self.environments: Any = None
         self.evaluator: Evaluator | None = None
         sync = config.plan.settings.weight_sync
         self.policy = PolicySync(
@@ -87,7 +89,7 @@ class Controller:
             from runtime.episodes.rollout import EpisodeRollout
 
             # the environment workers: stopped with the run (stop_environments)
-            self.episodes = await EpisodeRollout.start(self.recipe)
+            self.episodes = await EpisodeRollout.start(self.recipe, environments=self.environments)
         self.rollouts = Rollouts(
             self.recipe.grpo,
             self.services,

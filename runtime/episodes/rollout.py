@@ -50,10 +50,16 @@ class EpisodeRollout:
 
     @classmethod
     async def start(
-        cls, recipe: Any, tokenizer: Any = None, *, in_process: bool = False
+        cls,
+        recipe: Any,
+        tokenizer: Any = None,
+        *,
+        in_process: bool = False,
+        environments: Any = None,
     ) -> EpisodeRollout:
         """The run's episodes, their environment workers started (`in_process`: hosted in this
-        process instead, for tests). A hosting that cannot start ends the run in one line."""
+        process instead, for tests; `environments`: a hosting started already). A hosting that
+        cannot start ends the run in one line."""
         from runtime.environments.start import start_environments
 
         if tokenizer is None:
@@ -61,7 +67,8 @@ class EpisodeRollout:
 
             tokenizer = load_tokenizer(recipe)
         fmt = tool_format(recipe.model.family, tokenizer, recipe.model.thinking)
-        environments = await start_environments(recipe.env, in_process=in_process)
+        if environments is None:
+            environments = await start_environments(recipe.env, in_process=in_process)
         return cls(environments, fmt, limits_of(recipe), recipe.grpo.group_size)
 
     async def shutdown(self) -> None:
