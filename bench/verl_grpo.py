@@ -69,10 +69,12 @@ Tokens/s per GPU use the prompt and mean response lengths verl logs. The section
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -219,6 +221,8 @@ def overrides(args: argparse.Namespace, work: Path) -> list[str]:
         f"reward.custom_reward_function.path={REWARD_FILE}",
         f"reward.custom_reward_function.name={REWARD_NAME}",
         "trainer.logger=[console,file]",
+        # no Ray dashboard: nothing reads it, and two runs on one host would want one port
+        "+ray_kwargs.ray_init.include_dashboard=False",
         "trainer.project_name=forgesky-bench",
         f"trainer.experiment_name=verl-{args.policy}-{args.gpus}gpu",
         "trainer.nnodes=1",
@@ -419,7 +423,6 @@ def check_config(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     parquet through the model folder's tokenizer (every prompt `--prompt-tokens` long); verl's
     loader finds the reward function, which scores a decoded completion."""
     from omegaconf import OmegaConf
-
     from verl.trainer.ppo.reward import get_custom_reward_fn
     from verl.trainer.ppo.utils import create_rl_dataset, need_critic, need_reference_policy
     from verl.utils import hf_tokenizer
@@ -511,8 +514,30 @@ def run(args: argparse.Namespace, work: Path, log: Path) -> dict[str, Any]:
     }
     print("verl:", " ".join(command), flush=True)
     start = time.perf_counter()
-    with log.open("w") as sink:
-        proc = subprocess.run(command, env=env, stdout=sink, stderr=subprocess.STDOUT, cwd=work)
+    # verl's output goes to this process's output line by line (the run's one log) and to
+    # `log`; verl and the Ray cluster it starts form a process group of their own, ended with
+    # this process (a run cut by its time limit leaves no Ray process on the GPUs)
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=work,
+        text=True, errors="replace", start_new_session=True,
+    )  # fmt: skip
+
+    def end(*_: Any) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise SystemExit(143)
+
+    signal.signal(signal.SIGTERM, end)
+    try:
+        with log.open("w") as sink:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sink.write(line)
+                sys.stdout.write(line)
+        proc.wait()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # Ray's raylet and workers, if any are left
     wall_s = time.perf_counter() - start
     text = log.read_text(errors="replace")
     records = parse_file_log(metrics.read_text()) if metrics.exists() else []
@@ -521,8 +546,6 @@ def run(args: argparse.Namespace, work: Path, log: Path) -> dict[str, Any]:
         records, source = parse_console(text), "console"
     completions = args.prompts_per_step * args.group_size
     figures = step_figures(records, args.warmup, completions, args.gpus)
-    if proc.returncode != 0:
-        print(text[-4000:], file=sys.stderr)
     trainer_gpus, rollout_gpus = split_gpus(args.policy, args.gpus)
     return {
         "exit_code": proc.returncode,
