@@ -126,9 +126,12 @@ KEPT = (
 
 
 def work_dir() -> Path:
+    """/dev/shm where it has room for the model folder beside Ray's object store, else the
+    temporary folder. Runs side by side on one host share it (the model is written once)."""
     shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return base / "verl-bench"
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 20e9:
+        return shm / "verl-bench"
+    return Path(tempfile.gettempdir()) / "verl-bench"
 
 
 def write_data(path: Path, count: int, prompt_tokens: int) -> int:
@@ -149,7 +152,9 @@ def write_data(path: Path, count: int, prompt_tokens: int) -> int:
         for i, text in enumerate(prompts(count, prompt_tokens))
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_parquet(path)
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    pd.DataFrame(rows).to_parquet(partial)
+    partial.replace(path)  # a run beside this one may be reading the same rows
     return len(rows)
 
 
@@ -397,18 +402,22 @@ def prepare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from trl_grpo import write_model_dir
 
     model_dir = work / "model"
-    marker = work / "model.json"
+    marker = model_dir / "bench_model.json"  # what wrote the folder, inside it
     size = None if args.check_config else args.model_size
     if marker.exists() and json.loads(marker.read_text()).get("size") != size:
         shutil.rmtree(model_dir, ignore_errors=True)
     start = time.perf_counter()
-    if not (model_dir / "config.json").exists():
-        tmp = work / "model.partial"
+    if not marker.exists():
+        shutil.rmtree(model_dir, ignore_errors=True)  # a folder left half-written
+        tmp = work / f"model.partial.{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         model = write_model_dir(tmp, size, chat_template=PLAIN_CHAT_TEMPLATE)
         model["im_end_id"] = name_chatml_end(tmp)
-        tmp.rename(model_dir)
-        marker.write_text(json.dumps({**model, "size": size}))
+        (tmp / marker.name).write_text(json.dumps({**model, "size": size}))
+        try:
+            tmp.rename(model_dir)
+        except OSError:  # a run beside this one wrote it first: the same weights (seed 0)
+            shutil.rmtree(tmp, ignore_errors=True)
     model = json.loads(marker.read_text())
     rows = write_data(
         work / "train.parquet", args.prompts_per_step * (args.steps + 1), args.prompt_tokens
@@ -503,7 +512,7 @@ def run(args: argparse.Namespace, work: Path, log: Path) -> dict[str, Any]:
     from gpu_grpo import gpu_info, versions
 
     model = prepare(args, work)
-    metrics = work / f"metrics-{args.policy}-{args.gpus}.jsonl"
+    metrics = work / f"metrics-{args.policy}-{args.gpus}-{os.getpid()}.jsonl"
     metrics.unlink(missing_ok=True)
     command = [sys.executable, "-m", ENTRY[args.policy], *overrides(args, work), *args.extra]
     env = {
@@ -653,7 +662,7 @@ def main() -> int:
         print(json.dumps(result, indent=2))
         return 0
     out = Path(args.out or ROOT / "bench/results/gpu_grpo.json")
-    log = Path(args.log) if args.log else work / f"verl-{args.policy}-{args.gpus}.log"
+    log = Path(args.log) if args.log else work / f"verl-{args.policy}-{args.gpus}-{os.getpid()}.log"
     section = run(args, work, log)
     merge(out, section, args.section)
     summary = {k: v for k, v in section.items() if k not in ("records", "settings", "model")}
