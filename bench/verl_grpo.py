@@ -226,7 +226,9 @@ def overrides(args: argparse.Namespace, work: Path) -> list[str]:
         f"reward.custom_reward_function.path={REWARD_FILE}",
         f"reward.custom_reward_function.name={REWARD_NAME}",
         "trainer.logger=[console,file]",
-        # no Ray dashboard: nothing reads it, and two runs on one host would want one port
+        # a Ray cluster of its own (address=local: never one found on the host, as a run beside
+        # this one has), without the dashboard (nothing reads it; two would want one port)
+        "+ray_kwargs.ray_init.address=local",
         "+ray_kwargs.ray_init.include_dashboard=False",
         "trainer.project_name=forgesky-bench",
         f"trainer.experiment_name=verl-{args.policy}-{args.gpus}gpu",
