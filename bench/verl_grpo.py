@@ -102,17 +102,9 @@ ENTRY = {
 }
 REWARD_FILE = ROOT / "bench" / "rewards.py"
 REWARD_NAME = "verl_distinct_share"
-# The step records' keys the section keeps (verl's names; metric_utils.py and the trainers).
+# The step records' keys the section keeps besides every `timing_s/...` (verl's names:
+# verl/trainer/ppo/metric_utils.py and the trainers).
 KEPT = (
-    "timing_s/step",
-    "timing_s/gen",
-    "timing_s/reward",
-    "timing_s/ref",
-    "timing_s/old_log_prob",
-    "timing_s/update_actor",
-    "timing_s/update_weights",
-    "timing_s/wait_prev_gen",
-    "timing_s/sync_rollout_weights",
     "perf/throughput",
     "perf/total_num_tokens",
     "perf/max_memory_allocated_gb",
@@ -325,6 +317,11 @@ def parse_file_log(text: str) -> list[dict[str, Any]]:
     return records
 
 
+def timing_keys(steps: list[dict[str, Any]]) -> list[str]:
+    """The `timing_s/...` keys of the steps' records, in their first order."""
+    return list(dict.fromkeys(k for s in steps for k in s if k.startswith("timing_s/")))
+
+
 def step_figures(
     records: list[dict[str, Any]], warmup: int, completions: int, gpus: int
 ) -> dict[str, Any]:
@@ -362,7 +359,8 @@ def step_figures(
         or average("timing_s/sync_rollout_weights"),
         "completion_tokens_mean": response_tokens,
         "prompt_tokens_mean": prompt_tokens,
-        "timings_s": {k: average(k) for k in KEPT if k.startswith("timing_s/") and average(k)},
+        # every stage verl timed (its names differ between its trainers)
+        "timings_s": {k: average(k) for k in timing_keys(measured)},
     }
 
 
@@ -588,7 +586,10 @@ def run(args: argparse.Namespace, work: Path, log: Path) -> dict[str, Any]:
         **figures,
         "policy_staleness_mean": 0.0 if args.policy == "on" else None,
         "records": [
-            {"step": r["step"], **{k: r["data"][k] for k in KEPT if k in r["data"]}}
+            {
+                "step": r["step"],
+                **{k: v for k, v in r["data"].items() if k in KEPT or k.startswith("timing_s/")},
+            }
             for r in records
         ],
     }

@@ -131,6 +131,7 @@ def test_step_figures_from_verls_loggers_leave_the_warmup_out(tmp_path, monkeypa
     assert figures["samples_per_s_per_gpu"] == pytest.approx(128 / 7.0 / 2)
     assert figures["tokens_per_s_per_gpu"] == pytest.approx(128 * 719 / 7.0 / 2)
     assert figures["generate_s"] == pytest.approx(3.5)
+    assert figures["timings_s"] == {"timing_s/step": 7.0, "timing_s/gen": 3.5}
     assert figures["verl_throughput_tokens_per_s_per_gpu"] == pytest.approx(1003.5)
 
 
