@@ -10,6 +10,8 @@ import argparse
 import contextlib
 import io
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -150,3 +152,38 @@ def test_the_section_is_one_pairs_reads_as_a_run(tmp_path, monkeypatch):
     verl_grpo.merge(out, {"exit_code": 0, "device": {}, "date": "2026-11-29", **figures},
                     "pair1_peer")  # fmt: skip
     assert pairs.next_run(json.loads(out.read_text()), pairs=3) == (2, "ours")
+
+
+def test_device_run_pairs_against_verl_run_the_verl_bench_in_its_environment(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    tag = f"_verl{os.getpid()}"
+    json_path = Path(f"/tmp/bench/pairs{tag}.json")
+    env = {**os.environ, "TAG": tag, "OUT": str(tmp_path / "out"), "PAIRS_PEER": "verl"}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(root / "scripts/gpu/device_run.sh"), "pairs", "--dry-run", *args],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        )  # fmt: skip
+
+    try:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        done = {"samples_per_s_per_gpu": 8.0, "exit_code": 0}
+        json_path.write_text(json.dumps({"pair1_ours": done}))
+        for args, policy in [
+            (("on", "1"), "on"),
+            (("off", "1"), "colocate-async"),
+            (("off", "2", "--max-token-len", "8192"), "off"),
+        ]:
+            peer = run(*args)
+            assert peer.returncode == 0, peer.stderr
+            assert "pair 1, peer" in peer.stdout
+            assert "/tmp/verl-env/bin/python bench/verl_grpo.py" in peer.stdout
+            assert f"--gpus {args[1]} --steps 6 --warmup 2 --policy {policy} " in peer.stdout
+            assert f"--section pair1_peer{' --max-token-len 8192' * (len(args) > 2)}" in (
+                peer.stdout
+            )
+        refused = run("sft", "1")
+        assert refused.returncode == 2 and "not an SFT one" in refused.stderr
+    finally:
+        json_path.unlink(missing_ok=True)
