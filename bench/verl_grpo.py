@@ -28,8 +28,8 @@ The run, as ours (bench/gpu_grpo.py grpo on the qwen3-1.7b plan) and TRL's side:
   0.28, each sequence's token mean averaged over sequences (`seq-mean-token-mean`, our "grpo"
   aggregation), KL to a reference model in the loss with beta 0.1 (`use_kl_loss`,
   `kl_loss_type=low_var_kl`: k3, ours' estimator, clamped to [-10, 10] by verl), lr 1e-5,
-  AdamW with verl's weight decay 0.01, gradient clipping at 1.0, fp32 master weights, bf16
-  compute; the rollout's log-probs are the old ones (`rollout_correction.bypass_mode=True`, no
+  AdamW without weight decay (ours'; verl's default is 0.01), gradient clipping at 1.0, fp32
+  master weights, bf16 compute; the rollout's log-probs are the old ones (`rollout_correction.bypass_mode=True`, no
   recomputation: what ours does);
 - the reward: bench/rewards.py's `distinct_share` of each decoded completion, as ours scores it
   (`verl_distinct_share`, loaded by verl from the file by path).
@@ -56,8 +56,10 @@ Where verl's run differs from ours (also under `differences` in the JSON):
   needs 2 GPUs or more. On one GPU `colocate-async` is verl's asynchronous trainer on shared
   GPUs (`trainer.v1.trainer_mode=colocate_async`, one warm-up batch, partial rollouts): not the
   same schedule as ours' one-step-off plan on one GPU, and labelled so;
-- the KL estimator is clamped ([-10, 10]; ours is not), weight decay 0.01 (ours: the recipe's);
-- verl computes entropy metrics and balances the batch across ranks (its defaults).
+- the KL estimator is clamped ([-10, 10]; ours is not);
+- compilation: verl's `use_torch_compile` default for what it compiles, where ours compiles the
+  trainer's and the reference's models;
+- verl reorders a step's sequences to balance tokens across ranks (`trainer.balance_batch`).
 
 Step time is verl's `timing_s/step` (generation, reward, reference, update and, in verl 0.9.1,
 the weight sync into vLLM); samples/s per GPU = 128 / mean step time / GPUs, the first
@@ -190,6 +192,7 @@ def overrides(args: argparse.Namespace, work: Path) -> list[str]:
         f"+{model}.override_config.attn_implementation={args.attention}",
         f"{actor}.strategy=fsdp2",
         f"{actor}.optim.lr={LEARNING_RATE}",
+        f"{actor}.optim.weight_decay=0.0",
         f"{actor}.ppo_mini_batch_size={args.prompts_per_step}",
         f"{actor}.ppo_epochs=1",
         f"{actor}.use_dynamic_bsz=True",
@@ -260,10 +263,12 @@ def differences(args: argparse.Namespace) -> dict[str, str]:
         "(ours: fixed micro-batches of 4,096 tokens)",
         "gradient_checkpointing": args.gradient_checkpointing,
         "kl_estimator": "low_var_kl: k3 clamped to [-10, 10] (ours: k3 unclamped)",
-        "weight_decay": "0.01 (verl's AdamW default)",
+        "compile": "verl's use_torch_compile default (True) for what it compiles; ours compiles "
+        "the trainer's and the reference's models",
         "sharding": "FSDP2 (verl's fsdp2 strategy) over the trainer GPUs",
         "rollout_memory": f"vLLM gpu_memory_utilization {args.rollout_memory}",
-        "metrics": "entropy computed each update; batch balanced across ranks (verl defaults)",
+        "batch_order": "sequences reordered to balance tokens across ranks (trainer.balance_batch, "
+        "verl's default)",
     }
     if args.policy == "off":
         trainer_gpus, rollout_gpus = split_gpus(args.policy, args.gpus)
@@ -419,8 +424,9 @@ def prepare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         except OSError:  # a run beside this one wrote it first: the same weights (seed 0)
             shutil.rmtree(tmp, ignore_errors=True)
     model = json.loads(marker.read_text())
+    # a step's prompts more than the steps, twice: colocate-async draws a batch ahead
     rows = write_data(
-        work / "train.parquet", args.prompts_per_step * (args.steps + 1), args.prompt_tokens
+        work / "train.parquet", args.prompts_per_step * (args.steps + 2), args.prompt_tokens
     )
     return {**model, "build_s": time.perf_counter() - start, "rows": rows}
 
@@ -483,6 +489,7 @@ def check_config(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "clip_ratio": [actor.clip_ratio_low, actor.clip_ratio_high],
         "kl": [actor.use_kl_loss, actor.kl_loss_coef, actor.kl_loss_type],
         "loss_agg_mode": actor.loss_agg_mode,
+        "optimizer": [actor.optim.lr, actor.optim.weight_decay, actor.grad_clip],
         "gradient_checkpointing": config.actor_rollout_ref.model.enable_gradient_checkpointing,
         "attn_implementation": config.actor_rollout_ref.model.override_config.attn_implementation,
         "rollout": {
