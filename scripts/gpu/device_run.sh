@@ -435,8 +435,16 @@ install_verl() {
   site=$("$verl_py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "import site; site.addsitedir('$image')" >"$site/zz_stack.pth"
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" /tmp/verl-wheels/*.whl
-  "$verl_py" -c 'import importlib.metadata as m; print("verl env", {n: m.version(n) for n in
-    ("verl", "ray", "transformers", "tokenizers", "tensordict", "transferqueue", "vllm", "torch")})'
+  "$verl_py" - <<'PY'
+import importlib.metadata as m, sys
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return "absent"
+names = ("verl", "ray", "transformers", "tokenizers", "tensordict", "transferqueue", "vllm", "torch")
+print("verl env", sys.executable, {n: version(n) for n in names})
+PY
   echo "verl installed in $(($(date +%s) - start)) s"
 }
 
