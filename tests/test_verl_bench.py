@@ -187,3 +187,21 @@ def test_device_run_pairs_against_verl_run_the_verl_bench_in_its_environment(tmp
         assert refused.returncode == 2 and "not an SFT one" in refused.stderr
     finally:
         json_path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--gpus", "0"], "--gpus must be 1 or more"),
+        (["--policy", "off"], "needs 2 GPUs or more"),
+        (["--max-token-len", "1000"], "under twice a sequence (1438)"),
+        (["actor_rollout_ref"], "Hydra overrides key=value"),
+    ],
+)
+def test_bad_arguments_get_one_line_and_exit_2(args, words):
+    bench = Path(verl_grpo.__file__)
+    done = subprocess.run(
+        [sys.executable, str(bench), *args], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and words in done.stderr
