@@ -29,14 +29,14 @@ The run, as ours (bench/gpu_grpo.py grpo on the qwen3-1.7b plan) and TRL's side:
   aggregation), KL to a reference model in the loss with beta 0.1 (`use_kl_loss`,
   `kl_loss_type=low_var_kl`: k3, ours' estimator, clamped to [-10, 10] by verl), lr 1e-5,
   AdamW without weight decay (ours'; verl's default is 0.01), gradient clipping at 1.0, fp32
-  master weights, bf16 compute; the rollout's log-probs are the old ones (`rollout_correction.bypass_mode=True`, no
-  recomputation: what ours does);
+  master weights, bf16 compute; the rollout's log-probs are the old ones
+  (`rollout_correction.bypass_mode=True`, no recomputation: what ours does);
 - the reward: bench/rewards.py's `distinct_share` of each decoded completion, as ours scores it
   (`verl_distinct_share`, loaded by verl from the file by path).
 
 verl's speed settings, from its performance-tuning guide: the hybrid engine (trainer and vLLM on
-the same GPUs, vLLM asleep while the trainer trains) for `on`; `use_remove_padding=True`
-(sequence packing), `use_dynamic_bsz=True` with `ppo_max_token_len_per_gpu` (`--max-token-len`,
+the same GPUs, vLLM asleep while the trainer trains) for `on`; `use_dynamic_bsz=True` with
+`ppo_max_token_len_per_gpu` (`--max-token-len`,
 default 12,288: eight times a sequence, TRL's tokens a micro-batch on one H200; the guide asks
 for at least 2 x (prompt + response)), no gradient checkpointing (`--gradient-checkpointing off`,
 the default; on where memory is short), FSDP2 (`strategy=fsdp2`), vLLM with CUDA graphs
@@ -47,8 +47,12 @@ chunked prefill on (verl's defaults). No validation, no checkpoint, console and 
 Where verl's run differs from ours (also under `differences` in the JSON):
 - attention: SDPA in the trainer (`override_config.attn_implementation=sdpa`): verl's default,
   flash_attention_2, needs the flash-attn package, which the GPU machine does not have (its
-  wheels are built for a CUDA and torch of their own); packed sequences are kept apart by their
-  position ids (transformers' packed-sequence mask), not by a varlen kernel;
+  wheels are built for a CUDA and torch of their own);
+- no sequence packing (`use_remove_padding=False`; `--remove-padding on` packs): the guide
+  advises packing to drop padding, and here there is none (every prompt is 207 tokens, every
+  completion 512), while without a varlen kernel transformers keeps packed sequences apart
+  with an SDPA mask over the whole micro-batch (checked: correct with verl's `use_cache=False`),
+  whose attention grows with the micro-batch's tokens instead of each sequence's 719;
 - micro-batches: by tokens (`use_dynamic_bsz`), not ours' fixed 4,096-token micro-batches;
 - `off` (one step off-policy) is verl's one_step_off_policy trainer: vLLM on GPUs of its own
   (half of `--gpus`, `rollout.n_gpus_per_node`), the trainer on the rest, weights sent over NCCL
@@ -187,7 +191,7 @@ def overrides(args: argparse.Namespace, work: Path) -> list[str]:
         "data.truncation=error",
         "data.shuffle=False",
         f"{model}.path={work / 'model'}",
-        f"{model}.use_remove_padding=True",
+        f"{model}.use_remove_padding={args.remove_padding == 'on'}",
         f"{model}.enable_gradient_checkpointing={args.gradient_checkpointing == 'on'}",
         f"+{model}.override_config.attn_implementation={args.attention}",
         f"{actor}.strategy=fsdp2",
@@ -257,8 +261,14 @@ def overrides(args: argparse.Namespace, work: Path) -> list[str]:
 def differences(args: argparse.Namespace) -> dict[str, str]:
     """Every setting of the run that is not ours' (bench/gpu_grpo.py grpo, qwen3-1.7b plan)."""
     out = {
-        "attention": f"{args.attention} in the trainer, packed sequences masked apart by position "
-        "ids (verl's default flash_attention_2 needs flash-attn, not on the machine)",
+        "attention": f"{args.attention} in the trainer (verl's default flash_attention_2 needs "
+        "flash-attn, not on the machine)",
+        "packing": "use_remove_padding="
+        + (
+            "True: packed rows, an SDPA mask over each micro-batch"
+            if args.remove_padding == "on"
+            else "False: rows of 719 tokens, none padded (verl's guide advises packing)"
+        ),
         "micro_batches": f"by tokens: use_dynamic_bsz, at most {args.max_token_len} a GPU "
         "(ours: fixed micro-batches of 4,096 tokens)",
         "gradient_checkpointing": args.gradient_checkpointing,
@@ -628,6 +638,13 @@ def main() -> int:
     p.add_argument("--max-token-len", type=int, default=12288, help="ppo_max_token_len_per_gpu")
     p.add_argument("--rollout-memory", type=float, default=0.6, help="vLLM's share of a GPU")
     p.add_argument("--gradient-checkpointing", choices=["on", "off"], default="off")
+    p.add_argument(
+        "--remove-padding",
+        choices=["on", "off"],
+        default="off",
+        help="use_remove_padding: pack the micro-batch's sequences (off: no padding to remove "
+        "here, and SDPA would mask over the whole packed micro-batch)",
+    )
     p.add_argument("--attention", default="sdpa", help="the trainer's attn_implementation")
     p.add_argument("--out", default=None, help="default bench/results/gpu_grpo.json")
     p.add_argument("--section", default="verl", help="the JSON section this run goes in")

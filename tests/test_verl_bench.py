@@ -26,6 +26,7 @@ def bench_args(**given):
     values = dict(gpus=1, policy="on", steps=6, warmup=2, model_size="1.7b", prompts_per_step=16,
                   group_size=8, prompt_tokens=207, response_tokens=512, max_token_len=12288,
                   rollout_memory=0.6, gradient_checkpointing="off", attention="sdpa", extra=[],
+                  remove_padding="off",
                   check_config=False)  # fmt: skip
     values.update(given)
     return argparse.Namespace(**values)
@@ -57,6 +58,7 @@ def test_overrides_hold_the_bench_shape_and_verls_speed_settings(tmp_path):
     assert o["actor_rollout_ref.actor.ppo_mini_batch_size"] == "16"  # one optimizer step
     assert o["actor_rollout_ref.actor.use_dynamic_bsz"] == "True"
     assert o["actor_rollout_ref.model.enable_gradient_checkpointing"] == "False"
+    assert o["actor_rollout_ref.model.use_remove_padding"] == "False"  # no padding to remove
     assert o["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "1"
     assert o["actor_rollout_ref.actor.kl_loss_coef"] == "0.1"
     assert (o["actor_rollout_ref.actor.clip_ratio_low"], o["actor_rollout_ref.actor.clip_ratio_high"]) == ("0.2", "0.28")  # fmt: skip
