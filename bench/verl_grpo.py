@@ -531,7 +531,13 @@ def run(args: argparse.Namespace, work: Path, log: Path) -> dict[str, Any]:
     model = prepare(args, work)
     metrics = work / f"metrics-{args.policy}-{args.gpus}-{os.getpid()}.jsonl"
     metrics.unlink(missing_ok=True)
-    command = [sys.executable, "-m", ENTRY[args.policy], *overrides(args, work), *args.extra]
+    # the file logger writes where VERL_FILE_LOGGER_PATH says, in verl's task runner (a Ray
+    # actor): set for Ray's workers too, not only in this process's environment
+    logger_path = f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={metrics}"
+    command = [
+        sys.executable, "-m", ENTRY[args.policy], *overrides(args, work), logger_path,
+        *args.extra,
+    ]  # fmt: skip
     env = {
         **os.environ,
         "VERL_FILE_LOGGER_PATH": str(metrics),
