@@ -36,9 +36,9 @@ The run, as ours (bench/gpu_grpo.py grpo on the qwen3-1.7b plan) and TRL's side:
 
 verl's speed settings, from its performance-tuning guide: the hybrid engine (trainer and vLLM on
 the same GPUs, vLLM asleep while the trainer trains) for `on`; `use_dynamic_bsz=True` with
-`ppo_max_token_len_per_gpu` (`--max-token-len`,
-default 12,288: eight times a sequence, TRL's tokens a micro-batch on one H200; the guide asks
-for at least 2 x (prompt + response)), no gradient checkpointing (`--gradient-checkpointing off`,
+`ppo_max_token_len_per_gpu` (`--max-token-len`, default 12,288: 17 sequences of 719 tokens,
+near TRL's micro-batch of 16 that ran on one H200 without checkpointing; the guide asks for at
+least 2 x (prompt + response)), no gradient checkpointing (`--gradient-checkpointing off`,
 the default; on where memory is short), FSDP2 (`strategy=fsdp2`), vLLM with CUDA graphs
 (`enforce_eager=False`), tensor parallel 1 (one replica a GPU; verl's default is 2),
 `gpu_memory_utilization` 0.6 (`--rollout-memory`; the guide's 0.5-0.7), prefix caching and
