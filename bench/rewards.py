@@ -22,3 +22,12 @@ def distinct_share_of_ids(completion_ids: list[list[int]], **_: Any) -> list[flo
     """`distinct_share` of each completion's token ids, as TRL calls a reward (a module-level
     function: TRL's async trainer scores in a process of its own and pickles it)."""
     return [distinct_share("", ids, "") for ids in completion_ids]
+
+
+def verl_distinct_share(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any
+) -> float:
+    """`distinct_share` of a decoded completion, as verl calls a custom reward function
+    (`reward.custom_reward_function.path=bench/rewards.py`, `name=verl_distinct_share`; verl
+    loads it from the file by path): the characters ours scores, not TRL's token ids."""
+    return distinct_share("", solution_str, ground_truth)

@@ -6,7 +6,8 @@ tools in, and how the run hosts it (worker processes beside the generator, docs/
       args: {}                        # keyword arguments the class is built with
       cpus_per_episode: null          # CPU cores an episode's tools take while they run
       workers_per_node: auto          # CPU worker processes hosting the episodes on node 0
-      cpu_nodes: auto                 # CPU-only nodes for the workers node 0 has no cores for
+      cpu_nodes: 0                    # CPU-only nodes for the workers node 0 has no cores for
+                                      # (auto: as many as the plan finds short)
       max_turns: 4                    # model turns an episode may take
       max_turn_tokens: null           # tokens the model may sample in one turn
       max_episode_tokens: null        # tokens an episode may hold, its opening prompt included
@@ -24,8 +25,8 @@ the way a custom reward is.
 The planner sizes the workers (`env_plan`): the episodes in flight at once (every generator
 replica's call: its prompts x grpo.group_size) times `cpus_per_episode` are the cores the tools
 may take at once, weighed against the cores node 0 has left beside its own processes; the cores
-it lacks go to CPU-only nodes after the run's own (launched with them as a SkyPilot job group,
-launcher/task.py; hosted by runtime/environments/nodes.py).
+it lacks can go to CPU-only nodes after the run's own (env.cpu_nodes; launched with them as a
+SkyPilot job group, launcher/task.py; hosted by runtime/environments/nodes.py).
 """
 
 from __future__ import annotations
@@ -99,8 +100,9 @@ class Environment(Strict):
     # auto: the planner's count (env_plan), from the cores the episodes need and the node's
     workers_per_node: int | Literal["auto"] = "auto"
     # CPU-only nodes beside the run's own for the workers node 0 has no cores for (auto: as
-    # many as the cores short need, 0 where none are short)
-    cpu_nodes: int | Literal["auto"] = "auto"
+    # many as the cores short need, 0 where none are short); they launch as a managed job group
+    # and cost beyond the plan's price, so none unless asked for
+    cpu_nodes: int | Literal["auto"] = 0
     max_turns: int = Field(default=4, gt=0)
     # default: grpo.max_response_tokens (what is left of the episode's budget bounds it too)
     max_turn_tokens: int | None = Field(default=None, gt=0)
@@ -211,6 +213,8 @@ class EnvPlan:
     cpu_nodes: int = 0
     cpu_node_vcpus: int = CPU_NODE_VCPUS_FOR_ENV
     cpu_node_workers: int = 0
+    # the CPU nodes env.cpu_nodes auto would add (what `short` needs)
+    cpu_nodes_auto: int = 0
 
     @property
     def free_cores(self) -> float | None:
@@ -255,10 +259,18 @@ class EnvPlan:
                 f"{self.cpu_node_workers} worker{'' if self.cpu_node_workers == 1 else 's'} each"
                 f"{_CPU_NODES_NOTE}"
             )
+        if self.short and self.cpu_nodes_auto:
+            n = self.cpu_nodes_auto
+            return (
+                f"environment cores: {need}; {node}: {workers}, {self.short:g} cores short (the "
+                "tools' calls wait for cores; --set env.cpu_nodes=auto puts the rest on "
+                f"{n} CPU node{'' if n == 1 else 's'} of {self.cpu_node_vcpus}+ vCPUs, a "
+                "managed job group)"
+            )
         if self.short:
             return (
                 f"environment cores: {need}; {node}: {workers}, {self.short:g} cores short "
-                "(no CPU nodes for them, env.cpu_nodes: the tools' calls wait for cores)"
+                "(the tools' calls wait for cores)"
             )
         return f"environment cores: {need}; {node}: {workers}"
 
@@ -297,16 +309,15 @@ def env_plan(
         workers, source = env.workers_per_node, "env.workers_per_node"
     short = 0.0 if free is None else max(0.0, needed - free)
     per_node = CPU_NODE_VCPUS_FOR_ENV - 1  # a core for the node's own runtime
-    nodes = env.cpu_nodes
-    if nodes == "auto":
-        # a CPU recipe runs on one machine or its own CPU nodes: auto adds none
-        nodes = 0 if cpu_run else math.ceil(round(short, 2) / per_node)
+    # a CPU recipe runs on one machine or its own CPU nodes: auto adds none
+    wanted = 0 if cpu_run else math.ceil(round(short, 2) / per_node)
+    nodes = wanted if env.cpu_nodes == "auto" else env.cpu_nodes
     node_workers = 0
     if nodes:
         node_workers = max(1, min(math.ceil(short / nodes), per_node, MAX_AUTO_WORKERS))
     return EnvPlan(
         episodes, per, needed, node_vcpus, own, workers, source, node_source,
-        nodes, CPU_NODE_VCPUS_FOR_ENV, node_workers,
+        nodes, CPU_NODE_VCPUS_FOR_ENV, node_workers, wanted,
     )  # fmt: skip
 
 

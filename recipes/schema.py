@@ -89,8 +89,11 @@ def _episode_errors(r: Recipe) -> list[str]:
             f"env.max_turn_tokens: {e.max_turn_tokens} exceeds the episode's "
             f"grpo.max_response_tokens {r.grpo.max_response_tokens}"
         )
-    if r.eval.enabled:
-        errors.append("eval.enabled: evaluation runs single-turn prompts; set it false")
+    if r.eval.enabled and r.eval.reward is not None:
+        errors.append(
+            f"eval.reward: {r.eval.reward!r}: a recipe with env is evaluated by its "
+            "environment's reward (eval.correct_at says what is correct); leave it unset"
+        )
     return errors
 
 
@@ -121,7 +124,7 @@ def _eval_errors(r: Recipe) -> list[str]:
     else:
         errors += local_split_errors(path, e.split, same_data=same)
     names = [w.name for w in r.dataset.rewards]
-    if e.reward is not None and e.reward not in names:
+    if e.reward is not None and e.reward not in names and r.env is None:
         errors.append(
             f"eval.reward: {e.reward!r} is not one of the recipe's rewards ({', '.join(names)})"
         )
@@ -275,6 +278,12 @@ def _consistency_errors(r: Recipe) -> list[str]:
         errors.append(
             f"env.max_episode_tokens: {r.env.max_episode_tokens} exceeds the {fam} {size} "
             f"context of {arch.max_seq_len} tokens"
+        )
+    elif r.env is not None and (r.env.max_episode_tokens or 0) > seq:
+        errors.append(
+            f"env.max_episode_tokens: {r.env.max_episode_tokens} exceeds grpo.max_prompt_tokens "
+            f"+ grpo.max_response_tokens ({seq}), the longest sequence the generator's context "
+            "and the memory plan hold: raise those instead"
         )
     if g.overlong_buffer > g.max_response_tokens:
         errors.append(

@@ -227,7 +227,14 @@ def evaluate(
     """Greedy and sampled completions of `prompts`, scored by the recipe's rewards."""
     from recipes import apply_overrides, dedicated_gpus, plan
     from runtime.backends import build
-    from runtime.control.evaluation import judge, needs_samples, score_items, summarize
+    from runtime.control.evaluation import (
+        episode_figures,
+        judge,
+        judge_episodes,
+        needs_samples,
+        score_items,
+        summarize,
+    )
     from runtime.tasks.rewards import build_reward_fn
 
     e, g = recipe.eval, recipe.grpo
@@ -247,6 +254,14 @@ def evaluate(
             build.encode_messages(tokenizer, p.messages(), g.max_prompt_tokens, thinking)
             for p in prompts
         ]
+
+        if recipe.env is not None:
+            start = time.perf_counter()
+            greedy, sampled = play_episodes(recipe, prompts, generator, tokenizer)
+            metrics = summarize(judge_episodes(greedy, sampled, e), e)
+            metrics |= episode_figures(greedy, sampled)
+            metrics["eval/seconds"] = time.perf_counter() - start
+            return metrics
 
         def texts(n: int, temperature: float) -> list[str]:
             out = generator.generate(
@@ -273,6 +288,55 @@ def evaluate(
     metrics = summarize(judge(scores, len(prompts), e, reward), e)
     metrics["eval/seconds"] = time.perf_counter() - start
     return metrics
+
+
+def play_episodes(
+    recipe: Any, prompts: list[Any], generator: Any, tokenizer: Any
+) -> tuple[list[Any], list[Any]]:
+    """The held-out prompts played as episodes in the recipe's environment (the run's
+    evaluation, runtime/control/evaluation.py): one greedy a prompt, then `eval.samples` at the
+    run's temperature where pass@k asks for them; (greedy, sampled) episodes."""
+    import asyncio
+
+    from runtime.control.evaluation import episode_seeds, needs_samples
+    from runtime.environments.workers import EnvironmentsLost
+    from runtime.episodes.rollout import EpisodeRollout
+
+    e, g = recipe.eval, recipe.grpo
+
+    def at(temperature: float) -> Any:
+        async def turn(ids: list[list[int]], most: int, seed: int) -> list[dict[str, Any]]:
+            out = generator.generate(
+                ids,
+                n=1,
+                max_new_tokens=most,
+                temperature=temperature,
+                top_p=g.top_p,
+                seed=seed,
+                logprobs=False,
+            )
+            return [vars(c) for c in out]
+
+        return turn
+
+    async def both() -> tuple[list[Any], list[Any]]:
+        seeds = episode_seeds(prompts, g.seed)
+        # the environment's workers, as a run starts them
+        rollout = await EpisodeRollout.start(recipe, tokenizer)
+        try:
+            greedy = await rollout.play(prompts, seeds, 1, at(0.0))
+            sampled = []
+            if needs_samples(e):
+                sampled = await rollout.play(prompts, seeds, e.samples_drawn, at(g.temperature))
+            return greedy, sampled
+        finally:
+            await rollout.shutdown()
+
+    try:
+        return asyncio.run(both())
+    except EnvironmentsLost as lost:
+        # workers that cannot start (the environment, its env.args) or all died: one line
+        raise UserError(f"eval: {lost}") from None
 
 
 def _is_eval_result(path: Path) -> bool:
@@ -353,9 +417,10 @@ def run(source_text: str, recipe_name: str | None, overrides: list[str], out: st
         what = f"step {step} of {source.path.parent.parent}" if step else source.path
     data = e.path or recipe.dataset.path
     samples = f" and {e.samples_drawn} samples" if e.samples_drawn > 1 or e.k > 1 else ""
+    played = f" as episodes in {recipe.env.name}" if recipe.env is not None else ""
     print(
         f"evaluating {what} with recipe {recipe.name}: up to {e.prompts} prompts of {data} "
-        f"{e.split}, greedy{samples} each",
+        f"{e.split}{played}, greedy{samples} each",
         flush=True,
     )
     prompts = held_out_prompts(recipe)

@@ -949,7 +949,7 @@ def test_device_run_pairs_dry_run_names_the_next_run_and_refuses_bad_input(tmp_p
         for args, more, words in [
             (("sideways",), {}, "on or off"),
             (("on", "0"), {}, "a GPU count"),
-            (("on",), {"PAIRS_PEER": "verl"}, "no launcher for the peer verl"),
+            (("on",), {"PAIRS_PEER": "nemo-rl"}, "no launcher for the peer nemo-rl"),
             (("on",), {"PAIRS_SIDE": "ours"}, "the order calls for pair 1 peer"),
         ]:
             bad = run(*args, **more)

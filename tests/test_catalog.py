@@ -24,6 +24,7 @@ NAMES = [
     "llama3.2-3b",
     "qwen3-0.6b",
     "qwen3-1.7b",
+    "qwen3-1.7b-tools",
     "qwen3-14b",
     "qwen3-32b",
     "qwen3-32b-lora",

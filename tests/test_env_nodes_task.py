@@ -35,11 +35,12 @@ def test_the_cpu_nodes_are_a_job_group_skypilot_parses(tmp_path, capsys):
     assert "GPUS=1\n" in envs.run and "SKYPILOT_NODE_RANK + 1" in envs.run
     assert "envs-$i.$SKYPILOT_JOBGROUP_NAME" in train.run and "MIN_GPUS" in train.run
     # the auto count: the cores the plan finds short, on nodes of 32 vCPUs
-    assert main(["plan", "qwen3-1.7b", "--gpus", "1", *TOOLS]) == 0
+    auto = ["--set", "env.cpu_nodes=auto"]
+    assert main(["plan", "qwen3-1.7b", "--gpus", "1", *TOOLS, *auto]) == 0
     line = next(
         x for x in capsys.readouterr().out.splitlines() if x.startswith("environment cores")
     )
-    assert main([*args, "-o", str(out)]) == 0
+    assert main([*args, *auto, "-o", str(out)]) == 0
     nodes = dag_utils.load_dag_from_yaml_str(out.read_text()).tasks[1].num_nodes
     assert f": {nodes} CPU nodes of 32+ vCPUs beside the run's" in line and "--managed" in line
 
@@ -139,7 +140,8 @@ def test_the_runtime_takes_the_cpu_nodes_its_cluster_has(tmp_path, monkeypatch):
     from runtime.entry import parse_config
 
     args = ["--recipe", "qwen3-1.7b", "--gpus", "1", "--run-dir", str(tmp_path / "run"),
-            "--set", "env.name=builtin:python", "--set", "eval.enabled=false"]  # fmt: skip
+            "--set", "env.name=builtin:python", "--set", "eval.enabled=false",
+            "--set", "env.cpu_nodes=auto"]  # fmt: skip
     for var in ("SKYPILOT_NODE_IPS", "SKYPILOT_NODE_RANK"):
         monkeypatch.delenv(var, raising=False)
     alone = parse_config(args)

@@ -44,7 +44,7 @@ def project(tmp_path: Path, env: dict) -> Path:
             """
         )
     )
-    # evaluation runs single-turn prompts: a recipe with episodes turns it off
+    # QWEN's evaluation names a dataset reward (math); an env recipe's is the environment's
     recipe = {**QWEN, "name": "qwen-tools", "env": env, "eval": {"enabled": False}}
     path = tmp_path / "mine" / "qwen-tools.yaml"
     path.write_text(yaml.safe_dump(recipe))
@@ -101,9 +101,17 @@ def test_plan_shows_the_environment_in_one_line_and_set_reaches_it(tmp_path, cap
     short = episodes - (vcpus - own)
     nodes = math.ceil(short / 31)  # CPU nodes of 32 vCPUs, a core of each for its runtime
     assert lines[1].endswith(
-        f"{own} for its own processes: {workers} workers on node 0, {short:g} cores short: "
-        f"{nodes} CPU nodes of 32+ vCPUs beside the run's with {math.ceil(short / nodes)} "
-        "workers each (a managed job group, --managed; their price is not in the cost below)"
+        f"{own} for its own processes: {workers} workers on node 0, {short:g} cores short (the "
+        "tools' calls wait for cores; --set env.cpu_nodes=auto puts the rest on "
+        f"{nodes} CPU nodes of 32+ vCPUs, a managed job group)"
+    )
+    code, out, err = run(capsys, "plan", str(path), "--gpus", "1", "--set", "env.cpu_nodes=auto")
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("environment cores"))
+    assert line.endswith(
+        f"{short:g} cores short: {nodes} CPU nodes of 32+ vCPUs beside the run's with "
+        f"{math.ceil(short / nodes)} workers each (a managed job group, --managed; their price "
+        "is not in the cost below)"
     )
     code, out, _ = run(capsys, "plan", str(path), "--json", "--gpus", "1")
     plan = json.loads(out)
@@ -114,7 +122,7 @@ def test_plan_shows_the_environment_in_one_line_and_set_reaches_it(tmp_path, cap
         "node_vcpus": vcpus,
     }
     assert plan["environment"]["workers_from"] == "auto"
-    assert plan["environment"]["cpu_nodes"] == nodes
+    assert (plan["environment"]["cpu_nodes"], plan["environment"]["cpu_nodes_auto"]) == (0, nodes)
     code, out, _ = run(capsys, "plan", "qwen3-1.7b", "--json", "--gpus", "1")
     assert "env" not in json.loads(out)  # a single-turn recipe's plan is as before
     assert "environment" not in json.loads(out)
@@ -179,7 +187,7 @@ def test_set_adds_an_env_section_to_a_recipe_without_one(capsys):
         ({"name": "builtin:python", "cpus_per_episode": -1}, "env.cpus_per_episode: Input should be greater than 0"),
         ({"name": "builtin:python", "cpu_nodes": -1}, "env.cpu_nodes: Input should be 0 or more, or auto"),
         ({"name": "builtin:python", "cpu_nodes": 17}, "env.cpu_nodes: Input should be at most 16, or auto"),
-        ({"name": "builtin:python", "cpus_per_episode": 40}, "qwen-tools: 128 episodes in flight x 40 cores need 5120 cores, "),
+        ({"name": "builtin:python", "cpus_per_episode": 40, "cpu_nodes": "auto"}, "qwen-tools: 128 episodes in flight x 40 cores need 5120 cores, "),
         ({"name": "builtin:python", "cpus_per_episode": 40, "cpu_nodes": 17}, "env.cpu_nodes: Input should be at most 16"),
         ({"name": "builtin:python", "sandbox": {"cpu_seconds": 0}}, "env.sandbox.cpu_seconds: Input should be greater than 0"),
         ({"name": "builtin:python", "sandbox": {"memory_mb": 0}}, "env.sandbox.memory_mb: Input should be greater than 0"),
@@ -191,6 +199,7 @@ def test_set_adds_an_env_section_to_a_recipe_without_one(capsys):
         ({"name": "myenvs.nowhere:Lookup"}, "env.name 'myenvs.nowhere:Lookup': module 'myenvs.nowhere' not found"),
         ({"name": "myenvs.lookup:Table"}, "env.name 'myenvs.lookup:Table': Table is not an OpenEnv Environment (its bases: dict)"),
         ({"name": "builtin:python", "turns": 3}, "env.turns: unknown key; did you mean max_turns?"),
+        ({"name": "builtin:python", "max_episode_tokens": 4096}, "env.max_episode_tokens: 4096 exceeds grpo.max_prompt_tokens + grpo.max_response_tokens (2048)"),
         ({"name": "builtin:python", "max_turn_tokens": 0}, "env.max_turn_tokens: Input should be greater than 0"),
         ({"name": "builtin:python", "max_turn_tokens": 2000}, "env.max_turn_tokens: 2000 exceeds the episode's grpo.max_response_tokens 1024"),
     ],
@@ -203,7 +212,9 @@ def test_bad_env_sections_are_one_line_exit_2(tmp_path, capsys, env, message):
 
 
 def test_too_many_cpu_nodes_is_said_as_such_on_any_gpu_count(tmp_path, capsys):
-    path = project(tmp_path, {"name": "builtin:python", "cpus_per_episode": 40})
+    path = project(
+        tmp_path, {"name": "builtin:python", "cpus_per_episode": 40, "cpu_nodes": "auto"}
+    )
     for gpus in ("1", "2", "8"):
         code, _, err = run(capsys, "plan", str(path), "--gpus", gpus)
         assert code == 2 and err.count("\n") == 1, err

@@ -258,3 +258,24 @@ def test_losing_every_environment_worker_ends_a_run_in_one_line(tmp_path, nothin
         + " raised RuntimeError: the lookup table is gone"
     ], out
     nothing_left(out, proc.pid)
+
+
+@pytest.mark.slow
+def test_an_environment_that_cannot_be_built_ends_the_run_before_any_service(
+    tmp_path, nothing_left
+):
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    (flags / "broken").touch()
+    recipe = yaml.safe_load((ROOT / "recipes/catalog/tiny-tools.yaml").read_text())
+    recipe["name"] = "tiny-tools-broken"
+    recipe["env"].update(name="tool_envs:FragileTinyTools", args={"flags": str(flags)})
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    proc = start_run(["--recipe", str(path), "--run-dir", str(tmp_path / "run")])
+    code, out = finish_run(proc, timeout=600)
+    assert code == 1, out
+    assert "starting environment workers" in out
+    assert "starting services" not in out  # the workers start first: no service was started
+    assert sum("the lookup table is gone" in line for line in out.splitlines()) == 1, out
+    nothing_left(out, proc.pid)

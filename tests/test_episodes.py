@@ -243,6 +243,14 @@ def test_max_turns_and_the_token_budget_end_episodes():
     assert model.calls[0] == (1, 60)  # the first turn may use the whole budget
 
 
+def test_an_opening_prompt_keeps_its_last_max_prompt_tokens_tokens():
+    limits = Limits(max_turns=1, max_tokens=400, max_turn_tokens=120)
+    tok, _, _, (whole,) = run("qwen3", ["0<|im_end|>"], [0], limits)
+    cut = Limits(max_turns=1, max_tokens=400, max_turn_tokens=120, max_prompt_tokens=20)
+    _, _, _, (ep,) = run("qwen3", ["0<|im_end|>"], [0], cut)
+    assert len(whole.prompt_ids) > 20 and ep.prompt_ids == whole.prompt_ids[-20:]
+
+
 def test_episodes_share_each_generator_call_and_steps_run_per_episode():
     rows = [{"question": k} for k in "abc"]
     answer = "0<|im_end|>"
@@ -438,7 +446,10 @@ def test_tiny_tools_learns_to_call_its_tool_and_copy_the_result():
             "env.max_turn_tokens: 41 exceeds the episode's grpo.max_response_tokens 40",
         ),
         ("env.name=builtin:tiny", "env.name: no shipped environment named 'tiny'"),
-        ("eval.enabled=true", "eval.enabled: evaluation runs single-turn prompts; set it false"),
+        (
+            "eval={enabled: true, reward: math}",
+            "eval.reward: 'math': a recipe with env is evaluated by its environment's reward",
+        ),
         ("env=null", "dataset.rewards: List should have at least 1 item"),
     ],
 )

@@ -19,7 +19,12 @@ from runtime.backends.fsdp_reference import GPUReference
 from runtime.backends.fsdp_trainer import FSDPTrainer
 from runtime.backends.hf_generator import HFGenerator
 from runtime.backends.scoring import response_logprobs
-from runtime.backends.vllm_generator import engine_environment, logprobs_mode_for, write_model_dir
+from runtime.backends.vllm_generator import (
+    engine_environment,
+    logprobs_mode_for,
+    request_tokens,
+    write_model_dir,
+)
 from runtime.grpo import policy_loss
 from runtime.models import ModelSpec
 
@@ -54,6 +59,13 @@ def test_vllm_engine_environment_keeps_flashinfer_sampler_only_where_top_p_filte
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
         "VLLM_USE_FLASHINFER_SAMPLER": None,
     }
+
+
+def test_an_episode_rounds_long_and_short_contexts_each_get_what_the_engine_leaves():
+    # one round of episodes: the most any may take is 96, the longest context has 40 left
+    assert request_tokens([[1] * 300, [1] * 984, [1] * 1000], 96, 1024) == [96, 40, 24]
+    with pytest.raises(ValueError, match="a prompt of 1024 tokens leaves no room"):
+        request_tokens([[1] * 10, [1] * 1024], 8, 1024)
 
 
 def test_model_folder_describes_the_architecture(tmp_path):

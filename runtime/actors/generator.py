@@ -146,20 +146,25 @@ class GeneratorActor(Actor):
 
     @endpoint
     async def continue_tokens(
-        self, prompts: list[list[int]], seed: int | None, max_new_tokens: int
+        self,
+        prompts: list[list[int]],
+        seed: int | None,
+        max_new_tokens: int,
+        temperature: float | None = None,
     ) -> list[dict[str, Any]]:
         """One completion of each prompt, given as token ids (an episode's next turn: its
         opening and turns so far), with log-probs, the policy version that sampled it and
-        whether it ended on an end token ("stop") or at `max_new_tokens` ("length")."""
+        whether it ended on an end token ("stop") or at `max_new_tokens` ("length");
+        `temperature` (an evaluation's; 0: greedy) replaces the run's."""
         g = self.recipe.grpo
         completions = self.backend.generate(
             prompts,
             n=1,
             max_new_tokens=max_new_tokens,
-            temperature=g.temperature,
+            temperature=g.temperature if temperature is None else temperature,
             top_p=g.top_p,
             seed=seed,
-            logprobs=True,
+            logprobs=temperature is None,  # an evaluation's turns train nothing
         )
         return [
             {

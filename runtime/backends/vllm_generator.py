@@ -137,6 +137,25 @@ def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
     return [float(pos[tok].logprob) for tok, pos in zip(token_ids, logprobs, strict=True)]
 
 
+def request_tokens(
+    prompts: Sequence[Sequence[int]], max_new_tokens: int, max_model_len: int
+) -> list[int]:
+    """The new tokens each prompt may have: `max_new_tokens`, or what its length leaves of the
+    engine's `max_model_len` where that is less. An episode round batches contexts of different
+    lengths under one `max_new_tokens` (the most any of them may still take; the episode loop
+    cuts each turn to its own room): vLLM refuses a request past max_model_len."""
+    most = []
+    for p in prompts:
+        left = max_model_len - len(p)
+        if left < 1:
+            raise ValueError(
+                f"a prompt of {len(p)} tokens leaves no room in the engine's max_model_len "
+                f"{max_model_len}"
+            )
+        most.append(min(max_new_tokens, left))
+    return most
+
+
 class VLLMGenerator:
     """Samples with vLLM; same interface as `HFGenerator` (see `GeneratorBackend`).
 
@@ -397,19 +416,14 @@ class VLLMGenerator:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        longest = max(len(p) for p in prompts)
-        if longest + max_new_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt of {longest} tokens + {max_new_tokens} new tokens exceeds the engine's "
-                f"max_model_len {self.max_model_len}"
-            )
+        most = request_tokens(prompts, max_new_tokens, self.max_model_len)
 
         def params(i: int) -> Any:
             return SamplingParams(
                 n=n,
                 temperature=temperature,
                 top_p=top_p,
-                max_tokens=max_new_tokens,
+                max_tokens=most[i],
                 stop_token_ids=self.eos_ids,
                 logprobs=0 if logprobs else None,
                 flat_logprobs=True,

@@ -57,8 +57,10 @@ class Controller:
         self.turns = GpuTurns(()) if self.mps_gpus else turns
         self.notes = Notes()
         self.rollouts: Rollouts | None = None
-        # a multi-turn run's episodes and their environment workers (runtime/episodes/rollout.py)
+        # a multi-turn run's episodes and their environment workers (runtime/episodes/rollout.py);
+        # `environments`: the workers already started (run.py starts them before the services)
         self.episodes: Any = None
+        self.environments: Any = None
         self.evaluator: Evaluator | None = None
         sync = config.plan.settings.weight_sync
         self.policy = PolicySync(
@@ -84,14 +86,17 @@ class Controller:
 
             source = build_prompt_source(self.recipe.dataset, seed=self.recipe.grpo.seed)
         if getattr(self.recipe, "env", None) is not None:
-            from runtime.environments.start import node_workers
             from runtime.episodes.rollout import EpisodeRollout
 
-            # the environment workers (as many as the plan says for this node's cores, or
-            # env.workers_per_node): stopped with the run (stop_environments)
-            workers = node_workers(self.recipe, self.config.plan)
+            # the environment workers: node 0's started before the services (run.py), the CPU
+            # nodes' (plan env.cpu_nodes) beside them; stopped with the run (stop_environments)
+            environments = self.environments
             nodes = getattr(self.services, "environment_nodes", [])
-            self.episodes = await EpisodeRollout.start(self.recipe, workers=workers, nodes=nodes)
+            if nodes:
+                from runtime.environments.start import onto_nodes
+
+                environments = await onto_nodes(environments, self.recipe.env, nodes)
+            self.episodes = await EpisodeRollout.start(self.recipe, environments=environments)
         self.rollouts = Rollouts(
             self.recipe.grpo,
             self.services,
@@ -103,7 +108,12 @@ class Controller:
         )
         if self.recipe.eval.enabled:
             self.evaluator = Evaluator(
-                self.recipe, self.services, self.progress, self.turns, prompts=eval_prompts
+                self.recipe,
+                self.services,
+                self.progress,
+                self.turns,
+                prompts=eval_prompts,
+                episodes=self.episodes,
             )
         ckpt = checkpoint.latest(self.config.checkpoint_dir)
         if ckpt is not None:

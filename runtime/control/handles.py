@@ -31,10 +31,16 @@ class ServiceHandles(Protocol):
         evaluation asks for `n` at its own `temperature` (0: greedy)."""
 
     async def continue_tokens(
-        self, replica: int, prompts: list[list[int]], seed: int, max_new_tokens: int
+        self,
+        replica: int,
+        prompts: list[list[int]],
+        seed: int,
+        max_new_tokens: int,
+        temperature: float | None = None,
     ) -> list[dict[str, Any]]:
         """One completion of each token-id prompt (an episode's next turn): response_ids,
-        response_logprobs, policy_version and finish_reason."""
+        response_logprobs, policy_version and finish_reason; an evaluation's episodes ask for
+        their own `temperature` (0: greedy)."""
 
     async def score(
         self, items: list[tuple[str, str, str]]

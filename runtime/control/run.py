@@ -293,6 +293,17 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     warning = room_warning(config.checkpoint_dir, checkpoint_bytes(recipe.arch, recipe.model.lora))
     if warning:
         print(warning, file=sys.stderr, flush=True)
+    environments = None
+    if getattr(recipe, "env", None) is not None:
+        # before any service: an environment that cannot be hosted (not importable, tools the
+        # chat template cannot express, no sandbox) ends the run in one line with no GPU held
+        from runtime.environments.start import node_workers, start_environments
+
+        # as many as the plan says for this node's cores, or env.workers_per_node
+        workers = node_workers(recipe, config.plan)
+        print(f"starting environment workers ({workers}) ...", flush=True)
+        environments = await start_environments(recipe.env, workers=workers)
+        life.register("environment workers", environments.shutdown, timeout=15.0)
     start = time.perf_counter()
     services = ["weight store", "trainer", "generator"]
     if config.plan.reference_in_trainer:
@@ -316,8 +327,7 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
             timeout=recipe.grpo.checkpoint_finish_s + FINISH_PROBE_S + 5.0,
             after_failure=True,
         )
-        # a multi-turn run's environment workers (started in prepare), stopped first
-        life.register("environment workers", controller.stop_environments, timeout=15.0)
+        controller.environments = environments
         await controller.prepare()
         return controller
 

@@ -129,10 +129,15 @@ class Services:
         return await self.call(f"generator{replica}", call, kind="generate")
 
     async def continue_tokens(
-        self, replica: int, prompts: list[list[int]], seed: int, max_new_tokens: int
+        self,
+        replica: int,
+        prompts: list[list[int]],
+        seed: int,
+        max_new_tokens: int,
+        temperature: float | None = None,
     ) -> list[dict[str, Any]]:
         gen = self.generator_actors[replica]
-        call = gen.continue_tokens.call_one(prompts, seed, max_new_tokens)
+        call = gen.continue_tokens.call_one(prompts, seed, max_new_tokens, temperature)
         return await self.call(f"generator{replica}", call, kind="generate")
 
     async def score(

@@ -61,20 +61,32 @@ async def start_environments(
         call_timeout_s=env.call_timeout_s,
         episode_timeout_s=env.episode_timeout_s,
     )
-    remote = []
-    if nodes:
-        from runtime.environments.nodes import RemoteNode
-
-        remote = [RemoteNode(name, actor, n, env.call_timeout_s) for name, actor, n in nodes]
     try:
-        await asyncio.gather(hosting.start(), *(r.start(env) for r in remote))
+        await hosting.start()
     except BaseException:  # it cannot start, or the run stopped meanwhile: no worker stays
-        await asyncio.gather(hosting.shutdown(), *(r.shutdown() for r in remote))
+        await hosting.shutdown()
         raise
-    if not remote:
-        return hosting
-    from runtime.environments.nodes import Spread
+    if nodes:
+        try:
+            return await onto_nodes(hosting, env, nodes)
+        except BaseException:
+            await hosting.shutdown()
+            raise
+    return hosting
 
+
+async def onto_nodes(local: Any, env: Any, nodes: Sequence[tuple[str, Any, int]]) -> Any:
+    """`local` (this node's workers, started) and the CPU nodes' workers, started now, as one
+    hosting the episodes spread over (nodes.py `Spread`). `nodes`: (name, EnvironmentNode
+    actor, workers) of each CPU node."""
+    from runtime.environments.nodes import RemoteNode, Spread
+
+    remote = [RemoteNode(name, actor, n, env.call_timeout_s) for name, actor, n in nodes]
+    try:
+        await asyncio.gather(*(r.start(env) for r in remote))
+    except BaseException:
+        await asyncio.gather(*(r.shutdown() for r in remote))
+        raise
     where = ", ".join(f"{r.workers} on {r.name}" for r in remote)
-    print(f"environment workers: {len(hosting.workers)} on node 0, {where}", flush=True)
-    return Spread(hosting, len(hosting.workers), remote)
+    print(f"environment workers: {len(local.workers)} on node 0, {where}", flush=True)
+    return Spread(local, len(local.workers), remote)

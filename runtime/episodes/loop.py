@@ -39,6 +39,8 @@ class Limits:
     max_turn_tokens: int
     turn_rewards: bool = False
     max_episode_tokens: int | None = None
+    # an opening prompt keeps its last max_prompt_tokens tokens, as a single-turn prompt does
+    max_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens", "max_turn_tokens"):
@@ -137,7 +139,9 @@ class EpisodeRunner:
             messages = opening.messages or ep.row.get("messages") or []
             if not messages:
                 raise ValueError("an episode needs messages: from its environment or its row")
-            ep.prompt_ids = self.fmt.prompt_ids(messages, opening.tools)
+            ids = self.fmt.prompt_ids(messages, opening.tools)
+            most = self.limits.max_prompt_tokens
+            ep.prompt_ids = ids[-most:] if most is not None and len(ids) > most else ids
         seed = seeds[0] if seeds else 0
         round_ = 0
         while running := [ep for ep in episodes if ep._running]:

@@ -28,6 +28,7 @@ def limits_of(recipe: Any) -> Limits:
         max_turn_tokens=e.max_turn_tokens or g.max_response_tokens,
         turn_rewards=e.turn_rewards,
         max_episode_tokens=e.episode_tokens(g),
+        max_prompt_tokens=g.max_prompt_tokens,
     )
 
 
@@ -54,12 +55,13 @@ class EpisodeRollout:
         tokenizer: Any = None,
         *,
         in_process: bool = False,
+        environments: Any = None,
         workers: int | None = None,
-        nodes: Any = (),
     ) -> EpisodeRollout:
         """The run's episodes, their environment workers started (`workers` of them, by default
-        env.workers_per_node; `in_process`: hosted in this process instead, for tests). A
-        hosting that cannot start ends the run in one line."""
+        env.workers_per_node; `in_process`: hosted in this process instead, for tests;
+        `environments`: a hosting started already). A hosting that cannot start ends the run in
+        one line."""
         from runtime.environments.start import start_environments
 
         if tokenizer is None:
@@ -67,9 +69,10 @@ class EpisodeRollout:
 
             tokenizer = load_tokenizer(recipe)
         fmt = tool_format(recipe.model.family, tokenizer, recipe.model.thinking)
-        environments = await start_environments(
-            recipe.env, in_process=in_process, workers=workers, nodes=nodes
-        )
+        if environments is None:
+            environments = await start_environments(
+                recipe.env, in_process=in_process, workers=workers
+            )
         return cls(environments, fmt, limits_of(recipe), recipe.grpo.group_size)
 
     async def shutdown(self) -> None:
@@ -78,25 +81,45 @@ class EpisodeRollout:
         if stop is not None:
             await stop()
 
+    async def play(
+        self, prompts: list[Any], seeds: list[int], n: int, generate: Continue
+    ) -> list[Episode]:
+        """`n` episodes of each prompt, prompt-major, each opened with its prompt's environment
+        seed: a prompt's episodes face the same world, so their rewards compare. Neither the
+        episodes nor their seconds join the rollout's metrics (an evaluation's)."""
+        runner = self._runner(generate)
+        return await runner.run(*self._rows(prompts, seeds, n))
+
     async def groups(self, prompts: list[Any], seed: int, generate: Continue) -> list[Group]:
-        """`group_size` episodes of each prompt (one environment seed a group, so they face
-        the same world), as one group per prompt, in order."""
+        """`group_size` episodes of each prompt (as `play`, a seed a prompt drawn from the
+        call's), as one group per prompt, in order."""
         n = self.group_size
-        rows, seeds = [], []
-        for i, p in enumerate(prompts):
-            row = {"id": p.id, "question": p.text, "answer": p.answer, "messages": p.messages()}
-            rows += [row] * n
-            seeds += [(seed + 7919 * i) & 0x7FFFFFFF] * n
-        runner = EpisodeRunner(self.environments, self.fmt, _turns(generate), self.limits)
+        seeds = [seed + 7919 * i for i in range(len(prompts))]
+        runner = self._runner(generate)
         start = time.perf_counter()
         try:
-            episodes = await runner.run(rows, seeds)
+            episodes = await runner.run(*self._rows(prompts, seeds, n))
         finally:
             self._call_s += time.perf_counter() - start
             self._generate_s += runner.generate_s
             self._env_wait_s += runner.env_wait_s
         self._episodes += episodes
         return [episode_group(p, episodes[i * n : (i + 1) * n]) for i, p in enumerate(prompts)]
+
+    def _runner(self, generate: Continue) -> EpisodeRunner:
+        return EpisodeRunner(self.environments, self.fmt, _turns(generate), self.limits)
+
+    @staticmethod
+    def _rows(
+        prompts: list[Any], seeds: list[int], n: int
+    ) -> tuple[list[dict[str, Any]], list[int]]:
+        """The rows and environment seeds of `n` episodes of each prompt, prompt-major."""
+        rows, opened = [], []
+        for p, seed in zip(prompts, seeds, strict=True):
+            row = {"id": p.id, "question": p.text, "answer": p.answer, "messages": p.messages()}
+            rows += [row] * n
+            opened += [seed & 0x7FFFFFFF] * n
+        return rows, opened
 
     def take_stats(self) -> dict[str, float]:
         """The `episode/` metrics since the last call (docs/tools.md, Metrics)."""
@@ -117,7 +140,13 @@ def _turns(generate: Continue) -> Generate:
     async def turns(prompts: list[list[int]], most: int, seed: int) -> list[Turn]:
         out = await generate(prompts, most, seed)
         return [
-            Turn(c["response_ids"], c["response_logprobs"], c["policy_version"], c["finish_reason"])
+            Turn(
+                c["response_ids"],
+                # none where the turn was not sampled for training (an evaluation's)
+                c["response_logprobs"] or [0.0] * len(c["response_ids"]),
+                c["policy_version"],
+                c["finish_reason"],
+            )
             for c in out
         ]
 

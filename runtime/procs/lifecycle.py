@@ -345,7 +345,9 @@ class RunLifecycle:
         code = 0
         try:
             await self._supervise(main)
-        except (ActorFailure, RunStopping, asyncio.CancelledError):
+        except ActorFailure as e:
+            self.fail(e)  # one main raised itself, not through `call`, is the run's failure too
+        except (RunStopping, asyncio.CancelledError):
             pass
         except UserError as e:
             _say(self.name, str(e))

@@ -32,8 +32,10 @@
 #                                      SBS_OURS_ARGS: more arguments for ours (--set K=V);
 #                                      SBS_TRL_MB="32 16": TRL's micro-batches to try, largest
 #                                      first, the first that runs to its end is kept
+#   scripts/gpu/device_run.sh verl [ARGS]  stage, install if needed (stack, then verl's
+#                                      environment, /tmp/verl-env), bench/verl_grpo.py there
 #   scripts/gpu/device_run.sh pairs on|off|sft [GPUS] [PEER ARGS]  stage, install if needed (stack,
-#                                      then TRL), then the next PAIRS_RUNS (1) runs of the
+#                                      then TRL or verl), then the next PAIRS_RUNS (1) runs of the
 #                                      alternating order ours, peer, ours, peer, ... (PAIRS_N
 #                                      pairs, 3) with the side-by-side mode's command lines, each
 #                                      into its section of /tmp/bench/pairs$TAG.json (pair1_ours,
@@ -44,6 +46,12 @@
 #                                      (bench/gpu_sft.py) against TRL's SFTTrainer
 #                                      (bench/trl_sft.py), peer trl-sft (SFT_RECIPE, SFT_STEPS,
 #                                      SFT_WARMUP; SBS_OURS_S 300 and SBS_TRL_S 240 a run)
+#   scripts/gpu/device_run.sh tools [GPUS]  stage, install if needed, bench/gpu_tools.py: the
+#                                      plan of qwen3-1.7b-tools for GPUS (default 1), random
+#                                      weights, a tool that takes 100 ms a call, through
+#                                      `python -m runtime`; stopped (and still summarized) after
+#                                      TOOLS_LIMIT_S (default 330); gpu_tools$TAG.json, the run's
+#                                      log tools_run$TAG.log
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
@@ -56,8 +64,9 @@
 # each its GPUs (CUDA_VISIBLE_DEVICES, which the runtime's plans index into) and a TAG that keeps
 # its JSON and logs apart (gpu_grpo$TAG.json, bench_<mode>$TAG.log), after one `check` call has
 # installed the stack. Chunks come from
-# scripts/gpu/prepare_wheels.sh (.whl/cNN, .whl/ts) and scripts/gpu/prepare_trl_wheels.sh
-# (.whl/trl or .whl/trl0, .whl/trl1, ...); every mode stages whichever a call carries.
+# scripts/gpu/prepare_wheels.sh (.whl/cNN, .whl/ts), scripts/gpu/prepare_trl_wheels.sh
+# (.whl/trl or .whl/trl0, .whl/trl1, ...) and scripts/gpu/prepare_verl_wheels.sh (.whl/verl0,
+# .whl/verl1); every mode stages whichever a call carries.
 # scripts/gpu/README.md has the call sequence.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -66,6 +75,7 @@ shift || true
 out=${OUT:-/tmp/out}
 tag=${TAG:-}
 json=/tmp/bench/gpu_grpo$tag.json
+verl_py=/tmp/verl-env/bin/python # verl's environment (install_verl)
 mkdir -p "$out"
 # PACK_BY=<epoch seconds> (e.g. $(( $(date +%s) + 560 )) at a call's start, 40 s inside its
 # limit): this run's logs go to a folder of their own and come back as one file,
@@ -191,6 +201,10 @@ sbs_args() {
   ours+=("${spy[@]}")
   trl=(--prompt-tokens 207 --steps 6 --warmup 2 --is-correction off --micro-batch 16
     --vllm-memory 0.3 --gradient-checkpointing on)
+  # verl (bench/verl_grpo.py): on-policy, main_ppo's hybrid engine; one step off, verl's
+  # one_step_off_policy trainer (vLLM on GPUs of its own: two or more), on one GPU verl's
+  # colocated asynchronous trainer (colocate-async)
+  verl=(--gpus "$gpus" --steps 6 --warmup 2)
   case "$policy" in
     on) ours+=(--set grpo.max_policy_age=0) ;;
     off) trl+=(--optimizer-steps-per-generation 2) ;;
@@ -198,6 +212,11 @@ sbs_args() {
   esac
   case "$gpus" in
     '' | *[!0-9]* | 0) echo "$mode: a GPU count of 1 or more, not $gpus" >&2; return 2 ;;
+  esac
+  case "$policy:$gpus" in
+    on:*) verl+=(--policy on) ;;
+    off:1) verl+=(--policy colocate-async) ;;
+    off:*) verl+=(--policy off) ;;
   esac
   launch=(python3)
   if [ "$gpus" -gt 1 ]; then
@@ -235,7 +254,8 @@ sft_args() {
 # bench/gpu_sft.py against bench/trl_sft.py (sft_args), peer trl-sft. The JSON lives while the
 # machine stays up: one TAG, one comparison, one host. PAIRS_N (3): the pairs to make;
 # PAIRS_PEER (trl): the peer's name in the records (trl-lora where PEER ARGS give
-# --lora-rank); PAIRS_SIDE=ours|peer: refuse (exit 2) unless the call's first run is of that
+# --lora-rank; verl: bench/verl_grpo.py in verl's environment, each run in SBS_VERL_S, 420 s,
+# PEER ARGS to it); PAIRS_SIDE=ours|peer: refuse (exit 2) unless the call's first run is of that
 # side. A run that
 # fails ends the call; the next call makes it again.
 run_pairs() {
@@ -255,11 +275,21 @@ run_pairs() {
   fi
   case "$peer" in
     trl | trl-*) ;;
-    *) echo "pairs: no launcher for the peer $peer in bench/ (trl, trl-lora, ...)" >&2; return 2 ;;
+    verl)
+      if [ "$policy" = sft ]; then
+        echo "pairs: verl is a GRPO peer (on or off), not an SFT one" >&2
+        return 2
+      fi
+      ;;
+    *) echo "pairs: no launcher for the peer $peer in bench/ (trl, trl-lora, verl, ...)" >&2; return 2 ;;
   esac
   local json=/tmp/bench/pairs$tag.json n=${PAIRS_N:-3} runs=${PAIRS_RUNS:-1} i slot k side
   local section log rc started status=0
-  [ "$dry" = 1 ] || { install && check && install_trl; } || return 3
+  if [ "$dry" = 0 ] && [ "$peer" = verl ]; then
+    { install && check && install_verl; } || return 3
+  elif [ "$dry" = 0 ]; then
+    { install && check && install_trl; } || return 3
+  fi
   mkdir -p /tmp/bench
   for ((i = 0; i < runs; i++)); do
     slot=$(python3 bench/pairs.py next --json "$json" --pairs "$n") || return 2
@@ -280,6 +310,10 @@ run_pairs() {
     elif [ "$side" = ours ]; then
       command=(timeout -s TERM "${SBS_OURS_S:-330}" python3 bench/gpu_grpo.py grpo --out "$json"
         "${ours[@]}" --section "$section")
+    elif [ "$peer" = verl ]; then
+      # verl's own Ray cluster, in the environment layered over the stack's (install_verl)
+      command=(timeout -s TERM -k 30 "${SBS_VERL_S:-420}" "$verl_py" bench/verl_grpo.py
+        --out "$json" "${verl[@]}" --section "$section" "$@")
     elif [ "$policy" = sft ]; then
       command=(env MASTER_PORT="${MASTER_PORT:-29611}" timeout -s TERM -k 30 "${SBS_TRL_S:-240}"
         "${launch[@]}" bench/trl_sft.py --out "$json" "${trl[@]}" "$@" --section "$section")
@@ -334,6 +368,11 @@ stage() {
   for d in .whl/trl*; do
     if [ -d "$d" ]; then cp "$d"/*.whl /tmp/asm_trl/ && echo "staged $d"; fi
   done
+  # verl's parts (.whl/verl0, .whl/verl1: one tar split, like the stack's chunks).
+  mkdir -p /tmp/asm_verl
+  for d in .whl/verl[0-9]*; do
+    if [ -d "$d" ]; then cp "$d"/part_* /tmp/asm_verl/ && echo "staged $d"; fi
+  done
   # py-spy (.whl/spy, scripts/gpu/README.md): the bench's --py-spy records stacks with it.
   if [ -d .whl/spy ] && ! command -v py-spy >/dev/null; then
     python3 -m pip install -q --no-index --no-deps .whl/spy/*.whl && echo "installed py-spy"
@@ -380,6 +419,39 @@ install_trl() {
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile /tmp/asm_trl/*.whl
   python3 -c "import trl; print('trl', trl.__version__)"
+}
+
+# verl's environment: a venv at /tmp/verl-env whose own site-packages (verl, ray, transformers
+# 5.9.0, ... from .whl/verl0 and .whl/verl1) come first and whose .pth then adds the image's
+# site-packages, with the stack installed in it (torch, vLLM 0.24.0, ...): python3 here is
+# itself a venv, so --system-site-packages would reach the base interpreter's, not these.
+# Wheels go in with --target, the image's pip, no index, no dependencies (all resolved by
+# scripts/gpu/prepare_verl_wheels.sh).
+install_verl() {
+  "$verl_py" -c "import verl, ray, transfer_queue" >/dev/null 2>&1 && return 0
+  if ! cat /tmp/asm_verl/part_* 2>/dev/null | tar xf - -C /tmp; then
+    echo "verl wheels incomplete: carry .whl/verl0 and .whl/verl1 (scripts/gpu/prepare_verl_wheels.sh), one a call" >&2
+    exit 3
+  fi
+  local start image site
+  start=$(date +%s)
+  rm -rf /tmp/verl-env
+  python3 -m venv --without-pip /tmp/verl-env
+  image=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  site=$("$verl_py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "import site; site.addsitedir('$image')" >"$site/zz_stack.pth"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" /tmp/verl-wheels/*.whl
+  "$verl_py" - <<'PY'
+import importlib.metadata as m, sys
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return "absent"
+names = ("verl", "ray", "transformers", "tokenizers", "tensordict", "transferqueue", "vllm", "torch")
+print("verl env", sys.executable, {n: version(n) for n in names})
+PY
+  echo "verl installed in $(($(date +%s) - start)) s"
 }
 
 check() {
@@ -543,6 +615,33 @@ case "$mode" in
       tee "$out/bench_product$tag.log" || status=$?
     exit "$status"
     ;;
+  tools)
+    # Multi-turn tool use: extra arguments after the GPU count go to bench/gpu_tools.py
+    # (--steps, --tool-s, --max-turns, --turn-tokens, --set KEY=VALUE).
+    gpus=${1:-1}
+    shift || true
+    install && check
+    mkdir -p /tmp/bench
+    json=/tmp/bench/gpu_tools$tag.json
+    status=0
+    timeout -s TERM -k 60 "${TOOLS_LIMIT_S:-330}" python3 bench/gpu_tools.py --gpus "$gpus" \
+      --out "$json" --log "$out/tools_run$tag.log" --work /tmp/gpu-tools-bench$tag "$@" 2>&1 |
+      tee "$out/bench_tools$tag.log" || status=$?
+    cp "$json" "$out/" 2>/dev/null || true
+    exit "$status"
+    ;;
+  verl)
+    # bench/verl_grpo.py in verl's environment: a "verl" section in the JSON (or --section),
+    # verl's output in the log. Arguments go to it (--gpus 2 --policy off, Hydra key=value).
+    install && check
+    install_verl
+    mkdir -p /tmp/bench
+    status=0
+    "$verl_py" bench/verl_grpo.py --out "$json" "$@" 2>&1 | tee "$out/bench_verl$tag.log" ||
+      status=$?
+    cp "$json" "$out/" 2>/dev/null || true
+    exit "$status"
+    ;;
   trl)
     install && check
     install_trl
@@ -554,7 +653,7 @@ case "$mode" in
     exit "$status"
     ;;
   *)
-    echo "unknown mode $mode (stage, check, tests, suite, groups, faults, trainer-tests, push, grpo, vllm, train, trl, side-by-side, pairs, product)" >&2
+    echo "unknown mode $mode (stage, check, tests, suite, groups, faults, trainer-tests, push, grpo, vllm, train, trl, verl, side-by-side, pairs, product, tools)" >&2
     exit 2
     ;;
 esac
