@@ -408,12 +408,17 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
     task = build_task(job, secrets, project)
     kind = "managed job" if options.managed else "cluster"
+    shown_name = job.name
+    if job.plan.env_nodes:  # CPU nodes for the environments: a job group (launcher/task.py)
+        from launcher.task import group_name
+
+        kind, shown_name = "managed job group (train, envs)", group_name(job.name)
     spot = " on spot instances" if options.spot else ""
     print(job.plan.describe())
     _print_run_cost(job.recipe, job.plan, options.infra)
     given = [k for k in SECRETS if secrets.get(k)]
     print(
-        f"{kind} {job.name}{spot}; secrets from your environment: "
+        f"{kind} {shown_name}{spot}; secrets from your environment: "
         f"{', '.join(given) if given else 'none'}"
     )
     print(f"{PROG} on the nodes: {project.summary}")
@@ -434,7 +439,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         print(f"{PROG}: dry run: nothing launched", file=sys.stderr)
         return 0
     if not args.yes:
-        confirm(f"Launch {kind} {job.name}?", f"not launching {kind} {job.name}")
+        confirm(f"Launch {kind} {shown_name}?", f"not launching {kind} {shown_name}")
     print(cloud.launch(task, job.name, managed=options.managed, down=args.down))
     return 0
 

@@ -72,10 +72,12 @@ def error_line(error: BaseException) -> str:
     return one_line(next((line for line in lines if line), type(error).__name__))
 
 
-def launch(task: sky.Task, name: str, *, managed: bool, down: bool = False) -> str:
+def launch(task: sky.Task | sky.Dag, name: str, *, managed: bool, down: bool = False) -> str:
     """Submit `task`: a cluster named `name`, or a managed job of that name. Returns a summary."""
     say_if_server_starts()
     if managed:
+        if isinstance(task, sky.Dag):  # a job group (launcher/task.py): named as built
+            name = task.name or name
         job_ids, _ = sky.stream_and_get(sky.jobs.launch(task, name=name))
         ids = ", ".join(str(i) for i in job_ids or [])
         return f"managed job {name} submitted (id {ids}); follow it: {PROG} logs --managed {name}"

@@ -163,6 +163,13 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         check_idle(recipe, run_plan, gpus)
     check_local_data(recipe)  # an SFT recipe's local data, read without a tokenizer
     _check_managed_options(options)
+    if run_plan.env_nodes and not options.managed:
+        n = run_plan.env_nodes
+        raise UserError(
+            f"{recipe.name}: its environment workers take {n} CPU node{'' if n == 1 else 's'} "
+            "beside the GPU nodes, which SkyPilot starts together only as a managed job group: "
+            "add --managed (or set env.cpu_nodes=0)"
+        )
     if options.checkpoint_bucket is not None:
         check_bucket_url(options.checkpoint_bucket)
     else:
@@ -200,7 +207,7 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         "MAX_STEPS": "" if options.steps is None else str(options.steps),
         "WANDB_MODE": options.wandb or "disabled",
     }
-    if run_plan.num_nodes > 1:
+    if run_plan.num_nodes + run_plan.env_nodes > 1:
         envs[WORKER_PORT_ENV] = str(WORKER_PORT)
     replaced = {"model.hf_id", *node_paths}
     node_overrides = (

@@ -11,8 +11,8 @@ SKY_RUNTIME_DIR is set before SkyPilot is imported:
   committed in recipes/price_catalog/catalogs (SOURCE.md there says which and when), for
   machines without the internet.
 
-Each offer is one instance type of one cloud with `count` GPUs of one type, its cheapest
-on-demand and spot price an hour over the regions the catalog lists, and those regions.
+Each offer is one instance type of one cloud with `count` GPUs of one type, its vCPUs, its
+cheapest on-demand and spot price an hour over the regions the catalog lists, and those regions.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def _offers(catalog: Any, cloud: str, name: str, sky_name: str, count: int) -> l
             "accelerator": name,
             "count": count,
             "instance_type": instance_type,
+            "vcpus": _vcpus(catalog, cloud, instance_type),
         }
         for kind, spot in (("on_demand", False), ("spot", True)):
             prices = []
@@ -98,6 +99,15 @@ def _offers(catalog: Any, cloud: str, name: str, sky_name: str, count: int) -> l
         if offer["on_demand"] is not None or offer["spot"] is not None:
             out.append(offer)
     return out
+
+
+def _vcpus(catalog: Any, cloud: str, instance_type: str) -> float | None:
+    """The instance type's vCPUs as the catalog lists them (None where it does not)."""
+    try:
+        vcpus, _ = catalog.get_vcpus_mem_from_instance_type(instance_type, clouds=cloud)
+    except Exception:
+        return None
+    return None if vcpus is None or vcpus != vcpus else float(vcpus)
 
 
 def _node_price(

@@ -20,7 +20,7 @@ from launcher.options import (
     secret_values,
 )
 from launcher.source import ProjectSource, checkout, project_source
-from launcher.task import build_task
+from launcher.task import build_task, group_name
 
 # GPUs per VM that clouds sell; other counts need Kubernetes or a cloud that splits nodes.
 VM_GPU_COUNTS = (1, 2, 4, 8)
@@ -91,6 +91,12 @@ def header(job: Job, command: str, path: str | None, project: ProjectSource) -> 
         alt = f" ({' or '.join(alternatives)} also accepted)" if alternatives else ""
         nodes = f"{plan.num_nodes} nodes x " if plan.num_nodes > 1 else ""
         hardware = f"{nodes}{plan.gpus_per_node} x {recipe.resources.accelerator}{alt}"
+    if plan.env_nodes and plan.environment is not None:
+        n = plan.env_nodes
+        hardware += (
+            f" and {n} CPU node{'' if n == 1 else 's'} of {plan.environment.cpu_node_vcpus}+ "
+            "vCPUs for the environment workers (a job group: the tasks train and envs)"
+        )
     secret_flags = "".join(f" --secret {key}" for key in job.required_secrets)
     lines = [
         f"forgesky recipe {recipe.name}: {recipe.description}",
@@ -124,10 +130,12 @@ def header(job: Job, command: str, path: str | None, project: ProjectSource) -> 
         else f"Run from any folder; forgesky reaches the nodes as {project.summary}:",
     ]
     if options.managed:
+        # a job group (CPU nodes for the environments): its name without dots
+        name = group_name(job.name) if plan.env_nodes else job.name
         lines += [
-            f"  sky jobs launch -n {job.name} {file}{secret_flags}",
-            f"  sky jobs logs -n {job.name}",
-            f"  sky jobs cancel -n {job.name}",
+            f"  sky jobs launch -n {name} {file}{secret_flags}",
+            f"  sky jobs logs -n {name}",
+            f"  sky jobs cancel -n {name}",
         ]
     else:
         lines += [
@@ -174,10 +182,24 @@ def header(job: Job, command: str, path: str | None, project: ProjectSource) -> 
 
 
 def render(
-    job: Job, task: sky.Task, command: str, project: ProjectSource, path: str | None = None
+    job: Job,
+    task: sky.Task | sky.Dag,
+    command: str,
+    project: ProjectSource,
+    path: str | None = None,
 ) -> str:
-    """The whole file: the header and SkyPilot's YAML of `task`."""
-    return f"{header(job, command, path, project)}\n\n{dump_yaml(task_config(task))}"
+    """The whole file: the header and SkyPilot's YAML of `task`; of a job group (launcher/task.py
+    `build_job_group`), SkyPilot's documents one after another, its own header first."""
+    head = header(job, command, path, project)
+    if isinstance(task, sky.Task):
+        return f"{head}\n\n{dump_yaml(task_config(task))}"
+    group: dict[str, Any] = {
+        "name": task.name,
+        "execution": task.execution.value,
+        "primary_tasks": list(task.primary_tasks or ()),
+    }
+    docs = [dump_yaml(group), *(dump_yaml(task_config(t)) for t in task.tasks)]
+    return f"{head}\n\n" + "\n---\n\n".join(docs)
 
 
 def render_job(job: Job, command: str, path: str | None = None) -> str:

@@ -77,6 +77,50 @@ def setup_script(project: str = CHECKOUT_REQUIREMENT) -> str:
     )
 
 
+# The tasks of a job group whose environment workers need CPU nodes beside the GPU nodes
+# (launcher/task.py): SkyPilot names each node `<task>-<index>.<job group>` in /etc/hosts.
+TRAIN_TASK = "train"
+ENV_TASK = "envs"
+
+
+def _addresses(task: str, count: int) -> list[str]:
+    """Shell appending the addresses of `task`'s `count` nodes in the job group to IPS."""
+    host = f"{task}-$i.$SKYPILOT_JOBGROUP_NAME"
+    return [
+        f"for i in $(seq 0 {count - 1}); do",
+        f"  IP=$(getent hosts \"{host}\" | awk '{{print $1; exit}}' || true)",
+        '  if [ -z "$IP" ]; then',
+        f'    echo "forgesky: error: node {host} of the job group has no address" >&2; exit 1',
+        "  fi",
+        "  IPS=\"$IPS$IP\"$'\\n'",
+        "done",
+    ]
+
+
+def joined_nodes(gpu_nodes: int, cpu_nodes: int, cpu_node: bool) -> list[str]:
+    """Shell that makes one cluster of a job group's two tasks for `python -m runtime`: the GPU
+    nodes first (ranks 0..), then the CPU nodes for the environments, in SKYPILOT_NODE_IPS and
+    SKYPILOT_NODE_RANK as a one-task cluster has them (runtime/procs/cluster.py)."""
+    lines = [
+        f"# One cluster of the job group's {gpu_nodes} GPU node(s) ({TRAIN_TASK}) and {cpu_nodes}",
+        f"# CPU node(s) for the environment workers ({ENV_TASK}), the GPU nodes first.",
+        'IPS=""',
+    ]
+    if cpu_node:
+        lines += [
+            *_addresses(TRAIN_TASK, gpu_nodes),
+            'export SKYPILOT_NODE_IPS="$IPS$SKYPILOT_NODE_IPS"',
+            f"export SKYPILOT_NODE_RANK=$(( SKYPILOT_NODE_RANK + {gpu_nodes} ))",
+        ]
+    else:
+        lines += [
+            "IPS=\"$SKYPILOT_NODE_IPS\"$'\\n'",
+            *_addresses(ENV_TASK, cpu_nodes),
+            'export SKYPILOT_NODE_IPS="$IPS"',
+        ]
+    return lines
+
+
 def run_script(
     *,
     recipe_name: str,
@@ -85,12 +129,16 @@ def run_script(
     run_dir: str,
     overrides: Sequence[str] = (),
     code_path: str | None = None,
+    env_nodes: tuple[int, int] | None = None,
+    cpu_node_gpus: int | None = None,
 ) -> str:
     """Check the GPUs SkyPilot gave against MIN_GPUS, then start `python -m runtime`.
 
     recipe_ref is what `--recipe` gets on the node: a catalog name or a path there.
     overrides are `key=value` recipe overrides, passed on as `--set`. code_path is where the
-    recipe's own code (losses, rewards) is mounted: it goes on PYTHONPATH.
+    recipe's own code (losses, rewards) is mounted: it goes on PYTHONPATH. env_nodes: (GPU
+    nodes, CPU nodes) of a job group whose CPU nodes host environment workers; the script of a
+    CPU node (`cpu_node_gpus`: the run's GPUs, for its plan) skips the GPU check.
     """
     lines = [
         "set -euo pipefail",
@@ -99,16 +147,26 @@ def run_script(
         "# An empty placeholder secret means not given: drop it so no library tries it.",
         'if [ -z "${HF_TOKEN:-}" ]; then unset HF_TOKEN; fi',
         'if [ -z "${WANDB_API_KEY:-}" ]; then unset WANDB_API_KEY; fi',
-        "# A cluster can come up smaller than the plan (`sky launch --gpus H100:2`, reused",
-        "# clusters): stop before anything heavy starts.",
-        "GPUS=$(( ${SKYPILOT_NUM_GPUS_PER_NODE:-0} * ${SKYPILOT_NUM_NODES:-1} ))",
-        'if [ "$GPUS" -lt "$MIN_GPUS" ]; then',
-        f'  echo "forgesky: error: recipe {recipe_name} needs at least $MIN_GPUS GPUs but this'
-        " cluster has $GPUS (${SKYPILOT_NUM_NODES:-1} node(s) x"
-        ' ${SKYPILOT_NUM_GPUS_PER_NODE:-0}); launch it with more" >&2',
-        "  exit 2",
-        "fi",
     ]
+    if cpu_node_gpus is not None:
+        lines += [
+            "# A CPU node for the environment workers: the run's plan is for the GPU nodes' GPUs.",
+            f"GPUS={cpu_node_gpus}",
+        ]
+    else:
+        lines += [
+            "# A cluster can come up smaller than the plan (`sky launch --gpus H100:2`, reused",
+            "# clusters): stop before anything heavy starts.",
+            "GPUS=$(( ${SKYPILOT_NUM_GPUS_PER_NODE:-0} * ${SKYPILOT_NUM_NODES:-1} ))",
+            'if [ "$GPUS" -lt "$MIN_GPUS" ]; then',
+            f'  echo "forgesky: error: recipe {recipe_name} needs at least $MIN_GPUS GPUs but this'
+            " cluster has $GPUS (${SKYPILOT_NUM_NODES:-1} node(s) x"
+            ' ${SKYPILOT_NUM_GPUS_PER_NODE:-0}); launch it with more" >&2',
+            "  exit 2",
+            "fi",
+        ]
+    if env_nodes is not None:
+        lines += joined_nodes(*env_nodes, cpu_node=cpu_node_gpus is not None)
     if code_path:
         lines += [
             "# The recipe's own code (module:function losses and rewards), for every proc.",

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from recipes.costs import predict_step, ranking_words
-from recipes.environment import env_words
+from recipes.environment import env_words, node_env_plan, planned_node
 from recipes.errors import DoesNotFit
 from recipes.memory import (
     ACCELERATOR_BYTES,
@@ -117,6 +117,8 @@ def gpu_plan(
     if shared:
         _check_shared_memory(recipe, accelerator, memory, settings, placements, rank0_only, share)
     estimate = predict_layout(recipe, accelerator, placements, settings)
+    vcpus, node = planned_node(accelerator, per_node)
+    environment = node_env_plan(recipe, False, placements, replicas, vcpus, node)
     return Plan(
         recipe_name=recipe.name,
         total_gpus=gpus,
@@ -134,7 +136,8 @@ def gpu_plan(
         idle_gpus=idle,
         reference_in_trainer=lay.reference.in_trainer,
         lora=lora_words(recipe),
-        env=env_words(recipe),
+        env=env_words(recipe, environment.workers if environment else None),
+        environment=environment,
         accelerator=accelerator,
         settings=settings,
         share=share,

@@ -44,7 +44,7 @@ controller, the weight store and the reward procs, gets one of them last.
 
 from __future__ import annotations
 
-from recipes.environment import env_words
+from recipes.environment import env_words, node_env_plan, planned_node
 from recipes.errors import DoesNotFit, UserError
 from recipes.gpu_plan import expected_paths, gpu_plan
 from recipes.memory import estimate_memory
@@ -283,6 +283,8 @@ def cpu_plan(recipe: Recipe, nodes: int) -> Plan:
         generator_replicas=lay.generator.replicas,
         expected_paths=expected_paths(recipe, tuple(placements)),
     )
+    vcpus, node = planned_node("cpu", 0)
+    environment = node_env_plan(recipe, True, placements, lay.generator.replicas, vcpus, node)
     return Plan(
         recipe_name=recipe.name,
         total_gpus=0,
@@ -299,7 +301,8 @@ def cpu_plan(recipe: Recipe, nodes: int) -> Plan:
         memory=estimate_memory(recipe),
         reference_in_trainer=lay.reference.in_trainer,
         lora=lora_words(recipe),
-        env=env_words(recipe),
+        env=env_words(recipe, environment.workers if environment else None),
+        environment=environment,
         accelerator="cpu",
         minimum_gpus=0,
         settings=settings,

@@ -34,6 +34,10 @@ LOSS_AGGREGATION: dict[str, str] = {
 # task's (builtin:<task>) or its own (module:function).
 BUILTIN_REWARDS: tuple[str, ...] = ("math", "gsm8k_format", "format")
 
+# vCPUs a CPU recipe's node has at the least: launch asks SkyPilot for `cpus: 8+` (the runtime
+# starts one process per service, recipes/layouts.py cpu_plan).
+CPU_NODE_VCPUS = 8
+
 # Environments shipped with the runtime (runtime/environments/host.py BUILTINS): a recipe's env.name
 # `builtin:<name>` names one; its own is `module:Class`, an OpenEnv Environment.
 BUILTIN_ENVIRONMENTS: tuple[str, ...] = ("python", "tiny-tools")

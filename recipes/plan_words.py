@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from recipes.environment import EnvPlan
 from recipes.lora import adapter_params, targets_words
 from recipes.memory import ACCELERATOR_BYTES, ACCELERATOR_GB, GB, PLAN_HEADROOM
 from recipes.placements import Placement, Service
@@ -87,6 +88,13 @@ class Plan:
     lora: str = ""
     # a multi-turn run: the line on its environment (recipes/environment.py `env_words`)
     env: str = ""
+    # and where its environment workers go, for the cores they need (`env_plan`)
+    environment: EnvPlan | None = field(default=None, hash=False, compare=False)
+
+    @property
+    def env_nodes(self) -> int:
+        """CPU-only nodes for the environment workers, after the run's own (env.cpu_nodes)."""
+        return self.environment.cpu_nodes if self.environment else 0
 
     def placements_of(self, service: Service) -> tuple[Placement, ...]:
         """The placements of one service, in replica order."""
@@ -101,7 +109,9 @@ class Plan:
         if not self.lora:  # a run that trains every parameter: as before LoRA was planned
             del d["reference_in_trainer"], d["lora"]
         if not self.env:  # a single-turn run
-            del d["env"]
+            del d["env"], d["environment"]
+        else:
+            d["environment"] = self.environment.to_dict() if self.environment else None
         return d
 
     def describe(self) -> str:
@@ -113,6 +123,7 @@ class Plan:
                 *self._table(),
                 *([self.lora] if self.lora else []),
                 *([self.env] if self.env else []),
+                *([self.environment.words()] if self.environment else []),
                 *self._host_lines(),
                 *self._step_lines(),
                 *self._gpu_memory_lines(),

@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any
 
 from recipes.costs import ranking_words
+from recipes.environment import check_env_plan
 from recipes.errors import DoesNotFit, UserError
 from recipes.gpu_plan import dedicated_gpus, predict_layout
 from recipes.layouts import (
@@ -151,6 +152,7 @@ def plan(
         if recipe.kind == "sft":
             return sft_plan(recipe, 0, 0, nodes, "cpu")
         cpu = cpu_plan(recipe, nodes or 1)
+        check_env_plan(recipe, cpu.environment)
         if cpu.settings is not None:
             check_push_buffer(recipe, cpu.settings.weight_sync)
         return cpu
@@ -201,6 +203,7 @@ def plan(
     )
     candidates = tuple(dataclasses.replace(c, chosen=p is best) for p, c in weighed)
     _check_mps_shares(best)
+    check_env_plan(recipe, best.environment)
     if best.settings is not None:
         check_push_buffer(recipe, best.settings.weight_sync)
     return dataclasses.replace(

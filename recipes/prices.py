@@ -23,7 +23,8 @@ SNAPSHOT_DATE = "2026-11-29"
 @dataclass(frozen=True)
 class Offer:
     """One instance type: `count` GPUs of `accelerator` on `cloud`, its cheapest hourly price
-    over the catalog's regions (None: not sold that way) and that region."""
+    over the catalog's regions (None: not sold that way) and that region, and its vCPUs (None
+    where the catalog lists none)."""
 
     cloud: str
     accelerator: str
@@ -33,6 +34,7 @@ class Offer:
     on_demand_region: str | None
     spot: float | None
     spot_region: str | None
+    vcpus: float | None = None
 
     def price(self, spot: bool) -> float | None:
         return self.spot if spot else self.on_demand
@@ -66,6 +68,16 @@ class PriceBook:
             and (cloud is None or o.cloud == cloud)
         ]
         return min(sold, key=lambda o: (o.price(spot), o.cloud), default=None)
+
+    def fewest_vcpus(self, accelerator: str, per_node: int) -> Offer | None:
+        """The offer of `per_node` GPUs of `accelerator` with the fewest vCPUs (the least a
+        node of them has, whichever cloud SkyPilot picks), or None."""
+        listed = [
+            o
+            for o in self.offers
+            if o.accelerator == accelerator and o.count == per_node and o.vcpus is not None
+        ]
+        return min(listed, key=lambda o: (o.vcpus, o.cloud), default=None)
 
     def counts(self, accelerator: str) -> tuple[int, ...]:
         """GPUs a node of `accelerator` comes with in some offer."""

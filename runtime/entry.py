@@ -208,7 +208,19 @@ def parse_config(argv: list[str] | None, prog: str = "python -m runtime", named:
     _check_model_folder(recipe)
     gpus = args.gpus if args.gpus is not None else _default_gpus(recipe)
     cluster = cluster_from_env(port=args.worker_port)
-    nodes = args.nodes if args.nodes is not None else (cluster.nodes if recipe.cpu else None)
+    nodes = args.nodes
+    env = getattr(recipe, "env", None)
+    if nodes is None and recipe.cpu:
+        # the cluster's nodes less the CPU nodes the recipe names for its environments
+        extra = env.cpu_nodes if env is not None and env.cpu_nodes != "auto" else 0
+        nodes = max(1, cluster.nodes - extra)
+    if env is not None and env.cpu_nodes == "auto" and not recipe.cpu:
+        # CPU nodes for the environments are those the cluster has beyond the run's own (a
+        # job group's envs task, launcher/task.py); on one machine none: node 0's cores serve
+        recipe = apply_overrides(recipe, ["env.cpu_nodes=0"])
+        own = plan(recipe, gpus, nodes=nodes, accelerator=_accelerator(recipe)).num_nodes
+        if cluster.nodes > own:
+            recipe = apply_overrides(recipe, [f"env.cpu_nodes={cluster.nodes - own}"])
     run_plan = plan(recipe, gpus, nodes=nodes, accelerator=_accelerator(recipe))
     check_local_data(recipe)  # an SFT recipe's local data, before anything starts
     if args.join_timeout <= 0:

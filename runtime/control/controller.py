@@ -88,8 +88,15 @@ class Controller:
         if getattr(self.recipe, "env", None) is not None:
             from runtime.episodes.rollout import EpisodeRollout
 
-            # the environment workers: stopped with the run (stop_environments)
-            self.episodes = await EpisodeRollout.start(self.recipe, environments=self.environments)
+            # the environment workers: node 0's started before the services (run.py), the CPU
+            # nodes' (plan env.cpu_nodes) beside them; stopped with the run (stop_environments)
+            environments = self.environments
+            nodes = getattr(self.services, "environment_nodes", [])
+            if nodes:
+                from runtime.environments.start import onto_nodes
+
+                environments = await onto_nodes(environments, self.recipe.env, nodes)
+            self.episodes = await EpisodeRollout.start(self.recipe, environments=environments)
         self.rollouts = Rollouts(
             self.recipe.grpo,
             self.services,

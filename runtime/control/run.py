@@ -297,10 +297,12 @@ async def _main(life: RunLifecycle, config: RunConfig) -> None:
     if getattr(recipe, "env", None) is not None:
         # before any service: an environment that cannot be hosted (not importable, tools the
         # chat template cannot express, no sandbox) ends the run in one line with no GPU held
-        from runtime.environments.start import start_environments
+        from runtime.environments.start import node_workers, start_environments
 
-        print(f"starting environment workers ({recipe.env.workers_per_node}) ...", flush=True)
-        environments = await start_environments(recipe.env)
+        # as many as the plan says for this node's cores, or env.workers_per_node
+        workers = node_workers(recipe, config.plan)
+        print(f"starting environment workers ({workers}) ...", flush=True)
+        environments = await start_environments(recipe.env, workers=workers)
         life.register("environment workers", environments.shutdown, timeout=15.0)
     start = time.perf_counter()
     services = ["weight store", "trainer", "generator"]

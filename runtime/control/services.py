@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
@@ -82,6 +82,8 @@ class Services:
     watchdog: Watchdog | None = None  # deadlines for every call (None: wait as long as it takes)
     # A LoRA run's reference: the base with the adapter off, scored by the trainer's ranks.
     reference_in_trainer: bool = False
+    # The CPU nodes' environment hosts (runtime/environments/nodes.py): (name, actor, workers)
+    environment_nodes: list[tuple[str, Any, int]] = field(default_factory=list)
 
     @property
     def generators(self) -> int:

@@ -151,7 +151,13 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
             for _ in refs[:1]
         ),
     ]
-    meshes = await asyncio.gather(*spawns)
+    from runtime.environments.nodes import start_environment_nodes
+
+    # the CPU nodes' environment hosts start beside the services (their workers with the run's
+    # episodes, runtime/control/controller.py)
+    meshes, env_nodes = await asyncio.gather(
+        asyncio.gather(*spawns), start_environment_nodes(life, hosts, plan)
+    )
     trainer = meshes[0].spawn_actor(TrainerActor)
     reward = meshes[1].spawn_actor(RewardActor)
     generators = [m.spawn_actor(GeneratorActor) for m in meshes[2 : 2 + len(gens)]]
@@ -216,6 +222,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
         pad_id,
         watchdog=Watchdog(recipe.watchdog, places=_places(plan)),
         reference_in_trainer=plan.reference_in_trainer,
+        environment_nodes=env_nodes,
     )
 
 

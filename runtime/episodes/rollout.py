@@ -56,10 +56,12 @@ class EpisodeRollout:
         *,
         in_process: bool = False,
         environments: Any = None,
+        workers: int | None = None,
     ) -> EpisodeRollout:
-        """The run's episodes, their environment workers started (`in_process`: hosted in this
-        process instead, for tests; `environments`: a hosting started already). A hosting that
-        cannot start ends the run in one line."""
+        """The run's episodes, their environment workers started (`workers` of them, by default
+        env.workers_per_node; `in_process`: hosted in this process instead, for tests;
+        `environments`: a hosting started already). A hosting that cannot start ends the run in
+        one line."""
         from runtime.environments.start import start_environments
 
         if tokenizer is None:
@@ -68,7 +70,9 @@ class EpisodeRollout:
             tokenizer = load_tokenizer(recipe)
         fmt = tool_format(recipe.model.family, tokenizer, recipe.model.thinking)
         if environments is None:
-            environments = await start_environments(recipe.env, in_process=in_process)
+            environments = await start_environments(
+                recipe.env, in_process=in_process, workers=workers
+            )
         return cls(environments, fmt, limits_of(recipe), recipe.grpo.group_size)
 
     async def shutdown(self) -> None:

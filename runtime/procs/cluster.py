@@ -113,7 +113,7 @@ def check_plan_fits(plan: Any, cluster: Cluster, available_bytes: int | None = N
     """Raise UserError unless the plan uses exactly the cluster's nodes and node 0 has the host
     memory the plan needs (a reference on the CPU, checkpoint writes staged in memory, the
     export at the end writing a file at a time; `available_bytes`: this host's, by default)."""
-    if plan.num_nodes != cluster.nodes:
+    if plan.num_nodes + getattr(plan, "env_nodes", 0) != cluster.nodes:
         _wrong_nodes(plan, cluster)
     reference = getattr(plan, "reference_host_gb", None) or 0.0
     staged = getattr(plan, "checkpoint_host_gb", None) or 0.0
@@ -145,7 +145,10 @@ def _wrong_nodes(plan: Any, cluster: Cluster) -> None:
         else f"this is one machine ({IPS_ENV} not set)"
     )
     what = f"{plan.total_gpus} GPUs" if not plan.cpu else "CPU"
-    nodes = f"{plan.num_nodes} node{'s' if plan.num_nodes != 1 else ''}"
+    count = plan.num_nodes + getattr(plan, "env_nodes", 0)
+    nodes = f"{count} node{'s' if count != 1 else ''}"
+    if getattr(plan, "env_nodes", 0):
+        nodes += f" ({plan.env_nodes} of them CPU nodes for the environments)"
     raise UserError(
         f"the plan for {plan.recipe_name} on {what} uses {nodes} but {where}; "
         f"run it on {nodes} (forgesky launch sets num_nodes)"
