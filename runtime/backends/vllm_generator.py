@@ -505,8 +505,9 @@ class VLLMGenerator:
         """Stop the engine and free its GPU memory (tests build more than one engine).
 
         With TP>1, or an engine core of its own, the workers hold vLLM's process groups and the
-        engine's shutdown ends them; this process has none to tear down. (TP=2 engines took the runtime's 30 s stop bound,
-        the workers gone after 3 s: each part that takes long says so on stderr.)"""
+        engine's shutdown ends them; this process has none to tear down. (TP=2 engines took the
+        runtime's 30 s stop bound, the workers gone after 3 s: each part that takes long says so
+        on stderr.)"""
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             with _took("the engine's shutdown"):

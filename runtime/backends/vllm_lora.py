@@ -9,8 +9,8 @@ otherwise (TP>1, or an engine core of its own process) vLLM's public `add_lora` 
 path, so it is first written as a PEFT folder in shared memory,
 `/dev/shm/forgesky-lora-<pid>-<n>/v<v>/` (runtime.models.peft_format; n counts the engines this
 process made). The previous version is then removed (and its folder deleted). Two slots
-(`max_loras=2`) let v load while v-1 is still registered. vLLM keys its prefix cache on the adapter's name, new with every version, so no cache
-reset is needed.
+(`max_loras=2`) let v load while v-1 is still registered. vLLM keys its prefix cache on the
+adapter's name, new with every version, so no cache reset is needed.
 """
 
 from __future__ import annotations
