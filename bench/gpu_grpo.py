@@ -17,7 +17,10 @@ step at the run's measured lengths and the measured step over it.
 
 `vllm` runs the same prompts and sampling through a `VLLMGenerator` alone on the GPU: the
 throughput the loop's generation is compared with, a 512-sequence point, and the in-engine
-weight-load rate.
+weight-load rate. `--engine` puts vLLM's engine core in this process (as the generator runs it by
+default) or in a process of its own (vLLM's default; `--set generator.engine=separate` does the
+same for `grpo`'s generator); both sections record which ran (`engine`), and a GRPO section's
+ratio to vLLM alone names the engine alone ran (`standalone_engine`).
 
 `train` times the trainer alone (`FSDPTrainer.train_step`, the GRPO loss, random weights and
 tokens) on `--sequences` sequences of `--seq-len` tokens (the last `--response-share` of each is
@@ -237,6 +240,8 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": wall,
         "run_summary": run_summary,
         "set_by_hand": list(args.set or []),
+        # where vLLM's engine core ran: in the generator's process or one of its own
+        "engine": run_plan.settings.generator.engine,
         **written,
         "settings": run_plan.settings.to_dict(),
         **prediction(recipe, run_plan, summary),
@@ -478,25 +483,22 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         # what a plan gives a generator with a GPU of its own
         gpu_memory_utilization=ALONE_GPU_SHARE,
         seed=g.seed,
-        # --engine separate: the engine core in a process of its own (vLLM's default), where
-        # weights cannot be loaded: it samples with vLLM's random weights
+        # --engine separate: the engine core in a process of its own (vLLM's default)
         engine_in_process=args.engine == "in-process",
     )
-    nbytes = load_cpu_s = load_gpu_s = None
-    if gen.engine_in_process:
-        # The GRPO run's initial weights (TorchTitan init, bf16; built on the CPU, the engine
-        # holds most of the GPU), loaded as the actor loads them: from CPU tensors; then from
-        # GPU tensors.
-        model = build_model(spec, "cpu")
-        on_cpu = {k: v.to(torch.bfloat16) for k, v in to_hf(model.state_dict(), spec).items()}
-        del model
-        nbytes = sum(t.numel() * t.element_size() for t in on_cpu.values())
-        gen.load_weights(on_cpu)
-        load_cpu_s = gen.load_seconds
-        on_gpu = {k: v.cuda() for k, v in on_cpu.items()}
-        gen.load_weights(on_gpu)
-        load_gpu_s = gen.load_seconds
-        del on_gpu, on_cpu
+    # The GRPO run's initial weights (TorchTitan init, bf16; built on the CPU, the engine holds
+    # most of the GPU), loaded as the actor loads them: from CPU tensors; then from GPU tensors
+    # (into an engine of its own process both go through a file in /dev/shm).
+    model = build_model(spec, "cpu")
+    on_cpu = {k: v.to(torch.bfloat16) for k, v in to_hf(model.state_dict(), spec).items()}
+    del model
+    nbytes = sum(t.numel() * t.element_size() for t in on_cpu.values())
+    gen.load_weights(on_cpu)
+    load_cpu_s = gen.load_seconds
+    on_gpu = {k: v.cuda() for k, v in on_cpu.items()}
+    gen.load_weights(on_gpu)
+    load_gpu_s = gen.load_seconds
+    del on_gpu, on_cpu
 
     usage: list[dict[str, float]] = []
 
@@ -530,7 +532,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "recipe": recipe.name,
         "engine": args.engine,
-        "weights": "torchtitan init" if gen.engine_in_process else "vllm dummy (random)",
+        "weights": "torchtitan init",
         "init_s": gen.init_seconds,
         "logprobs_mode": gen.logprobs_mode,
         "tensor_parallel_size": gen.tensor_parallel_size,
@@ -737,6 +739,7 @@ def compare(result: dict[str, Any]) -> None:
             section["generation_to_standalone"] = per(
                 section.get("generation_tokens_per_s"), alone.get("generation_tokens_per_s")
             ) if same_batch else None  # fmt: skip
+            section["standalone_engine"] = alone.get("engine")
         if trl and section.get("recipe") == "qwen3-1.7b":
             section["samples_per_s_to_trl"] = per(
                 section.get("samples_per_s_per_gpu"), trl.get("samples_per_s_per_gpu")
@@ -882,8 +885,8 @@ def main() -> int:
         "--engine",
         choices=["in-process", "separate"],
         default="in-process",
-        help="vllm: the engine core in this process (as the generator runs it) or in a process "
-        "of its own (vLLM's default; random weights)",
+        help="vllm: the engine core in this process (the generator's default) or in a process "
+        "of its own (vLLM's default; the generator's with --set generator.engine=separate)",
     )
     p.add_argument("--sequences", type=int, default=64, help="train: sequences per step")
     p.add_argument("--seq-len", type=int, default=2048, help="train: tokens per sequence")

@@ -139,6 +139,10 @@ class GeneratorSettings(Strict):
     kv_cache_gb: float | Auto = "auto"
     # no torch.compile / CUDA graphs: a faster start, slower decoding
     enforce_eager: bool = False
+    # where vLLM's engine core runs: in the generator's process (its engine loop shares that
+    # process's GIL with the actor's threads) or in a process of its own, vLLM's default (one
+    # more process and CUDA context; weights cross by CUDA IPC handle or a file in /dev/shm)
+    engine: Literal["in-process", "separate"] = "in-process"
 
     @field_validator("gpu_memory_utilization")
     @classmethod

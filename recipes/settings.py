@@ -77,6 +77,7 @@ class GeneratorSettings:
     gpu_memory_utilization: float
     kv_cache_gb: float | None  # None: vLLM profiles the GPU
     enforce_eager: bool
+    engine: str  # vLLM's engine core: in-process or separate
     # a LoRA run on vLLM: the engine's adapter rank and how many adapters it holds at once
     max_lora_rank: int | None = None
     max_loras: int | None = None
@@ -165,7 +166,7 @@ class Settings:
         return lines
 
 
-_GPU_ONLY = ("gpu_memory_utilization", "kv_cache_gb", "enforce_eager", "compile")
+_GPU_ONLY = ("gpu_memory_utilization", "kv_cache_gb", "enforce_eager", "engine", "compile")
 _LORA_ONLY = ("max_lora_rank", "max_loras")
 
 
@@ -221,7 +222,7 @@ def plan_settings(
     slots: tuple[int | None, int | None] = (None, None)
     if lora is not None and backend == "vllm":
         slots = (max_lora_rank(lora.rank), VLLM_MAX_LORAS)
-    generator = GeneratorSettings(backend, share, kv, gen.enforce_eager, *slots)
+    generator = GeneratorSettings(backend, share, kv, gen.enforce_eager, gen.engine, *slots)
 
     ranks = pick("trainer", "ranks", 1 if cpu else trainer_gpus)
     sync = recipe.weight_sync
@@ -266,7 +267,7 @@ def plan_settings(
             )
         elif "generator.gpu_memory_utilization" in planned and share > room:
             share = room
-            generator = GeneratorSettings(backend, share, kv, gen.enforce_eager, *slots)
+            generator = GeneratorSettings(backend, share, kv, gen.enforce_eager, gen.engine, *slots)
     reserve = flat
     if not cpu and "trainer" in shared:
         # what stays on the trainer's GPUs through its turn: the others' weights and caches

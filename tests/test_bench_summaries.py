@@ -72,11 +72,13 @@ def test_compare_sets_ratios_to_trl_and_standalone_vllm():
             "recipe": "qwen3-1.7b",
             "generation_tokens_per_s": 20000.0,
             "sequences_per_call": 128,
+            "engine": "separate",
         },
         "trl": {"samples_per_s_per_gpu": 10.0},
         "one_gpu": {
             "records": [],
             "recipe": "qwen3-1.7b",
+            "engine": "in-process",
             "samples_per_s_per_gpu": 15.0,
             "sequences_per_generate_call": 128,
             "generation_tokens_per_s": 19000.0,
@@ -98,6 +100,11 @@ def test_compare_sets_ratios_to_trl_and_standalone_vllm():
     gpu_grpo.compare(result)
     assert result["one_gpu"]["samples_per_s_to_trl"] == pytest.approx(1.5)
     assert result["one_gpu"]["generation_to_standalone"] == pytest.approx(0.95)
+    # the engine of each side named: the loop's in-process engine against vLLM's own default
+    assert (result["one_gpu"]["engine"], result["one_gpu"]["standalone_engine"]) == (
+        "in-process",
+        "separate",
+    )
     # a bigger batch than vLLM alone ran is not compared with it
     assert result["two_steps_a_call"]["samples_per_s_to_trl"] == pytest.approx(2.0)
     assert result["two_steps_a_call"]["generation_to_standalone"] is None

@@ -377,6 +377,14 @@ def test_an_impossible_clip_is_one_line_in_a_file_and_with_set(capsys, tmp_path,
     assert no_cloud == []
 
 
+def test_an_engine_mode_vllm_has_not_is_one_line(capsys, no_cloud):
+    code, _, err = run_main(capsys, "validate", "tiny", "--set", "generator.engine=both")
+    assert_user_error(
+        code, err, "generator.engine: Input should be 'in-process' or 'separate' (got 'both')"
+    )
+    assert no_cloud == []
+
+
 def test_unknown_set_key(capsys, no_cloud):
     code, _, err = run_main(capsys, "render", "qwen3-8b", "--set", "grpo.stepz=3")
     assert_user_error(code, err, "grpo.stepz")

@@ -5,8 +5,17 @@ trainer)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.machinery
+import inspect
 import json
+import os
+import sys
+import types
+from functools import partial
+from typing import Any
 
+import msgpack
 import pytest
 import torch
 from runtime_helpers import token_batch
@@ -229,3 +238,293 @@ def test_a_generator_load_is_read_back_and_a_nan_version_named_as_such():
     nan = {"model.norm.weight": torch.tensor([1.0, float("nan"), 1.0, 1.0])}
     with pytest.raises(RuntimeError, match="hold NaN or infinite values"):
         load_on_worker(_Worker(_Model()), nan)
+
+
+# --- the engine core in this process or in one of its own ----------------------------------------
+
+
+class _Rank:
+    """What `vllm.distributed.get_tensor_model_parallel_rank` answers in the worker running."""
+
+    value = 0
+
+
+class _Engine:
+    """The part of vLLM's `LLMEngine` the generator calls: LoRA registration and shutdown."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[str, list[str]]] = []
+        self.engine_core = type("Core", (), {"shutdown": lambda self: None})()
+
+    def add_lora(self, request) -> bool:
+        self.added.append((request.lora_path, sorted(os.listdir(request.lora_path))))
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return True
+
+
+def _tuple(obj: Any) -> list:
+    if type(obj) is tuple:
+        return list(obj)
+    raise TypeError(f"msgpack carries no {type(obj).__name__}")
+
+
+def _over_msgpack(value: Any) -> Any:
+    """`value` after msgpack and back, with no hook for anything but plain values (exact
+    types: a tensor, a class, a dtype, a torch.Size or a named tuple is refused)."""
+    return msgpack.unpackb(msgpack.packb(value, default=_tuple, strict_types=True), raw=False)
+
+
+class _LLM:
+    """vLLM's `LLM` where no vLLM runs, on workers of this process that each hold a `_Model`.
+
+    `collective_rpc` runs a call on each worker as vLLM would for the engine the environment
+    asks for: in this process a function gets the worker and the arguments as they are; for
+    an engine core of its own process the call is a method of `worker_extension_cls` (resolved
+    from its name, mixed into the worker's class as vLLM does) by name, and the arguments and
+    results go through msgpack and back (vLLM's client refuses a function there, and what
+    msgpack cannot carry would not arrive)."""
+
+    made: list[_LLM] = []
+
+    def __init__(self, **kwargs) -> None:
+        self.kwargs = kwargs
+        self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        worker_cls: type = _Worker
+        if kwargs.get("worker_extension_cls"):
+            module, _, name = kwargs["worker_extension_cls"].rpartition(".")
+            worker_cls = type(
+                "Worker", (_Worker, getattr(importlib.import_module(module), name)), {}
+            )
+        self.workers = [worker_cls(_Model()) for _ in range(kwargs["tensor_parallel_size"])]
+        self.calls: list[tuple[Any, Any]] = []
+        self.resets = 0
+        self.llm_engine = _Engine()
+        _LLM.made.append(self)
+
+    def collective_rpc(self, method, args=()):
+        if not self.in_process:
+            if not isinstance(method, str):
+                raise TypeError(f"{method!r} is not serializable without pickle")
+            args = _over_msgpack(list(args))
+        self.calls.append((method, args))
+        out = []
+        for rank, worker in enumerate(self.workers):
+            _Rank.value = rank
+            call = getattr(worker, method) if isinstance(method, str) else partial(method, worker)
+            out.append(call(*args))
+        if not self.in_process:
+            out = _over_msgpack(out)
+        return out
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        self.resets += 1
+        return True
+
+
+@pytest.fixture
+def no_vllm(monkeypatch):
+    """`vllm` as the generator imports it, with `_LLM` as its engine; the environment it sets
+    put back afterwards."""
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    modules = {name: types.ModuleType(name) for name in _FAKE_VLLM}
+    for name, attrs in _FAKE_VLLM.items():
+        vars(modules[name]).update(attrs)
+        modules[name].__spec__ = importlib.machinery.ModuleSpec(name, None)
+        monkeypatch.setitem(sys.modules, name, modules[name])
+    modules["vllm"].envs = modules["vllm.envs"]
+    _LLM.made.clear()
+    return _LLM.made
+
+
+_FAKE_VLLM: dict[str, dict[str, Any]] = {
+    "vllm": {"LLM": _LLM},
+    "vllm.envs": {"disable_envs_cache": lambda: None},
+    "vllm.distributed": {"get_tensor_model_parallel_rank": lambda: _Rank.value},
+    "vllm.lora": {},
+    "vllm.lora.request": {
+        "LoRARequest": lambda name, id_, path: types.SimpleNamespace(
+            lora_name=name, lora_int_id=id_, lora_path=path
+        )
+    },
+}
+PROBE = {"model.norm.weight": torch.full((4,), 2.0)}
+
+
+def _generator(separate: bool, tp: int = 1, **kwargs):
+    from runtime.backends.vllm_generator import VLLMGenerator
+
+    return VLLMGenerator(
+        SPEC,
+        eos_token_id=1,
+        pad_token_id=0,
+        max_model_len=64,
+        tensor_parallel_size=tp,
+        engine_in_process=not separate,
+        **kwargs,
+    )
+
+
+def _flat(weights):
+    from runtime.weights.flat import fill, flat_layout
+
+    entries, total = flat_layout(weights)
+    flat = torch.zeros(total, dtype=torch.uint8)
+    fill(flat, entries, weights)
+    return flat, entries
+
+
+def _cuda_handle(tag: int, nbytes: int = 256):
+    """A CUDA IPC handle laid out as torch's `reduce_tensor` makes one for a flat uint8 buffer
+    on GPU 0 (no GPU here: made by hand)."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    return rebuild_cuda_tensor, (
+        torch.Tensor,
+        torch.Size([nbytes]),
+        (1,),
+        0,
+        torch.TypedStorage,
+        torch.uint8,
+        0,
+        bytes([tag]) * 64,
+        nbytes,
+        0,
+        False,
+        f"/torch_{tag}_1_0".encode(),
+        tag,
+        bytes([tag + 1]) * 64,
+        True,
+    )
+
+
+def test_the_engine_mode_reaches_vllm_and_a_separate_engine_gets_the_worker_extension(no_vllm):
+    inside, apart = _generator(separate=False), _generator(separate=True)
+    assert (no_vllm[0].in_process, no_vllm[1].in_process) == (True, False)
+    assert "worker_extension_cls" not in no_vllm[0].kwargs
+    assert (
+        no_vllm[1].kwargs["worker_extension_cls"] == "runtime.backends.vllm_worker.WorkerExtension"
+    )
+    assert (inside.ipc_opens, apart.ipc_opens, _generator(True, tp=2).ipc_opens) == (1, 1, 2)
+    # the recipe's setting, through the generator proc's build (a GPU it is told it has)
+    recipe = apply_overrides(load_recipe("tiny-gpu"), ["generator.engine=separate"])
+    settings = plan(recipe, 1).settings.generator
+    assert settings.engine == "separate"
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(services, "device", lambda: torch.device("cuda"))
+        m.setattr(torch.cuda, "device_count", lambda: 1)
+        built = services.GeneratorConfig(recipe, settings).build(services.load_tokenizer(recipe))
+    assert not built.engine_in_process and not no_vllm[-1].in_process
+    assert no_vllm[-1].kwargs["worker_extension_cls"].endswith("WorkerExtension")
+
+
+def test_a_separate_engine_loads_host_tensors_from_a_file_it_is_given_the_path_of(no_vllm):
+    gen = _generator(separate=True)
+    llm = no_vllm[0]
+    gen.load_weights(PROBE)
+    gen.load_flat(*_flat({"model.norm.weight": torch.full((4,), 3.0)}))  # a buffer on the host
+    assert [method for method, _ in llm.calls] == ["forgesky_load_file"] * 2
+    for _, (path,) in llm.calls:
+        assert path.endswith(".safetensors") and not os.path.exists(path)  # read, then deleted
+    assert torch.equal(llm.workers[0].model.model["norm"].weight.detach(), torch.full((4,), 3.0))
+    assert llm.resets == 2  # the prefix cache after each version
+    # a version that misses a parameter is refused by name, as in this process
+    with pytest.raises(KeyError, match=r"no weight for \['model.norm.weight'\]"):
+        gen.load_weights({})
+
+
+def test_in_this_process_host_tensors_go_to_the_worker_as_they_are(no_vllm, monkeypatch):
+    from runtime.backends.vllm_worker import load_on_worker
+    from runtime.weights import ipc
+
+    gen = _generator(separate=False)
+    llm = no_vllm[0]
+    gen.load_weights(PROBE)
+    (method, (sent,)) = llm.calls[0]
+    assert method is load_on_worker and sent is PROBE
+    # a CUDA IPC version is opened here, by this process, and its views go the same way
+    flat, entries = _flat(PROBE)
+    opened = []
+    monkeypatch.setattr(ipc, "open_ipc", lambda h: opened.append(h) or flat)
+    handle = _cuda_handle(5)
+    gen.load_ipc([handle], entries)
+    assert opened == [handle] and llm.calls[1][0] is load_on_worker
+
+
+def test_a_separate_engine_opens_each_cuda_ipc_handle_in_its_own_worker_from_plain_values(
+    no_vllm, monkeypatch
+):
+    from runtime.weights import ipc
+
+    weights = {"model.norm.weight": torch.full((4,), 4.0)}
+    flat, entries = _flat(weights)
+    opened = []
+
+    def open_ipc(handle):  # the worker's side: what arrived, and who opened it
+        opened.append((_Rank.value, handle))
+        return flat
+
+    monkeypatch.setattr(ipc, "open_ipc", open_ipc)
+    gen = _generator(separate=True, tp=2)
+    llm = no_vllm[0]
+    handles = [_cuda_handle(1), _cuda_handle(2)]
+    with pytest.raises(ValueError, match="1 CUDA IPC handles for 2 openers"):
+        gen.load_ipc(handles[:1], entries)
+    gen.load_ipc(handles, entries)
+    ((method, _),) = llm.calls
+    assert method == "forgesky_load_ipc"
+    # each worker its own handle, once, as plain values equal to the handle's plain form
+    assert [(rank, h["handle"]) for rank, h in opened] == [(0, b"\x01" * 64), (1, b"\x02" * 64)]
+    assert [h for _, h in opened] == [ipc.plain_handle(h) for h in handles]
+    for worker in llm.workers:
+        assert torch.equal(worker.model.model["norm"].weight.detach(), weights["model.norm.weight"])
+    assert llm.resets == 1
+
+
+def test_a_plain_cuda_ipc_handle_opens_with_the_arguments_torch_exported(monkeypatch):
+    """The plain form carries every argument of torch's `rebuild_cuda_tensor` (checked against
+    its signature), survives msgpack, and gives them back as torch made them."""
+    from torch.multiprocessing import reductions
+
+    from runtime.weights import ipc
+
+    params = list(inspect.signature(reductions.rebuild_cuda_tensor).parameters)
+    assert len(params) == len(ipc._ARGS) + 1 and params[0] == "tensor_cls"
+    handle = _cuda_handle(9)
+    plain = ipc.plain_handle(handle)
+    wire = _over_msgpack(plain)
+    assert wire == plain
+    seen = []
+    monkeypatch.setattr(reductions, "rebuild_cuda_tensor", lambda *a: seen.append(a) or "opened")
+    assert ipc.open_ipc(wire) == "opened"
+    (args,) = seen
+    assert args == handle[1] and args[0] is torch.Tensor and args[4] is torch.TypedStorage
+    assert args[5] is torch.uint8 and isinstance(args[7], bytes)
+    with pytest.raises(ValueError, match="only a CUDA IPC handle of a plain tensor"):
+        ipc.plain_handle((reductions.rebuild_meta_tensor, handle[1]))
+    with pytest.raises(ValueError, match="unknown storage 'FloatStorage'"):
+        ipc.open_ipc({**plain, "storage": "FloatStorage"})
+    with pytest.raises(ValueError, match="has the fields"):
+        ipc.open_ipc({k: v for k, v in plain.items() if k != "event"})
+
+
+def test_a_separate_engine_takes_lora_versions_from_a_folder_never_from_memory(no_vllm):
+    from recipes.run_sections import Lora
+    from runtime.models.peft_format import adapter_layout
+
+    lora = Lora(rank=8, alpha=16)
+    inside, apart = _generator(False, lora=lora), _generator(True, lora=lora)
+    assert inside.slots.from_memory is not None and apart.slots.from_memory is None
+    assert apart.ipc_opens == 1  # this process opens an adapter and writes it out
+    tensors = {name: torch.zeros(shape) for name, shape in adapter_layout(SPEC, lora).items()}
+    apart.incoming_version = 0
+    apart.load_weights(tensors)
+    ((path, files),) = no_vllm[1].llm_engine.added
+    assert path == str(apart.slots.folder(0))
+    assert files == ["adapter_config.json", "adapter_model.safetensors"]
+    assert no_vllm[1].calls == [] and no_vllm[1].resets == 0  # no weight RPC, no reset
+    apart.close()
+    assert not apart.slots.root.exists()

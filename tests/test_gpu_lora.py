@@ -3,9 +3,10 @@ a GPU machine with vllm).
 
 The base is a small random Qwen3 saved as a Hugging Face folder, which the engine loads itself;
 versions are adapters alone (PEFT names), handed to vLLM from memory (or, as for an engine of
-other processes, as a folder in /dev/shm). Sampled log-probs are
-checked against the base with the adapter merged in Hugging Face names (runtime.models.peft_format)
-and scored by the trainer's code, within the tolerance tests/test_gpu_vllm.py uses.
+other processes, as a folder in /dev/shm: one test builds an engine whose core runs in a process
+of its own). Sampled log-probs are checked against the base with the adapter merged in Hugging
+Face names (runtime.models.peft_format) and scored by the trainer's code, within the tolerance
+tests/test_gpu_vllm.py uses.
 """
 
 from __future__ import annotations
@@ -36,16 +37,21 @@ def w0():
 
 
 @pytest.fixture(scope="module")
-def engine(w0, tmp_path_factory):
-    from runtime.backends.vllm_generator import VLLMGenerator
-
-    base = write_hf_model(
+def base(w0, tmp_path_factory):
+    """The base as a Hugging Face folder, which the engines load themselves."""
+    return write_hf_model(
         to_hf(w0, SMALL),
         SMALL,
         tmp_path_factory.mktemp("base") / "model",
         tokenizer=char_tokenizer(SMALL.vocab_size),
         temperature=T,
     )
+
+
+@pytest.fixture(scope="module")
+def engine(base):
+    from runtime.backends.vllm_generator import VLLMGenerator
+
     free_gpu_memory()
     gen = VLLMGenerator(
         SMALL,
@@ -154,6 +160,54 @@ def test_a_version_from_a_folder_as_an_engine_of_its_own_process_takes_it(engine
         _samples_are(engine, w0, tensors, {"the base alone": w0}, seed=4)
     finally:
         slots.from_memory = from_memory
+
+
+def test_an_engine_of_its_own_process_takes_each_version_from_a_folder(base, w0):
+    """`generator.engine separate`: the worker is another process, so versions go in as PEFT
+    folders in /dev/shm (never from memory) through vLLM's add_lora, which crosses into the
+    engine's process; its samples are the merged model's, and the next version replaces the
+    one before."""
+    from runtime.backends.vllm_generator import VLLMGenerator
+
+    free_gpu_memory()
+    gen = VLLMGenerator(
+        SMALL,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        max_model_len=256,
+        temperature=T,
+        top_p=1.0,
+        gpu_memory_utilization=0.25,
+        seed=0,
+        model_dir=base,
+        max_num_seqs=64,
+        lora=LORA,
+        engine_in_process=False,
+    )
+    print(f"vLLM engine of its own process with LoRA ready in {gen.init_seconds:.1f} s")
+    try:
+        slots, core = gen.slots, gen.llm.llm_engine
+        assert slots.from_memory is None and gen.ipc_opens == 1
+        versions = {v: adapter(seed=10 + v) for v in (0, 1)}
+        for v, tensors in versions.items():
+            gen.incoming_version = v
+            gen.load_weights(tensors)
+            print(
+                f"adapter version {v} into the separate engine in {gen.load_seconds * 1e3:.1f} ms"
+            )
+            assert set(core.list_loras()) == {v + 1} and slots.current.lora_name == f"policy-v{v}"
+        assert sorted(p.name for p in slots.root.iterdir()) == ["v1"]  # v0's folder went with it
+        _samples_are(
+            gen,
+            w0,
+            versions[1],
+            {"the base alone": w0, "version 0": merged(w0, versions[0])},
+            seed=6,
+        )
+    finally:
+        gen.close()
+        free_gpu_memory()
+    assert not gen.slots.root.exists()
 
 
 def test_an_exported_adapter_folder_serves_the_same_policy(engine, w0, tmp_path):

@@ -184,6 +184,86 @@ def test_incomplete_weights_are_refused(engine, w0):
     engine.load_weights(_hf(w0))
 
 
+def _greedy(engine, prompts) -> list[list[int]]:
+    """Each prompt alone, greedy: one sequence a step, so two engines of the same settings run
+    the same kernels on the same shapes whatever order their requests arrive in."""
+    return [
+        engine.generate([p], n=1, max_new_tokens=MAX_NEW, temperature=0.0, logprobs=False)[
+            0
+        ].response_ids
+        for p in prompts
+    ]
+
+
+def test_an_engine_of_its_own_process_loads_every_weight_path(engine, w0):
+    """`generator.engine separate`: vLLM's engine core in a process of its own takes a full
+    version by each weight path (host tensors as the store hands them over, a flat buffer of
+    this process as the push path leaves one, another process's buffer by CUDA IPC) and then
+    samples exactly what this process's engine samples with the same weights; the CUDA IPC
+    buffer is free once its one opener, the engine's worker, let go of it."""
+    from runtime.backends.vllm_generator import VLLMGenerator
+    from runtime.weights.flat import fill, flat_layout
+    from runtime.weights.ipc import export_ipc
+
+    free_gpu_memory()
+    separate = VLLMGenerator(
+        SMALL,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        max_model_len=256,
+        temperature=T,
+        top_p=1.0,
+        gpu_memory_utilization=0.25,
+        seed=0,
+        max_num_seqs=64,
+        engine_in_process=False,
+    )
+    print(f"vLLM engine of its own process ready in {separate.init_seconds:.1f} s")
+    try:
+        assert separate.ipc_opens == 1
+        prompts = random_prompts(8, SMALL.vocab_size, seed=6)
+        previous = None
+        for path, seed in (("store", 20), ("push", 21), ("ipc", 22)):
+            weights = peaked_weights(SMALL, seed=seed)
+            hf = _hf(weights)
+            engine.load_weights(hf)
+            if path == "store":
+                separate.load_weights({k: v.cpu() for k, v in hf.items()})
+            else:
+                entries, total = flat_layout(hf)
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                flat = torch.empty(total, dtype=torch.uint8, device="cuda")
+                fill(flat, entries, hf)
+                torch.cuda.synchronize()
+                if path == "push":
+                    separate.load_flat(flat, entries)
+                else:
+                    separate.load_ipc(export_ipc(flat, separate.ipc_opens), entries)
+                del flat
+                torch.cuda.ipc_collect()
+                assert torch.cuda.memory_allocated() <= base + (1 << 20), path
+            print(f"{path}: a version into the separate engine in {separate.load_seconds:.2f} s")
+            ours, theirs = _greedy(engine, prompts), _greedy(separate, prompts)
+            assert theirs == ours, path
+            if previous is not None:  # the version changed what is sampled
+                assert sum(a == b for a, b in zip(ours, previous, strict=True)) < len(ours) // 2
+            previous = ours
+        # sampled with seeds, scored by the trainer's code: the weights just loaded
+        out = _sample(separate, seed=7)
+        _assert_matches(
+            out, weights, GPUReference(SMALL, temperature=T, weights=weights, device="cuda")
+        )
+        incomplete = _hf(weights)
+        del incomplete["model.norm.weight"]
+        with pytest.raises(KeyError, match="model.norm.weight"):
+            separate.load_weights(incomplete)
+    finally:
+        separate.close()
+        engine.load_weights(_hf(w0))
+        free_gpu_memory()
+
+
 # The product path: a Hugging Face folder in (read a block at a time into a model built on meta),
 # a trained policy exported as the trainer actor exports it, and a second engine (beside the
 # module's) that loads the export from disk.

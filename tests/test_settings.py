@@ -159,6 +159,20 @@ def test_a_value_the_recipe_sets_is_kept_and_the_rest_planned_around_it():
     assert not s.trainer.compile and s.generator.enforce_eager
 
 
+def test_the_generators_engine_is_shown_recorded_and_left_out_on_cpu():
+    """vLLM's engine core in the generator's process unless the recipe gives it one of its own:
+    `plan` shows which on GPUs (a CPU plan's transformers generator has no such engine)."""
+    default = plan(recipe("qwen3-1.7b"), 3).settings
+    assert default.generator.engine == "in-process"
+    assert "enforce_eager off, engine in-process" in "\n".join(default.describe())
+    apart = plan(recipe("qwen3-1.7b", "generator.engine=separate"), 3).settings
+    assert apart.to_dict()["generator"]["engine"] == "separate"
+    assert "generator.engine" not in apart.planned
+    assert "engine separate" in "\n".join(apart.describe())
+    cpu = plan(load_recipe("tiny"), 0).settings
+    assert "engine" not in "\n".join(cpu.describe(cpu=True))
+
+
 def test_settings_that_cannot_fit_are_refused_with_the_arithmetic():
     big = recipe(
         "qwen3-1.7b",
@@ -187,6 +201,7 @@ def test_settings_that_cannot_fit_are_refused_with_the_arithmetic():
         ("trainer.tokens_per_micro_batch=0", "must be >= 1 or auto, got 0"),
         ("trainer.compile=maybe", "trainer.compile"),
         ("weight_sync.timeout_s=0", "weight_sync.timeout_s: Input should be greater than 0"),
+        ("generator.engine=both", "generator.engine: Input should be 'in-process' or 'separate'"),
     ],
 )
 def test_bad_settings_are_one_line_errors(override, message):

@@ -221,6 +221,7 @@ class GeneratorConfig:
                 kv_cache_memory_bytes=None if s.kv_cache_gb is None else int(s.kv_cache_gb * 1e9),
                 seed=g.seed,
                 enforce_eager=s.enforce_eager,
+                engine_in_process=s.engine == "in-process",
                 lora=recipe.model.lora,
                 model_dir=model_dir,
                 weights=weights,

@@ -1,26 +1,46 @@
-"""GPU generator: a vLLM engine inside the generator actor's process, weights updated in place.
+"""GPU generator: a vLLM engine whose weights are updated in place, its engine core in the
+generator actor's process or in a process of its own (the recipe's `generator.engine`).
 
-The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the model object is
-reachable through `collective_rpc`/`apply_model` without pickling, and a weight update is a
-`model.load_weights(iter((hf_name, tensor), ...))` straight into the parameters vLLM already
-allocated (CUDA graphs and compiled code keep pointing at the same storage).
+- `in-process` (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the default): the engine core, and with TP=1
+  the worker, run in this process, so the model object is reachable through `collective_rpc`
+  without pickling, and a weight update is a `model.load_weights(iter((hf_name, tensor), ...))`
+  straight into the parameters vLLM already allocated (CUDA graphs and compiled code keep
+  pointing at the same storage). Its cost: vLLM's engine loop (scheduling, preparing inputs,
+  processing outputs: CPU work that runs for the whole of a generate call) shares this process's
+  GIL with the actor's own threads (Monarch's, asyncio's, TorchStore's, the push receiver's).
+- `separate` (vLLM's own default): the engine core, and with TP=1 the worker, run in a process
+  vLLM starts, which this one talks to over ZMQ in msgpack; its loop has a GIL of its own. Its
+  costs: one more process and CUDA context on the generator's first GPU (not in the memory
+  plan), each request and output serialised across the boundary, and weight loads that cross it
+  as plain values only (runtime.backends.vllm_worker says why): a version in a flat GPU buffer
+  (the ipc and push paths) goes as CUDA IPC handles that the engine's workers open, still no
+  copy through the host; host tensors (the store path) as one safetensors file in /dev/shm; a
+  LoRA version as a PEFT folder in /dev/shm (`runtime.backends.vllm_lora`), never from memory.
+  The worker runs `runtime.backends.vllm_worker.WorkerExtension`'s methods, called by name.
+  vLLM 0.24's weight-transfer API (`init_weight_transfer_engine`, `update_weights`) is not the
+  route: its IPC backend imports ray, which this stack does not install, and its updates carry
+  torch's rebuild arguments (classes, a dtype), which cross into the engine's process only with
+  `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (pickle on whatever arrives); its NCCL backend makes the
+  trainer a rank of a process group of vLLM's, which the push path already does its own way,
+  into a buffer here, and which the ipc and store paths have no use for.
 
 Start-up needs no Hub: the engine is built from a folder holding only the `config.json` of the
 recipe's architecture, with `load_format="dummy"` (random weights), and `skip_tokenizer_init`
 (prompts arrive as token ids; the actor decodes with its own tokenizer). Real weights arrive as
 policy version 0 from the trainer, like every later version.
 
-Tensor parallelism: with TP=1 the worker is this process (vLLM's uni-process executor). With TP>1
-vLLM's multiprocess executor starts one worker process per GPU; the engine core stays here, and
-each worker's weight loaders keep their own shard of whatever full tensors they are given:
+Tensor parallelism: with TP=1 the worker is the engine core's process (vLLM's uni-process
+executor). With TP>1 vLLM's multiprocess executor starts one worker process per GPU, and each
+worker's weight loaders keep their own shard of whatever full tensors they are given:
 - `load_flat` and `load_ipc` (the direct weight paths of `runtime.weights.transport`): the
   version sits in one flat buffer on this proc's first GPU (pushed there: `load_flat`) or on the
   trainer's (`load_ipc`, with one CUDA IPC handle for each worker); every worker opens the buffer
   through its own handle and loads from views of it, worker 0 from its own GPU, the others over
   NVLink/PCIe peer reads. No copy through the host. Each handle is opened by one process only
-  (runtime/weights/ipc.py says why).
-- `load_weights` with TP>1 (the TorchStore path: tensors on the host): the state dict is written
-  once to a safetensors file in /dev/shm and every worker reads it.
+  (runtime/weights/ipc.py says why). The same holds for a separate engine's worker with TP=1.
+- `load_weights` with TP>1, or into a separate engine (the TorchStore path: tensors on the
+  host): the state dict is written once to a safetensors file in /dev/shm and every worker
+  reads it.
 
 Log-probs (see `runtime.backends.base`): the contract is `log softmax(logits / T)[token]`, with
 no top-p renormalisation. vLLM's `logprobs_mode` is engine-wide:
@@ -47,7 +67,7 @@ from torch import Tensor
 
 from recipes import UserError
 from runtime.backends.base import Completion
-from runtime.backends.vllm_worker import load_flat_on_worker, load_on_worker
+from runtime.backends.vllm_worker import WorkerExtension, load_flat_on_worker, load_on_worker
 from runtime.models import ModelSpec, hf_config
 from runtime.models.peft_format import adapter_only, check_adapter
 
@@ -169,15 +189,14 @@ class VLLMGenerator:
     much of the GPU must be free).
     `weights` (HF names) are loaded right after start; otherwise the engine holds random
     weights until the first `load_weights`. `enforce_eager` skips torch.compile and CUDA graphs
-    (faster start, slower decode). The engine core runs in this process (weights load into it
-    from this process's tensors and CUDA IPC handles); `engine_in_process=False` gives it a
-    process of its own, vLLM's default, for timing generation against it (weights cannot load
-    into it then: `bench/gpu_grpo.py vllm --engine separate`).
+    (faster start, slower decode). The engine core runs in this process unless
+    `engine_in_process` is False (the recipe's `generator.engine separate`): then in a process
+    of its own, vLLM's default; every weight path loads into either (the module says how).
     With `lora` (a recipe's `model.lora`) the engine serves LoRA adapters: a version of the
     adapter alone (PEFT names) goes to `runtime.backends.vllm_lora.LoraSlots` under the number
     `incoming_version` gives (the actor sets it before each load), and every generation uses
-    the newest (from memory with TP=1, else from a folder in /dev/shm); a version of base
-    weights loads as without LoRA.
+    the newest (from memory with TP=1 in this process, else from a folder in /dev/shm); a
+    version of base weights loads as without LoRA.
     """
 
     def __init__(
@@ -210,7 +229,12 @@ class VLLMGenerator:
                 os.environ[name] = value
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         self.engine_in_process = engine_in_process
+        import vllm.envs
         from vllm import LLM
+
+        # An engine core started in this process before (a test's) froze vLLM's reading of the
+        # environment (`enable_envs_cache`): this engine reads it afresh.
+        vllm.envs.disable_envs_cache()
 
         self.spec = spec
         self.temperature = temperature
@@ -247,6 +271,9 @@ class VLLMGenerator:
             from runtime.backends.vllm_lora import engine_options
 
             options.update(engine_options(lora))
+        if not engine_in_process:
+            # the loads an engine of another process runs, called by name (plain arguments)
+            options["worker_extension_cls"] = f"{WorkerExtension.__module__}.WorkerExtension"
         start = time.perf_counter()
         self.llm = LLM(
             model=str(folder),
@@ -266,7 +293,7 @@ class VLLMGenerator:
         if lora is not None:
             from runtime.backends.vllm_lora import LoraSlots
 
-            # the worker is this process's only with TP=1 in process: tensors reach it as they are
+            # the worker is this process only with TP=1 in process: tensors reach it as they are
             direct = tensor_parallel_size == 1 and engine_in_process
             self.slots = LoraSlots(
                 self.llm.llm_engine, lora, from_memory=self._adapter_from_memory if direct else None
@@ -278,14 +305,15 @@ class VLLMGenerator:
         """Copy HF-named weights into the engine's model in place; every parameter must get one.
 
         Call between generations (the actor's endpoints run one at a time). The prefix cache
-        holds keys and values of the old weights, so it is emptied afterwards.
+        holds keys and values of the old weights, so it is emptied afterwards. The tensors go
+        to the worker as they are where it is this process (TP=1 in process), else through a
+        safetensors file in /dev/shm.
         """
-        self._check_in_process()
         start = time.perf_counter()
         if self.slots is not None and adapter_only(hf_state_dict):
             self._load_adapter(hf_state_dict, start)
             return
-        if self.tensor_parallel_size == 1:
+        if self.tensor_parallel_size == 1 and self.engine_in_process:
             missing = self.llm.collective_rpc(load_on_worker, args=(hf_state_dict,))
         else:
             missing = self._load_through_file(hf_state_dict)
@@ -293,17 +321,24 @@ class VLLMGenerator:
 
     @property
     def ipc_opens(self) -> int:
-        """How many processes open a version handed over by CUDA IPC (`load_ipc`): under LoRA
-        this one alone (it hands the adapter to vLLM)."""
+        """How many processes open a version handed over by CUDA IPC (`load_ipc`): each of the
+        engine's workers (this process with TP=1 in process, the engine core's with TP=1 in a
+        process of its own); under LoRA this one alone (it hands the adapter to vLLM)."""
         return 1 if self.slots is not None else self.tensor_parallel_size
+
+    @property
+    def _workers_elsewhere(self) -> bool:
+        """Whether the engine's workers are other processes (TP>1, or an engine core of its
+        own): a flat GPU buffer reaches them by CUDA IPC."""
+        return self.tensor_parallel_size > 1 or not self.engine_in_process
 
     def load_flat(self, flat: Tensor, entries: Mapping[str, Any]) -> None:
         """Load HF-named weights that lie in one flat uint8 buffer of this process at `entries`
-        (name -> `runtime.weights.layout.TensorEntry`); like `load_weights` otherwise. With
-        TP>1 each worker opens the buffer through a CUDA IPC handle of its own."""
+        (name -> `runtime.weights.layout.TensorEntry`); like `load_weights` otherwise. Where the
+        workers are other processes each opens the buffer through a CUDA IPC handle of its own."""
         from runtime.weights.flat import views
 
-        if self.tensor_parallel_size == 1 or flat.device.type != "cuda" or self.slots is not None:
+        if not self._workers_elsewhere or flat.device.type != "cuda" or self.slots is not None:
             self.load_weights(views(flat, entries))
             return
         from runtime.weights.ipc import export_ipc
@@ -313,14 +348,14 @@ class VLLMGenerator:
 
     def load_ipc(self, handles: Sequence[Any], entries: Mapping[str, Any]) -> None:
         """`load_flat` for a buffer of another process: `handles` are `ipc_opens` CUDA IPC
-        handles of it, one for each process that opens it (this one with TP=1, else each
-        worker)."""
+        handles of it, one for each process that opens it (this one with TP=1 in process or
+        under LoRA, else each worker)."""
         from runtime.weights.flat import views
         from runtime.weights.ipc import open_ipc
 
         if len(handles) != self.ipc_opens:
             raise ValueError(f"{len(handles)} CUDA IPC handles for {self.ipc_opens} openers")
-        if self.tensor_parallel_size > 1 and self.slots is None:
+        if self._workers_elsewhere and self.slots is None:
             self._load_on_workers(handles, entries)
             return
         flat = open_ipc(handles[0])
@@ -329,18 +364,17 @@ class VLLMGenerator:
         finally:
             del flat  # the mapping closes with the last reference
 
-    def _check_in_process(self) -> None:
-        if not self.engine_in_process:
-            raise RuntimeError(
-                "this vLLM engine runs in a process of its own (engine_in_process=False): "
-                "weights load only into an engine in this process"
-            )
-
     def _load_on_workers(self, handles: Sequence[Any], entries: Mapping[str, Any]) -> None:
-        self._check_in_process()
         start = time.perf_counter()
         plain = {name: tuple(e) for name, e in entries.items()}
-        missing = self.llm.collective_rpc(load_flat_on_worker, args=(list(handles), plain))
+        if self.engine_in_process:
+            missing = self.llm.collective_rpc(load_flat_on_worker, args=(list(handles), plain))
+        else:
+            from runtime.weights.ipc import plain_handle
+
+            missing = self.llm.collective_rpc(
+                "forgesky_load_ipc", args=([plain_handle(h) for h in handles], plain)
+            )
         self._after_load(missing, start)
 
     def _load_adapter(self, tensors: Mapping[str, Tensor], start: float) -> None:
@@ -385,7 +419,9 @@ class VLLMGenerator:
                 {k: v.detach().to("cpu").contiguous().clone() for k, v in hf_state_dict.items()},
                 path,
             )
-            return self.llm.collective_rpc(load_on_worker, args=(path,))
+            if self.engine_in_process:
+                return self.llm.collective_rpc(load_on_worker, args=(path,))
+            return self.llm.collective_rpc("forgesky_load_file", args=(path,))
         finally:
             Path(path).unlink(missing_ok=True)
 
@@ -468,16 +504,17 @@ class VLLMGenerator:
     def close(self) -> None:
         """Stop the engine and free its GPU memory (tests build more than one engine).
 
-        With TP>1 the workers hold vLLM's process groups and the engine's shutdown ends them;
-        this process has none to tear down. (TP=2 engines took the runtime's 30 s stop bound,
-        the workers gone after 3 s: each part that takes long says so on stderr.)"""
+        With TP>1, or an engine core of its own, the workers hold vLLM's process groups and the
+        engine's shutdown ends them; this process has none to tear down. (TP=2 engines took the
+        runtime's 30 s stop bound, the workers gone after 3 s: each part that takes long says so
+        on stderr.)"""
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             with _took("the engine's shutdown"):
                 llm.llm_engine.engine_core.shutdown()
             with _took("releasing the engine"):
                 del llm
-            if self.tensor_parallel_size == 1:
+            if self.tensor_parallel_size == 1 and self.engine_in_process:
                 from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
                 with _took("vLLM's process-group clean-up"):

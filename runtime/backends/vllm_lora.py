@@ -3,17 +3,19 @@ with it while the base weights stay where they are.
 
 Version v is `LoRARequest("policy-v<v>", v + 1, path)`, added eagerly: the load happens in the
 weight update, which times it, not in the first generation after it. With the engine's worker in
-this process (TP=1) the adapter goes in from memory, the tensors handed straight to the worker's
-LoRA manager (runtime.backends.vllm_worker.add_adapter_on_worker); otherwise vLLM's public
-`add_lora` reads it from a path, so it is first written as a PEFT folder in shared memory,
-`/dev/shm/forgesky-lora-<pid>/v<v>/` (runtime.models.peft_format). The previous version is then
-removed (and its folder deleted). Two slots (`max_loras=2`) let v load while v-1 is still
-registered. vLLM keys its prefix cache on the adapter's name, new with every version, so no cache
-reset is needed.
+this process (TP=1, the engine core in this process) the adapter goes in from memory, the tensors
+handed straight to the worker's LoRA manager (runtime.backends.vllm_worker.add_adapter_on_worker);
+otherwise (TP>1, or an engine core of its own process) vLLM's public `add_lora` reads it from a
+path, so it is first written as a PEFT folder in shared memory,
+`/dev/shm/forgesky-lora-<pid>-<n>/v<v>/` (runtime.models.peft_format; n counts the engines this
+process made). The previous version is then removed (and its folder deleted). Two slots
+(`max_loras=2`) let v load while v-1 is still registered. vLLM keys its prefix cache on the
+adapter's name, new with every version, so no cache reset is needed.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
@@ -29,6 +31,7 @@ from runtime.models.peft_format import adapter_config, write_adapter_folder
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # v loads while v-1 is still registered (the GPU slots and the host cache alike).
 MAX_LORAS = 2
+_ENGINES = itertools.count()
 
 
 def max_lora_rank(rank: int) -> int:
@@ -76,7 +79,8 @@ class LoraSlots:
         self.engine, self.lora = engine, lora
         shm = Path("/dev/shm")
         parent = shm if shm.is_dir() else Path(tempfile.gettempdir())
-        self.root = Path(root) if root is not None else parent / f"forgesky-lora-{os.getpid()}"
+        own = f"forgesky-lora-{os.getpid()}-{next(_ENGINES)}"  # two engines, two folders
+        self.root = Path(root) if root is not None else parent / own
         self.request_type = request_type
         self.from_memory = from_memory
         self.timings: dict[str, float] = {}

@@ -1,8 +1,16 @@
-"""What runs inside a vLLM worker process (TP=1: this one) through `collective_rpc`: loading a
-policy version into the model the engine executes, and proving it arrived there.
+"""What runs inside a vLLM worker process through `collective_rpc`: loading a policy version into
+the model the engine executes, and proving it arrived there.
 
-Module-level functions, so that vLLM's multiprocess executor can pickle them by name for workers
-started with spawn.
+With the engine core in the generator's process the worker is that process (TP=1) or workers it
+started (TP>1), and these module-level functions are handed to `collective_rpc` themselves
+(vLLM's multiprocess executor pickles them by name for workers started with spawn). An engine
+core in a process of its own takes no function: its client sends each call as msgpack, which
+carries plain values only (a function, or any object msgpack does not know, needs
+`VLLM_ALLOW_INSECURE_SERIALIZATION=1`, which lets pickle run on whatever arrives; a tensor
+arrives as its dtype and shape, its bytes left behind). There `WorkerExtension`, which vLLM mixes
+into its worker class (`worker_extension_cls`), has the same loads as methods called by name with
+plain arguments: a file's path, or CUDA IPC handles in their plain form
+(`runtime.weights.ipc.plain_handle`) with the flat layout as lists.
 """
 
 from __future__ import annotations
@@ -60,7 +68,8 @@ def load_flat_on_worker(
     worker: Any, handles: Sequence[Any], entries: Mapping[str, tuple[Any, ...]]
 ) -> list[str]:
     """Runs inside a vLLM worker: open a flat weight buffer by the CUDA IPC handle meant for
-    this worker's TP rank (see `runtime.weights.ipc.export_ipc`) and load from views of it."""
+    this worker's TP rank (see `runtime.weights.ipc.export_ipc`; either form `open_ipc` takes)
+    and load from views of it."""
     from vllm.distributed import get_tensor_model_parallel_rank
 
     from runtime.weights.flat import views
@@ -73,6 +82,23 @@ def load_flat_on_worker(
         return load_on_worker(worker, tensors)
     finally:
         del tensors, flat  # the mapping closes with the last reference
+
+
+class WorkerExtension:
+    """The loads an engine core of its own process runs, as methods of vLLM's worker (the
+    engine's `worker_extension_cls`, so `collective_rpc` calls them by name; `self` is the
+    worker). Every argument is a plain value; each returns the parameters that got no weight."""
+
+    def forgesky_load_file(self, path: str) -> list[str]:
+        """Load the HF-named weights of a safetensors file (in /dev/shm: the host's memory)."""
+        return load_on_worker(self, path)
+
+    def forgesky_load_ipc(
+        self, handles: Sequence[Mapping[str, Any]], entries: Mapping[str, Sequence[Any]]
+    ) -> list[str]:
+        """Load from a flat buffer of another process: `handles` one plain CUDA IPC handle for
+        each TP rank, `entries` the layout (name -> `TensorEntry` fields)."""
+        return load_flat_on_worker(self, handles, entries)
 
 
 def add_adapter_on_worker(

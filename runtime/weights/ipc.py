@@ -14,6 +14,12 @@ counter is back at 0, and one export opened by two processes (or by none) never 
 buffer of every version would stay on the trainer's GPU. So the trainer exports each buffer
 once per process that will open it (`opens`: 1 per generator, its TP width for a vLLM engine
 with TP>1), and each opener takes its own handle.
+
+A handle is torch's rebuild function with its arguments (classes, a dtype, a `torch.Size`), which
+only pickle carries. Where a handle must cross into a process through a channel that carries
+plain values alone (vLLM's engine core in a process of its own, whose messages are msgpack and
+refuse pickle unless told to allow it), `plain_handle` gives the same handle as names, numbers
+and bytes, and `open_ipc` opens either form.
 """
 
 from __future__ import annotations
@@ -24,13 +30,77 @@ from typing import Any
 import torch
 
 from runtime.weights.flat import entries_of, fill, indexed, views
-from runtime.weights.layout import TensorEntry
+from runtime.weights.layout import TensorEntry, dtype_name, parse_dtype
 
 
 def open_ipc(handle: Any) -> torch.Tensor:
-    """The trainer's flat buffer of one version, from one of the handles of its manifest."""
+    """The trainer's flat buffer of one version, from one of the handles of its manifest or its
+    `plain_handle` form."""
+    if isinstance(handle, Mapping):
+        return _open_plain(handle)
     rebuild, args = handle
     return rebuild(*args)
+
+
+# torch's storage classes a CUDA export names (`reduce_tensor`: the tensor's typed storage)
+_STORAGES = {cls.__name__: cls for cls in (torch.TypedStorage, torch.UntypedStorage)}
+# The arguments of torch's `rebuild_cuda_tensor` after the tensor class, by name.
+_ARGS = (
+    "size",
+    "stride",
+    "offset",
+    "storage",
+    "dtype",
+    "device",
+    "handle",
+    "storage_bytes",
+    "storage_offset",
+    "requires_grad",
+    "ref_counter",
+    "ref_counter_offset",
+    "event",
+    "event_sync",
+)
+
+
+def plain_handle(handle: Any) -> dict[str, Any]:
+    """One handle of `export_ipc` as plain values (ints, lists, strings, bytes, bools): what a
+    channel without pickle carries. Still one handle: whoever opens it counts as its opener."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    rebuild, args = handle
+    if rebuild is not rebuild_cuda_tensor or args[0] is not torch.Tensor:
+        raise ValueError("only a CUDA IPC handle of a plain tensor has a plain form")
+    if len(args) != len(_ARGS) + 1:
+        raise ValueError(f"a CUDA IPC handle of {len(args)} arguments, not {len(_ARGS) + 1}")
+    plain = dict(zip(_ARGS, args[1:], strict=True))
+    if plain["storage"] not in _STORAGES.values():
+        raise ValueError(f"a CUDA IPC handle of a {plain['storage'].__name__}")
+    plain.update(
+        size=list(plain["size"]),
+        stride=list(plain["stride"]),
+        storage=plain["storage"].__name__,
+        dtype=dtype_name(plain["dtype"]),
+    )
+    return plain
+
+
+def _open_plain(plain: Mapping[str, Any]) -> torch.Tensor:
+    from torch.multiprocessing import reductions
+
+    if set(plain) != set(_ARGS):
+        raise ValueError(f"a plain CUDA IPC handle has the fields {_ARGS}, not {sorted(plain)}")
+    storage = _STORAGES.get(plain["storage"])
+    if storage is None:
+        raise ValueError(f"a CUDA IPC handle of an unknown storage {plain['storage']!r}")
+    args = {
+        **plain,
+        "size": tuple(plain["size"]),
+        "stride": tuple(plain["stride"]),
+        "storage": storage,
+        "dtype": parse_dtype(plain["dtype"]),
+    }
+    return reductions.rebuild_cuda_tensor(torch.Tensor, *(args[name] for name in _ARGS))
 
 
 def export_ipc(flat: torch.Tensor, count: int) -> list[Any]:

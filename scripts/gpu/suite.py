@@ -114,7 +114,9 @@ GROUPS: dict[str, Group] = {
     ),
     "vllm": Group(
         1,
-        4.3,
+        # 3.5 min in gpu_h200x4_2026-11-28 (gpu_suite_vllm_runtime_first.log), and an engine of
+        # its own process since (its start 25-70 s as the module's, 48 greedy calls, 3 loads)
+        5.0,
         # the runtime test first: test_gpu_vllm.py's in-process engines hold half the GPU until
         # the pytest process ends, and the runtime test's `forgesky eval` starts vLLM at 0.85
         (R + "test_tiny_gpu_learns_on_one_gpu_colocated", "tests/test_gpu_vllm.py"),
@@ -127,7 +129,9 @@ GROUPS: dict[str, Group] = {
     # the runtime test first, for the same reason as the vllm group's
     "lora": Group(
         1,
-        6.0,
+        # 3.2 min in gpu_h200_2026-11-29-lora (gpu_suite_lora.log), and a second LoRA engine
+        # since, its core in a process of its own (the module's took 88 s to start there)
+        5.5,
         (R + "test_tiny_gpu_learns_with_a_lora_adapter", "tests/test_gpu_lora.py"),
     ),
 }
