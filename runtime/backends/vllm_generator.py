@@ -176,8 +176,9 @@ class VLLMGenerator:
     With `lora` (a recipe's `model.lora`) the engine serves LoRA adapters: a version of the
     adapter alone (PEFT names) goes to `runtime.backends.vllm_lora.LoraSlots` under the number
     `incoming_version` gives (the actor sets it before each load), and every generation uses
-    the newest (from memory with TP=1, else from a folder in /dev/shm); a version of base
-    weights loads as without LoRA.
+    the newest (with TP=1 from memory, every version after the first written into the first's
+    GPU slot in place; else from a folder in /dev/shm); a version of base weights loads as
+    without LoRA.
     """
 
     def __init__(
