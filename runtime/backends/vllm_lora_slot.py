@@ -16,12 +16,14 @@ id: vLLM copies from it again if it ever activates the adapter anew.
 three multi-tensor ops: the version into the registered tensors (cast to the LoRA dtype), the
 B's scaled in place, and those into the slot. The slot ends as vLLM's build and `set_lora` of the
 same version would leave it, to the bit, and the registered adapter is always the slot's
-version. The slot's padding (ranks past the adapter's) stays as `set_lora` left it, zero: every
-version must have the shapes of the adapter in the slot, which is checked.
+version. What a version does not write stays as the activation left it, zero: the slot's
+padding (ranks past the adapter's; every version must have the shapes of the adapter in the
+slot, which is checked) and the LoRA layers it does not target (the embedding's and the output
+head's, which vLLM wraps too).
 
-Whatever vLLM's layout does not let this write exactly (a layer type whose `set_lora` slices or
-splits, tensor parallelism, a name, shape or dtype that differs) raises `NotInPlace` with the
-reason; `InPlace` (what the generator calls) says the reason on stderr, once, and answers None,
+Whatever vLLM's layout does not let this write exactly (a targeted layer of a type whose
+`set_lora` slices or splits, tensor parallelism, a name, shape or dtype that differs, a matrix
+of the adapter in the slot that the version lacks) raises `NotInPlace` with the reason; `InPlace` (what the generator calls) says the reason on stderr, once, and answers None,
 and the version is then registered the ordinary way.
 """
 
