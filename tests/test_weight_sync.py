@@ -44,6 +44,28 @@ def test_flat_layout_aligns_and_views_round_trip():
     assert torch.equal(views(buffer, entries)["norm.weight"], torch.full((5,), 2.0))
 
 
+def test_views_of_a_buffer_inside_a_larger_one_and_of_entries_outside_it():
+    """A buffer that is itself a view of a larger one gives the same tensors; an entry past its
+    end is refused, not read from the storage beyond."""
+    sd = state(2)
+    entries, total = flat_layout(sd)
+    for at in (0, 8, 256):
+        backing = torch.zeros(at + total + 64, dtype=torch.uint8)
+        buffer = backing[at : at + total]
+        fill(buffer, entries, sd)
+        got = views(buffer, entries)
+        for name, tensor in sd.items():
+            assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), (at, name)
+            assert got[name].is_contiguous() and got[name].shape == tensor.shape
+        got["proj.weight"].fill_(3.0)  # views, not copies
+        assert torch.equal(
+            views(buffer, entries)["proj.weight"], torch.full((3, 5), 3.0).bfloat16()
+        )
+    last = max(entries, key=lambda n: entries[n].offset)
+    with pytest.raises(ValueError, match=f"{last} .* is not in the buffer"):
+        views(torch.zeros(entries[last].offset + 4, dtype=torch.uint8), entries)
+
+
 def test_choose_paths():
     t = Endpoint("h1", "GPU-a")
     gens = [Endpoint("h1", "GPU-a"), Endpoint("h1", "GPU-b"), Endpoint("h2", "GPU-c", tp=2)]

@@ -26,12 +26,31 @@ def flat_layout(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, Tenso
 
 
 def views(buffer: torch.Tensor, entries: Mapping[str, TensorEntry]) -> dict[str, torch.Tensor]:
-    """Tensors of `entries` as views into a flat uint8 `buffer`."""
+    """Tensors of `entries` as views into a flat uint8 `buffer` (which may itself be a view of
+    a larger one).
+
+    One `as_strided` each, on a view of the buffer per dtype: a LoRA version is hundreds of
+    small matrices, each taken as a view twice a version (the sender's copy into the buffer,
+    the generator's load from it), and a slice and two views each took twice as long."""
     out = {}
+    typed: dict[str, tuple[int, torch.Tensor]] = {}  # by dtype name: cheap to look up
+    size = buffer.numel()
     for name, e in entries.items():
-        dtype = parse_dtype(e.dtype)
-        raw = buffer[e.offset : e.offset + e.numel * dtype.itemsize]
-        out[name] = raw.view(dtype).view(e.shape)
+        if e.dtype not in typed:
+            dtype = parse_dtype(e.dtype)
+            typed[e.dtype] = (dtype.itemsize, buffer[: size - size % dtype.itemsize].view(dtype))
+        itemsize, whole = typed[e.dtype]
+        if e.offset % itemsize or e.offset + e.numel * itemsize > size:
+            raise ValueError(
+                f"{name} ({e.numel} x {e.dtype} at byte {e.offset}) is not in the buffer"
+            )
+        stride, step = [], 1
+        for dim in reversed(e.shape):
+            stride.append(step)
+            step *= dim
+        out[name] = whole.as_strided(
+            e.shape, stride[::-1], whole.storage_offset() + e.offset // itemsize
+        )
     return out
 
 
