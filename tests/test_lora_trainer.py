@@ -133,6 +133,9 @@ def test_the_fsdp_trainer_on_one_rank_steps_like_the_cpu_trainer():
     }
     for name, tensor in expected.items():
         torch.testing.assert_close(published[name], tensor, rtol=0, atol=1e-5)
+    fsdp.publish_dtype = torch.bfloat16  # as runs publish: every matrix cast in one go
+    for name, tensor in fsdp.hf_state_dict().items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, published[name].bfloat16())
 
 
 def test_frozen_projections_are_stored_in_the_compute_dtype():

@@ -15,7 +15,7 @@ import pytest
 import torch
 from runtime_helpers import finish, metrics, start
 
-from runtime.weights.flat import fill, flat_layout, views
+from runtime.weights.flat import cast_together, fill, flat_layout, views
 from runtime.weights.push import PushReceiver, PushSender
 from runtime.weights.transport import Endpoint, Publisher, choose, connections
 
@@ -64,6 +64,23 @@ def test_views_of_a_buffer_inside_a_larger_one_and_of_entries_outside_it():
     last = max(entries, key=lambda n: entries[n].offset)
     with pytest.raises(ValueError, match=f"{last} .* is not in the buffer"):
         views(torch.zeros(entries[last].offset + 4, dtype=torch.uint8), entries)
+
+
+def test_cast_together_is_each_tensors_own_cast_in_one_buffer():
+    g = torch.Generator().manual_seed(3)
+    tensors = {
+        "a": torch.randn(4, 6, generator=g),
+        "b": torch.randn(6, 4, generator=g).to(torch.bfloat16),
+        "c": torch.randn(5, generator=g, dtype=torch.float64),
+    }
+    out = cast_together(tensors, torch.bfloat16)
+    assert list(out) == ["a", "b", "c"] and out["b"] is tensors["b"]  # as .to gives it
+    for name, tensor in tensors.items():
+        assert out[name].dtype == torch.bfloat16 and torch.equal(out[name], tensor.bfloat16())
+    cast = [out["a"], out["c"]]
+    assert cast[0].untyped_storage().data_ptr() == cast[1].untyped_storage().data_ptr()
+    assert all(t.is_contiguous() for t in cast)
+    assert cast_together({"b": tensors["b"]}, torch.bfloat16)["b"] is tensors["b"]
 
 
 def test_choose_paths():

@@ -59,6 +59,7 @@ from runtime.models import ModelSpec, to_hf
 from runtime.models.loading import WeightSource, as_source, load_into
 from runtime.models.lora import adapter_off, adapter_state, peft_state
 from runtime.models.titan import materialize, meta_model
+from runtime.weights.flat import cast_together
 
 # Stats that add up across micro-batches and ranks; the rest are averaged weighted by tokens.
 _SUMMED = ("loss", "pg_loss", "response_tokens")  # runtime.grpo.SUMMED_STATS
@@ -404,8 +405,10 @@ class FSDPTrainer(trainer_state.Checkpointing):
     def _peft(self, adapter: dict[str, Tensor], dtype: torch.dtype, meta: bool = False) -> Any:
         if meta:
             adapter = {k: torch.empty(v.shape, device="meta") for k, v in adapter.items()}
-        out = peft_state(adapter, self.spec.family, self.lora, self.spec)
-        return {k: v.to(dtype) for k, v in out.items()}
+            out = peft_state(adapter, self.spec.family, self.lora, self.spec)
+            return {k: v.to(dtype) for k, v in out.items()}
+        # hundreds of matrices each version: one buffer and one multi-tensor cast
+        return cast_together(peft_state(adapter, self.spec.family, self.lora, self.spec), dtype)
 
     def _groups(self) -> Iterator[tuple[str, torch.nn.Module]]:
         outside = torch.nn.ModuleDict(

@@ -63,6 +63,29 @@ def fill(buffer: torch.Tensor, entries: Mapping[str, TensorEntry], state_dict: A
         torch._foreach_copy_([targets[n] for n in names], [state_dict[n] for n in names], True)
 
 
+def cast_together(
+    tensors: Mapping[str, torch.Tensor], dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """`tensors` in `dtype`: those of another dtype as views of one new flat buffer, filled by
+    one multi-tensor copy (a LoRA version's hundreds of small casts would each allocate and
+    launch on their own), those already in `dtype` as they are (as `.to` gives them). Tensors
+    on more than one device are cast one by one."""
+    moved = [name for name, t in tensors.items() if t.dtype != dtype]
+    out = dict(tensors)
+    if not moved:
+        return out
+    if len({tensors[name].device for name in moved}) > 1:
+        out.update((name, tensors[name].to(dtype)) for name in moved)
+        return out
+    sizes = [tensors[name].numel() for name in moved]
+    flat = torch.empty(sum(sizes), dtype=dtype, device=tensors[moved[0]].device)
+    parts = [p.view(tensors[name].shape) for name, p in zip(moved, flat.split(sizes), strict=True)]
+    with torch.no_grad():
+        torch._foreach_copy_(parts, [tensors[name] for name in moved])
+    out.update(zip(moved, parts, strict=True))
+    return out
+
+
 def indexed(device: torch.device) -> torch.device:
     """`cuda` as the current CUDA device (`cuda:N`): threads need the index to set it."""
     if device.type == "cuda" and device.index is None:
