@@ -344,6 +344,20 @@ def test_in_place_plans_once_per_adapter_and_says_once_why_it_cannot():
     assert_same(engine.stacked(), twin.stacked())  # the refused version wrote nothing
 
 
+def test_a_plan_that_cannot_read_vllm_falls_back_with_the_reason():
+    """vLLM's LoRA manager is read through private parts: where a vLLM release moved them, the
+    versions go in the ordinary way."""
+    lines = []
+
+    def plan(lora_id, tensors, config):
+        raise AttributeError("'LRUCacheLoRAModelManager' object has no attribute 'modules'")
+
+    in_place = InPlace(plan, say=lines.append)
+    v1 = random_adapter(QWEN, LORA, seed=1)
+    assert in_place(1, v1, adapter_config(LORA, None)) is None
+    assert len(lines) == 1 and "has no attribute 'modules'" in lines[0]
+
+
 class Engine:
     """What LoraSlots uses of vLLM's LLMEngine."""
 

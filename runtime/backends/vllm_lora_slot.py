@@ -267,24 +267,28 @@ class InPlace:
         self, lora_id: int, tensors: Mapping[str, Tensor], config: dict[str, Any]
     ) -> dict[str, float] | None:
         parts: dict[str, float] = {}
-        try:
-            plan = self.current
-            if plan is None or plan.lora_id != lora_id or plan.config != config:
-                self.current = None
-                start = time.perf_counter()
-                plan = self.plan(lora_id, tensors, config)
-                parts["plan_s"] = time.perf_counter() - start
-                self.current = plan
+        plan = self.current
+        if plan is None or plan.lora_id != lora_id or plan.config != config:
+            self.current = None
             start = time.perf_counter()
-            plan.write(tensors)
-            parts["write_s"] = time.perf_counter() - start
+            try:
+                plan = self.plan(lora_id, tensors, config)
+            except NotInPlace as e:
+                return self._cannot(str(e))
+            except Exception as e:  # noqa: BLE001 (a plan only reads vLLM's private parts)
+                return self._cannot(f"vLLM's LoRA manager is not as this reads it ({e!r})")
+            parts["plan_s"] = time.perf_counter() - start
+            self.current = plan
+        start = time.perf_counter()
+        try:
+            plan.write(tensors)  # checks the version before it writes anything
         except NotInPlace as e:
             self.current = None
-            reason = str(e)
-            if reason not in self.said:
-                self.said.add(reason)
-                self.say(
-                    f"a LoRA version goes in by vLLM's add and activate, not in place: {reason}"
-                )
-            return None
+            return self._cannot(str(e))
+        parts["write_s"] = time.perf_counter() - start
         return parts
+
+    def _cannot(self, reason: str) -> None:
+        if reason not in self.said:
+            self.said.add(reason)
+            self.say(f"a LoRA version goes in by vLLM's add and activate, not in place: {reason}")
