@@ -23,8 +23,9 @@ head's, which vLLM wraps too).
 
 Whatever vLLM's layout does not let this write exactly (a targeted layer of a type whose
 `set_lora` slices or splits, tensor parallelism, a name, shape or dtype that differs, a matrix
-of the adapter in the slot that the version lacks) raises `NotInPlace` with the reason; `InPlace` (what the generator calls) says the reason on stderr, once, and answers None,
-and the version is then registered the ordinary way.
+of the adapter in the slot that the version lacks) raises `NotInPlace` with the reason before
+anything is written; `InPlace` (what the generator calls) then says the reason on stderr, once,
+and answers None, and the version is registered the ordinary way.
 """
 
 from __future__ import annotations
