@@ -15,7 +15,8 @@ weight update, which times it, not in the first generation after it. How it load
   (runtime.models.peft_format), under the id v + 1.
 A version under a new id removes the one before (and its folder); two slots (`max_loras=2`) let
 it load while the one before is still registered. vLLM keys its prefix cache on the adapter's
-name, new with every version (the id may stay), so no cache reset is needed. A version loads
+name (`_gen_lora_extra_hash_keys` in vllm/v1/core/kv_cache_utils.py), new with every version
+(the id may stay), so no cache reset is needed. A version loads
 between generations (the generator actor's endpoints run one at a time), so no completion mixes
 two versions, in place or not.
 """
