@@ -57,7 +57,7 @@ from runtime.backends.scoring import rank_rows, response_logprobs, score_rows
 from runtime.backends.titan_trainer import OptimizerConfig
 from runtime.models import ModelSpec, to_hf
 from runtime.models.loading import WeightSource, as_source, load_into
-from runtime.models.lora import adapter_off, adapter_state, peft_state
+from runtime.models.lora import AdapterParameters, adapter_off, adapter_state, peft_state
 from runtime.models.titan import materialize, meta_model
 from runtime.weights.flat import cast_together
 
@@ -126,6 +126,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         self.spec = spec
         self.attention = attention  # SFT's packed rows: "varlen", "document" or "flex" (packing.py)
         self.lora = lora
+        self._adapter: AdapterParameters | None = None  # where the adapter's parameters sit
         self.optim_config = optim
         self.temperature = temperature
         self.device = torch.device(device)
@@ -378,7 +379,9 @@ class FSDPTrainer(trainer_state.Checkpointing):
         keep = self.rank == 0
         with torch.no_grad():
             if self.lora is not None:  # the adapter alone, under PEFT's names
-                adapter = {k: _full(v).detach() for k, v in adapter_state(self.model).items()}
+                if self._adapter is None:  # built at the first publish, once wrapped
+                    self._adapter = AdapterParameters(self.model)
+                adapter = {k: _full(v).detach() for k, v in self._adapter().items()}
                 yield self._peft(adapter, self.publish_dtype) if keep else {}
                 return
             for prefix, module in self._groups():

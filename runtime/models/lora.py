@@ -136,6 +136,22 @@ def adapter_state(model: torch.nn.Module) -> dict[str, Tensor]:
     return {n: p for n, p in model.named_parameters() if ".lora_a." in n or ".lora_b." in n}
 
 
+class AdapterParameters:
+    """`adapter_state` of one model, read every version without walking the whole model: where
+    each adapter parameter is registered (its module and attribute) is found once, and each
+    call reads what is registered there now (FSDP swaps sharded and gathered parameters in and
+    out of their modules; the modules stay)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.places = []
+        for name in adapter_state(model):
+            owner, _, attr = name.rpartition(".")
+            self.places.append((name, model.get_submodule(owner), attr))
+
+    def __call__(self) -> dict[str, Tensor]:
+        return {name: module._parameters[attr] for name, module, attr in self.places}
+
+
 @contextlib.contextmanager
 def adapter_off(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """`model` as its frozen base: every LoRA projection's scaling 0 (base + 0 * BAx is the
