@@ -1,5 +1,7 @@
 """What runs inside a vLLM worker process (TP=1: this one) through `collective_rpc`: loading a
-policy version into the model the engine executes, and proving it arrived there.
+policy version into the model the engine executes, and proving it arrived there; registering a
+LoRA version with vLLM's LoRA manager, and planning where later versions go in its GPU slot
+(runtime.backends.vllm_lora_slot).
 
 Module-level functions, so that vLLM's multiprocess executor can pickle them by name for workers
 started with spawn.
