@@ -425,10 +425,12 @@ def summarize(
         # policy.py): with on-policy steps, how soon sampling uses the new policy
         "sync_ready_s": mean([r["sync/ready_s"] for r in measured if r.get("sync/ready_s")]),
         "publish_s": mean([r["time/publish_s"] for r in measured if "time/publish_s" in r]),
-        # a LoRA version's load into vLLM, in parts (vLLM's LoRAModel build, the slot's copy)
+        # a LoRA version's load into vLLM, in parts: added anew (vLLM's LoRAModel build, its
+        # activation into a slot) or written in place (the plan, made once, and the write);
+        # each mean over the steps that had it
         **{
             f"adapter_{part}_s": mean([r[k] for r in measured if k in r])
-            for part in ("build", "activate")
+            for part in ("build", "activate", "plan", "write")
             for k in [f"time/adapter_{part}_s"]
             if any(k in r for r in measured)
         },

@@ -2,11 +2,13 @@
 a GPU machine with vllm).
 
 The base is a small random Qwen3 saved as a Hugging Face folder, which the engine loads itself;
-versions are adapters alone (PEFT names), handed to vLLM from memory (or, as for an engine of
-other processes, as a folder in /dev/shm: one test builds an engine whose core runs in a process
-of its own). Sampled log-probs are checked against the base with the adapter merged in Hugging
-Face names (runtime.models.peft_format) and scored by the trainer's code, within the tolerance
-tests/test_gpu_vllm.py uses.
+versions are adapters alone (PEFT names): the first handed to vLLM from memory to build and
+activate, the later ones written into its GPU slot in place (runtime.backends.vllm_lora_slot),
+or, as for an engine of other processes (one test builds an engine whose core runs in a
+process of its own), as a folder in /dev/shm. Sampled log-probs are
+checked against the base with the adapter merged in Hugging Face names (runtime.models.peft_format)
+and scored by the trainer's code, within the tolerance tests/test_gpu_vllm.py uses; a version
+written in place is checked against vLLM's own build and activation of it, slot for slot.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from runtime.backends.fsdp_reference import GPUReference
 from runtime.backends.vllm_lora import MAX_LORA_RANKS
 from runtime.models import from_hf, to_hf
 from runtime.models.export import write_hf_model
-from runtime.models.peft_format import adapter_layout, merge, pairs, write_adapter_folder
+from runtime.models.peft_format import (
+    adapter_config,
+    adapter_layout,
+    merge,
+    pairs,
+    write_adapter_folder,
+)
 from runtime.tasks.arith import tokenizer as char_tokenizer
 
 pytestmark = pytest.mark.gpu
@@ -113,24 +121,29 @@ def _samples_are(engine, w0, tensors, others, seed):
         assert wrong.mean() > 5 * right.mean()
 
 
-def test_each_version_goes_in_from_memory_the_one_before_removed(engine, w0):
-    """TP=1 in this process: a version's tensors go to vLLM's LoRA manager as they are, no
-    folder is written, and the samples are the merged model's."""
+def _times(slots) -> str:
+    return ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in slots.timings.items())
+
+
+def test_the_first_version_goes_in_from_memory_the_next_into_its_slot(engine, w0):
+    """TP=1 in this process: the first version's tensors go to vLLM's LoRA manager as they are
+    (no folder is written), the next is written over it in its GPU slot under the same id and a
+    new name, and the samples are the merged model's."""
     slots, core = engine.slots, engine.llm.llm_engine
-    assert slots.from_memory is not None
+    assert slots.from_memory is not None and slots.in_place is not None
     versions = {v: adapter(seed=v) for v in (0, 1)}
     engine.incoming_version = 0
     engine.load_weights(versions[0])
-    assert core.list_loras() == {1}
+    assert core.list_loras() == {1} and set(slots.timings) == {"build_s", "activate_s"}
+    print(f"version 0 built and activated in {engine.load_seconds * 1e3:.1f} ms ({_times(slots)})")
     engine.incoming_version = 1
     engine.load_weights(versions[1])
-    print(
-        f"adapter version loaded from memory in {engine.load_seconds * 1e3:.1f} ms "
-        f"({', '.join(f'{k} {v * 1e3:.1f} ms' for k, v in slots.timings.items())})"
-    )
+    print(f"version 1 written in place in {engine.load_seconds * 1e3:.1f} ms ({_times(slots)})")
     assert not slots.root.exists()  # nothing written
-    assert core.list_loras() == {2} and slots.current.lora_name == "policy-v1"
-    # what was handed over is untouched (vLLM folds the scale into its own copy)
+    assert set(slots.timings) == {"plan_s", "write_s"}
+    assert core.list_loras() == {1}
+    assert (slots.current.lora_name, slots.current.lora_int_id) == ("policy-v1", 1)
+    # what was handed over is untouched (vLLM's copy is scaled, not the sender's memory)
     assert all(torch.equal(v, adapter(seed=1)[k]) for k, v in versions[1].items())
     _samples_are(
         engine,
@@ -141,11 +154,74 @@ def test_each_version_goes_in_from_memory_the_one_before_removed(engine, w0):
     )
 
 
+def _slot_differences(worker, lora_id: int, twin_id: int) -> list[str]:
+    """Runs in vLLM's worker: the LoRA layers whose slot of adapter `lora_id` differs from that
+    of `twin_id` in any slice's A or B."""
+    manager = worker.model_runner.lora_manager._adapter_manager
+    mine, twin = (manager.lora_index_to_id.index(i) for i in (lora_id, twin_id))
+    differ = []
+    for name, layer in manager.modules.items():
+        # a tuple of slices (linear layers), one tensor (the embedding, the logits processor)
+        stacked = [
+            t
+            for held in (layer.lora_a_stacked, layer.lora_b_stacked)
+            for t in (held if isinstance(held, tuple) else (held,))
+        ]
+        if any(not torch.equal(t[mine], t[twin]) for t in stacked):
+            differ.append(name)
+    return differ
+
+
+def _greedy(engine, request, seed: int) -> list[list[int]]:
+    slot, engine.slots.current = engine.slots.current, request
+    try:
+        prompts = random_prompts(16, SMALL.vocab_size, seed=seed)
+        out = engine.generate(prompts, n=1, max_new_tokens=MAX_NEW, temperature=0, logprobs=False)
+    finally:
+        engine.slots.current = slot
+    return [c.response_ids for c in out]
+
+
+def test_a_version_in_place_is_vllms_own_build_and_activation_of_it(engine):
+    """A version written into its slot leaves there what vLLM's own add and activate of the same
+    version put into the other slot, to the bit; greedy decoding gives the same tokens under
+    either, and other tokens than the version before it (built by vLLM beside it)."""
+    from vllm.lora.request import LoRARequest
+
+    slots, core = engine.slots, engine.llm.llm_engine
+    previous, tensors = adapter(seed=19), adapter(seed=20)
+    for version in (previous, tensors):
+        engine.incoming_version = slots.next_version()
+        engine.load_weights(version)
+    assert "write_s" in slots.timings  # the second went in place
+    print(f"a version written in place in {engine.load_seconds * 1e3:.2f} ms ({_times(slots)})")
+    lora_id = slots.lora_id
+    assert core.list_loras() == {lora_id}
+
+    def beside(twin_id: int, version: dict[str, torch.Tensor]) -> LoRARequest:
+        engine._adapter_from_memory(twin_id, version, adapter_config(LORA, None))
+        return LoRARequest(f"vllm-built-{twin_id}", twin_id, str(slots.folder(twin_id)))
+
+    try:
+        twin = beside(1000, tensors)
+        differ = engine.llm.collective_rpc(_slot_differences, args=(lora_id, 1000))[0]
+        assert not differ, differ[:4]
+        greedy = _greedy(engine, slots.current, seed=6)
+        assert greedy == _greedy(engine, twin, seed=6)
+        core.remove_lora(1000)
+        assert greedy != _greedy(engine, beside(1001, previous), seed=6)
+    finally:
+        for twin_id in (1000, 1001):
+            core.remove_lora(twin_id)
+    assert core.list_loras() == {lora_id}
+
+
 def test_a_version_from_a_folder_as_an_engine_of_its_own_process_takes_it(engine, w0):
     """The path for an engine whose workers are other processes (TP>1): a PEFT folder in
     /dev/shm that vLLM's add_lora reads."""
     slots, core = engine.slots, engine.llm.llm_engine
     from_memory, slots.from_memory = slots.from_memory, None
+    in_place, slots.in_place = slots.in_place, None
     try:
         version = slots.next_version()
         tensors = adapter(seed=2)
@@ -159,7 +235,7 @@ def test_a_version_from_a_folder_as_an_engine_of_its_own_process_takes_it(engine
         assert core.list_loras() == {version + 1}
         _samples_are(engine, w0, tensors, {"the base alone": w0}, seed=4)
     finally:
-        slots.from_memory = from_memory
+        slots.from_memory, slots.in_place = from_memory, in_place
 
 
 def test_an_engine_of_its_own_process_takes_each_version_from_a_folder(base, w0):

@@ -133,6 +133,18 @@ def test_the_fsdp_trainer_on_one_rank_steps_like_the_cpu_trainer():
     }
     for name, tensor in expected.items():
         torch.testing.assert_close(published[name], tensor, rtol=0, atol=1e-5)
+    fsdp.publish_dtype = torch.bfloat16  # as runs publish: every matrix cast in one go
+    for name, tensor in fsdp.hf_state_dict().items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, published[name].bfloat16())
+    # a later publish reads the parameters as they are then (where they sit was found once)
+    fsdp.publish_dtype = torch.float32
+    published = {k: v.clone() for k, v in published.items()}  # float32 publishes are live
+    a, b = _step(cpu, 5), _step(fsdp, 5)
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+    later, expected = fsdp.hf_state_dict(), cpu.hf_state_dict()
+    assert any(not torch.equal(later[k], published[k]) for k in later)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(later[name], tensor, rtol=0, atol=1e-5)
 
 
 def test_frozen_projections_are_stored_in_the_compute_dtype():

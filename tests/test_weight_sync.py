@@ -15,7 +15,7 @@ import pytest
 import torch
 from runtime_helpers import finish, metrics, start
 
-from runtime.weights.flat import fill, flat_layout, views
+from runtime.weights.flat import cast_together, fill, flat_layout, views
 from runtime.weights.push import PushReceiver, PushSender
 from runtime.weights.transport import Endpoint, Publisher, choose, connections
 
@@ -42,6 +42,45 @@ def test_flat_layout_aligns_and_views_round_trip():
     # views share the buffer's bytes
     views(buffer, entries)["norm.weight"].fill_(2.0)
     assert torch.equal(views(buffer, entries)["norm.weight"], torch.full((5,), 2.0))
+
+
+def test_views_of_a_buffer_inside_a_larger_one_and_of_entries_outside_it():
+    """A buffer that is itself a view of a larger one gives the same tensors; an entry past its
+    end is refused, not read from the storage beyond."""
+    sd = state(2)
+    entries, total = flat_layout(sd)
+    for at in (0, 8, 256):
+        backing = torch.zeros(at + total + 64, dtype=torch.uint8)
+        buffer = backing[at : at + total]
+        fill(buffer, entries, sd)
+        got = views(buffer, entries)
+        for name, tensor in sd.items():
+            assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), (at, name)
+            assert got[name].is_contiguous() and got[name].shape == tensor.shape
+        got["proj.weight"].fill_(3.0)  # views, not copies
+        assert torch.equal(
+            views(buffer, entries)["proj.weight"], torch.full((3, 5), 3.0).bfloat16()
+        )
+    last = max(entries, key=lambda n: entries[n].offset)
+    with pytest.raises(ValueError, match=f"{last} .* is not in the buffer"):
+        views(torch.zeros(entries[last].offset + 4, dtype=torch.uint8), entries)
+
+
+def test_cast_together_is_each_tensors_own_cast_in_one_buffer():
+    g = torch.Generator().manual_seed(3)
+    tensors = {
+        "a": torch.randn(4, 6, generator=g),
+        "b": torch.randn(6, 4, generator=g).to(torch.bfloat16),
+        "c": torch.randn(5, generator=g, dtype=torch.float64),
+    }
+    out = cast_together(tensors, torch.bfloat16)
+    assert list(out) == ["a", "b", "c"] and out["b"] is tensors["b"]  # as .to gives it
+    for name, tensor in tensors.items():
+        assert out[name].dtype == torch.bfloat16 and torch.equal(out[name], tensor.bfloat16())
+    cast = [out["a"], out["c"]]
+    assert cast[0].untyped_storage().data_ptr() == cast[1].untyped_storage().data_ptr()
+    assert all(t.is_contiguous() for t in cast)
+    assert cast_together({"b": tensors["b"]}, torch.bfloat16)["b"] is tensors["b"]
 
 
 def test_choose_paths():

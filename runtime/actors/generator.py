@@ -72,10 +72,14 @@ class GeneratorActor(Actor):
             self.receiver = receiver("store", self.store, build.device())
         if hasattr(self.backend, "incoming_version"):  # vLLM names a LoRA version after it
             self.backend.incoming_version = version
+        # The receiver's awaits only wait for the bytes; the load itself (backend.load_weights)
+        # runs on this actor's thread without yielding, as `generate` does: a version written
+        # over the one before in place (vLLM's LoRA slot) never lands inside a generation.
         loaded, nbytes = await self.receiver.load(version, self.backend)
         self.backend.policy_version = loaded
         out = {"version": loaded, "bytes": nbytes, "seconds": time.perf_counter() - start}
-        # a LoRA version into vLLM from memory: its build (vLLM's LoRAModel) and slot activation
+        # a LoRA version into vLLM from memory, in parts: its build (vLLM's LoRAModel) and slot
+        # activation, or its write in place (runtime.backends.vllm_lora)
         slots = getattr(self.backend, "slots", None)
         for part, seconds in (getattr(slots, "timings", None) or {}).items():
             out[f"adapter_{part}"] = seconds

@@ -57,8 +57,9 @@ from runtime.backends.scoring import rank_rows, response_logprobs, score_rows
 from runtime.backends.titan_trainer import OptimizerConfig
 from runtime.models import ModelSpec, to_hf
 from runtime.models.loading import WeightSource, as_source, load_into
-from runtime.models.lora import adapter_off, adapter_state, peft_state
+from runtime.models.lora import AdapterParameters, adapter_off, adapter_state, peft_state
 from runtime.models.titan import materialize, meta_model
+from runtime.weights.flat import cast_together
 
 # Stats that add up across micro-batches and ranks; the rest are averaged weighted by tokens.
 _SUMMED = ("loss", "pg_loss", "response_tokens")  # runtime.grpo.SUMMED_STATS
@@ -125,6 +126,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         self.spec = spec
         self.attention = attention  # SFT's packed rows: "varlen", "document" or "flex" (packing.py)
         self.lora = lora
+        self._adapter: AdapterParameters | None = None  # where the adapter's parameters sit
         self.optim_config = optim
         self.temperature = temperature
         self.device = torch.device(device)
@@ -377,7 +379,9 @@ class FSDPTrainer(trainer_state.Checkpointing):
         keep = self.rank == 0
         with torch.no_grad():
             if self.lora is not None:  # the adapter alone, under PEFT's names
-                adapter = {k: _full(v).detach() for k, v in adapter_state(self.model).items()}
+                if self._adapter is None:  # built at the first publish, once wrapped
+                    self._adapter = AdapterParameters(self.model)
+                adapter = {k: _full(v).detach() for k, v in self._adapter().items()}
                 yield self._peft(adapter, self.publish_dtype) if keep else {}
                 return
             for prefix, module in self._groups():
@@ -404,8 +408,10 @@ class FSDPTrainer(trainer_state.Checkpointing):
     def _peft(self, adapter: dict[str, Tensor], dtype: torch.dtype, meta: bool = False) -> Any:
         if meta:
             adapter = {k: torch.empty(v.shape, device="meta") for k, v in adapter.items()}
-        out = peft_state(adapter, self.spec.family, self.lora, self.spec)
-        return {k: v.to(dtype) for k, v in out.items()}
+            out = peft_state(adapter, self.spec.family, self.lora, self.spec)
+            return {k: v.to(dtype) for k, v in out.items()}
+        # hundreds of matrices each version: one buffer and one multi-tensor cast
+        return cast_together(peft_state(adapter, self.spec.family, self.lora, self.spec), dtype)
 
     def _groups(self) -> Iterator[tuple[str, torch.nn.Module]]:
         outside = torch.nn.ModuleDict(

@@ -195,8 +195,9 @@ class VLLMGenerator:
     With `lora` (a recipe's `model.lora`) the engine serves LoRA adapters: a version of the
     adapter alone (PEFT names) goes to `runtime.backends.vllm_lora.LoraSlots` under the number
     `incoming_version` gives (the actor sets it before each load), and every generation uses
-    the newest (from memory with TP=1 in this process, else from a folder in /dev/shm); a
-    version of base weights loads as without LoRA.
+    the newest (with TP=1 in this process from memory, every version after the first written
+    into the first's GPU slot in place; else from a folder in /dev/shm); a version of base
+    weights loads as without LoRA.
     """
 
     def __init__(
@@ -292,11 +293,16 @@ class VLLMGenerator:
         self.init_seconds = time.perf_counter() - start
         if lora is not None:
             from runtime.backends.vllm_lora import LoraSlots
+            from runtime.backends.vllm_lora_slot import InPlace
 
-            # the worker is this process only with TP=1 in process: tensors reach it as they are
+            # the worker is this process's only with TP=1 in process: tensors reach it as they
+            # are, and its GPU slots are this process's memory
             direct = tensor_parallel_size == 1 and engine_in_process
             self.slots = LoraSlots(
-                self.llm.llm_engine, lora, from_memory=self._adapter_from_memory if direct else None
+                self.llm.llm_engine,
+                lora,
+                from_memory=self._adapter_from_memory if direct else None,
+                in_place=InPlace(self._plan_slot) if direct else None,
             )
         if weights is not None:
             self.load_weights(weights)
@@ -378,8 +384,11 @@ class VLLMGenerator:
         self._after_load(missing, start)
 
     def _load_adapter(self, tensors: Mapping[str, Tensor], start: float) -> None:
-        """An adapter version into a slot of its own. Neither the probe (the base weights did
-        not change) nor a prefix-cache reset (the cache keys on the adapter's name)."""
+        """An adapter version, over the one before in its GPU slot or into a slot of its own
+        (runtime.backends.vllm_lora). Neither the probe (the base weights did not change) nor
+        a prefix-cache reset (the cache keys on the adapter's name, new with each version).
+        Called between generations only: the actor's endpoints run one at a time, so no
+        generation is in flight while the slot is written."""
         check_adapter(tensors, self.spec, self.slots.lora)
         version, self.incoming_version = self.incoming_version, None
         self.slots.load(self.slots.next_version() if version is None else version, tensors)
@@ -391,6 +400,13 @@ class VLLMGenerator:
         from runtime.backends.vllm_worker import add_adapter_on_worker
 
         return self.llm.collective_rpc(add_adapter_on_worker, args=(lora_id, tensors, config))[0]
+
+    def _plan_slot(
+        self, lora_id: int, tensors: Mapping[str, Tensor], config: dict[str, Any]
+    ) -> Any:
+        from runtime.backends.vllm_worker import plan_slot_on_worker
+
+        return self.llm.collective_rpc(plan_slot_on_worker, args=(lora_id, tensors, config))[0]
 
     def _after_load(self, missing: Sequence[Sequence[str]], start: float) -> None:
         if any(missing):

@@ -1,16 +1,25 @@
 """The policy as a vLLM LoRA adapter: each version is registered with the engine, which samples
 with it while the base weights stay where they are.
 
-Version v is `LoRARequest("policy-v<v>", v + 1, path)`, added eagerly: the load happens in the
-weight update, which times it, not in the first generation after it. With the engine's worker in
-this process (TP=1, the engine core in this process) the adapter goes in from memory, the tensors
-handed straight to the worker's LoRA manager (runtime.backends.vllm_worker.add_adapter_on_worker);
-otherwise (TP>1, or an engine core of its own process) vLLM's public `add_lora` reads it from a
-path, so it is first written as a PEFT folder in shared memory,
-`/dev/shm/forgesky-lora-<pid>-<n>/v<v>/` (runtime.models.peft_format; n counts the engines this
-process made). The previous version is then removed (and its folder deleted). Two slots
-(`max_loras=2`) let v load while v-1 is still registered. vLLM keys its prefix cache on the
-adapter's name, new with every version, so no cache reset is needed.
+Version v is `LoRARequest("policy-v<v>", id, path)`, loaded eagerly: the load happens in the
+weight update, which times it, not in the first generation after it. How it loads:
+- TP=1, the engine's worker in this process, and an adapter already in a GPU slot: written in
+  place into that slot and into vLLM's registered copy of the adapter
+  (runtime.backends.vllm_lora_slot: a few multi-tensor copies, what vLLM's own build and
+  activation would put there), under the id of the adapter it replaces;
+- otherwise (the first version, or one the slot cannot take as it is: the reason is said on
+  stderr) with TP=1 from memory, the tensors handed to the worker's LoRA manager to build and
+  activate (runtime.backends.vllm_worker.add_adapter_on_worker) under the id v + 1;
+- with TP>1, or an engine core of its own process, through vLLM's public `add_lora`, which
+  reads a path: the version is first written as a PEFT folder in shared memory,
+  `/dev/shm/forgesky-lora-<pid>-<n>/v<v>/` (runtime.models.peft_format; n counts the engines
+  this process made), under the id v + 1.
+A version under a new id removes the one before (and its folder); two slots (`max_loras=2`) let
+it load while the one before is still registered. vLLM keys its prefix cache on the adapter's
+name (`_gen_lora_extra_hash_keys` in vllm/v1/core/kv_cache_utils.py), new with every version
+(the id may stay), so no cache reset is needed. A version loads
+between generations (the generator actor's endpoints run one at a time), so no completion mixes
+two versions, in place or not.
 """
 
 from __future__ import annotations
@@ -64,7 +73,10 @@ class LoraSlots:
 
     `request_type` builds a request from (name, id, path): vLLM's `LoRARequest` unless given.
     `from_memory(id, tensors, adapter_config)`, where given, registers a version from its
-    tensors (no folder is written) and returns the seconds its parts took.
+    tensors (no folder is written) and returns the seconds its parts took. `in_place(id,
+    tensors, adapter_config)`, where given, writes a version over the adapter registered as
+    `id` and returns the seconds its parts took, or None where it cannot (the version is then
+    registered under an id of its own).
     """
 
     def __init__(
@@ -75,6 +87,8 @@ class LoraSlots:
         request_type: Callable[..., Any] = _vllm_request,
         from_memory: Callable[[int, Mapping[str, Tensor], dict[str, Any]], dict[str, float]]
         | None = None,
+        in_place: Callable[[int, Mapping[str, Tensor], dict[str, Any]], dict[str, float] | None]
+        | None = None,
     ):
         self.engine, self.lora = engine, lora
         shm = Path("/dev/shm")
@@ -83,24 +97,35 @@ class LoraSlots:
         self.root = Path(root) if root is not None else parent / own
         self.request_type = request_type
         self.from_memory = from_memory
+        self.in_place = in_place
         self.timings: dict[str, float] = {}
         self.current: Any = None
         self.version: int | None = None
+        self.lora_id: int | None = None  # vLLM's id of the adapter `current` names
 
     def folder(self, version: int) -> Path:
         """Where version `version` is written."""
         return self.root / f"v{version}"
 
-    def request(self, version: int) -> Any:
-        """The request that names version `version` (vLLM's ids start at 1)."""
-        return self.request_type(f"policy-v{version}", version + 1, str(self.folder(version)))
+    def request(self, version: int, lora_id: int | None = None) -> Any:
+        """The request that names version `version`, under vLLM's id `lora_id` (by default its
+        own, version + 1: vLLM's ids start at 1)."""
+        lora_id = version + 1 if lora_id is None else lora_id
+        return self.request_type(f"policy-v{version}", lora_id, str(self.folder(version)))
 
     def load(self, version: int, tensors: Mapping[str, Tensor]) -> Any:
-        """Register version `version` (PEFT names, any device, views included), then drop the
-        one before; returns its request."""
+        """Register version `version` (PEFT names, any device, views included), in place of the
+        one before where `in_place` can, else under an id of its own, then dropping the one
+        before; returns its request."""
         if self.version is not None and version <= self.version:
             # an id vLLM has seen keeps its first adapter: the new one would never be read
             raise ValueError(f"adapter version {version} after version {self.version}")
+        if self.in_place is not None and self.lora_id is not None:
+            timings = self.in_place(self.lora_id, tensors, adapter_config(self.lora, None))
+            if timings is not None:
+                self.timings = timings
+                self.current, self.version = self.request(version, self.lora_id), version
+                return self.current
         request = self.request(version)
         if self.from_memory is not None:
             self.timings = self.from_memory(version + 1, tensors, adapter_config(self.lora, None))
@@ -108,10 +133,11 @@ class LoraSlots:
             write_adapter_folder(self.folder(version), tensors, self.lora, None)
             if not self.engine.add_lora(request):
                 raise RuntimeError(f"vLLM did not add the adapter of policy version {version}")
-        previous = self.version
-        self.current, self.version = request, version
+        previous, previous_id = self.version, self.lora_id
+        self.current, self.version, self.lora_id = request, version, version + 1
+        if previous_id is not None:
+            self.engine.remove_lora(previous_id)
         if previous is not None:
-            self.engine.remove_lora(previous + 1)
             shutil.rmtree(self.folder(previous), ignore_errors=True)
         return request
 

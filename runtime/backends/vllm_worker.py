@@ -1,5 +1,7 @@
 """What runs inside a vLLM worker process through `collective_rpc`: loading a policy version into
-the model the engine executes, and proving it arrived there.
+the model the engine executes, and proving it arrived there; registering a LoRA version with
+vLLM's LoRA manager, and planning where later versions go in its GPU slot
+(runtime.backends.vllm_lora_slot).
 
 With the engine core in the generator's process the worker is that process (TP=1) or workers it
 started (TP>1), and these module-level functions are handed to `collective_rpc` themselves
@@ -146,3 +148,37 @@ def add_adapter_on_worker(
     adapters.activate_adapter(lora_id)
     torch.cuda.synchronize()
     return {"build_s": built - start, "activate_s": time.perf_counter() - built}
+
+
+def plan_slot_on_worker(
+    worker: Any, lora_id: int, tensors: Mapping[str, Tensor], config: Mapping[str, Any]
+) -> Any:
+    """Runs inside a vLLM worker of this process (TP=1): where each matrix of a version goes
+    in the GPU slot of the adapter `lora_id` and in vLLM's registered copy of it
+    (runtime.backends.vllm_lora_slot.SlotWrite), read off vLLM's own LoRA manager: its layers,
+    packed modules and slot table, its parsing of PEFT names and its scale."""
+    from vllm.lora.peft_helper import PEFTHelper
+    from vllm.lora.utils import parse_fine_tuned_lora_name
+
+    from runtime.backends.vllm_lora_slot import NotInPlace, plan_slot
+
+    manager = worker.model_runner.lora_manager
+    adapters = manager._adapter_manager
+    lora = adapters.get_adapter(lora_id)
+    if lora is None or lora_id not in adapters.lora_index_to_id:
+        raise NotInPlace(f"vLLM holds no adapter numbered {lora_id} in a GPU slot")
+    helper = PEFTHelper.from_dict(
+        {**config, "vllm_max_position_embeddings": manager.max_position_embeddings}
+    )
+    mapper = getattr(adapters.model, "hf_to_vllm_mapper", None)
+    return plan_slot(
+        lora_id=lora_id,
+        slot=adapters.lora_index_to_id.index(lora_id),
+        layers=adapters.modules,
+        packed=adapters.packed_modules,
+        adapter=lora.loras,
+        where={name: parse_fine_tuned_lora_name(name, mapper) for name in tensors},
+        tensors=tensors,
+        scale=helper.vllm_lora_scaling_factor,
+        config=dict(config),
+    )

@@ -198,7 +198,8 @@ class Controller:
                 # the last switch that ended (this step's may still be loading)
                 "sync/ready_s": self.policy.last_ready_s,
                 **{f"time/{k}": pub[k] for k in ("push_s", "push_wait_s") if k in pub},
-                # a LoRA version's load into vLLM, in parts: build_s and activate_s
+                # a LoRA version's load into vLLM, in parts: build_s and activate_s (added
+                # anew), or write_s (in place, with plan_s when its plan was made)
                 **{f"time/adapter_{k}": v for k, v in self.policy.last_load_parts.items()},
                 "time/train_s": stats.get("time/train_s", 0.0),
                 "buffer/dropped_stale": rollouts.buffer.dropped_stale,

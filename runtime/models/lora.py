@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import math
 import re
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -135,6 +136,22 @@ def adapter_state(model: torch.nn.Module) -> dict[str, Tensor]:
     return {n: p for n, p in model.named_parameters() if ".lora_a." in n or ".lora_b." in n}
 
 
+class AdapterParameters:
+    """`adapter_state` of one model, read every version without walking the whole model: where
+    each adapter parameter is registered (its module and attribute) is found once, and each
+    call reads what is registered there now (FSDP swaps sharded and gathered parameters in and
+    out of their modules; the modules stay)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.places = []
+        for name in adapter_state(model):
+            owner, _, attr = name.rpartition(".")
+            self.places.append((name, model.get_submodule(owner), attr))
+
+    def __call__(self) -> dict[str, Tensor]:
+        return {name: module._parameters[attr] for name, module, attr in self.places}
+
+
 @contextlib.contextmanager
 def adapter_off(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """`model` as its frozen base: every LoRA projection's scaling 0 (base + 0 * BAx is the
@@ -152,7 +169,6 @@ def adapter_off(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
             module._lora_scaling = scaling
 
 
-@functools.lru_cache(maxsize=8)
 @functools.lru_cache(maxsize=8)
 def _hf_rows(spec: ModelSpec) -> dict[str, Tensor]:
     """For each attention projection whose output rows the family's HF conversion reorders,
@@ -191,6 +207,31 @@ def _rows(tensor: Tensor, rows: Tensor) -> Tensor:
     return tensor.index_select(0, rows.to(tensor.device))
 
 
+@functools.lru_cache(maxsize=32)
+def _rows_on(spec: ModelSpec, target: str, device: torch.device) -> Tensor:
+    """`_hf_rows(spec)[target]` on `device`, copied there once (not once per block a version)."""
+    return _hf_rows(spec)[target].to(device)
+
+
+@functools.lru_cache(maxsize=8)
+def _peft_names(
+    spec: ModelSpec, rank: int, modules: tuple[str, ...]
+) -> dict[str, tuple[str, tuple[int, ...], str | None]]:
+    """Every tensor's TorchTitan name -> (its PEFT name, its shape, the target whose B rows move
+    to HF's layout, else None), for an adapter of `rank` on `modules`: `peft_state`'s table,
+    made once, not per version (a recipe's Lora is not hashable: its targets are a list)."""
+    reorder = _hf_rows(spec)
+    out = {}
+    lora = types.SimpleNamespace(rank=rank, modules=modules)
+    for name, shape in adapter_shapes(spec, lora).items():
+        match = _TITAN_KEY.match(name)
+        assert match is not None, name
+        layer, target, side = match.groups()
+        moved = target if side == "b" and target in reorder else None
+        out[name] = (adapter_key(int(layer), HF_NAMES[target], side.upper()), shape, moved)
+    return out
+
+
 def peft_state(
     titan_adapter: dict[str, Tensor], family: str, lora: Any, spec: ModelSpec
 ) -> dict[str, Tensor]:
@@ -198,17 +239,21 @@ def peft_state(
     docstring)."""
     if family != spec.family:
         raise ValueError(f"family {family!r} is not the model's ({spec.family!r})")
-    reorder, out, shapes = _hf_rows(spec), {}, adapter_shapes(spec, lora)
+    names, out = _peft_names(spec, lora.rank, tuple(lora.modules)), {}
     for name, tensor in titan_adapter.items():
-        match = _TITAN_KEY.match(name)
-        if match is None:
-            raise KeyError(f"{name} is not a LoRA adapter tensor's name")
-        layer, target, side = match.groups()
-        _checked(name, tensor, name, shapes, lora)
-        if side == "b" and target in reorder:
-            tensor = _rows(tensor, reorder[target])
-        hf = HF_NAMES[target]
-        out[adapter_key(int(layer), hf, side.upper())] = tensor
+        known = names.get(name)
+        if known is None:
+            match = _TITAN_KEY.match(name)
+            if match is None:
+                raise KeyError(f"{name} is not a LoRA adapter tensor's name")
+            _checked(name, tensor, name, adapter_shapes(spec, lora), lora)  # raises: not lora's
+            raise AssertionError(name)
+        peft, shape, moved = known
+        if tensor.shape != shape:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}; the adapter's is {shape}")
+        if moved is not None:
+            tensor = tensor.index_select(0, _rows_on(spec, moved, tensor.device))
+        out[peft] = tensor
     return out
 
 

@@ -12,6 +12,7 @@ their projections alike on the Hugging Face side, so one naming serves both fami
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -95,20 +96,25 @@ def projection_shape(spec: ModelSpec, target: str) -> tuple[int, int]:
     }[target]
 
 
-def adapter_layout(spec: ModelSpec, lora: Lora) -> dict[str, tuple[int, int]]:
-    """Every adapter matrix of `lora` on a model of `spec`, name -> shape, block by block."""
+@functools.lru_cache(maxsize=8)
+def _layout(spec: ModelSpec, rank: int, modules: tuple[str, ...]) -> dict[str, tuple[int, int]]:
     layout: dict[str, tuple[int, int]] = {}
     for layer in range(spec.n_layers):
-        for target in lora.modules:
+        for target in modules:
             out, inp = projection_shape(spec, target)
-            layout[adapter_key(layer, target, "A")] = (lora.rank, inp)
-            layout[adapter_key(layer, target, "B")] = (out, lora.rank)
+            layout[adapter_key(layer, target, "A")] = (rank, inp)
+            layout[adapter_key(layer, target, "B")] = (out, rank)
     return layout
+
+
+def adapter_layout(spec: ModelSpec, lora: Lora) -> dict[str, tuple[int, int]]:
+    """Every adapter matrix of `lora` on a model of `spec`, name -> shape, block by block."""
+    return dict(_layout(spec, lora.rank, tuple(lora.modules)))
 
 
 def check_adapter(tensors: Mapping[str, torch.Tensor], spec: ModelSpec, lora: Lora) -> None:
     """KeyError unless `tensors` are exactly `lora`'s matrices on `spec`, with their shapes."""
-    layout = adapter_layout(spec, lora)
+    layout = _layout(spec, lora.rank, tuple(lora.modules))  # made once: checked every version
     if tensors.keys() != layout.keys():
         missing = sorted(layout.keys() - tensors.keys())
         unexpected = sorted(tensors.keys() - layout.keys())
