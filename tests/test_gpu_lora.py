@@ -182,10 +182,15 @@ def _greedy(engine, request, seed: int) -> list[list[int]]:
     return [c.response_ids for c in out]
 
 
+def _same_sequences(a: list[list[int]], b: list[list[int]]) -> int:
+    return sum(x == y for x, y in zip(a, b, strict=True))
+
+
 def test_a_version_in_place_is_vllms_own_build_and_activation_of_it(engine):
     """A version written into its slot leaves there what vLLM's own add and activate of the same
-    version put into the other slot, to the bit; greedy decoding gives the same tokens under
-    either, and other tokens than the version before it (built by vLLM beside it)."""
+    version put into the other slot, to the bit; greedy decoding gives the same sequences under
+    either (all but near-ties), and other sequences than the version before it (built by vLLM
+    beside it)."""
     from vllm.lora.request import LoRARequest
 
     slots, core = engine.slots, engine.llm.llm_engine
@@ -206,10 +211,18 @@ def test_a_version_in_place_is_vllms_own_build_and_activation_of_it(engine):
         twin = beside(1000, tensors)
         differ = engine.llm.collective_rpc(_slot_differences, args=(lora_id, 1000))[0]
         assert not differ, differ[:4]
+        # The slots' bits are the exact check. Greedy decoding is a loose one: the LoRA
+        # kernels' sums differ by slot in their last bits, so a near-tie can go the other way
+        # late in a sequence (1 of 16 did, 30-odd tokens in, on an H200): most sequences agree
+        # in full, and far fewer agree with the version before.
         greedy = _greedy(engine, slots.current, seed=6)
-        assert greedy == _greedy(engine, twin, seed=6)
+        same = _same_sequences(greedy, _greedy(engine, twin, seed=6))
         core.remove_lora(1000)
-        assert greedy != _greedy(engine, beside(1001, previous), seed=6)
+        before = _same_sequences(greedy, _greedy(engine, beside(1001, previous), seed=6))
+        print(
+            f"greedy sequences equal: {same}/16 under the twin, {before}/16 under the version before"
+        )
+        assert same >= 14 and before <= 8
     finally:
         for twin_id in (1000, 1001):
             core.remove_lora(twin_id)
