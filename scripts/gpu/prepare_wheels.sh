@@ -20,7 +20,7 @@ cd "$top"
 tools="$top/../shared/tools"
 "$tools/device-wheels" vllm==0.24.0 torchmonarch==0.7.0 torchtitan==0.3.0 pygtrie
 # Re-cut into 50 MiB chunks: a call carries one chunk plus the checkout (64 MiB in all), and the
-# checkout with its committed results is near 8 MiB.
+# checkout with its committed results is near 12 MiB.
 cat .whl/c*/part_* >.whl/all.tar
 rm -rf .whl/c[0-9]*
 split -b 50M -d -a 2 .whl/all.tar .whl/part_
