@@ -1,0 +1,250 @@
+"""runtime.procs.cpus: the CPU a thread last ran on (/proc), the host's layout (/sys), the specs
+that pin a process to CPUs; bench/gpu_grpo.py's --cpus and bench/cpu_runs.py's table."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.procs import cpus
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import cpu_runs  # noqa: E402
+import gpu_grpo  # noqa: E402
+
+
+def stat_line(comm: str, processor: int) -> str:
+    # proc(5): pid (comm) state, then fields 4..52; field 39 is the processor
+    fields = [str(n) for n in range(4, 53)]
+    fields[39 - 4] = str(processor)
+    return f"4242 ({comm}) R " + " ".join(fields) + "\n"
+
+
+def test_the_processor_field_is_read_after_a_command_with_spaces_and_parentheses(tmp_path):
+    task = tmp_path / "77/task/78"
+    task.mkdir(parents=True)
+    (task / "stat").write_text(stat_line("VLLM::Engine (x) 2", 13))
+    assert cpus.thread_cpu(78, pid=77, proc=tmp_path) == 13
+    assert cpus.thread_cpu(79, pid=77, proc=tmp_path) is None  # a thread that ended
+
+
+def test_this_threads_cpu_is_one_it_may_run_on():
+    here = cpus.thread_cpu(threading.get_native_id())
+    assert here in os.sched_getaffinity(0)
+
+
+def test_cpu_lists_read_and_fold_as_the_kernel_writes_them():
+    assert cpus.parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert cpus.parse_cpu_list("") == []
+    assert cpus.format_cpu_list([11, 0, 1, 2, 5, 10]) == "0-2,5,10-11"
+    for bad in ("a", "3-", "5-2", "1;2"):
+        with pytest.raises(ValueError, match="CPU list"):
+            cpus.parse_cpu_list(bad)
+
+
+def fake_sys(root: Path, siblings: dict[int, str], nodes: dict[int, str], gpu_node: str) -> None:
+    """A /sys of `siblings` (CPU -> its thread_siblings_list), NUMA `nodes` and one GPU at
+    0000:18:00.0 on `gpu_node`."""
+    cpu_dir = root / "devices/system/cpu"
+    for cpu, listed in siblings.items():
+        (cpu_dir / f"cpu{cpu}/topology").mkdir(parents=True)
+        (cpu_dir / f"cpu{cpu}/topology/thread_siblings_list").write_text(listed + "\n")
+    (cpu_dir / "online").write_text(cpus.format_cpu_list(list(siblings)) + "\n")
+    for node, listed in nodes.items():
+        (root / f"devices/system/node/node{node}").mkdir(parents=True)
+        (root / f"devices/system/node/node{node}/cpulist").write_text(listed + "\n")
+    gpu = root / "bus/pci/devices/0000:18:00.0"
+    gpu.mkdir(parents=True)
+    (gpu / "numa_node").write_text(gpu_node + "\n")
+
+
+# two nodes of two cores each, SMT siblings numbered apart (n, n + 4), as on many hosts
+TWO_NODES = {0: "0,4", 1: "1,5", 2: "2,6", 3: "3,7", 4: "0,4", 5: "1,5", 6: "2,6", 7: "3,7"}
+
+
+def test_the_layout_groups_siblings_and_finds_the_gpus_node(tmp_path):
+    fake_sys(tmp_path, TWO_NODES, {0: "0-1,4-5", 1: "2-3,6-7"}, "1")
+    topo = cpus.topology(tmp_path, gpu_bus_id="00000000:18:00.0")
+    assert topo.cpus == list(range(8))
+    assert topo.cores == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert topo.nodes == {0: [0, 1, 4, 5], 1: [2, 3, 6, 7]} and topo.gpu_node == 1
+    assert topo.one_per_core() == [0, 1, 2, 3]
+    assert topo.one_per_core([4, 5, 2]) == [2, 4, 5]
+    assert topo.node_of(6) == 1
+    assert topo.to_dict() == {
+        "cpus": "0-7",
+        "smt_siblings": ["0,4", "1,5", "2,6", "3,7"],
+        "numa_nodes": {"0": "0-1,4-5", "1": "2-3,6-7"},
+        "gpu_numa_node": 1,
+    }
+    allowed = list(range(8))
+    assert cpus.resolve("none", topo, allowed) is None
+    assert cpus.resolve("node", topo, allowed) == [2, 3, 6, 7]
+    assert cpus.resolve("cores", topo, allowed) == [0, 1, 2, 3]
+    assert cpus.resolve("node-cores", topo, allowed) == [2, 3]
+    assert cpus.resolve("node-cores", topo, [0, 1, 6, 7]) == [6, 7]
+    assert cpus.resolve("1,5", topo, allowed) == [1, 5]
+
+
+def test_a_gpu_without_a_node_is_on_the_only_node_or_unknown(tmp_path):
+    one = tmp_path / "one"
+    fake_sys(one, {0: "0-1", 1: "0-1", 2: "2-3", 3: "2-3"}, {0: "0-3"}, "-1")
+    topo = cpus.topology(one, gpu_bus_id="0000:18:00.0")
+    assert topo.gpu_node is None and topo.cores == [[0, 1], [2, 3]]
+    assert cpus.resolve("node-cores", topo, [0, 1, 2, 3]) == [0, 2]
+    two = tmp_path / "two"
+    fake_sys(two, TWO_NODES, {0: "0-1,4-5", 1: "2-3,6-7"}, "-1")
+    with pytest.raises(ValueError, match="NUMA node is not known"):
+        cpus.resolve("node", cpus.topology(two, gpu_bus_id="0000:18:00.0"), list(range(8)))
+
+
+def test_specs_the_host_cannot_meet_are_refused_in_one_line(tmp_path):
+    fake_sys(tmp_path, TWO_NODES, {0: "0-1,4-5", 1: "2-3,6-7"}, "1")
+    topo = cpus.topology(tmp_path, gpu_bus_id="0000:18:00.0")
+    for spec, allowed, words in [
+        ("9", list(range(8)), "9 not among this process's CPUs (0-7)"),
+        ("node", [0, 1], "no CPU of this process's (0-1)"),
+        ("fast", list(range(8)), "one of none, node, cores, node-cores or a CPU list"),
+    ]:
+        with pytest.raises(ValueError) as refused:
+            cpus.resolve(spec, topo, allowed)
+        assert words in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_nvidia_smis_bus_id_names_the_sys_device():
+    assert cpus.sysfs_bus("00000000:18:00.0") == "0000:18:00.0"
+    assert cpus.sysfs_bus("0000:AB:00.0") == "0000:ab:00.0"
+
+
+def test_pinning_moves_every_thread_and_the_watch_sees_the_pinned_cpu():
+    before = os.sched_getaffinity(0)
+    target = min(before)
+    started, done = threading.Event(), threading.Event()
+    other = threading.Thread(target=lambda: (started.set(), done.wait(10)))
+    other.start()
+    started.wait(5)
+    try:
+        assert cpus.pin_process([target]) >= 2
+        assert os.sched_getaffinity(other.native_id) == {target}
+        watch = cpus.CpuWatch([("self", threading.get_native_id())], every_s=0.01)
+        end = time.perf_counter() + 0.1
+        while time.perf_counter() < end:
+            pass
+        seen = watch.stop()
+        (only,) = seen.values()
+        assert set(only) == {str(target)} and sum(only.values()) >= 2
+        assert watch.moves == {("self", threading.get_native_id()): 0}
+    finally:
+        done.set()
+        other.join()
+        cpus.pin_process(sorted(before))
+    assert os.sched_getaffinity(0) == before
+
+
+def test_the_watch_counts_a_move_between_cpus(tmp_path):
+    task = tmp_path / "5/task/6"
+    task.mkdir(parents=True)
+    (task / "stat").write_text(stat_line("python", 2))
+    watch = cpus.CpuWatch([(5, 6)], every_s=3600, proc=tmp_path)  # the first sample: CPU 2
+    (task / "stat").write_text(stat_line("python", 9))
+    seen = watch.stop()  # and one more as it stops
+    assert seen == {"5/6": {"2": 1, "9": 1}} and watch.moves[(5, 6)] == 1
+
+
+def test_the_benchs_cpus_option_takes_words_and_lists_and_refuses_the_rest():
+    assert gpu_grpo.cpu_spec("node-cores") == "node-cores"
+    assert gpu_grpo.cpu_spec(" 0-3,8 ") == "0-3,8"
+    for bad in ("fast", "3-1", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="one of none, node"):
+            gpu_grpo.cpu_spec(bad)
+
+
+def test_the_table_lists_each_processs_calls_and_the_sweep():
+    placement = {
+        "cpus_spec": "none",
+        "affinity": "0-3",
+        "topology": {"cpus": "0-3", "smt_siblings": ["0,2", "1,3"], "numa_nodes": {"0": "0-3"},
+                     "gpu_numa_node": None},
+    }  # fmt: skip
+    result = {
+        "device": {"name": "H200"},
+        "cpus_1_none": {
+            "cpu_placement": placement,
+            "calls_list": [
+                {"s": 2.54, "cpus_seen": {"3": 50, "1": 2}},
+                {"s": 3.3, "cpus_seen": {}},
+            ],
+        },
+        "cpus_2_sweep": {
+            "cpu_placement": {**placement, "cpus_spec": "none"},
+            "calls_list": [{"s": 2.5, "cpus_seen": {"1/1": {"0": 4}, "1/9": {"2": 1}}}],
+            "cpu_sweep": [{"cpu": 0, "s": 2.51}, {"cpu": 1, "s": 3.31}],
+        },
+        "cpus_3_cores": {"cpu_placement": placement},
+    }
+    table = cpu_runs.markdown(result)
+    assert "| cpus_1_none | none | 0-3 | 2.54 | 3 (50), 1 (2) |" in table
+    assert "|  |  |  | 3.30 | - |" in table
+    assert "| 2.50 | 1/1: 0 (4); 1/9: 2 (1) |" in table
+    assert "| cpus_2_sweep | 1 | 3.31 |" in table
+    assert "| cpus_3_cores | - | - | no call | - |" in table
+    assert "SMT siblings 0,2 1,3; NUMA nodes {'0': '0-3'}; the GPU's node None" in table
+
+
+def test_the_tables_script_refuses_a_missing_file_in_one_line(tmp_path, capsys):
+    assert cpu_runs.main([str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.strip() == f"cpu_runs.py: no {tmp_path / 'none.json'}"
+
+
+def test_a_bad_cpus_option_stops_the_bench_before_anything_starts(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench/gpu_grpo.py"), "vllm", "--cpus", "fast",
+         "--out", str(tmp_path / "out.json")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2 and "argument --cpus: not a CPU list: 'fast'" in run.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+def device_run_cpus(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts/gpu/device_run.sh"), "cpus", "--dry-run", *args],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env={**os.environ, "OUT": str(tmp_path / "out"), "TAG": "_t", **env},
+    )  # fmt: skip
+
+
+def test_device_runs_cpus_mode_starts_a_process_a_run_and_refuses_unknown_words(tmp_path):
+    run = device_run_cpus(tmp_path, "--engine", "separate")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    names = [line.split(",")[0] for line in lines if line.startswith("cpus: ")]
+    assert names == [f"cpus: cpus_{i}" for i in ("1_none", "2_sweep", "3_none", "4_node-cores",
+                                                  "5_none")]  # fmt: skip
+    commands = [line.strip() for line in lines if line.startswith("  ")]
+    assert all("bench/gpu_grpo.py vllm --calls-only --out /tmp/bench/gpu_grpo_cpus_t.json"
+               in c and c.endswith("--engine separate") for c in commands)  # fmt: skip
+    assert "--section cpus_1_none --calls 4 --cpus none" in commands[0]
+    assert "timeout -s TERM -k 20 120 " in commands[0]
+    # the sweep: one call, then one a CPU, in a limit 4 s a CPU longer
+    assert f"timeout -s TERM -k 20 {120 + 4 * len(os.sched_getaffinity(0))} " in commands[1]
+    assert "--section cpus_2_sweep --calls 1 --cpu-sweep" in commands[1]
+    assert "--cpus node-cores" in commands[3]
+    picked = device_run_cpus(tmp_path, CPUS_RUNS="0-3 cores", CPUS_CALLS="2", CPUS_RUN_S="90")
+    assert "timeout -s TERM -k 20 90 " in picked.stdout
+    assert "--section cpus_1_0-3 --calls 2 --cpus 0-3" in picked.stdout
+    assert "--section cpus_2_cores --calls 2 --cpus cores" in picked.stdout
+    bad = device_run_cpus(tmp_path, CPUS_RUNS="none fast")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "cpus: fast in CPUS_RUNS: none, node, cores, node-cores, " \
+        "sweep or a CPU list"  # fmt: skip
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
