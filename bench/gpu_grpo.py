@@ -1,7 +1,7 @@
 """GPU throughput of a real recipe with random weights: the whole GRPO loop, and vLLM alone.
 
     python bench/gpu_grpo.py grpo [--recipe qwen3-1.7b] [--steps 8] [--response-tokens 512]
-    python bench/gpu_grpo.py vllm [--recipe qwen3-1.7b] [--response-tokens 512]
+    python bench/gpu_grpo.py vllm [--recipe qwen3-1.7b] [--response-tokens 512] [--cpus SPEC] [--cpu-sweep]
 
 `grpo` runs the recipe through the runtime (`runtime.control.run.run`, what `python -m runtime` calls
 after parsing) with `model.init=random` and the Hub-free `builtin:arith` prompts and tokenizer,
@@ -20,7 +20,13 @@ throughput the loop's generation is compared with, a 512-sequence point, and the
 weight-load rate. `--engine` puts vLLM's engine core in this process (as the generator runs it by
 default) or in a process of its own (vLLM's default; `--set generator.engine=separate` does the
 same for `grpo`'s generator); both sections record which ran (`engine`), and a GRPO section's
-ratio to vLLM alone names the engine alone ran (`standalone_engine`).
+ratio to vLLM alone names the engine alone ran (`standalone_engine`). Each timed call is
+listed (`calls_list`: seconds, tokens, the engine thread's CPU seconds and switches, the CPUs it
+was seen on every 50 ms), beside the host's CPU layout (`cpu_placement`: SMT siblings, NUMA
+nodes, the GPU's node, the process's CPUs); `--cpus` pins the process before the engine starts
+(runtime/procs/cpus.py's words or a list), `--cpu-sweep` adds one call with the engine's thread
+pinned to each CPU in turn (`cpu_sweep`), `--calls-only` keeps only the timed calls
+(`device_run.sh cpus` runs several such processes; bench/cpu_runs.py tabulates them).
 
 `train` times the trainer alone (`FSDPTrainer.train_step`, the GRPO loss, random weights and
 tokens) on `--sequences` sequences of `--seq-len` tokens (the last `--response-share` of each is
@@ -566,20 +572,20 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         recorder.start(os.getpid())
     try:
         calls = [timed(batch(i), g.group_size, i + 1) for i in range(args.calls)]
-        # --cpu-sweep: the engine's thread pinned to one CPU a call, each CPU of the process's
-        # in turn (the rest of the process where it was): a CPU's own speed, in one process
-        sweep = []
-        if args.cpu_sweep:
-            target = engine[0][1] if args.engine == "separate" else 0
-            held = os.sched_getaffinity(target)
-            for k, cpu in enumerate(sorted(held)):
-                os.sched_setaffinity(target, {cpu})
-                sweep.append({"cpu": cpu, **timed(batch(k), g.group_size, 1000 + k)})
-            os.sched_setaffinity(target, held)
     finally:
         sampler.stop()
         if recorder is not None:
             recorder.stop()
+    # --cpu-sweep: the engine's thread pinned to one CPU a call, each CPU of the process's in
+    # turn (the rest of the process where it was): each CPU's own speed, within one process
+    sweep = []
+    if args.cpu_sweep:
+        target = engine[0][1] if args.engine == "separate" else 0  # 0: this thread
+        held = os.sched_getaffinity(target)
+        for k, cpu in enumerate(sorted(held)):
+            os.sched_setaffinity(target, {cpu})
+            sweep.append({"cpu": cpu, **timed(batch(k), g.group_size, 1000 + k)})
+        os.sched_setaffinity(target, held)
     big = None if args.calls_only else timed(prompts[:64], 8, 99)  # 512 sequences
     gen.close()
     seconds = sum(c["s"] for c in calls)

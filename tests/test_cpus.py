@@ -228,8 +228,8 @@ def test_device_runs_cpus_mode_starts_a_process_a_run_and_refuses_unknown_words(
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     names = [line.split(",")[0] for line in lines if line.startswith("cpus: ")]
-    assert names == [f"cpus: cpus_{i}" for i in ("1_none", "2_sweep", "3_none", "4_node-cores",
-                                                  "5_none")]  # fmt: skip
+    order = ("1_none", "2_sweep", "3_none", "4_sweep", "5_node-cores")
+    assert names == [f"cpus: cpus_{i}" for i in order]
     commands = [line.strip() for line in lines if line.startswith("  ")]
     assert all("bench/gpu_grpo.py vllm --calls-only --out /tmp/bench/gpu_grpo_cpus_t.json"
                in c and c.endswith("--engine separate") for c in commands)  # fmt: skip
@@ -238,11 +238,18 @@ def test_device_runs_cpus_mode_starts_a_process_a_run_and_refuses_unknown_words(
     # the sweep: one call, then one a CPU, in a limit 4 s a CPU longer
     assert f"timeout -s TERM -k 20 {120 + 4 * len(os.sched_getaffinity(0))} " in commands[1]
     assert "--section cpus_2_sweep --calls 1 --cpu-sweep" in commands[1]
-    assert "--cpus node-cores" in commands[3]
+    assert "--cpu-sweep" in commands[3] and "--cpus node-cores" in commands[4]
     picked = device_run_cpus(tmp_path, CPUS_RUNS="0-3 cores", CPUS_CALLS="2", CPUS_RUN_S="90")
     assert "timeout -s TERM -k 20 90 " in picked.stdout
     assert "--section cpus_1_0-3 --calls 2 --cpus 0-3" in picked.stdout
     assert "--section cpus_2_cores --calls 2 --cpus cores" in picked.stdout
+    # no process runs past CPUS_BY (a dry run's take no time): each in what is left, and none
+    # with less than 90 s
+    soon = device_run_cpus(tmp_path, CPUS_BY=str(int(time.time()) + 100))
+    limits = [int(c.split()[0]) for c in soon.stdout.split("timeout -s TERM -k 20 ")[1:]]
+    assert len(limits) == 5 and all(95 <= s <= 100 for s in limits), soon.stdout
+    late = device_run_cpus(tmp_path, CPUS_BY=str(int(time.time()) + 30))
+    assert "cpus_1_none not started" in late.stdout and "timeout" not in late.stdout
     bad = device_run_cpus(tmp_path, CPUS_RUNS="none fast")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "cpus: fast in CPUS_RUNS: none, node, cores, node-cores, " \

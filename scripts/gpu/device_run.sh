@@ -54,12 +54,12 @@
 #                                      log tools_run$TAG.log
 #   scripts/gpu/device_run.sh cpus [ARGS]  stage, install if needed, then vLLM alone
 #                                      (bench/gpu_grpo.py vllm --calls-only ARGS) in one process a
-#                                      word of CPUS_RUNS (default "none sweep none node-cores
-#                                      none"): none, a --cpus spec (node, cores, node-cores, a
-#                                      list) with CPUS_CALLS calls (4), or sweep (one call with the
-#                                      engine's thread on each CPU in turn); each in CPUS_RUN_S
-#                                      (120; a sweep 4 s a CPU more), none started past
-#                                      CPUS_BY (epoch s; default the mode's start + 540); a log a
+#                                      word of CPUS_RUNS (default "none sweep none sweep
+#                                      node-cores"): none, a --cpus spec (node, cores, node-cores,
+#                                      a list) with CPUS_CALLS calls (4), or sweep (one call with
+#                                      the engine's thread on each CPU in turn); each in CPUS_RUN_S
+#                                      (120; a sweep 4 s a CPU more) and none past CPUS_BY (epoch
+#                                      s; default 540 s after the install); a log a
 #                                      process, gpu_grpo_cpus$TAG.json, and bench/cpu_runs.py's
 #                                      table (cpus_table$TAG.md); `cpus --dry-run` prints the runs
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
@@ -361,8 +361,8 @@ run_cpus() {
     dry=1
     shift
   fi
-  local runs=${CPUS_RUNS:-none sweep none node-cores none} calls=${CPUS_CALLS:-4}
-  local limit=${CPUS_RUN_S:-120} by=${CPUS_BY:-$(($(date +%s) + 540))}
+  local runs=${CPUS_RUNS:-none sweep none sweep node-cores} calls=${CPUS_CALLS:-4}
+  local limit=${CPUS_RUN_S:-120} by left
   local json=/tmp/bench/gpu_grpo_cpus$tag.json i=0 spec section log more run_s status=0 rc
   for spec in $runs; do
     case "$spec" in
@@ -377,6 +377,7 @@ run_cpus() {
     { install && check; } || return 3
     rm -f "$json"
   fi
+  by=${CPUS_BY:-$(($(date +%s) + 540))}
   mkdir -p /tmp/bench
   for spec in $runs; do
     i=$((i + 1))
@@ -389,15 +390,17 @@ run_cpus() {
     else
       more=(--calls "$calls" --cpus "$spec")
     fi
+    left=$((by - $(date +%s)))
+    if [ "$left" -lt 90 ]; then
+      echo "cpus: $section not started: ${left} s left before CPUS_BY, a process needs 90"
+      continue
+    fi
+    [ "$left" -ge "$run_s" ] || run_s=$left
     command=(timeout -s TERM -k 20 "$run_s" python3 bench/gpu_grpo.py vllm --calls-only
       --out "$json" --section "$section" "${more[@]}" "$@")
     echo "cpus: $section, log $(basename "$log")"
     if [ "$dry" = 1 ]; then
       echo "  ${command[*]}"
-      continue
-    fi
-    if [ $(($(date +%s) + run_s)) -gt "$by" ]; then
-      echo "cpus: $section not started: it could end past CPUS_BY"
       continue
     fi
     rc=0
