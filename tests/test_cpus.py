@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -255,3 +256,58 @@ def test_device_runs_cpus_mode_starts_a_process_a_run_and_refuses_unknown_words(
     assert bad.stderr.strip() == "cpus: fast in CPUS_RUNS: none, node, cores, node-cores, " \
         "sweep or a CPU list"  # fmt: skip
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+class BusyEngine:
+    """vLLM's place in `gpu_grpo.py vllm` on a machine without a GPU: each generate call keeps
+    the calling thread busy (as vLLM's engine steps keep it, in this process) for 30 ms."""
+
+    def __init__(self, spec, **kwargs) -> None:
+        self.init_seconds, self.logprobs_mode, self.tensor_parallel_size = 0.0, "raw", 1
+        self.closed = False
+
+    def generate(self, prompts, n, max_new_tokens, temperature, top_p, seed):
+        end = time.perf_counter() + 0.03
+        while time.perf_counter() < end:
+            pass
+        return [
+            SimpleNamespace(response_ids=[1] * max_new_tokens) for _ in prompts for _ in range(n)
+        ]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_vllm_bench_lists_each_call_with_its_cpus_pinned_and_swept(monkeypatch):
+    from runtime.backends import vllm_generator
+
+    monkeypatch.setattr(vllm_generator, "VLLMGenerator", BusyEngine)
+    before = os.sched_getaffinity(0)
+    first = min(before)
+    args = argparse.Namespace(
+        recipe="qwen3-1.7b", response_tokens=8, calls=2, engine="in-process", cpus=str(first),
+        cpu_sweep=True, calls_only=True, py_spy=None, tag="",
+    )  # fmt: skip
+    try:
+        section = gpu_grpo.run_vllm(args)
+        pinned = os.sched_getaffinity(0)
+    finally:
+        cpus.pin_process(sorted(before))
+    assert pinned == {first}
+    placement = section["cpu_placement"]
+    assert placement["cpus_spec"] == str(first) and placement["affinity"] == str(first)
+    assert placement["topology"]["cpus"] == cpus.format_cpu_list(cpus.topology().cpus)
+    calls = section["calls_list"]
+    assert len(calls) == 2 and section["call_s"] == pytest.approx(sum(c["s"] for c in calls) / 2)
+    for call in calls:
+        assert call["s"] >= 0.03 and call["tokens"] == 16 * 8 * 8
+        assert call["cpus_seen"] and set(call["cpus_seen"]) == {str(first)}
+        assert call["cpu_moves"] == 0 and call["cpu_s"] > 0
+    # the sweep: one call a CPU of the process's (here the one it was pinned to)
+    assert [row["cpu"] for row in section["cpu_sweep"]] == [first]
+    assert set(section["cpu_sweep"][0]["cpus_seen"]) == {str(first)}
+    assert (
+        "load_weights_from_cpu_s" not in section and section["tokens_per_s_512_sequences"] is None
+    )
+    table = cpu_runs.markdown({"cpus_1_sweep": section})
+    assert f"| cpus_1_sweep | {first} | {first} |" in table
