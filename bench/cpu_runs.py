@@ -29,8 +29,8 @@ def markdown(result: dict[str, Any]) -> str:
     """The processes' rows, then the sweeps' (one row a pinned CPU), then the host's layout."""
     sections = [(k, v) for k, v in result.items() if k.startswith("cpus_") and isinstance(v, dict)]
     lines = [
-        "| process | --cpus | CPUs allowed | call s | CPUs seen (samples) |",
-        "|---|---|---|---|---|",
+        "| process | hash seed | --cpus | CPUs allowed | call s | CPUs seen (samples) |",
+        "|---|---|---|---|---|---|",
     ]
     sweeps, topology = [], None
     for name, section in sections:
@@ -38,14 +38,12 @@ def markdown(result: dict[str, Any]) -> str:
         topology = topology or placement.get("topology")
         calls = section.get("calls_list", [])
         for i, call in enumerate(calls):
-            first = i == 0
-            lines.append(
-                f"| {name if first else ''} | {placement.get('cpus_spec', '-') if first else ''} "
-                f"| {placement.get('affinity', '-') if first else ''} | {call['s']:.2f} "
-                f"| {seen(call.get('cpus_seen', {}))} |"
-            )
+            head = [name, *(placement.get(k, "-") for k in ("python_hash_seed", "cpus_spec",
+                                                            "affinity"))]  # fmt: skip
+            cells = [*(head if i == 0 else [""] * 4), f"{call['s']:.2f}"]
+            lines.append(f"| {' | '.join(cells)} | {seen(call.get('cpus_seen', {}))} |")
         if not calls:
-            lines.append(f"| {name} | - | - | no call | - |")
+            lines.append(f"| {name} | - | - | - | no call | - |")
         sweeps += [(name, row) for row in section.get("cpu_sweep", [])]
     if sweeps:
         lines += ["", "| process | engine thread pinned to | call s |", "|---|---|---|"]

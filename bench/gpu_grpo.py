@@ -132,6 +132,8 @@ def cpu_placement(spec: str | None) -> dict[str, Any]:
         cpu_layout.pin_process(chosen)
     return {
         "topology": topo.to_dict(),
+        # fixed for the process as it starts: its string hashes' seed (random where unset)
+        "python_hash_seed": os.environ.get("PYTHONHASHSEED", "random"),
         "cpus_spec": spec or "none",
         "affinity": cpu_layout.format_cpu_list(sorted(os.sched_getaffinity(0))),
     }

@@ -171,6 +171,7 @@ def test_the_benchs_cpus_option_takes_words_and_lists_and_refuses_the_rest():
 
 def test_the_table_lists_each_processs_calls_and_the_sweep():
     placement = {
+        "python_hash_seed": "1",
         "cpus_spec": "none",
         "affinity": "0-3",
         "topology": {"cpus": "0-3", "smt_siblings": ["0,2", "1,3"], "numa_nodes": {"0": "0-3"},
@@ -193,11 +194,11 @@ def test_the_table_lists_each_processs_calls_and_the_sweep():
         "cpus_3_cores": {"cpu_placement": placement},
     }
     table = cpu_runs.markdown(result)
-    assert "| cpus_1_none | none | 0-3 | 2.54 | 3 (50), 1 (2) |" in table
-    assert "|  |  |  | 3.30 | - |" in table
+    assert "| cpus_1_none | 1 | none | 0-3 | 2.54 | 3 (50), 1 (2) |" in table
+    assert "|  |  |  |  | 3.30 | - |" in table
     assert "| 2.50 | 1/1: 0 (4); 1/9: 2 (1) |" in table
     assert "| cpus_2_sweep | 1 | 3.31 |" in table
-    assert "| cpus_3_cores | - | - | no call | - |" in table
+    assert "| cpus_3_cores | - | - | - | no call | - |" in table
     assert "SMT siblings 0,2 1,3; NUMA nodes {'0': '0-3'}; the GPU's node None" in table
 
 
@@ -235,6 +236,9 @@ def test_device_runs_cpus_mode_starts_a_process_a_run_and_refuses_unknown_words(
     assert all("bench/gpu_grpo.py vllm --calls-only --out /tmp/bench/gpu_grpo_cpus_t.json"
                in c and c.endswith("--engine separate") for c in commands)  # fmt: skip
     assert "--section cpus_1_none --calls 4 --cpus none" in commands[0]
+    assert [" ".join(c.split()[:2]) for c in commands] == [
+        f"env PYTHONHASHSEED={i}" for i in range(1, 6)
+    ]
     assert "timeout -s TERM -k 20 120 " in commands[0]
     # the sweep: one call, then one a CPU, in a limit 4 s a CPU longer
     assert f"timeout -s TERM -k 20 {120 + 4 * len(os.sched_getaffinity(0))} " in commands[1]
@@ -282,6 +286,7 @@ def test_the_vllm_bench_lists_each_call_with_its_cpus_pinned_and_swept(monkeypat
     from runtime.backends import vllm_generator
 
     monkeypatch.setattr(vllm_generator, "VLLMGenerator", BusyEngine)
+    monkeypatch.setenv("PYTHONHASHSEED", "7")  # as device_run.sh cpus sets it, a process each
     before = os.sched_getaffinity(0)
     first = min(before)
     args = argparse.Namespace(
@@ -310,4 +315,4 @@ def test_the_vllm_bench_lists_each_call_with_its_cpus_pinned_and_swept(monkeypat
         "load_weights_from_cpu_s" not in section and section["tokens_per_s_512_sequences"] is None
     )
     table = cpu_runs.markdown({"cpus_1_sweep": section})
-    assert f"| cpus_1_sweep | {first} | {first} |" in table
+    assert f"| cpus_1_sweep | 7 | {first} | {first} |" in table

@@ -396,8 +396,10 @@ run_cpus() {
       continue
     fi
     [ "$left" -ge "$run_s" ] || run_s=$left
-    command=(timeout -s TERM -k 20 "$run_s" python3 bench/gpu_grpo.py vllm --calls-only
-      --out "$json" --section "$section" "${more[@]}" "$@")
+    # a process's string hashes seeded by its number: one whose speed follows its seed can be
+    # made again
+    command=(env PYTHONHASHSEED="$i" timeout -s TERM -k 20 "$run_s" python3 bench/gpu_grpo.py
+      vllm --calls-only --out "$json" --section "$section" "${more[@]}" "$@")
     echo "cpus: $section, log $(basename "$log")"
     if [ "$dry" = 1 ]; then
       echo "  ${command[*]}"
