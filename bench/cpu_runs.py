@@ -1,6 +1,7 @@
 """The table of `device_run.sh cpus`: vLLM alone in several processes, each a section `cpus_*` of
-one JSON (bench/gpu_grpo.py vllm), by process: its CPU set, each call's seconds and the CPUs its
-engine thread was seen on; a `--cpu-sweep` process's calls by the CPU the thread was pinned to.
+one JSON (bench/gpu_grpo.py vllm), by process: its CPU set, each call's seconds, the CPUs its
+engine thread was seen on and the seconds the hypervisor stole from them (of all CPUs' stolen);
+a `--cpu-sweep` process's calls by the CPU the thread was pinned to.
 
     python bench/cpu_runs.py /tmp/bench/gpu_grpo_cpus.json
 
@@ -25,12 +26,20 @@ def seen(cpus: dict[str, Any]) -> str:
     return ", ".join(f"{cpu} ({n})" for cpu, n in ranked) or "-"
 
 
+def stolen(call: dict[str, Any]) -> str:
+    """The seconds stolen from the CPUs a call's engine thread was seen on, and from all the
+    host's CPUs ("0.02 of 0.31"); "-" where the call did not record them."""
+    if "steal_s" not in call:
+        return "-"
+    return f"{call['steal_s']:.2f} of {call.get('host_steal_s', 0.0):.2f}"
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The processes' rows, then the sweeps' (one row a pinned CPU), then the host's layout."""
     sections = [(k, v) for k, v in result.items() if k.startswith("cpus_") and isinstance(v, dict)]
     lines = [
-        "| process | hash seed | --cpus | CPUs allowed | call s | CPUs seen (samples) |",
-        "|---|---|---|---|---|---|",
+        "| process | hash seed | --cpus | CPUs allowed | call s | CPUs seen (samples) | stolen s |",
+        "|---|---|---|---|---|---|---|",
     ]
     sweeps, topology = [], None
     for name, section in sections:
@@ -41,13 +50,21 @@ def markdown(result: dict[str, Any]) -> str:
             head = [name, *(placement.get(k, "-") for k in ("python_hash_seed", "cpus_spec",
                                                             "affinity"))]  # fmt: skip
             cells = [*(head if i == 0 else [""] * 4), f"{call['s']:.2f}"]
-            lines.append(f"| {' | '.join(cells)} | {seen(call.get('cpus_seen', {}))} |")
+            lines.append(
+                f"| {' | '.join(cells)} | {seen(call.get('cpus_seen', {}))} | {stolen(call)} |"
+            )
         if not calls:
-            lines.append(f"| {name} | - | - | - | no call | - |")
+            lines.append(f"| {name} | - | - | - | no call | - | - |")
         sweeps += [(name, row) for row in section.get("cpu_sweep", [])]
     if sweeps:
-        lines += ["", "| process | engine thread pinned to | call s |", "|---|---|---|"]
-        lines += [f"| {name} | {row['cpu']} | {row['s']:.2f} |" for name, row in sweeps]
+        lines += [
+            "",
+            "| process | engine thread pinned to | call s | stolen s |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {name} | {row['cpu']} | {row['s']:.2f} | {stolen(row)} |" for name, row in sweeps
+        ]
     if topology:
         lines += [
             "",

@@ -559,6 +559,12 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
             call.update(dataclasses.asdict(thread_usage().since(before)))
         call["cpus_seen"] = seen if len(seen) > 1 else next(iter(seen.values()), {})
         call["cpu_moves"] = sum(watch.moves.values())  # samples on another CPU than the last
+        # the CPUs it was seen on meanwhile: busy, interrupt and stolen seconds (steal: the
+        # hypervisor ran something else on the host CPU under the virtual one); all CPUs' steal
+        on = {c for counts in watch.seen.values() for c in counts}
+        call["cpu_seconds"] = {str(c): watch.seconds[c] for c in sorted(on) if c in watch.seconds}
+        call["steal_s"] = watch.stolen_s()
+        call["host_steal_s"] = sum(v["steal_s"] for v in watch.seconds.values())
         return call
 
     per_step = g.prompts_per_step

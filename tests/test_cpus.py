@@ -151,14 +151,41 @@ def test_pinning_moves_every_thread_and_the_watch_sees_the_pinned_cpu():
     assert os.sched_getaffinity(0) == before
 
 
+STAT = """cpu  10 0 10 100 0 0 0 0 0 0
+cpu0 100 5 50 1000 7 3 2 4 0 0
+cpu1 200 0 20 900 1 0 0 0 0 0
+intr 12345
+"""
+
+
+def test_proc_stat_gives_each_cpus_busy_interrupt_and_stolen_seconds():
+    before = cpus.cpu_ticks(STAT)
+    assert set(before) == {0, 1} and before[0]["steal"] == 4 and before[0]["softirq"] == 2
+    after = cpus.cpu_ticks(
+        STAT.replace("cpu0 100 5 50 1000 7 3 2 4", "cpu0 150 5 60 1010 9 5 6 24")
+    )
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds = cpus.cpu_seconds(before, after)
+    # busy: user 50 + system 10 + irq 2 + softirq 4 + steal 20 (idle and iowait left out)
+    assert seconds[0] == {"busy_s": 86 / tick, "irq_s": 6 / tick, "steal_s": 20 / tick}
+    assert seconds[1] == {"busy_s": 0.0, "irq_s": 0.0, "steal_s": 0.0}
+
+
 def test_the_watch_counts_a_move_between_cpus(tmp_path):
     task = tmp_path / "5/task/6"
     task.mkdir(parents=True)
     (task / "stat").write_text(stat_line("python", 2))
+    (tmp_path / "stat").write_text(STAT)
     watch = cpus.CpuWatch([(5, 6)], every_s=3600, proc=tmp_path)  # the first sample: CPU 2
     (task / "stat").write_text(stat_line("python", 9))
+    (tmp_path / "stat").write_text(
+        STAT.replace("cpu1 200 0 20 900 1 0 0 0", "cpu1 200 0 20 900 1 0 0 50")
+    )
     seen = watch.stop()  # and one more as it stops
     assert seen == {"5/6": {"2": 1, "9": 1}} and watch.moves[(5, 6)] == 1
+    # stolen from CPU 1 meanwhile: the thread was never seen there
+    assert watch.seconds[1]["steal_s"] == 50 / os.sysconf("SC_CLK_TCK")
+    assert watch.stolen_s() == 0.0
 
 
 def test_the_benchs_cpus_option_takes_words_and_lists_and_refuses_the_rest():
@@ -182,7 +209,7 @@ def test_the_table_lists_each_processs_calls_and_the_sweep():
         "cpus_1_none": {
             "cpu_placement": placement,
             "calls_list": [
-                {"s": 2.54, "cpus_seen": {"3": 50, "1": 2}},
+                {"s": 2.54, "cpus_seen": {"3": 50, "1": 2}, "steal_s": 0.02, "host_steal_s": 0.5},
                 {"s": 3.3, "cpus_seen": {}},
             ],
         },
@@ -194,10 +221,10 @@ def test_the_table_lists_each_processs_calls_and_the_sweep():
         "cpus_3_cores": {"cpu_placement": placement},
     }
     table = cpu_runs.markdown(result)
-    assert "| cpus_1_none | 1 | none | 0-3 | 2.54 | 3 (50), 1 (2) |" in table
-    assert "|  |  |  |  | 3.30 | - |" in table
+    assert "| cpus_1_none | 1 | none | 0-3 | 2.54 | 3 (50), 1 (2) | 0.02 of 0.50 |" in table
+    assert "|  |  |  |  | 3.30 | - | - |" in table
     assert "| 2.50 | 1/1: 0 (4); 1/9: 2 (1) |" in table
-    assert "| cpus_2_sweep | 1 | 3.31 |" in table
+    assert "| cpus_2_sweep | 1 | 3.31 | - |" in table
     assert "| cpus_3_cores | - | - | - | no call | - |" in table
     assert "SMT siblings 0,2 1,3; NUMA nodes {'0': '0-3'}; the GPU's node None" in table
 
@@ -308,6 +335,10 @@ def test_the_vllm_bench_lists_each_call_with_its_cpus_pinned_and_swept(monkeypat
         assert call["s"] >= 0.03 and call["tokens"] == 16 * 8 * 8
         assert call["cpus_seen"] and set(call["cpus_seen"]) == {str(first)}
         assert call["cpu_moves"] == 0 and call["cpu_s"] > 0
+        # the pinned CPU's seconds meanwhile (busy, interrupts, stolen) and the steal
+        assert list(call["cpu_seconds"]) == [str(first)]
+        assert call["cpu_seconds"][str(first)]["busy_s"] >= 0
+        assert 0 <= call["steal_s"] <= call["host_steal_s"]
     # the sweep: one call a CPU of the process's (here the one it was pinned to)
     assert [row["cpu"] for row in section["cpu_sweep"]] == [first]
     assert set(section["cpu_sweep"][0]["cpus_seen"]) == {str(first)}

@@ -150,6 +150,8 @@ class GeneratorActor(Actor):
             # how many CPUs it was seen on, and how often a sample found it moved
             out[0]["generator/engine_thread_cpus_seen"] = float(len(next(iter(seen.values()))))
             out[0]["generator/engine_thread_cpu_moves"] = float(sum(watch.moves.values()))
+            # seconds the hypervisor took from those CPUs meanwhile (0 off a virtual machine)
+            out[0]["generator/engine_thread_cpu_steal_s"] = watch.stolen_s()
             # a pushed version arriving meanwhile shared the GPU with the engine for this long
             receiving = getattr(self.receiver, "receiving_between", None)
             if receiving is not None:

@@ -50,6 +50,37 @@ def format_cpu_list(cpus: list[int] | set[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
+# /proc/stat's per-CPU columns (proc(5)), in clock ticks: the first eight
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_ticks(stat: str) -> dict[int, dict[str, int]]:
+    """Each CPU's time by kind, in clock ticks, from /proc/stat's text (its `cpuN` lines)."""
+    out = {}
+    for line in stat.splitlines():
+        name, *fields = line.split() or [""]
+        if name.startswith("cpu") and name[3:].isdigit():
+            out[int(name[3:])] = dict(zip(STAT_FIELDS, map(int, fields), strict=False))
+    return out
+
+
+def cpu_seconds(before: dict[int, dict[str, int]], after: dict[int, dict[str, int]]) -> dict:
+    """Each CPU's seconds between two `cpu_ticks`: busy (neither idle nor waiting on I/O),
+    serving interrupts (irq + softirq, in busy) and stolen (steal: the hypervisor ran something
+    else on the host CPU under this virtual one)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for cpu, now in after.items():
+        was = before.get(cpu, now)
+        d = {k: now.get(k, 0) - was.get(k, 0) for k in STAT_FIELDS}
+        out[cpu] = {
+            "busy_s": (sum(d.values()) - d["idle"] - d["iowait"]) / tick,
+            "irq_s": (d["irq"] + d["softirq"]) / tick,
+            "steal_s": d["steal"] / tick,
+        }
+    return out
+
+
 def thread_cpu(tid: int, pid: int | str = "self", proc: Path = PROC) -> int | None:
     """The CPU thread `tid` of process `pid` last ran on; None once the thread is gone."""
     try:
@@ -163,7 +194,8 @@ def pin_process(cpus: list[int], proc: Path = PROC) -> int:
 class CpuWatch:
     """Samples, from a thread of its own, the CPU each of `threads` ((pid, tid) pairs) last ran
     on, every `every_s` until `stop()`, which returns the samples by thread, by CPU; `moves`
-    counts, by thread, the samples that found it on another CPU than the sample before."""
+    counts, by thread, the samples that found it on another CPU than the sample before;
+    `seconds` (after `stop()`) each CPU's busy, interrupt and stolen seconds meanwhile."""
 
     def __init__(
         self, threads: list[tuple[int | str, int]], every_s: float = 0.05, proc: Path = PROC
@@ -173,6 +205,8 @@ class CpuWatch:
         self.seen: dict[tuple[int | str, int], Counter[int]] = {t: Counter() for t in threads}
         self.moves: dict[tuple[int | str, int], int] = dict.fromkeys(threads, 0)
         self._last: dict[tuple[int | str, int], int] = {}
+        self.seconds: dict[int, dict[str, float]] = {}
+        self._ticks = self._read_ticks()
         self._stop = threading.Event()
         self._sample()  # one sample even for a call shorter than a period
         self._thread = threading.Thread(target=self._run, daemon=True, name="cpu-watch")
@@ -188,6 +222,17 @@ class CpuWatch:
             self.moves[key] += key in self._last and self._last[key] != cpu
             self._last[key] = cpu
 
+    def _read_ticks(self) -> dict[int, dict[str, int]]:
+        try:
+            return cpu_ticks((self.proc / "stat").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def stolen_s(self) -> float:
+        """Seconds stolen from the CPUs the watched threads were seen on (after `stop()`)."""
+        seen = {cpu for counts in self.seen.values() for cpu in counts}
+        return sum(self.seconds.get(cpu, {}).get("steal_s", 0.0) for cpu in seen)
+
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             self._sample()
@@ -196,6 +241,7 @@ class CpuWatch:
         self._stop.set()
         self._thread.join(timeout=5)
         self._sample()
+        self.seconds = cpu_seconds(self._ticks, self._read_ticks())
         return {
             f"{pid}/{tid}": {str(c): n for c, n in sorted(seen.items())}
             for (pid, tid), seen in self.seen.items()
