@@ -3,8 +3,10 @@ logical CPUs that share a physical core (SMT siblings) and NUMA nodes, the GPU's
 
 A generate call of an engine that runs its steps on one thread is as fast as the core under that
 thread; these read where the thread ran (the kernel's `processor` field of
-/proc/<pid>/task/<tid>/stat: the CPU it last ran on, sampled from a helper thread), the host's
-layout from /sys, and pin a process to a set of CPUs named by a short spec (`resolve`)."""
+/proc/<pid>/task/<tid>/stat: the CPU it last ran on, sampled from a helper thread), what those
+CPUs spent meanwhile (/proc/stat: busy, interrupts, and stolen by the hypervisor under a virtual
+CPU), the host's layout from /sys, and pin a process to a set of CPUs named by a short spec
+(`resolve`)."""
 
 from __future__ import annotations
 
