@@ -1,7 +1,7 @@
 """GPU throughput of a real recipe with random weights: the whole GRPO loop, and vLLM alone.
 
     python bench/gpu_grpo.py grpo [--recipe qwen3-1.7b] [--steps 8] [--response-tokens 512]
-    python bench/gpu_grpo.py vllm [--recipe qwen3-1.7b] [--response-tokens 512]
+    python bench/gpu_grpo.py vllm [--recipe qwen3-1.7b] [--response-tokens 512] [--cpus SPEC] [--cpu-sweep]
 
 `grpo` runs the recipe through the runtime (`runtime.control.run.run`, what `python -m runtime` calls
 after parsing) with `model.init=random` and the Hub-free `builtin:arith` prompts and tokenizer,
@@ -20,7 +20,13 @@ throughput the loop's generation is compared with, a 512-sequence point, and the
 weight-load rate. `--engine` puts vLLM's engine core in this process (as the generator runs it by
 default) or in a process of its own (vLLM's default; `--set generator.engine=separate` does the
 same for `grpo`'s generator); both sections record which ran (`engine`), and a GRPO section's
-ratio to vLLM alone names the engine alone ran (`standalone_engine`).
+ratio to vLLM alone names the engine alone ran (`standalone_engine`). Each timed call is
+listed (`calls_list`: seconds, tokens, the engine thread's CPU seconds and switches, the CPUs it
+was seen on every 50 ms), beside the host's CPU layout (`cpu_placement`: SMT siblings, NUMA
+nodes, the GPU's node, the process's CPUs); `--cpus` pins the process before the engine starts
+(runtime/procs/cpus.py's words or a list), `--cpu-sweep` adds one call with the engine's thread
+pinned to each CPU in turn (`cpu_sweep`), `--calls-only` keeps only the timed calls
+(`device_run.sh cpus` runs several such processes; bench/cpu_runs.py tabulates them).
 
 `train` times the trainer alone (`FSDPTrainer.train_step`, the GRPO loss, random weights and
 tokens) on `--sequences` sequences of `--seq-len` tokens (the last `--response-share` of each is
@@ -59,6 +65,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gpu_memory import GpuSampler, plan_gb_per_gpu, trainer_peaks  # noqa: E402
 from stacks import StackRecorder  # noqa: E402
 
+from runtime.procs import cpus as cpu_layout  # noqa: E402
 from runtime.procs.usage import thread_usage  # noqa: E402
 
 OFFLINE = ["model.init=random", "model.tokenizer=builtin:arith", "dataset.path=builtin:arith"]
@@ -94,6 +101,54 @@ def gpu_info() -> dict[str, Any]:
     peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
     return {"gpus": len(gpus), "name": name, "memory": gpus[0][1] if gpus else None,
             "driver": gpus[0][2] if gpus else None, "peak_bf16_flops": peak}  # fmt: skip
+
+
+def gpu_bus_id() -> str | None:
+    """The PCI bus id of the first GPU this process sees (CUDA_VISIBLE_DEVICES' first, as
+    nvidia-smi numbers them), None where nvidia-smi does not answer."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-i", first, "--query-gpu=pci.bus_id", "--format=csv,noheader"],
+            capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+    except OSError:
+        return None
+    return out.splitlines()[0] if out else None
+
+
+def cpu_placement(spec: str | None) -> dict[str, Any]:
+    """The host's CPU layout (SMT siblings, NUMA nodes, the GPU's node) and this process's
+    CPUs; with `spec` (`--cpus`: cpus.resolve's words or a list) the process pinned to them
+    first, before any engine starts (its threads and processes inherit the set)."""
+    topo = cpu_layout.topology(gpu_bus_id=gpu_bus_id())
+    allowed = sorted(os.sched_getaffinity(0))
+    try:
+        chosen = cpu_layout.resolve(spec or "none", topo, allowed)
+    except ValueError as e:
+        print(f"gpu_grpo.py: --{e}", file=sys.stderr)
+        sys.exit(2)
+    if chosen is not None:
+        cpu_layout.pin_process(chosen)
+    return {
+        "topology": topo.to_dict(),
+        # fixed for the process as it starts: its string hashes' seed (random where unset)
+        "python_hash_seed": os.environ.get("PYTHONHASHSEED", "random"),
+        "cpus_spec": spec or "none",
+        "affinity": cpu_layout.format_cpu_list(sorted(os.sched_getaffinity(0))),
+    }
+
+
+def engine_threads(in_process: bool) -> list[tuple[int | str, int]]:
+    """(pid, tid) of the thread(s) that run vLLM's engine steps: the caller's with the engine
+    core in this process; else the main thread of each engine core process below this one."""
+    if in_process:
+        return [("self", threading.get_native_id())]
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    cores = [c for c in children if "EngineCor" in c.name()] or children
+    return [(c.pid, c.pid) for c in cores]
 
 
 def load(
@@ -463,18 +518,17 @@ def summarize(
 
 
 def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
     from recipes.settings import ALONE_GPU_SHARE
     from runtime.backends import build as services
     from runtime.backends.vllm_generator import VLLMGenerator
-    from runtime.models import build_model, to_hf
 
     recipe = load(args.recipe, 1, args.response_tokens)
     g = recipe.grpo
     spec = services.model_spec(recipe)
     tokenizer = services.load_tokenizer(recipe)
     prompts = prompt_tokens(recipe, count=64 * 4)
+    # the CPUs, pinned (--cpus) before vLLM starts a thread
+    placement = cpu_placement(args.cpus)
     gen = VLLMGenerator(
         spec,
         eos_token_id=services.eos_ids(tokenizer),
@@ -488,9 +542,97 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         # --engine separate: the engine core in a process of its own (vLLM's default)
         engine_in_process=args.engine == "in-process",
     )
-    # The GRPO run's initial weights (TorchTitan init, bf16; built on the CPU, the engine holds
-    # most of the GPU), loaded as the actor loads them: from CPU tensors; then from GPU tensors
-    # (into an engine of its own process both go through a file in /dev/shm).
+    loads: dict[str, Any] = {}
+    if not args.calls_only:
+        loads = load_weights(gen, spec)
+    engine = engine_threads(args.engine == "in-process")
+
+    def timed(batch: list[list[int]], n: int, seed: int) -> dict[str, Any]:
+        """One generate call: its seconds and tokens, and what the engine's thread spent in it
+        (CPU seconds and switches where it runs on this thread) and the CPUs it was seen on."""
+        watch = cpu_layout.CpuWatch(engine)
+        start, before = time.perf_counter(), thread_usage()
+        out = gen.generate(batch, n, g.max_response_tokens, g.temperature, g.top_p, seed)
+        call = {"s": time.perf_counter() - start, "tokens": sum(len(c.response_ids) for c in out)}
+        seen = watch.stop()
+        if before is not None:  # this thread's: the engine's only with the core in this process
+            call.update(dataclasses.asdict(thread_usage().since(before)))
+        call["cpus_seen"] = seen if len(seen) > 1 else next(iter(seen.values()), {})
+        call["cpu_moves"] = sum(watch.moves.values())  # samples on another CPU than the last
+        # the CPUs it was seen on meanwhile: busy, interrupt and stolen seconds (steal: the
+        # hypervisor ran something else on the host CPU under the virtual one); all CPUs' steal
+        on = {c for counts in watch.seen.values() for c in counts}
+        call["cpu_seconds"] = {str(c): watch.seconds[c] for c in sorted(on) if c in watch.seconds}
+        call["steal_s"] = watch.stolen_s()
+        call["host_steal_s"] = sum(v["steal_s"] for v in watch.seconds.values())
+        return call
+
+    per_step = g.prompts_per_step
+
+    def batch(i: int) -> list[list[int]]:
+        i %= len(prompts) // per_step
+        return prompts[i * per_step : (i + 1) * per_step]
+
+    timed(batch(0), g.group_size, 0)  # warm-up
+    sampler = GpuSampler(clock_window="calls")
+    recorder = stack_recorder(args, "vllm")
+    if recorder is not None:
+        recorder.start(os.getpid())
+    try:
+        calls = [timed(batch(i), g.group_size, i + 1) for i in range(args.calls)]
+    finally:
+        sampler.stop()
+        if recorder is not None:
+            recorder.stop()
+    # --cpu-sweep: the engine's thread pinned to one CPU a call, each CPU of the process's in
+    # turn (the rest of the process where it was): each CPU's own speed, within one process
+    sweep = []
+    if args.cpu_sweep:
+        target = engine[0][1] if args.engine == "separate" else 0  # 0: this thread
+        held = os.sched_getaffinity(target)
+        for k, cpu in enumerate(sorted(held)):
+            os.sched_setaffinity(target, {cpu})
+            sweep.append({"cpu": cpu, **timed(batch(k), g.group_size, 1000 + k)})
+        os.sched_setaffinity(target, held)
+    big = None if args.calls_only else timed(prompts[:64], 8, 99)  # 512 sequences
+    gen.close()
+    seconds = sum(c["s"] for c in calls)
+    tokens = sum(c["tokens"] for c in calls)
+    return {
+        "recipe": recipe.name,
+        "engine": args.engine,
+        "weights": "vLLM's dummy load" if args.calls_only else "torchtitan init",
+        "init_s": gen.init_seconds,
+        "logprobs_mode": gen.logprobs_mode,
+        "tensor_parallel_size": gen.tensor_parallel_size,
+        "sequences_per_call": per_step * g.group_size,
+        "max_new_tokens": g.max_response_tokens,
+        "calls": args.calls,
+        "call_s": seconds / args.calls,
+        # each timed call: seconds, tokens, the engine thread's CPU seconds and switches, and
+        # the CPUs it was seen on (samples every 50 ms; by "pid/tid" where several threads)
+        "calls_list": calls,
+        "generation_tokens_per_s": tokens / seconds,
+        # the engine thread in the timed calls, and the GPUs' clocks meanwhile (as in `grpo`)
+        **engine_thread(calls),
+        "cpu_placement": placement,
+        **({"cpu_sweep": sweep} if args.cpu_sweep else {}),
+        "gpu_clocks": sampler.clocks(),
+        "host_cpu": sampler.host_cpu(),
+        **stacks(recorder),
+        "tokens_per_s_512_sequences": big and big["tokens"] / big["s"],
+        **loads,
+    }
+
+
+def load_weights(gen: Any, spec: Any) -> dict[str, Any]:
+    """The GRPO run's initial weights (TorchTitan init, bf16; built on the CPU, the engine holds
+    most of the GPU), loaded as the actor loads them: from CPU tensors; then from GPU tensors
+    (into an engine of its own process both go through a file in /dev/shm)."""
+    import torch
+
+    from runtime.models import build_model, to_hf
+
     model = build_model(spec, "cpu")
     on_cpu = {k: v.to(torch.bfloat16) for k, v in to_hf(model.state_dict(), spec).items()}
     del model
@@ -500,55 +642,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     on_gpu = {k: v.cuda() for k, v in on_cpu.items()}
     gen.load_weights(on_gpu)
     load_gpu_s = gen.load_seconds
-    del on_gpu, on_cpu
-
-    usage: list[dict[str, float]] = []
-
-    def timed(batch: list[list[int]], n: int, seed: int) -> tuple[float, int]:
-        start, before = time.perf_counter(), thread_usage()
-        out = gen.generate(batch, n, g.max_response_tokens, g.temperature, g.top_p, seed)
-        elapsed = time.perf_counter() - start
-        if before is not None:
-            usage.append(dataclasses.asdict(thread_usage().since(before)))
-        return elapsed, sum(len(c.response_ids) for c in out)
-
-    per_step = g.prompts_per_step
-    timed(prompts[:per_step], g.group_size, 0)  # warm-up
-    usage.clear()
-    sampler = GpuSampler(clock_window="calls")
-    recorder = stack_recorder(args, "vllm")
-    if recorder is not None:
-        recorder.start(os.getpid())
-    try:
-        calls = [timed(prompts[i * per_step : (i + 1) * per_step], g.group_size, i + 1)
-                 for i in range(args.calls)]  # fmt: skip
-    finally:
-        sampler.stop()
-        if recorder is not None:
-            recorder.stop()
-    call_usage = list(usage)
-    big_s, big_tokens = timed(prompts[:64], 8, 99)  # 512 sequences
-    gen.close()
-    seconds = sum(s for s, _ in calls)
-    tokens = sum(t for _, t in calls)
     return {
-        "recipe": recipe.name,
-        "engine": args.engine,
-        "weights": "torchtitan init",
-        "init_s": gen.init_seconds,
-        "logprobs_mode": gen.logprobs_mode,
-        "tensor_parallel_size": gen.tensor_parallel_size,
-        "sequences_per_call": per_step * g.group_size,
-        "max_new_tokens": g.max_response_tokens,
-        "calls": args.calls,
-        "call_s": seconds / args.calls,
-        "generation_tokens_per_s": tokens / seconds,
-        # the engine thread in the timed calls, and the GPUs' clocks meanwhile (as in `grpo`)
-        **engine_thread(call_usage),
-        "gpu_clocks": sampler.clocks(),
-        "host_cpu": sampler.host_cpu(),
-        **stacks(recorder),
-        "tokens_per_s_512_sequences": big_tokens / big_s,
         "weight_bytes": nbytes,
         "load_weights_from_cpu_s": load_cpu_s,
         "load_weights_from_cpu_gb_per_s": per(nbytes and nbytes / 1e9, load_cpu_s),
@@ -865,6 +959,18 @@ def merge(out: Path, parts: list[Path]) -> dict[str, Any]:
     return result
 
 
+def cpu_spec(text: str) -> str:
+    """--cpus: a word of cpus.resolve or a CPU list, checked before anything starts."""
+    if text.strip() not in cpu_layout.SPEC_WORDS:
+        try:
+            if not cpu_layout.parse_cpu_list(text):
+                raise ValueError(f"not a CPU list: {text!r}")
+        except ValueError as e:
+            words = ", ".join(cpu_layout.SPEC_WORDS)
+            raise argparse.ArgumentTypeError(f"{e}; or one of {words}") from None
+    return text.strip()
+
+
 # mode -> what runs it, and the JSON key its section goes under by default
 MODES = {
     "grpo": (run_grpo, "grpo"),
@@ -883,6 +989,21 @@ def main() -> int:
     p.add_argument("--response-tokens", type=int, default=512, help="0: the recipe's")
     p.add_argument("--gpus", type=int, default=None, help="default: all visible")
     p.add_argument("--calls", type=int, default=3, help="vllm: timed generation calls")
+    p.add_argument(
+        "--cpus", type=cpu_spec, default=None, metavar="SPEC",
+        help="vllm: pin the process to CPUs before the engine starts: node (the GPU's NUMA "
+        "node), cores (one CPU a physical core, no SMT siblings), node-cores, or a list (0-3,8)",
+    )  # fmt: skip
+    p.add_argument(
+        "--cpu-sweep", action="store_true",
+        help="vllm: after the timed calls, one call with the engine's thread pinned to each "
+        "CPU of the process in turn (cpu_sweep in the JSON)",
+    )  # fmt: skip
+    p.add_argument(
+        "--calls-only", action="store_true",
+        help="vllm: only the timed calls (vLLM's dummy weights; no weight loads, no "
+        "512-sequence point): a shorter process",
+    )  # fmt: skip
     p.add_argument(
         "--engine",
         choices=["in-process", "separate"],

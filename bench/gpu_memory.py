@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Any
 
+from runtime.procs.cpus import cpu_ticks
+
 _MEMORY = "index,memory.used"
 _WITH_CLOCKS = "index,memory.used,clocks.sm,power.draw,utilization.gpu"
 
@@ -47,13 +49,9 @@ def cpu_times(stat: str) -> dict[str, tuple[int, int]]:
     """Each core's (busy, total) jiffies from /proc/stat's text (`cpuN` lines; idle and
     iowait are not busy)."""
     out: dict[str, tuple[int, int]] = {}
-    for line in stat.splitlines():
-        name, *fields = line.split()
-        if not (name.startswith("cpu") and name[3:].isdigit()):
-            continue
-        values = [int(f) for f in fields[:8]]
-        idle = values[3] + (values[4] if len(values) > 4 else 0)
-        out[name] = (sum(values) - idle, sum(values))
+    for cpu, ticks in cpu_ticks(stat).items():
+        total = sum(ticks.values())
+        out[f"cpu{cpu}"] = (total - ticks["idle"] - ticks.get("iowait", 0), total)
     return out
 
 

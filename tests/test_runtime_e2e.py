@@ -47,6 +47,10 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left, loss):
     names = ("cpu_s", "voluntary_switches", "involuntary_switches")
     for r in calls:
         assert all(r[f"generator/engine_thread_{n}"] >= 0 for n in names), r
+        # and the CPUs it was seen on (sampled as the call starts, as it ends and between)
+        assert r["generator/engine_thread_cpus_seen"] >= 1, r
+        assert r["generator/engine_thread_cpu_moves"] >= 0, r
+        assert r["generator/engine_thread_cpu_steal_s"] >= 0, r
     cpu = sum(r["generator/engine_thread_cpu_s"] for r in calls)
     engine = sum(r["time/engine_s"] for r in calls)
     assert 0 < cpu <= engine + 0.004 * len(calls), (cpu, engine)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
+from runtime.procs.cpus import CpuWatch
 from runtime.procs.mps import client_sm_percent
 from runtime.procs.usage import thread_usage
 
@@ -112,6 +114,8 @@ class GeneratorActor(Actor):
         ids = [self._encode(p) for p in prompts]
         # one clock for the call's seconds and its window against the push receiver's
         start, usage = time.monotonic(), thread_usage()
+        # where that thread ran: a call's speed can follow its CPU (sampled every 50 ms)
+        watch = CpuWatch([("self", threading.get_native_id())])
         evaluating = n is not None or temperature is not None
         completions = self.backend.generate(
             ids,
@@ -126,6 +130,7 @@ class GeneratorActor(Actor):
         elapsed = end - start
         # the engine's steps run on this thread: what it spent besides waiting on the GPU
         spent = None if usage is None else thread_usage().since(usage)
+        seen = watch.stop()
         out = []
         for c in completions:
             out.append(
@@ -142,6 +147,11 @@ class GeneratorActor(Actor):
             out[0]["time/generate_s"] = elapsed
             if spent is not None:
                 out[0].update(spent.as_metrics("generator/engine_thread"))
+            # how many CPUs it was seen on, and how often a sample found it moved
+            out[0]["generator/engine_thread_cpus_seen"] = float(len(next(iter(seen.values()))))
+            out[0]["generator/engine_thread_cpu_moves"] = float(sum(watch.moves.values()))
+            # seconds the hypervisor took from those CPUs meanwhile (0 off a virtual machine)
+            out[0]["generator/engine_thread_cpu_steal_s"] = watch.stolen_s()
             # a pushed version arriving meanwhile shared the GPU with the engine for this long
             receiving = getattr(self.receiver, "receiving_between", None)
             if receiving is not None:

@@ -52,6 +52,16 @@
 #                                      `python -m runtime`; stopped (and still summarized) after
 #                                      TOOLS_LIMIT_S (default 330); gpu_tools$TAG.json, the run's
 #                                      log tools_run$TAG.log
+#   scripts/gpu/device_run.sh cpus [ARGS]  stage, install if needed, then vLLM alone
+#                                      (bench/gpu_grpo.py vllm --calls-only ARGS) in one process a
+#                                      word of CPUS_RUNS (default "none sweep none sweep
+#                                      node-cores"): none, a --cpus spec (node, cores, node-cores,
+#                                      a list) with CPUS_CALLS calls (4), or sweep (one call with
+#                                      the engine's thread on each CPU in turn); each in CPUS_RUN_S
+#                                      (120; a sweep 4 s a CPU more) and none past CPUS_BY (epoch
+#                                      s; default 540 s after the install); a log a
+#                                      process, gpu_grpo_cpus$TAG.json, and bench/cpu_runs.py's
+#                                      table (cpus_table$TAG.md); `cpus --dry-run` prints the runs
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
@@ -343,14 +353,85 @@ run_pairs() {
 }
 
 # Modes that need nothing staged or installed.
+# `cpus [--dry-run] [ARGS]`: vLLM alone in a process of its own for each word of CPUS_RUNS, the
+# table of their calls by the CPUs their engine thread ran on at the end.
+run_cpus() {
+  local dry=0
+  if [ "${1:-}" = --dry-run ]; then
+    dry=1
+    shift
+  fi
+  local runs=${CPUS_RUNS:-none sweep none sweep node-cores} calls=${CPUS_CALLS:-4}
+  local limit=${CPUS_RUN_S:-120} by left
+  local json=/tmp/bench/gpu_grpo_cpus$tag.json i=0 spec section log more run_s status=0 rc
+  for spec in $runs; do
+    case "$spec" in
+      none | node | cores | node-cores | sweep | [0-9]*) ;;
+      *)
+        echo "cpus: $spec in CPUS_RUNS: none, node, cores, node-cores, sweep or a CPU list" >&2
+        return 2
+        ;;
+    esac
+  done
+  if [ "$dry" = 0 ]; then
+    { install && check; } || return 3
+    rm -f "$json"
+  fi
+  by=${CPUS_BY:-$(($(date +%s) + 540))}
+  mkdir -p /tmp/bench
+  for spec in $runs; do
+    i=$((i + 1))
+    section=cpus_${i}_$spec
+    log="$out/$section$tag.log"
+    run_s=$limit
+    if [ "$spec" = sweep ]; then
+      more=(--calls 1 --cpu-sweep)
+      run_s=$((limit + 4 * $(nproc)))
+    else
+      more=(--calls "$calls" --cpus "$spec")
+    fi
+    left=$((by - $(date +%s)))
+    if [ "$left" -lt 90 ]; then
+      echo "cpus: $section not started: ${left} s left before CPUS_BY, a process needs 90"
+      continue
+    fi
+    [ "$left" -ge "$run_s" ] || run_s=$left
+    # a process's string hashes seeded by its number: one whose speed follows its seed can be
+    # made again
+    command=(env PYTHONHASHSEED="$i" timeout -s TERM -k 20 "$run_s" python3 bench/gpu_grpo.py
+      vllm --calls-only --out "$json" --section "$section" "${more[@]}" "$@")
+    echo "cpus: $section, log $(basename "$log")"
+    if [ "$dry" = 1 ]; then
+      echo "  ${command[*]}"
+      continue
+    fi
+    rc=0
+    "${command[@]}" >"$log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ]; then
+      echo "cpus: $section exit $rc"
+      tail -n 3 "$log"
+      status=1
+    fi
+    cp "$json" "$out/" 2>/dev/null || true
+  done
+  if [ "$dry" = 0 ] && [ -f "$json" ]; then
+    python3 bench/cpu_runs.py "$json" | tee "$out/cpus_table$tag.md"
+  fi
+  return $status
+}
+
 case "$mode" in
   groups)
     python3 scripts/gpu/suite.py list
     exit
     ;;
-  suite | pairs)
+  suite | pairs | cpus)
     if [ "${1:-}" = --dry-run ]; then
-      if [ "$mode" = suite ]; then run_suite "$@"; else run_pairs "$@"; fi
+      case "$mode" in
+        suite) run_suite "$@" ;;
+        pairs) run_pairs "$@" ;;
+        cpus) run_cpus "$@" ;;
+      esac
       exit
     fi
     ;;
@@ -599,6 +680,9 @@ case "$mode" in
     ;;
   pairs)
     run_pairs "$@"
+    ;;
+  cpus)
+    run_cpus "$@"
     ;;
   product)
     install && check
