@@ -111,7 +111,17 @@ export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled
 # NVLink multicast stays off on shared hosts (harmless where there is none).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-commit=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+# The commit each log names: COMMIT=<the hash sent>. Without it, git's HEAD only where the files
+# are HEAD's: a machine's copy can carry a .git whose HEAD is not the tree sent (one named
+# 0a9c205 for a tree of 414e40d on 2026-11-29).
+commit=${COMMIT:-}
+if [ -z "$commit" ]; then
+  if git diff --quiet HEAD 2>/dev/null; then
+    commit=$(git rev-parse HEAD)
+  else
+    commit="unknown (set COMMIT=)"
+  fi
+fi
 
 # One group of the GPU suite on the GPUs CUDA_VISIBLE_DEVICES gives it (numbered as nvidia-smi
 # numbers them), into $out/gpu_suite_GROUP.log, which names the commit first. Its own pytest
