@@ -243,13 +243,13 @@ def peft_state(
     for name, tensor in titan_adapter.items():
         known = names.get(name)
         if known is None:
-            match = _TITAN_KEY.match(name)
-            if match is None:
+            if _TITAN_KEY.match(name) is None:
                 raise KeyError(f"{name} is not a LoRA adapter tensor's name")
-            _checked(name, tensor, name, adapter_shapes(spec, lora), lora)  # raises: not lora's
-            raise AssertionError(name)
+            raise KeyError(
+                f"{name} is not a tensor of the LoRA adapter on {', '.join(lora.modules)}"
+            )
         peft, shape, moved = known
-        if tensor.shape != shape:
+        if tuple(tensor.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}; the adapter's is {shape}")
         if moved is not None:
             tensor = tensor.index_select(0, _rows_on(spec, moved, tensor.device))
