@@ -18,7 +18,14 @@ import typing
 import pytest
 import torch
 from gpu_models import SMALL, free_gpu_memory, peaked_weights, random_prompts
-from test_gpu_vllm import EOS, MAX_NEW, PAD, T, _assert_matches, _assert_not_degenerate, _mismatch
+from test_gpu_vllm import (
+    MAX_NEW,
+    T,
+    _assert_matches,
+    _assert_not_degenerate,
+    _mismatch,
+    small_engine,
+)
 
 from recipes.run_sections import Lora
 from runtime.backends.fsdp_reference import GPUReference
@@ -58,22 +65,7 @@ def base(w0, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(base):
-    from runtime.backends.vllm_generator import VLLMGenerator
-
-    free_gpu_memory()
-    gen = VLLMGenerator(
-        SMALL,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        max_model_len=256,
-        temperature=T,
-        top_p=1.0,
-        gpu_memory_utilization=0.25,
-        seed=0,
-        model_dir=base,
-        max_num_seqs=64,
-        lora=LORA,
-    )
+    gen = small_engine(model_dir=base, lora=LORA)
     print(f"vLLM engine with LoRA ready in {gen.init_seconds:.1f} s")
     yield gen
     gen.close()
@@ -256,23 +248,7 @@ def test_an_engine_of_its_own_process_takes_each_version_from_a_folder(base, w0)
     folders in /dev/shm (never from memory) through vLLM's add_lora, which crosses into the
     engine's process; its samples are the merged model's, and the next version replaces the
     one before."""
-    from runtime.backends.vllm_generator import VLLMGenerator
-
-    free_gpu_memory()
-    gen = VLLMGenerator(
-        SMALL,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        max_model_len=256,
-        temperature=T,
-        top_p=1.0,
-        gpu_memory_utilization=0.25,
-        seed=0,
-        model_dir=base,
-        max_num_seqs=64,
-        lora=LORA,
-        engine_in_process=False,
-    )
+    gen = small_engine(model_dir=base, lora=LORA, engine_in_process=False)
     print(f"vLLM engine of its own process with LoRA ready in {gen.init_seconds:.1f} s")
     try:
         slots, core = gen.slots, gen.llm.llm_engine

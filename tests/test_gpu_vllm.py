@@ -27,6 +27,28 @@ EOS, PAD = 1, 0
 MAX_NEW = 64
 
 
+def small_engine(**options):
+    """A vLLM engine of SMALL as these tests build it (a quarter of the GPU, 256 tokens, 64
+    sequences, sampling at T); `options` add to or override VLLMGenerator's arguments."""
+    from runtime.backends.vllm_generator import VLLMGenerator
+
+    free_gpu_memory()
+    return VLLMGenerator(
+        SMALL,
+        **{
+            "eos_token_id": EOS,
+            "pad_token_id": PAD,
+            "max_model_len": 256,
+            "temperature": T,
+            "top_p": 1.0,
+            "gpu_memory_utilization": 0.25,
+            "seed": 0,
+            "max_num_seqs": 64,
+            **options,
+        },
+    )
+
+
 def _hf(weights):
     return {k: v.to(torch.bfloat16) for k, v in to_hf(weights, SMALL).items()}
 
@@ -38,21 +60,7 @@ def w0():
 
 @pytest.fixture(scope="module")
 def engine(w0):
-    from runtime.backends.vllm_generator import VLLMGenerator
-
-    free_gpu_memory()
-    gen = VLLMGenerator(
-        SMALL,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        max_model_len=256,
-        temperature=T,
-        top_p=1.0,
-        gpu_memory_utilization=0.25,
-        seed=0,
-        weights=_hf(w0),
-        max_num_seqs=64,
-    )
+    gen = small_engine(weights=_hf(w0))
     print(f"vLLM engine ready in {gen.init_seconds:.1f} s ({gen.logprobs_mode})")
     yield gen
     gen.close()
@@ -201,23 +209,10 @@ def test_an_engine_of_its_own_process_loads_every_weight_path(engine, w0):
     this process as the push path leaves one, another process's buffer by CUDA IPC) and then
     samples exactly what this process's engine samples with the same weights; the CUDA IPC
     buffer is free once its one opener, the engine's worker, let go of it."""
-    from runtime.backends.vllm_generator import VLLMGenerator
     from runtime.weights.flat import fill, flat_layout
     from runtime.weights.ipc import export_ipc
 
-    free_gpu_memory()
-    separate = VLLMGenerator(
-        SMALL,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        max_model_len=256,
-        temperature=T,
-        top_p=1.0,
-        gpu_memory_utilization=0.25,
-        seed=0,
-        max_num_seqs=64,
-        engine_in_process=False,
-    )
+    separate = small_engine(engine_in_process=False)
     print(f"vLLM engine of its own process ready in {separate.init_seconds:.1f} s")
     try:
         assert separate.ipc_opens == 1
@@ -299,20 +294,7 @@ def test_vllm_serves_an_export_with_the_trainers_logprobs(tmp_path):
     )
     master = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
-    from runtime.backends.vllm_generator import VLLMGenerator
-
-    free_gpu_memory()
-    engine = VLLMGenerator(
-        SMALL,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        max_model_len=256,
-        temperature=T,
-        gpu_memory_utilization=0.25,
-        seed=0,
-        model_dir=export,
-        max_num_seqs=64,
-    )
+    engine = small_engine(model_dir=export)
     try:
         prompts = random_prompts(8, SMALL.vocab_size, seed=1)
         out = engine.generate(prompts, n=4, max_new_tokens=MAX_NEW, temperature=T, seed=5)
