@@ -75,7 +75,8 @@
 # its JSON and logs apart (gpu_grpo$TAG.json, bench_<mode>$TAG.log), after one `check` call has
 # installed the stack. Chunks come from
 # scripts/gpu/prepare_wheels.sh (.whl/cNN, .whl/ts), scripts/gpu/prepare_trl_wheels.sh
-# (.whl/trl or .whl/trl0, .whl/trl1, ...) and scripts/gpu/prepare_verl_wheels.sh (.whl/verl0,
+# (.whl/trl or .whl/trl0, .whl/trl1, ...), scripts/gpu/prepare_extra_wheels.sh (.whl/env: OpenEnv
+# for `tools`) and scripts/gpu/prepare_verl_wheels.sh (.whl/verl0,
 # .whl/verl1); every mode stages whichever a call carries.
 # scripts/gpu/README.md has the call sequence.
 set -euo pipefail
@@ -459,6 +460,11 @@ stage() {
   for d in .whl/trl*; do
     if [ -d "$d" ]; then cp "$d"/*.whl /tmp/asm_trl/ && echo "staged $d"; fi
   done
+  # OpenEnv and FastMCP for the tools runs (.whl/env: whole wheels, like TRL's).
+  mkdir -p /tmp/asm_env
+  for d in .whl/env*; do
+    if [ -d "$d" ]; then cp "$d"/*.whl /tmp/asm_env/ && echo "staged $d"; fi
+  done
   # verl's parts (.whl/verl0, .whl/verl1: one tar split, like the stack's chunks).
   mkdir -p /tmp/asm_verl
   for d in .whl/verl[0-9]*; do
@@ -510,6 +516,16 @@ install_trl() {
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile /tmp/asm_trl/*.whl
   python3 -c "import trl; print('trl', trl.__version__)"
+}
+
+install_env() {
+  python3 -c "import openenv, fastmcp" >/dev/null 2>&1 && return 0
+  if ! ls /tmp/asm_env/*.whl >/dev/null 2>&1; then
+    echo "OpenEnv wheels missing: carry .whl/env (scripts/gpu/prepare_extra_wheels.sh env openenv==0.6.0) in this call or an earlier one" >&2
+    exit 3
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile /tmp/asm_env/*.whl
+  python3 -c "import openenv, fastmcp; print('openenv and fastmcp', fastmcp.__version__)"
 }
 
 # verl's environment: a venv at /tmp/verl-env whose own site-packages (verl, ray, transformers
@@ -714,7 +730,7 @@ case "$mode" in
     # (--steps, --tool-s, --max-turns, --turn-tokens, --set KEY=VALUE).
     gpus=${1:-1}
     shift || true
-    install && check
+    install && check && install_env
     mkdir -p /tmp/bench
     json=/tmp/bench/gpu_tools$tag.json
     status=0
