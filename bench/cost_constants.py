@@ -364,8 +364,8 @@ def step_runs() -> tuple[list[dict[str, Any]], dict[str, int]]:
             peer = next((p for p in ("trl", "verl") if name.startswith(p)), None)
             if peer:
                 others[peer] += 1
-            elif name == "standalone_vllm":
-                others["vllm_alone"] += 1
+            elif name == "standalone_vllm" or ("sequences_per_call" in run and "steps" not in run):
+                others["vllm_alone"] += 1  # bench/gpu_grpo.py vllm, under any section name
             elif name == "trainer_mfu":
                 others["trainer_alone"] += 1
             elif "recipe" in run or "exit_code" in run:
