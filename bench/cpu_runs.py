@@ -7,6 +7,8 @@ a `--cpu-sweep` process's calls by the CPU the thread was pinned to.
 
 A call at ~2.5 s beside one at ~3.3 s on the same CPU within one process points away from the
 CPU; the two speeds following CPUs (or their cores, or nodes: the topology line) point at it.
+Where they follow neither: a slow call with its GC seconds up points at the process's own work,
+one with the probe's MB/s down at the host's CPUs running slower under other load.
 """
 
 from __future__ import annotations
@@ -34,12 +36,21 @@ def stolen(call: dict[str, Any]) -> str:
     return f"{call['steal_s']:.2f} of {call.get('host_steal_s', 0.0):.2f}"
 
 
+def pace(call: dict[str, Any]) -> str:
+    """This process's seconds in garbage collection during a call and the speed probe's median
+    MB/s ("0.04 | 1180"); "-" for what the call did not record."""
+    gc = f"{call['gc_s']:.2f}" if "gc_s" in call else "-"
+    probe = call.get("probe_mb_per_s")
+    return f"{gc} | {probe:.0f}" if probe is not None else f"{gc} | -"
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The processes' rows, then the sweeps' (one row a pinned CPU), then the host's layout."""
     sections = [(k, v) for k, v in result.items() if k.startswith("cpus_") and isinstance(v, dict)]
     lines = [
-        "| process | hash seed | --cpus | CPUs allowed | call s | CPUs seen (samples) | stolen s |",
-        "|---|---|---|---|---|---|---|",
+        "| process | hash seed | --cpus | CPUs allowed | call s | CPUs seen (samples) | stolen s "
+        "| GC s | probe MB/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     sweeps, topology = [], None
     for name, section in sections:
@@ -51,19 +62,21 @@ def markdown(result: dict[str, Any]) -> str:
                                                             "affinity"))]  # fmt: skip
             cells = [*(head if i == 0 else [""] * 4), f"{call['s']:.2f}"]
             lines.append(
-                f"| {' | '.join(cells)} | {seen(call.get('cpus_seen', {}))} | {stolen(call)} |"
+                f"| {' | '.join(cells)} | {seen(call.get('cpus_seen', {}))} | {stolen(call)} "
+                f"| {pace(call)} |"
             )
         if not calls:
-            lines.append(f"| {name} | - | - | - | no call | - | - |")
+            lines.append(f"| {name} | - | - | - | no call | - | - | - | - |")
         sweeps += [(name, row) for row in section.get("cpu_sweep", [])]
     if sweeps:
         lines += [
             "",
-            "| process | engine thread pinned to | call s | stolen s |",
-            "|---|---|---|---|",
+            "| process | engine thread pinned to | call s | stolen s | GC s | probe MB/s |",
+            "|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {name} | {row['cpu']} | {row['s']:.2f} | {stolen(row)} |" for name, row in sweeps
+            f"| {name} | {row['cpu']} | {row['s']:.2f} | {stolen(row)} | {pace(row)} |"
+            for name, row in sweeps
         ]
     if topology:
         lines += [

@@ -1,7 +1,7 @@
 """GPU throughput of a real recipe with random weights: the whole GRPO loop, and vLLM alone.
 
     python bench/gpu_grpo.py grpo [--recipe qwen3-1.7b] [--steps 8] [--response-tokens 512]
-    python bench/gpu_grpo.py vllm [--recipe qwen3-1.7b] [--response-tokens 512] [--cpus SPEC] [--cpu-sweep]
+    python bench/gpu_grpo.py vllm [--recipe qwen3-1.7b] [--response-tokens 512] [--cpus SPEC] [--cpu-sweep] [--speed-probe]
 
 `grpo` runs the recipe through the runtime (`runtime.control.run.run`, what `python -m runtime` calls
 after parsing) with `model.init=random` and the Hub-free `builtin:arith` prompts and tokenizer,
@@ -25,7 +25,9 @@ listed (`calls_list`: seconds, tokens, the engine thread's CPU seconds and switc
 was seen on every 50 ms), beside the host's CPU layout (`cpu_placement`: SMT siblings, NUMA
 nodes, the GPU's node, the process's CPUs); `--cpus` pins the process before the engine starts
 (runtime/procs/cpus.py's words or a list), `--cpu-sweep` adds one call with the engine's thread
-pinned to each CPU in turn (`cpu_sweep`), `--calls-only` keeps only the timed calls
+pinned to each CPU in turn (`cpu_sweep`), each call's garbage-collection seconds (`gc_s`) and,
+with `--speed-probe`, a CPU's pace meanwhile (`probe_mb_per_s`: SHA-256 of a fixed buffer in a
+process of its own, on another CPU than the engine's), `--calls-only` keeps only the timed calls
 (`device_run.sh cpus` runs several such processes; bench/cpu_runs.py tabulates them).
 
 `train` times the trainer alone (`FSDPTrainer.train_step`, the GRPO loss, random weights and
@@ -547,9 +549,20 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         loads = load_weights(gen, spec)
     engine = engine_threads(args.engine == "in-process")
 
-    def timed(batch: list[list[int]], n: int, seed: int) -> dict[str, Any]:
+    process_cpus = os.sched_getaffinity(0)  # before a sweep pins this thread
+
+    def timed(
+        batch: list[list[int]], n: int, seed: int, pinned: int | None = None
+    ) -> dict[str, Any]:
         """One generate call: its seconds and tokens, and what the engine's thread spent in it
-        (CPU seconds and switches where it runs on this thread) and the CPUs it was seen on."""
+        (CPU seconds and switches where it runs on this thread), the CPUs it was seen on, this
+        process's seconds in garbage collection and (--speed-probe) a CPU's pace meanwhile,
+        measured off the engine's CPU (`pinned`) where the sweep pinned it."""
+        probe = None
+        if args.speed_probe:
+            probe = cpu_layout.SpeedProbe(cpus=(process_cpus - {pinned}) or process_cpus)
+            time.sleep(0.2)  # its interpreter's start, not inside the call
+        gc_clock = cpu_layout.GcClock()
         watch = cpu_layout.CpuWatch(engine)
         start, before = time.perf_counter(), thread_usage()
         out = gen.generate(batch, n, g.max_response_tokens, g.temperature, g.top_p, seed)
@@ -565,6 +578,9 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         call["cpu_seconds"] = {str(c): watch.seconds[c] for c in sorted(on) if c in watch.seconds}
         call["steal_s"] = watch.stolen_s()
         call["host_steal_s"] = sum(v["steal_s"] for v in watch.seconds.values())
+        call.update(gc_clock.stop())
+        if probe is not None:
+            call.update(probe.stop())
         return call
 
     per_step = g.prompts_per_step
@@ -592,7 +608,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
         held = os.sched_getaffinity(target)
         for k, cpu in enumerate(sorted(held)):
             os.sched_setaffinity(target, {cpu})
-            sweep.append({"cpu": cpu, **timed(batch(k), g.group_size, 1000 + k)})
+            sweep.append({"cpu": cpu, **timed(batch(k), g.group_size, 1000 + k, pinned=cpu)})
         os.sched_setaffinity(target, held)
     big = None if args.calls_only else timed(prompts[:64], 8, 99)  # 512 sequences
     gen.close()
@@ -998,6 +1014,11 @@ def main() -> int:
         "--cpu-sweep", action="store_true",
         help="vllm: after the timed calls, one call with the engine's thread pinned to each "
         "CPU of the process in turn (cpu_sweep in the JSON)",
+    )  # fmt: skip
+    p.add_argument(
+        "--speed-probe", action="store_true",
+        help="vllm: each call beside a process that hashes a fixed buffer every 50 ms on "
+        "another CPU (probe_mb_per_s in calls_list): the host's CPU pace during the call",
     )  # fmt: skip
     p.add_argument(
         "--calls-only", action="store_true",

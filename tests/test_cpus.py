@@ -4,6 +4,7 @@ that pin a process to CPUs; bench/gpu_grpo.py's --cpus and bench/cpu_runs.py's t
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import subprocess
 import sys
@@ -253,15 +254,26 @@ def device_run_cpus(tmp_path: Path, *args: str, **env: str) -> subprocess.Comple
 
 
 def test_device_runs_cpus_mode_starts_a_process_a_run_and_refuses_unknown_words(tmp_path):
-    run = device_run_cpus(tmp_path, "--engine", "separate")
+    # the default: three unpinned processes of six calls, each call beside the speed probe
+    default = device_run_cpus(tmp_path)
+    assert default.returncode == 0, default.stderr
+    names = [
+        line.split(",")[0] for line in default.stdout.splitlines() if line.startswith("cpus: ")
+    ]
+    assert names == [f"cpus: cpus_{i}_none" for i in (1, 2, 3)]
+    assert default.stdout.count("--speed-probe") == 3
+    assert "--section cpus_1_none --calls 6 --cpus none" in default.stdout
+    words = "none sweep none sweep node-cores"
+    run = device_run_cpus(tmp_path, "--engine", "separate", CPUS_RUNS=words, CPUS_CALLS="4")
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     names = [line.split(",")[0] for line in lines if line.startswith("cpus: ")]
     order = ("1_none", "2_sweep", "3_none", "4_sweep", "5_node-cores")
     assert names == [f"cpus: cpus_{i}" for i in order]
     commands = [line.strip() for line in lines if line.startswith("  ")]
-    assert all("bench/gpu_grpo.py vllm --calls-only --out /tmp/bench/gpu_grpo_cpus_t.json"
-               in c and c.endswith("--engine separate") for c in commands)  # fmt: skip
+    assert all("bench/gpu_grpo.py vllm --calls-only --speed-probe --out "
+               "/tmp/bench/gpu_grpo_cpus_t.json" in c and c.endswith("--engine separate")
+               for c in commands)  # fmt: skip
     assert "--section cpus_1_none --calls 4 --cpus none" in commands[0]
     assert [" ".join(c.split()[:2]) for c in commands] == [
         f"env PYTHONHASHSEED={i}" for i in range(1, 6)
@@ -279,7 +291,7 @@ def test_device_runs_cpus_mode_starts_a_process_a_run_and_refuses_unknown_words(
     # with less than 90 s
     soon = device_run_cpus(tmp_path, CPUS_BY=str(int(time.time()) + 100))
     limits = [int(c.split()[0]) for c in soon.stdout.split("timeout -s TERM -k 20 ")[1:]]
-    assert len(limits) == 5 and all(95 <= s <= 100 for s in limits), soon.stdout
+    assert len(limits) == 3 and all(95 <= s <= 100 for s in limits), soon.stdout
     late = device_run_cpus(tmp_path, CPUS_BY=str(int(time.time()) + 30))
     assert "cpus_1_none not started" in late.stdout and "timeout" not in late.stdout
     bad = device_run_cpus(tmp_path, CPUS_RUNS="none fast")
@@ -318,7 +330,7 @@ def test_the_vllm_bench_lists_each_call_with_its_cpus_pinned_and_swept(monkeypat
     first = min(before)
     args = argparse.Namespace(
         recipe="qwen3-1.7b", response_tokens=8, calls=2, engine="in-process", cpus=str(first),
-        cpu_sweep=True, calls_only=True, py_spy=None, tag="",
+        cpu_sweep=True, calls_only=True, py_spy=None, tag="", speed_probe=True,
     )  # fmt: skip
     try:
         section = gpu_grpo.run_vllm(args)
@@ -339,6 +351,9 @@ def test_the_vllm_bench_lists_each_call_with_its_cpus_pinned_and_swept(monkeypat
         assert list(call["cpu_seconds"]) == [str(first)]
         assert call["cpu_seconds"][str(first)]["busy_s"] >= 0
         assert 0 <= call["steal_s"] <= call["host_steal_s"]
+        # the process's garbage collection and the probe beside the call, sampled or not
+        assert call["gc_s"] >= 0 and call["gc_collections"] >= 0
+        assert "probe_mb_per_s" in call and call["probe_samples"] >= 0
     # the sweep: one call a CPU of the process's (here the one it was pinned to)
     assert [row["cpu"] for row in section["cpu_sweep"]] == [first]
     assert set(section["cpu_sweep"][0]["cpus_seen"]) == {str(first)}
@@ -347,3 +362,32 @@ def test_the_vllm_bench_lists_each_call_with_its_cpus_pinned_and_swept(monkeypat
     )
     table = cpu_runs.markdown({"cpus_1_sweep": section})
     assert f"| cpus_1_sweep | 7 | {first} | {first} |" in table
+
+
+def test_the_gc_clock_counts_collections_and_lets_go_of_the_callback():
+    clock = cpus.GcClock()
+    for _ in range(3):
+        ring = [[]]
+        ring[0].append(ring)  # a cycle only the collector frees
+        del ring
+        gc.collect()
+    got = clock.stop()
+    assert got["gc_collections"] >= 3 and got["gc_gen2_s"] > 0 and got["gc_s"] >= got["gc_gen2_s"]
+    assert clock._on_gc not in gc.callbacks
+    gc.collect()
+    assert clock.stop()["gc_collections"] == got["gc_collections"]  # no longer counting
+
+
+def test_the_speed_probe_reports_the_pace_of_a_cpu_and_ends_its_process():
+    probe = cpus.SpeedProbe(every_s=0.02, repeat=1)
+    deadline = time.monotonic() + 10
+    # its interpreter's start on a busy 2-core runner: wait for a few samples' worth of time
+    time.sleep(0.5)
+    got = probe.stop()
+    while got["probe_samples"] == 0 and time.monotonic() < deadline:  # started too late: again
+        probe = cpus.SpeedProbe(every_s=0.02, repeat=1)
+        time.sleep(1.0)
+        got = probe.stop()
+    assert got["probe_samples"] >= 1, got
+    assert 0 < got["probe_mb_per_s_min"] <= got["probe_mb_per_s"] <= got["probe_mb_per_s_max"]
+    assert probe._proc.poll() is not None  # the child is gone

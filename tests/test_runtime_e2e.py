@@ -51,6 +51,8 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left, loss):
         assert r["generator/engine_thread_cpus_seen"] >= 1, r
         assert r["generator/engine_thread_cpu_moves"] >= 0, r
         assert r["generator/engine_thread_cpu_steal_s"] >= 0, r
+        # this process's seconds in the garbage collector during the call (GIL held)
+        assert 0 <= r["generator/gc_s"] <= r["time/generate_s"], r
     cpu = sum(r["generator/engine_thread_cpu_s"] for r in calls)
     engine = sum(r["time/engine_s"] for r in calls)
     assert 0 < cpu <= engine + 0.004 * len(calls), (cpu, engine)

@@ -9,7 +9,7 @@ from typing import Any
 from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
-from runtime.procs.cpus import CpuWatch
+from runtime.procs.cpus import CpuWatch, GcClock
 from runtime.procs.mps import client_sm_percent
 from runtime.procs.usage import thread_usage
 
@@ -116,6 +116,7 @@ class GeneratorActor(Actor):
         start, usage = time.monotonic(), thread_usage()
         # where that thread ran: a call's speed can follow its CPU (sampled every 50 ms)
         watch = CpuWatch([("self", threading.get_native_id())])
+        gc_clock = GcClock()  # the collector holds the GIL: the engine's thread waits
         evaluating = n is not None or temperature is not None
         completions = self.backend.generate(
             ids,
@@ -131,6 +132,7 @@ class GeneratorActor(Actor):
         # the engine's steps run on this thread: what it spent besides waiting on the GPU
         spent = None if usage is None else thread_usage().since(usage)
         seen = watch.stop()
+        collected = gc_clock.stop()
         out = []
         for c in completions:
             out.append(
@@ -152,6 +154,7 @@ class GeneratorActor(Actor):
             out[0]["generator/engine_thread_cpu_moves"] = float(sum(watch.moves.values()))
             # seconds the hypervisor took from those CPUs meanwhile (0 off a virtual machine)
             out[0]["generator/engine_thread_cpu_steal_s"] = watch.stolen_s()
+            out[0]["generator/gc_s"] = collected["gc_s"]  # this process's, during the call
             # a pushed version arriving meanwhile shared the GPU with the engine for this long
             receiving = getattr(self.receiver, "receiving_between", None)
             if receiving is not None:

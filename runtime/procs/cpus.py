@@ -6,12 +6,21 @@ thread; these read where the thread ran (the kernel's `processor` field of
 /proc/<pid>/task/<tid>/stat: the CPU it last ran on, sampled from a helper thread), what those
 CPUs spent meanwhile (/proc/stat: busy, interrupts, and stolen by the hypervisor under a virtual
 CPU), the host's layout from /sys, and pin a process to a set of CPUs named by a short spec
-(`resolve`)."""
+(`resolve`). Two clocks tell a slow call's cause apart where the guest sees neither steal nor a
+changed clock: `GcClock`, the seconds this process spent in Python's garbage collector (which
+holds the GIL, so the engine's thread waits), and `SpeedProbe`, a process of its own that hashes
+a fixed buffer over and over: how fast a CPU of the host runs meanwhile, without the GIL."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import statistics
+import subprocess
+import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,4 +256,90 @@ class CpuWatch:
         return {
             f"{pid}/{tid}": {str(c): n for c, n in sorted(seen.items())}
             for (pid, tid), seen in self.seen.items()
+        }
+
+
+class GcClock:
+    """Seconds and collections of Python's garbage collector in this process, by generation,
+    from `gc.callbacks`, between its start and `stop()` (which unregisters it)."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.collections = [0, 0, 0]
+        self._started: float | None = None
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            generation = min(int(info.get("generation", 2)), 2)
+            self.seconds[generation] += time.perf_counter() - self._started
+            self.collections[generation] += 1
+            self._started = None
+
+    def stop(self) -> dict[str, float]:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        return {
+            "gc_s": sum(self.seconds),
+            "gc_gen2_s": self.seconds[2],
+            "gc_collections": float(sum(self.collections)),
+        }
+
+
+# The probe's loop, run by `python -c`: every PERIOD seconds, hash 1 MiB with SHA-256 REPEAT
+# times and print the MB/s (hashlib's C code on a fixed buffer: the CPU's pace, not the GIL's).
+_PROBE = """
+import hashlib, sys, time
+period, repeat = float(sys.argv[1]), int(sys.argv[2])
+buf = bytes(1 << 20)
+while True:
+    t = time.perf_counter()
+    for _ in range(repeat):
+        hashlib.sha256(buf).digest()
+    dt = time.perf_counter() - t
+    print(f"{repeat * len(buf) / dt / 1e6:.1f}", flush=True)
+    time.sleep(max(0.0, period - dt))
+"""
+
+
+class SpeedProbe:
+    """A child process that measures, every `every_s`, how fast one CPU hashes a fixed buffer
+    (MB/s of SHA-256), until `stop()`, which returns the median, min and max of its samples:
+    where a call is slow and the probe is not, the cause is the call's own work; where both
+    are, the host's CPUs ran slower (other load on the physical cores, invisible to a guest).
+    `cpus`: the CPUs it may run on (default: the caller's)."""
+
+    def __init__(self, every_s: float = 0.05, repeat: int = 2, cpus: set[int] | None = None):
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _PROBE, str(every_s), str(repeat)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        if cpus:
+            with contextlib.suppress(OSError):  # it exited already: stop() says no samples
+                os.sched_setaffinity(self._proc.pid, cpus)
+
+    def stop(self) -> dict[str, float | int | None]:
+        self._proc.terminate()
+        try:
+            out, _ = self._proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            out, _ = self._proc.communicate()
+        samples = []
+        for line in out.splitlines():
+            try:
+                samples.append(float(line))
+            except ValueError:
+                continue
+        if not samples:
+            return {"probe_samples": 0, "probe_mb_per_s": None}
+        return {
+            "probe_samples": len(samples),
+            "probe_mb_per_s": statistics.median(samples),
+            "probe_mb_per_s_min": min(samples),
+            "probe_mb_per_s_max": max(samples),
         }

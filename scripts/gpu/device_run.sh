@@ -54,9 +54,9 @@
 #                                      log tools_run$TAG.log
 #   scripts/gpu/device_run.sh cpus [ARGS]  stage, install if needed, then vLLM alone
 #                                      (bench/gpu_grpo.py vllm --calls-only ARGS) in one process a
-#                                      word of CPUS_RUNS (default "none sweep none sweep
-#                                      node-cores"): none, a --cpus spec (node, cores, node-cores,
-#                                      a list) with CPUS_CALLS calls (4), or sweep (one call with
+#                                      word of CPUS_RUNS (default "none none none"): none,
+#                                      a --cpus spec (node, cores, node-cores, a list) with
+#                                      CPUS_CALLS calls (6), or sweep (one call with
 #                                      the engine's thread on each CPU in turn); each in CPUS_RUN_S
 #                                      (120; a sweep 4 s a CPU more) and none past CPUS_BY (epoch
 #                                      s; default 540 s after the install); a log a
@@ -372,7 +372,7 @@ run_cpus() {
     dry=1
     shift
   fi
-  local runs=${CPUS_RUNS:-none sweep none sweep node-cores} calls=${CPUS_CALLS:-4}
+  local runs=${CPUS_RUNS:-none none none} calls=${CPUS_CALLS:-6}
   local limit=${CPUS_RUN_S:-120} by left
   local json=/tmp/bench/gpu_grpo_cpus$tag.json i=0 spec section log more run_s status=0 rc
   for spec in $runs; do
@@ -410,7 +410,7 @@ run_cpus() {
     # a process's string hashes seeded by its number: one whose speed follows its seed can be
     # made again
     command=(env PYTHONHASHSEED="$i" timeout -s TERM -k 20 "$run_s" python3 bench/gpu_grpo.py
-      vllm --calls-only --out "$json" --section "$section" "${more[@]}" "$@")
+      vllm --calls-only --speed-probe --out "$json" --section "$section" "${more[@]}" "$@")
     echo "cpus: $section, log $(basename "$log")"
     if [ "$dry" = 1 ]; then
       echo "  ${command[*]}"
@@ -519,13 +519,13 @@ install_trl() {
 }
 
 install_env() {
-  python3 -c "import openenv, fastmcp" >/dev/null 2>&1 && return 0
+  python3 -c "import openenv, fastmcp.server" >/dev/null 2>&1 && return 0
   if ! ls /tmp/asm_env/*.whl >/dev/null 2>&1; then
-    echo "OpenEnv wheels missing: carry .whl/env (scripts/gpu/prepare_extra_wheels.sh env openenv==0.6.0) in this call or an earlier one" >&2
+    echo "OpenEnv wheels missing: carry .whl/env (scripts/gpu/prepare_extra_wheels.sh env openenv==0.6.0 mcp==1.30.0) in this call or an earlier one" >&2
     exit 3
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile /tmp/asm_env/*.whl
-  python3 -c "import openenv, fastmcp; print('openenv and fastmcp', fastmcp.__version__)"
+  python3 -c "import openenv, fastmcp.server, mcp, fastmcp; print('openenv, fastmcp', fastmcp.__version__)"
 }
 
 # verl's environment: a venv at /tmp/verl-env whose own site-packages (verl, ray, transformers

@@ -4,7 +4,8 @@
 #
 #   scripts/gpu/prepare_wheels.sh                          # first: it empties .whl/ and writes .whl/c00 ... .whl/ts
 #   scripts/gpu/prepare_extra_wheels.sh trl trl==1.16.0    # TRL, the baseline (bench/trl_grpo.py); prepare_trl_wheels.sh
-#   scripts/gpu/prepare_extra_wheels.sh env openenv==0.6.0 # OpenEnv and FastMCP, for the tools runs (`device_run.sh tools`)
+#   scripts/gpu/prepare_extra_wheels.sh env openenv==0.6.0 mcp==1.30.0
+#                                                          # OpenEnv and FastMCP, for the tools runs (`device_run.sh tools`)
 #
 # It resolves the requirements for CPython 3.12 / manylinux x86_64 with every package the GPU
 # machine will have pinned to the version it will have: its image
@@ -43,7 +44,14 @@ for line in sys.stdin:
         dist, version = name.split("-")[:2]
         print(f"{dist}=={version}")
 ' >"$work/chunks.txt"
-{ grep '==' "$image"; cat "$work/chunks.txt"; } >"$work/have.txt"
+# A package named on the command line is taken at the version asked for, not the machine's:
+# FastMCP 3.4 needs mcp < 2 and the image has mcp 2.3.0, so `env` asks for mcp==1.30.0 and the
+# machine installs it over the image's (--no-deps).
+asked=$(printf '%s\n' "$@" | sed -E 's/[<>=!~ ;\[].*//' | tr 'A-Z_.' 'a-z--')
+{ grep '==' "$image"; cat "$work/chunks.txt"; } | while IFS= read -r pin; do
+  n=$(printf '%s' "${pin%%==*}" | tr 'A-Z_.' 'a-z--')
+  printf '%s\n' "$asked" | grep -qx "$n" || printf '%s\n' "$pin"
+done >"$work/have.txt"
 printf '%s\n' "$@" >"$work/req.in"
 uv pip compile -q "$work/req.in" --override "$work/have.txt" --python-version 3.12 \
   --python-platform x86_64-manylinux_2_28 -o "$work/req.txt"
