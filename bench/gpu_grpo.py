@@ -491,6 +491,14 @@ def summarize(
             for k in [f"time/adapter_{part}_s"]
             if any(k in r for r in measured)
         },
+        # a CUDA IPC receipt in parts: the manifest from the store, the handle's opening, the
+        # load into the engine with the mapping's closing (the open is inside the load)
+        **{
+            f"receive_{part}_s": mean([r[k] for r in measured if k in r])
+            for part in ("manifest", "open", "load")
+            for k in [f"time/receive_{part}_s"]
+            if any(k in r for r in measured)
+        },
         # Direct path (runtime.weights.direct): the trainer's broadcast, in the background.
         "push_s": mean([r["time/push_s"] for r in measured if "time/push_s" in r]),
         "push_gb_per_s": per(

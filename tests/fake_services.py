@@ -130,6 +130,8 @@ class FakeServices:
         if self.adapter_s:
             build = self.adapter_s * (replica + 1)
             out.update(adapter_build_s=build, adapter_activate_s=self.adapter_s / 2)
+            # and its receipt's part (a CUDA IPC manifest), in the same generator's record
+            out["receive_manifest_s"] = build / 10
             out["seconds"] += build + self.adapter_s / 2
         return out
 

@@ -89,6 +89,7 @@ def test_a_lora_versions_load_is_logged_in_parts_from_the_slowest_generator(tmp_
     # generator 1 builds its adapter in 0.5 s, generator 0 in 0.25: the step waits on the first
     assert all(r["time/adapter_build_s"] == 0.5 for r in rows), rows
     assert all(r["time/adapter_activate_s"] == 0.125 for r in rows)
+    assert all(r["time/receive_manifest_s"] == 0.05 for r in rows)  # the slowest's receipt
     assert not any("time/adapter_build_s" in r for r in asyncio.run(
         run(config(tmp_path / "full", "grpo.max_policy_age=0"), FakeServices(generators=2))
     ).metrics.records)  # fmt: skip

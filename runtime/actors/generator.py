@@ -85,6 +85,9 @@ class GeneratorActor(Actor):
         slots = getattr(self.backend, "slots", None)
         for part, seconds in (getattr(slots, "timings", None) or {}).items():
             out[f"adapter_{part}"] = seconds
+        # and the receipt's parts (CUDA IPC): the manifest, the handle's opening, the load
+        for part, seconds in (getattr(self.receiver, "timings", None) or {}).items():
+            out[f"receive_{part}"] = seconds
         return out
 
     @endpoint

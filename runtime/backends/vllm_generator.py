@@ -364,7 +364,9 @@ class VLLMGenerator:
         if self._workers_elsewhere and self.slots is None:
             self._load_on_workers(handles, entries)
             return
+        opening = time.perf_counter()
         flat = open_ipc(handles[0])
+        self.ipc_open_s = time.perf_counter() - opening  # the receiver reports it
         try:
             self.load_weights(views(flat, entries))
         finally:

@@ -198,9 +198,11 @@ class Controller:
                 # the last switch that ended (this step's may still be loading)
                 "sync/ready_s": self.policy.last_ready_s,
                 **{f"time/{k}": pub[k] for k in ("push_s", "push_wait_s") if k in pub},
-                # a LoRA version's load into vLLM, in parts: build_s and activate_s (added
-                # anew), or write_s (in place, with plan_s when its plan was made)
-                **{f"time/adapter_{k}": v for k, v in self.policy.last_load_parts.items()},
+                # a LoRA version's load into vLLM, in parts: adapter_build_s and
+                # adapter_activate_s (added anew), or adapter_write_s (in place, with
+                # adapter_plan_s when its plan was made); a CUDA IPC receipt's receive_manifest_s,
+                # receive_open_s and receive_load_s
+                **{f"time/{k}": v for k, v in self.policy.last_load_parts.items()},
                 "time/train_s": stats.get("time/train_s", 0.0),
                 "buffer/dropped_stale": rollouts.buffer.dropped_stale,
                 **{k: v for k, v in stats.items() if k not in ("loss", "kl", "time/train_s")},

@@ -101,7 +101,7 @@ class PolicySync:
         slowest = max(loads, key=lambda r: r["seconds"])
         self.last_load_s = slowest["seconds"]
         self.last_load_parts = {
-            k.removeprefix("adapter_"): v for k, v in slowest.items() if k.startswith("adapter_")
+            k: v for k, v in slowest.items() if k.startswith(("adapter_", "receive_"))
         }
 
     def _done(self, task: asyncio.Task) -> None:

@@ -152,8 +152,11 @@ class Rollouts:
                     if engine is not None:
                         self.notes.add("time/engine_s", engine)
                         for key, value in out[0].items():
-                            # its CPU and context switches, and a push received meanwhile
-                            if key.startswith(("generator/engine_thread_", "generator/push_")):
+                            # its CPU and context switches, the process's garbage collection,
+                            # and a push received meanwhile
+                            if key.startswith(
+                                ("generator/engine_thread_", "generator/push_", "generator/gc_")
+                            ):
                                 self.notes.add(key, value)
                     self._generating_s += end - max(start, self._mark)
                     self._calls_ended += 1

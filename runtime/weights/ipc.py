@@ -24,6 +24,7 @@ and bytes, and `open_ipc` opens either form.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -195,9 +196,14 @@ class IpcReceiver:
     def __init__(self, store: Any, connection: tuple[int, int] = (0, 1)) -> None:
         self.store = store
         self.first, self.count = connection
+        # the last load in parts: the manifest's wait and fetch, the handle's opening (where
+        # the backend says), the load into the backend with the mapping's closing
+        self.timings: dict[str, float] = {}
 
     async def load(self, version: int, backend: Any) -> tuple[int, int]:
+        start = time.perf_counter()
         direct = await self.store.direct(version, wait_s=60.0)
+        fetched = time.perf_counter()
         if direct is None or "ipc" not in direct:
             raise RuntimeError(f"policy version {version} has no CUDA IPC handle in its manifest")
         entries = entries_of(direct)
@@ -207,16 +213,23 @@ class IpcReceiver:
                 f"policy version {version} has {len(direct['ipc'])} CUDA IPC handles; this "
                 f"generator needs numbers {self.first} to {self.first + self.count - 1}"
             )
+        opened = None
         if hasattr(backend, "load_ipc"):
             backend.load_ipc(handles, entries)  # one handle for each process that opens it
+            opened = getattr(backend, "ipc_open_s", None)
         else:
             if self.count != 1:
                 raise RuntimeError(
                     f"{type(backend).__name__} opens a version once, not {self.count} times"
                 )
             flat = open_ipc(handles[0])
+            opened = time.perf_counter() - fetched
             backend.load_weights(views(flat, entries))
             del flat  # the mapping closes with the last reference
+        done = time.perf_counter()
+        self.timings = {"manifest_s": fetched - start, "load_s": done - fetched}
+        if opened is not None:
+            self.timings["open_s"] = opened
         return version, sum(e.nbytes for e in entries.values())
 
     def close(self) -> None:
