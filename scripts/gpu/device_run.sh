@@ -508,24 +508,27 @@ install() {
   echo "installed in $(($(date +%s) - start)) s"
 }
 
-install_trl() {
-  python3 -c "import trl, datasets, accelerate" >/dev/null 2>&1 && return 0
-  if ! ls /tmp/asm_trl/*.whl >/dev/null 2>&1; then
-    echo "TRL wheels missing: carry .whl/trl (scripts/gpu/prepare_trl_wheels.sh) in this call or an earlier one" >&2
+# Whole wheels staged under /tmp/asm_NAME, installed unless the import check ($2) passes
+# already; $3 says what to carry where they are missing.
+install_staged() {
+  python3 -c "$2" >/dev/null 2>&1 && return 0
+  if ! ls "/tmp/asm_$1"/*.whl >/dev/null 2>&1; then
+    echo "$3 in this call or an earlier one" >&2
     exit 3
   fi
-  python3 -m pip install -q --no-index --no-deps --no-compile /tmp/asm_trl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile "/tmp/asm_$1"/*.whl
+}
+
+install_trl() {
+  install_staged trl "import trl, datasets, accelerate" \
+    "TRL wheels missing: carry .whl/trl (scripts/gpu/prepare_trl_wheels.sh)"
   python3 -c "import trl; print('trl', trl.__version__)"
 }
 
 install_env() {
-  python3 -c "import openenv, fastmcp.server" >/dev/null 2>&1 && return 0
-  if ! ls /tmp/asm_env/*.whl >/dev/null 2>&1; then
-    echo "OpenEnv wheels missing: carry .whl/env (scripts/gpu/prepare_extra_wheels.sh env openenv==0.6.0 mcp==1.30.0) in this call or an earlier one" >&2
-    exit 3
-  fi
-  python3 -m pip install -q --no-index --no-deps --no-compile /tmp/asm_env/*.whl
-  python3 -c "import openenv, fastmcp.server, mcp, fastmcp; print('openenv, fastmcp', fastmcp.__version__)"
+  install_staged env "import openenv, fastmcp.server" \
+    "OpenEnv wheels missing: carry .whl/env (scripts/gpu/prepare_extra_wheels.sh env openenv==0.6.0 mcp==1.30.0)"
+  python3 -c "import openenv, fastmcp.server, fastmcp; print('openenv, fastmcp', fastmcp.__version__)"
 }
 
 # verl's environment: a venv at /tmp/verl-env whose own site-packages (verl, ray, transformers
