@@ -121,21 +121,23 @@ class GeneratorActor(Actor):
         watch = CpuWatch([("self", threading.get_native_id())])
         gc_clock = GcClock()  # the collector holds the GIL: the engine's thread waits
         evaluating = n is not None or temperature is not None
-        completions = self.backend.generate(
-            ids,
-            n=g.group_size if n is None else n,
-            max_new_tokens=g.max_response_tokens,
-            temperature=g.temperature if temperature is None else temperature,
-            top_p=g.top_p,
-            seed=seed,
-            logprobs=not evaluating,
-        )
-        end = time.monotonic()
+        try:
+            completions = self.backend.generate(
+                ids,
+                n=g.group_size if n is None else n,
+                max_new_tokens=g.max_response_tokens,
+                temperature=g.temperature if temperature is None else temperature,
+                top_p=g.top_p,
+                seed=seed,
+                logprobs=not evaluating,
+            )
+        finally:  # a failed call leaves no sampling thread and no GC callback behind
+            end = time.monotonic()
+            # the engine's steps run on this thread: what it spent besides waiting on the GPU
+            spent = None if usage is None else thread_usage().since(usage)
+            seen = watch.stop()
+            collected = gc_clock.stop()
         elapsed = end - start
-        # the engine's steps run on this thread: what it spent besides waiting on the GPU
-        spent = None if usage is None else thread_usage().since(usage)
-        seen = watch.stop()
-        collected = gc_clock.stop()
         out = []
         for c in completions:
             out.append(
