@@ -264,6 +264,10 @@ class WeightStore:
     async def _raw_manifest(self, version: int, wait_s: float) -> dict[str, Any]:
         client = await self._client()
         key = manifest_key(version)
+        try:  # published already, as a load usually finds it: no `exists` lookup first
+            return await client.get(key)
+        except KeyError:
+            pass
         deadline = time.monotonic() + wait_s
         delay = 0.02
         while not await client.exists(key):
