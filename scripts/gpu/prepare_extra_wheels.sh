@@ -21,29 +21,11 @@
 set -euo pipefail
 top=$(git rev-parse --show-toplevel)
 cd "$top"
-image="$top/../shared/device/python-packages.txt"
 name=${1:?usage: prepare_extra_wheels.sh NAME REQUIREMENT ...}
 shift
 [ $# -gt 0 ] || { echo "usage: prepare_extra_wheels.sh NAME REQUIREMENT ..." >&2; exit 2; }
 limit=$((60 * 1024 * 1024))
-if ! ls .whl/c[0-9]*/part_* >/dev/null 2>&1; then
-  echo "no .whl/cNN chunks: run scripts/gpu/prepare_wheels.sh first (it empties .whl/)" >&2
-  exit 2
-fi
-[ -f "$image" ] || { echo "missing $image (the GPU image's package list)" >&2; exit 2; }
-command -v uv >/dev/null || python3 -m pip install -q uv
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-# name==version of every wheel in the chunks (one tar split across .whl/cNN).
-cat .whl/c[0-9]*/part_* | tar t | python3 -c '
-import sys
-for line in sys.stdin:
-    name = line.strip().rsplit("/", 1)[-1]
-    if name.endswith(".whl"):
-        dist, version = name.split("-")[:2]
-        print(f"{dist}=={version}")
-' >"$work/chunks.txt"
+. "$top/scripts/gpu/wheels_common.sh"  # checks, $work, $work/chunks.txt
 # A package named on the command line is taken at the version asked for, not the machine's:
 # FastMCP 3.4 needs mcp < 2 and the image has mcp 2.3.0, so `env` asks for mcp==1.30.0 and the
 # machine installs it over the image's (--no-deps).

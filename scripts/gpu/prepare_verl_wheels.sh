@@ -32,28 +32,10 @@
 set -euo pipefail
 top=$(git rev-parse --show-toplevel)
 cd "$top"
-image="$top/../shared/device/python-packages.txt"
 verl=${VERL_VERSION:-0.9.1}
 layered="transformers tokenizers packaging"
 limit=50M
-if ! ls .whl/c[0-9]*/part_* >/dev/null 2>&1; then
-  echo "no .whl/cNN chunks: run scripts/gpu/prepare_wheels.sh first (it empties .whl/)" >&2
-  exit 2
-fi
-[ -f "$image" ] || { echo "missing $image (the GPU image's package list)" >&2; exit 2; }
-command -v uv >/dev/null || python3 -m pip install -q uv
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-# name==version of every wheel in the chunks (one tar split across .whl/cNN).
-cat .whl/c[0-9]*/part_* | tar t | python3 -c '
-import sys
-for line in sys.stdin:
-    name = line.strip().rsplit("/", 1)[-1]
-    if name.endswith(".whl"):
-        dist, version = name.split("-")[:2]
-        print(f"{dist}=={version}")
-' >"$work/chunks.txt"
+. "$top/scripts/gpu/wheels_common.sh"  # checks, $work, $work/chunks.txt
 { grep '==' "$image"; cat "$work/chunks.txt"; } >"$work/machine.txt"
 python3 - "$work/machine.txt" "$layered" >"$work/have.txt" <<'EOF'
 import re, sys
