@@ -37,26 +37,9 @@ done >"$work/have.txt"
 printf '%s\n' "$@" >"$work/req.in"
 uv pip compile -q "$work/req.in" --override "$work/have.txt" --python-version 3.12 \
   --python-platform x86_64-manylinux_2_28 -o "$work/req.txt"
-python3 - "$work/have.txt" "$work/req.txt" >"$work/missing.txt" <<'EOF'
-import re, sys
-norm = lambda n: re.sub(r"[-_.]+", "-", n.lower())
-have = {norm(l.split("==")[0]) for l in open(sys.argv[1]) if "==" in l}
-for line in open(sys.argv[2]):
-    line = line.split("#")[0].strip()
-    if "==" not in line:
-        continue
-    name = norm(line.split("==")[0])
-    cuda = name in ("torch", "triton") or name.startswith(("nvidia-", "cuda-"))
-    if name not in have and not cuda:
-        print(line)
-EOF
+missing "$work/have.txt" "$work/req.txt" >"$work/missing.txt"
 echo "beyond the image and the chunks: $(tr '\n' ' ' <"$work/missing.txt")"
 
-plat=()
-for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
-         manylinux1_x86_64 manylinux_2_24_x86_64 manylinux_2_31_x86_64 manylinux_2_34_x86_64; do
-  plat+=(--platform "$p")
-done
 rm -rf ".whl/$name" ".whl/$name"[0-9]*
 mkdir -p ".whl/$name"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
