@@ -29,6 +29,7 @@ from runtime.backends.fsdp_trainer import FSDPTrainer
 from runtime.backends.hf_generator import HFGenerator
 from runtime.backends.scoring import response_logprobs
 from runtime.backends.vllm_generator import (
+    custom_all_reduce_allowed,
     engine_environment,
     logprobs_mode_for,
     request_tokens,
@@ -68,6 +69,22 @@ def test_vllm_engine_environment_keeps_flashinfer_sampler_only_where_top_p_filte
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
         "VLLM_USE_FLASHINFER_SAMPLER": None,
     }
+
+
+def test_a_tp_engine_on_shared_gpus_all_reduces_through_nccl():
+    # vLLM's custom all-reduce cannot share CUDA-graph buffers of expandable segments between
+    # its TP workers (cudaIpcGetMemHandle refuses them): the generator's allocator setting where
+    # it shares its GPUs turns it off, and only there
+    from runtime.control.startup import SHARED_GPU_ALLOC_CONF
+
+    shared = {"PYTORCH_CUDA_ALLOC_CONF": SHARED_GPU_ALLOC_CONF}
+    assert not custom_all_reduce_allowed(2, shared)
+    assert not custom_all_reduce_allowed(
+        4, {"PYTORCH_ALLOC_CONF": "max_split_size_mb:512, expandable_segments:TRUE"}
+    )
+    assert custom_all_reduce_allowed(1, shared)  # TP=1: no all-reduce at all
+    assert custom_all_reduce_allowed(2, {})
+    assert custom_all_reduce_allowed(2, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})
 
 
 def test_an_episode_rounds_long_and_short_contexts_each_get_what_the_engine_leaves():

@@ -105,6 +105,25 @@ def engine_environment(top_p: float, *, engine_in_process: bool = True) -> dict[
     }
 
 
+def custom_all_reduce_allowed(tensor_parallel_size: int, environ: Mapping[str, str]) -> bool:
+    """Whether vLLM's custom all-reduce can run for this engine's TP workers.
+
+    It shares the buffers of its CUDA graphs between the TP workers by `cudaIpcGetMemHandle`,
+    which refuses memory of PyTorch's expandable segments (CUDA virtual memory), and the worker
+    then exits during graph capture ("custom_all_reduce.cuh:455 'invalid argument'", vLLM issue
+    42609). The runtime gives a generator that shares its GPUs expandable segments, so there the
+    engine all-reduces through NCCL; with TP=1 there is no all-reduce.
+    """
+    if tensor_parallel_size <= 1:
+        return True
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        for option in environ.get(name, "").split(","):
+            key, _, value = option.partition(":")
+            if key.strip() == "expandable_segments" and value.strip().lower() == "true":
+                return False
+    return True
+
+
 def _write_weights(
     folder: Path, weights: Mapping[str, Tensor], spec: ModelSpec, dtype: torch.dtype
 ) -> None:
@@ -272,6 +291,8 @@ class VLLMGenerator:
             from runtime.backends.vllm_lora import engine_options
 
             options.update(engine_options(lora))
+        if not custom_all_reduce_allowed(tensor_parallel_size, os.environ):
+            options["disable_custom_all_reduce"] = True
         if not engine_in_process:
             # the loads an engine of another process runs, called by name (plain arguments)
             options["worker_extension_cls"] = f"{WorkerExtension.__module__}.WorkerExtension"

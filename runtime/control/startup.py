@@ -26,6 +26,10 @@ from runtime.procs.nodes import attach_nodes
 from runtime.procs.spawn import spawn_service
 from runtime.weights import store as weights
 
+# The allocator of a GPU service that shares its GPUs: segments that grow and shrink, so one
+# service's freed memory serves the next (fixed segments fragment across their turns).
+SHARED_GPU_ALLOC_CONF = "expandable_segments:True"
+
 
 def _start_mps(life: RunLifecycle) -> dict[str, str]:
     """layout.sharing mps: a control daemon of the run's own, stopped after the procs (which
@@ -95,7 +99,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     def gpu_env(service: str, env: dict[str, str] | None = None) -> dict[str, str]:
         extra = dict(env or {})
         if service in shared:
-            extra.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+            extra.setdefault("PYTORCH_CUDA_ALLOC_CONF", SHARED_GPU_ALLOC_CONF)
             if mps_env:  # layout.sharing mps: the services sharing a GPU are clients
                 extra.update(mps_env)
                 if service in sm_percent:  # layout.mps_sm_percent: read as CUDA starts
