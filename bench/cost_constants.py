@@ -132,11 +132,14 @@ def checkpointing(run: dict[str, Any]) -> bool | None:
     settings = run.get("settings")
     if settings:
         return settings["trainer"]["activation_checkpointing"]
-    # older runs set it through the environment; their JSON lists what they set as `knobs`
-    knobs = run.get("knobs") or {}
-    if "FORGESKY_ACTIVATION_CHECKPOINTING" in knobs:
-        return knobs["FORGESKY_ACTIVATION_CHECKPOINTING"] == "1"
-    return None
+    # older runs set it through the environment; their JSON lists what they set as `knobs`.
+    # Where a run lists knobs without it, the trainer took its default of that time: on
+    # (FORGESKY_ACTIVATION_CHECKPOINTING, default 1 from 205026f until 348b357 made it a recipe
+    # setting; the bench records knobs since f1a4b9d, after 205026f).
+    knobs = run.get("knobs")
+    if knobs is None:
+        return None
+    return knobs.get("FORGESKY_ACTIVATION_CHECKPOINTING", "1") == "1"
 
 
 def gpus_of(run: dict[str, Any], service: str) -> int:

@@ -12,7 +12,7 @@ MEASURED = {
         "load_s": 0.0509,
         "reference_time_share": 0.841,
         "source": "bench/results/gpu_h200_2026-11-29-lora/side_by_side_lora8b.json#grpo_1gpu_on_policy against H200 qwen3-8b",
-        "train_time_share": 0.467
+        "train_time_share": 0.623
     },
     "rates": {
         "H200": {
@@ -22,7 +22,7 @@ MEASURED = {
                 "reference_tok_s": 33318.3,
                 "sequences_per_call": 32,
                 "source": "bench/results/gpu_grpo_h200x4.json#grpo_llama3_1_8b_4gpu",
-                "train_checkpointing": None,
+                "train_checkpointing": True,
                 "train_tok_s": 7161.7
             },
             "qwen3-1.7b": {
@@ -40,7 +40,7 @@ MEASURED = {
                 "reference_tok_s": 29748.4,
                 "sequences_per_call": 96,
                 "source": "bench/results/gpu_grpo_h200x4.json#grpo_qwen3_8b_4gpu",
-                "train_checkpointing": None,
+                "train_checkpointing": True,
                 "train_tok_s": 7316.1
             }
         }

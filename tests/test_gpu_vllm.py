@@ -203,12 +203,18 @@ def _greedy(engine, prompts) -> list[list[int]]:
     ]
 
 
-def test_an_engine_of_its_own_process_loads_every_weight_path(engine, w0):
+def test_an_engine_of_its_own_process_loads_every_weight_path():
     """`generator.engine separate`: vLLM's engine core in a process of its own takes a full
     version by each weight path (host tensors as the store hands them over, a flat buffer of
     this process as the push path leaves one, another process's buffer by CUDA IPC) and then
-    samples exactly what this process's engine samples with the same weights; the CUDA IPC
-    buffer is free once its one opener, the engine's worker, let go of it."""
+    samples what the trainer's code scores under that version (the log-prob check every engine
+    here passes); the CUDA IPC buffer is free once its one opener, the engine's worker, let go
+    of it.
+
+    Not token for token against this process's engine: two engines in two processes may pick
+    different GEMM kernels (FlashInfer tunes its own at start-up), and one near-tie in bf16 then
+    turns a greedy sequence (seen: one prompt of eight, at its ninth token, beside the other
+    tests of the group); the log-prob check tells a wrong or stale version apart all the same."""
     from runtime.weights.flat import fill, flat_layout
     from runtime.weights.ipc import export_ipc
 
@@ -221,7 +227,6 @@ def test_an_engine_of_its_own_process_loads_every_weight_path(engine, w0):
         for path, seed in (("store", 20), ("push", 21), ("ipc", 22)):
             weights = peaked_weights(SMALL, seed=seed)
             hf = _hf(weights)
-            engine.load_weights(hf)
             if path == "store":
                 separate.load_weights({k: v.cpu() for k, v in hf.items()})
             else:
@@ -239,23 +244,21 @@ def test_an_engine_of_its_own_process_loads_every_weight_path(engine, w0):
                 torch.cuda.ipc_collect()
                 assert torch.cuda.memory_allocated() <= base + (1 << 20), path
             print(f"{path}: a version into the separate engine in {separate.load_seconds:.2f} s")
-            ours, theirs = _greedy(engine, prompts), _greedy(separate, prompts)
-            assert theirs == ours, path
+            # sampled with seeds, scored by the trainer's code: the weights just loaded
+            reference = GPUReference(SMALL, temperature=T, weights=weights, device="cuda")
+            _assert_matches(_sample(separate, seed=7), weights, reference)
+            del reference
+            free_gpu_memory()
+            greedy = _greedy(separate, prompts)
             if previous is not None:  # the version changed what is sampled
-                assert sum(a == b for a, b in zip(ours, previous, strict=True)) < len(ours) // 2
-            previous = ours
-        # sampled with seeds, scored by the trainer's code: the weights just loaded
-        out = _sample(separate, seed=7)
-        _assert_matches(
-            out, weights, GPUReference(SMALL, temperature=T, weights=weights, device="cuda")
-        )
+                assert sum(a == b for a, b in zip(greedy, previous, strict=True)) < len(greedy) // 2
+            previous = greedy
         incomplete = _hf(weights)
         del incomplete["model.norm.weight"]
         with pytest.raises(KeyError, match="model.norm.weight"):
             separate.load_weights(incomplete)
     finally:
         separate.close()
-        engine.load_weights(_hf(w0))
         free_gpu_memory()
 
 
