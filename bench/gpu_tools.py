@@ -176,23 +176,19 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def idle_share(timed: list[dict[str, Any]]) -> float | None:
-    """1 - the generator's sampling seconds over the steps' wall seconds: the rollouts count an
-    episode call as busy from its start to its end (`generator/busy_share`, a share of the
-    step), and the episodes count the part of it that waited on the environments
-    (`episode/generator_idle_s`). None where a record lacks either."""
-    wall = sum(r["time/step_s"] for r in timed)
-    keys = ("generator/busy_share", "episode/generator_idle_s")
+def idle_share(timed: list[dict[str, Any]], replicas: int = 1) -> float | None:
+    """1 - the generator's sampling seconds over the steps' wall seconds (times its replicas):
+    the episodes count the seconds in which a replica had a turn of theirs in flight
+    (`episode/sampling_s`, a replica's overlapping episode calls counted once). None where a
+    record lacks it."""
+    wall = sum(r["time/step_s"] for r in timed) * max(replicas, 1)
     if (
         not timed
         or wall <= 0
-        or not all(isinstance(r.get(k), int | float) for r in timed for k in keys)
+        or not all(isinstance(r.get("episode/sampling_s"), int | float) for r in timed)
     ):
         return None
-    sampling = sum(
-        r["generator/busy_share"] * r["time/step_s"] - r["episode/generator_idle_s"] for r in timed
-    )
-    return 1 - sampling / wall
+    return 1 - sum(r["episode/sampling_s"] for r in timed) / wall
 
 
 def _share(timed: list[dict[str, Any]], key: str) -> float | None:
@@ -205,14 +201,19 @@ def _share(timed: list[dict[str, Any]], key: str) -> float | None:
 
 
 def summarize(
-    rows: list[dict[str, Any]], warmup: int, gpus: int, episodes_per_step: int
+    rows: list[dict[str, Any]],
+    warmup: int,
+    gpus: int,
+    episodes_per_step: int,
+    replicas: int = 1,
 ) -> dict[str, Any]:
-    """Figures over the step records after the first `warmup`."""
+    """Figures over the step records after the first `warmup` (`replicas`: the plan's
+    generator replicas)."""
     steps = [r for r in rows if "time/step_s" in r]
     timed = [r for r in steps if r["step"] > warmup]
     wall = sum(r["time/step_s"] for r in timed)
     step_s = wall / len(timed) if timed else None
-    idle = idle_share(timed)
+    idle = idle_share(timed, replicas)
     tool_s = _mean(timed, "episode/tool_s")
     calls = _mean(timed, "episode/tool_calls")
     return {
@@ -285,7 +286,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     rows = read_metrics(run_dir / "metrics.jsonl")
     g = ran.grpo
     used = run_plan.total_gpus or 0
-    summary = summarize(rows, a.warmup, used, g.prompts_per_step * g.group_size)
+    replicas = sum(p.service == "generator" for p in run_plan.placements)
+    summary = summarize(rows, a.warmup, used, g.prompts_per_step * g.group_size, replicas)
     if not a.keep_run:
         shutil.rmtree(run_dir, ignore_errors=True)
     complete = code == 0 and summary["measured_steps"] > 0
@@ -304,6 +306,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "tool_s": a.tool_s,
         "max_turns": a.max_turns,
         "turn_tokens": a.turn_tokens,
+        # episode calls a generator replica ran at once (env.batches_in_flight)
+        "batches_in_flight": ran.env.batches_in_flight,
+        "max_policy_age": g.max_policy_age,
         "max_response_tokens": g.max_response_tokens,
         "tokenizer": made,
         "wall_s": round(wall_s, 1),

@@ -8,6 +8,7 @@ tools in, and how the run hosts it (worker processes beside the generator, docs/
       workers_per_node: auto          # CPU worker processes hosting the episodes on node 0
       cpu_nodes: 0                    # CPU-only nodes for the workers node 0 has no cores for
                                       # (auto: as many as the plan finds short)
+      batches_in_flight: 2            # episode calls a generator replica runs at once
       max_turns: 4                    # model turns an episode may take
       max_turn_tokens: null           # tokens the model may sample in one turn
       max_episode_tokens: null        # tokens an episode may hold, its opening prompt included
@@ -23,10 +24,11 @@ and the environment gives the reward (the dataset then needs none). Every number
 the way a custom reward is.
 
 The planner sizes the workers (`env_plan`): the episodes in flight at once (every generator
-replica's call: its prompts x grpo.group_size) times `cpus_per_episode` are the cores the tools
-may take at once, weighed against the cores node 0 has left beside its own processes; the cores
-it lacks can go to CPU-only nodes after the run's own (env.cpu_nodes; launched with them as a
-SkyPilot job group, launcher/task.py; hosted by runtime/environments/nodes.py).
+replica's env.batches_in_flight calls, each its prompts x grpo.group_size) times
+`cpus_per_episode` are the cores the tools may take at once, weighed against the cores node 0
+has left beside its own processes; the cores it lacks can go to CPU-only nodes after the run's
+own (env.cpu_nodes; launched with them as a SkyPilot job group, launcher/task.py; hosted by
+runtime/environments/nodes.py).
 """
 
 from __future__ import annotations
@@ -103,6 +105,11 @@ class Environment(Strict):
     # many as the cores short need, 0 where none are short); they launch as a managed job group
     # and cost beyond the plan's price, so none unless asked for
     cpu_nodes: int | Literal["auto"] = 0
+    # Episode calls (a call's prompts x group_size episodes) a generator replica runs at once:
+    # while one call's episodes wait on their tools, another's turns sample, so the generator
+    # does not idle through the tools' rounds. Each call is admitted by the freshness rule
+    # (grpo.max_policy_age), as one call is; in lock-step the second waits for the first's step.
+    batches_in_flight: int = Field(default=2, gt=0, le=8)
     max_turns: int = Field(default=4, gt=0)
     # default: grpo.max_response_tokens (what is left of the episode's budget bounds it too)
     max_turn_tokens: int | None = Field(default=None, gt=0)
@@ -167,13 +174,13 @@ class Environment(Strict):
 
 
 def episodes_in_flight(recipe: Any, replicas: int) -> int:
-    """Episodes open at once: each generator replica's call, its share of
-    prompts_per_step x steps_per_call prompts (runtime/control/rollouts.py `per_call`) times
-    group_size episodes each. A replica's next call opens its episodes once the last call's
-    have closed, so this is the most."""
+    """Episodes open at once: each generator replica's env.batches_in_flight calls, each its
+    share of prompts_per_step x steps_per_call prompts (runtime/control/rollouts.py `per_call`)
+    times group_size episodes. A call opens its episodes once the same lane's last call's have
+    closed, so this is the most."""
     g = recipe.grpo
     per_call = max(1, math.ceil(g.prompts_per_step * g.steps_per_call / replicas))
-    return replicas * per_call * g.group_size
+    return replicas * recipe.env.batches_in_flight * per_call * g.group_size
 
 
 def own_cores(cpu: bool, placements: Any, reward_procs: int) -> int:
@@ -329,8 +336,8 @@ def check_env_plan(recipe: Any, planned: EnvPlan | None) -> None:
         f"{recipe.name}: {planned.episodes} episodes in flight x {planned.cores_per_episode:g} "
         f"cores need {planned.cores_needed:g} cores, {planned.short:g} more than node 0 has: "
         f"{planned.cpu_nodes} CPU nodes of {planned.cpu_node_vcpus} vCPUs, more than "
-        f"{MAX_CPU_NODES}; lower env.cpus_per_episode or grpo.prompts_per_step (or set "
-        "env.cpu_nodes)"
+        f"{MAX_CPU_NODES}; lower env.cpus_per_episode, env.batches_in_flight or "
+        "grpo.prompts_per_step (or set env.cpu_nodes)"
     )
 
 

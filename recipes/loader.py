@@ -203,7 +203,10 @@ def _parse_value(item: str, raw: str, current: Any, kinds: list[Any]) -> Any:
     # A string field keeps the text as typed: YAML would turn "dataset.config=1" into an int.
     # One that may also hold a list (model.lora.targets: all-linear or [q_proj, v_proj]) reads
     # YAML.
+    # One that may be unset (eval.reward: a name or none) reads null (or ~) as unset.
     if isinstance(current, str) and not any(typing.get_origin(k) is list for k in kinds):
+        if raw.strip() in ("null", "~") and type(None) in kinds:
+            return None
         return raw
     try:
         return yaml.safe_load(raw) if raw.strip() else None

@@ -19,6 +19,8 @@ from launcher.cli import main
 from recipes.loader import catalog_path
 
 QWEN = yaml.safe_load(catalog_path("qwen3-1.7b").read_text())
+# episode calls a generator replica runs at once, where a recipe leaves env.batches_in_flight
+LANES = 2
 
 
 def project(tmp_path: Path, env: dict) -> Path:
@@ -81,10 +83,11 @@ def test_plan_shows_the_environment_in_one_line_and_set_reaches_it(tmp_path, cap
     path = project(tmp_path, {"name": "builtin:python"})
     code, out, err = run(capsys, "plan", str(path), "--set", "env.max_turns=6", "--gpus", "1")
     assert code == 0, err
-    # one H100: one generator replica, its call every prompt of the step x group_size episodes;
-    # node 0's own processes: the controller's 2 cores, 2 for its GPU, 1 a reward proc
+    # one H100: one generator replica, its LANES calls each every prompt of the step x
+    # group_size episodes; node 0's own processes: the controller's 2 cores, 2 for its GPU, 1 a
+    # reward proc
     g = QWEN["grpo"]
-    episodes = g["prompts_per_step"] * g.get("steps_per_call", 1) * g["group_size"]
+    episodes = LANES * g["prompts_per_step"] * g.get("steps_per_call", 1) * g["group_size"]
     vcpus = fewest_vcpus("H100", 1)
     own = 2 + 2 + QWEN.get("layout", {}).get("reward", {}).get("procs", 1)
     workers = min(episodes, int(vcpus) - own)
@@ -131,12 +134,12 @@ def test_plan_shows_the_environment_in_one_line_and_set_reaches_it(tmp_path, cap
 def test_the_planned_workers_follow_the_cores_an_episode_takes(tmp_path, capsys):
     """Few cores an episode: a worker per core needed; workers set by hand stay as set; 8 GPUs
     (4 generator replicas here) share the step's prompts between their calls."""
-    path = project(tmp_path, {"name": "builtin:python", "cpus_per_episode": 0.05})
+    path = project(tmp_path, {"name": "builtin:python", "cpus_per_episode": 0.02})
     code, out, err = run(capsys, "plan", str(path), "--json", "--gpus", "1")
     assert code == 0, err
     e = json.loads(out)["environment"]
-    assert e["cores_per_episode"] == 0.05 and e["short"] == 0
-    assert e["workers"] == math.ceil(e["episodes"] * 0.05) and e["workers_from"] == "auto"
+    assert e["cores_per_episode"] == 0.02 and e["short"] == 0
+    assert e["workers"] == math.ceil(e["episodes"] * 0.02) and e["workers_from"] == "auto"
     code, out, err = run(
         capsys, "plan", str(path), "--json", "--gpus", "1", "--set", "env.workers_per_node=3"
     )
@@ -149,8 +152,15 @@ def test_the_planned_workers_follow_the_cores_an_episode_takes(tmp_path, capsys)
     assert code == 0, err
     e = json.loads(out)["environment"]
     g = QWEN["grpo"]
-    # 4 replicas of 2 prompts each (6 / 4 rounded up), group_size episodes a prompt
-    assert e["episodes"] == 4 * 2 * g["group_size"]
+    # 4 replicas of LANES calls of 2 prompts each (6 / 4 rounded up), group_size episodes a
+    # prompt; one call a replica where set so
+    assert e["episodes"] == 4 * LANES * 2 * g["group_size"]
+    code, out, err = run(capsys, "plan", str(path), "--json", "--gpus", "8",
+                         "--set", "layout.generator.replicas=4", "--set", "layout.share=none",
+                         "--set", "grpo.prompts_per_step=6",
+                         "--set", "env.batches_in_flight=1")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["environment"]["episodes"] == 4 * 2 * g["group_size"]
     assert e["node_vcpus"] == fewest_vcpus("H100", 8)
 
 
@@ -160,7 +170,8 @@ def test_the_tiny_tools_recipe_plans_its_cores_on_its_cpu_node(capsys):
     e = json.loads(out)["environment"]
     recipe = yaml.safe_load(catalog_path("tiny-tools").read_text())
     g = recipe["grpo"]
-    assert e["episodes"] == g["prompts_per_step"] * g["group_size"]
+    lanes = recipe["env"].get("batches_in_flight", LANES)
+    assert e["episodes"] == lanes * g["prompts_per_step"] * g["group_size"]
     assert (e["cores_per_episode"], e["node_vcpus"]) == (0.005, 8)
     assert (e["workers"], e["workers_from"]) == (2, "env.workers_per_node")
 
@@ -187,7 +198,7 @@ def test_set_adds_an_env_section_to_a_recipe_without_one(capsys):
         ({"name": "builtin:python", "cpus_per_episode": -1}, "env.cpus_per_episode: Input should be greater than 0"),
         ({"name": "builtin:python", "cpu_nodes": -1}, "env.cpu_nodes: Input should be 0 or more, or auto"),
         ({"name": "builtin:python", "cpu_nodes": 17}, "env.cpu_nodes: Input should be at most 16, or auto"),
-        ({"name": "builtin:python", "cpus_per_episode": 40, "cpu_nodes": "auto"}, "qwen-tools: 128 episodes in flight x 40 cores need 5120 cores, "),
+        ({"name": "builtin:python", "cpus_per_episode": 40, "cpu_nodes": "auto"}, "qwen-tools: 256 episodes in flight x 40 cores need 10240 cores, "),
         ({"name": "builtin:python", "cpus_per_episode": 40, "cpu_nodes": 17}, "env.cpu_nodes: Input should be at most 16"),
         ({"name": "builtin:python", "sandbox": {"cpu_seconds": 0}}, "env.sandbox.cpu_seconds: Input should be greater than 0"),
         ({"name": "builtin:python", "sandbox": {"memory_mb": 0}}, "env.sandbox.memory_mb: Input should be greater than 0"),

@@ -137,6 +137,66 @@ def test_a_runs_episodes_step_their_environments_in_worker_processes(tmp_path):
     assert services.turns[:2] == [8, 8]  # every episode of a call in each turn's one call
 
 
+def test_a_replicas_lanes_sample_one_calls_turns_while_anothers_tools_run(tmp_path):
+    """env.batches_in_flight 2, one step off: the replica's two lanes each run an episode call,
+    and turns of one are sampled while the other's episodes wait on their (slow) tools; with 1
+    the calls follow one another. Either way every step trains on whole groups, and the idle
+    metrics count a replica's overlapping calls once."""
+
+    async def go(lanes: int) -> tuple[Controller, ToolPolicy, list[int]]:
+        cfg = config(
+            tmp_path / f"lanes{lanes}",
+            "env.name=tool_envs:SlowTinyTools",
+            "grpo.max_policy_age=1",
+            f"env.batches_in_flight={lanes}",
+            args={"seconds": 0.3},
+        )
+        services = ToolPolicy()
+        controller = await start(cfg, services)
+        assert controller.rollouts.lanes == lanes
+        groups = controller.episodes.groups
+        open_calls = [0]
+        seen: list[int] = []  # the episode calls open at each turn
+        turn = services.continue_tokens
+
+        async def counted(*args):
+            open_calls[0] += 1
+            try:
+                return await groups(*args)
+            finally:
+                open_calls[0] -= 1
+
+        async def watched(*args):
+            seen.append(open_calls[0])
+            return await turn(*args)
+
+        controller.episodes.groups = counted
+        services.continue_tokens = watched
+        try:
+            await asyncio.wait_for(controller.train(), 60)
+        finally:
+            await finish(controller)
+        return controller, services, seen
+
+    controller, services, seen = asyncio.run(go(2))
+    assert controller.step == 3 and not services.failures, services.failures
+    assert max(seen) == 2, seen  # a turn sampled while the other lane's call was open
+    assert services.turns.count(8) == len(services.turns)  # every turn a whole call's episodes
+    records = controller.metrics.records
+    # a step's record holds the episodes of the calls that ended since the last one (with two
+    # lanes a step may see none end)
+    assert {r["episode/turns_mean"] for r in records if "episode/turns_mean" in r} == {2.0}
+    assert sum(r["episode/dropped"] for r in records) == 0
+    assert sum(r["episode/sampling_s"] for r in records) > 0
+    for r in records:
+        assert r["episode/sampling_s"] >= 0 and r["episode/generator_idle_s"] >= 0
+        if "episode/generator_idle_share" in r:
+            assert 0 <= r["episode/generator_idle_share"] <= 1
+    controller, services, seen = asyncio.run(go(1))
+    assert controller.step == 3 and not services.failures, services.failures
+    assert set(seen) == {1}, seen
+
+
 def test_a_worker_lost_mid_run_drops_its_episodes_and_the_run_goes_on(tmp_path):
     flags = tmp_path / "flags"
     flags.mkdir()

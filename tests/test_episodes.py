@@ -460,3 +460,26 @@ def test_a_bad_env_section_is_one_line(override, message):
     with pytest.raises(UserError) as info:
         apply_overrides(recipe, [override])
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_spans_count_overlapping_calls_once(monkeypatch):
+    """A replica's lanes open episode calls that overlap: the idle metrics take the seconds in
+    which at least one was open, a call still open counted up to the record and carried on."""
+    from runtime.episodes import rollout
+
+    now = [0.0]
+    monkeypatch.setattr(rollout.time, "perf_counter", lambda: now[0])
+    spans = rollout.Spans()
+    with spans.span():  # 0 -> 10
+        now[0] = 2.0
+        with spans.span():  # 2 -> 5, inside the first
+            now[0] = 5.0
+        now[0] = 10.0
+    now[0] = 12.0
+    second = spans.span()
+    second.__enter__()  # 12 -> (still open at the record, 15) -> 20
+    assert spans.take(15.0) == 10.0 + 3.0
+    now[0] = 20.0
+    second.__exit__(None, None, None)
+    assert spans.take(21.0) == 5.0
+    assert spans.take(22.0) == 0.0

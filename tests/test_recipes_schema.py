@@ -390,6 +390,10 @@ def test_overrides_apply_and_revalidate():
     assert r.model.tokenizer is None
     assert base.grpo.steps == 500  # the original is untouched
     assert apply_overrides(base, []) is base
+    # a string field that may be unset reads null or ~ as unset (eval.reward=null, as docs/tools.md
+    # has it for a recipe that gains an env section); one that may not keeps the text
+    r = apply_overrides(base, ["eval.reward=null", "dataset.config=~", "dataset.split=null"])
+    assert (r.eval.reward, r.dataset.config, r.dataset.split) == (None, None, "null")
 
 
 def test_override_mistakes():

@@ -72,6 +72,8 @@ def record(step, step_s, busy, idle_s, tool_s, calls):
         "generator/busy_share": busy,
         "episode/generator_idle_s": idle_s,
         "episode/generator_idle_share": idle_s / (busy * step_s),
+        # the replica's turns in flight: its calls' time less their idle time
+        "episode/sampling_s": busy * step_s - idle_s,
         "episode/tool_s": tool_s,
         "episode/tool_calls": calls,
         "episode/turns_mean": 4.0,
@@ -92,6 +94,9 @@ def test_the_figures_come_from_the_measured_steps_records():
     assert out["generator_idle_share"] == pytest.approx(1 - 2.5 / 4)
     assert out["generator_idle_share_in_calls"] == pytest.approx(0.5 / 3)
     assert idle_share([{"step": 1, "time/step_s": 4.0}]) is None  # no generator figures
+    # two replicas: their sampling seconds add up against twice the wall time
+    two = summarize(rows, warmup=1, gpus=2, episodes_per_step=128, replicas=2)
+    assert two["generator_idle_share"] == pytest.approx(1 - 2.5 / 8)
 
 
 @pytest.mark.slow

@@ -137,6 +137,19 @@ class TinyToolsPid(LookupEnvironment):
         return obs
 
 
+class SlowTinyTools(LookupEnvironment):
+    """tiny-tools whose lookup takes `seconds` (a tool the generator would idle through)."""
+
+    def __init__(self, seconds: float = 0.2) -> None:
+        self.seconds = seconds
+        super().__init__()
+
+    def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        if isinstance(action, CallToolAction):
+            time.sleep(self.seconds)
+        return super().step(action, timeout_s, **kwargs)
+
+
 class FragileTinyTools(LookupEnvironment):
     """tiny-tools whose lookup ends its worker while the file `crash` is in `flags`: `once`, it
     removes the file first (the worker comes back, the run goes on); else it leaves `broken`

@@ -1,4 +1,5 @@
-"""Rollouts: one loop per generator replica that samples groups, scores them (reward procs,
+"""Rollouts: one loop per generator replica (with multi-turn episodes env.batches_in_flight of
+them, its lanes) that samples groups, scores them (reward procs,
 then the frozen reference) and queues them for the trainer, never starting a call whose groups
 would be too stale to train on when their turn comes.
 
@@ -9,7 +10,7 @@ group minus max_policy_age: the trainer's version, plus one while a step is in f
 per `prompts_per_step` groups already queued or being generated ahead of it. So generation that
 would be dropped as stale is never started.
 
-Order. With several generators a later call can finish first: groups are trained on in the
+Order. With several generators (or lanes) a later call can finish first: groups are trained on in the
 order their calls were admitted (runtime/control/buffer.py), so the step that consumes a group
 is the one the rule counted on.
 
@@ -17,6 +18,11 @@ Overlap. With max_policy_age >= 1 a replica's next call may start while the refe
 scores its last one; every group in flight keeps a place in the buffer, so a put never waits on
 a full buffer with a generation behind it. In lock-step (max_policy_age 0) calls never overlap
 training.
+
+Episodes. A call of multi-turn episodes holds its replica only while its turns sample: between
+turns its episodes wait on their tools. A replica's lanes each run such a call, admitted by the
+rule above like any call, and their turns queue at the replica, so one call samples while
+another's tools run.
 """
 
 from __future__ import annotations
@@ -65,10 +71,11 @@ class Rollouts:
         # taking prompts and queueing their groups.
         self._groups_in_flight = 0
         self._calls_in_flight = 0
-        # Per replica, groups generated but not yet queued (their put waits on a full buffer):
-        # a checkpoint saves them with the queued ones.
+        # Per lane (a loop: one a replica, or env.batches_in_flight a replica with episodes),
+        # groups generated but not yet queued (their put waits on a full buffer): a checkpoint
+        # saves them with the queued ones.
         self._unqueued: dict[int, list[Group]] = {}
-        # Per replica, the task scoring its last call's groups and queueing them.
+        # Per lane, the task scoring its last call's groups and queueing them.
         self._finishing: dict[int, asyncio.Task] = {}
         self._held = False  # no new call starts while a checkpoint is being taken
         # Admission order: the next group's `seq`, and those admitted but not yet queued.
@@ -79,8 +86,8 @@ class Rollouts:
         self._dropped_since_take = 0
         self._dropped = 0
         # Since the last step record (at `_mark`): generating seconds of the calls that ended,
-        # the start of each replica's call in flight, calls ended (all replicas), calls started
-        # while the same replica's last groups were still being scored.
+        # the start of each lane's call in flight, calls ended (all lanes), calls started
+        # while the same lane's last groups were still being scored.
         self._mark = time.perf_counter()
         self._generating_s = 0.0
         self._call_started: dict[int, float] = {}
@@ -95,10 +102,18 @@ class Rollouts:
 
     # --- the loops ------------------------------------------------------------------------------
 
+    @property
+    def lanes(self) -> int:
+        """The rollout loops: one a generator replica; with episodes, env.batches_in_flight a
+        replica (lane k drives replica k % generators), so one call's turns sample while
+        another's episodes wait on their tools."""
+        per_replica = self.episodes.batches_in_flight if self.episodes is not None else 1
+        return self.services.generators * per_replica
+
     def start(self) -> None:
         self._mark = time.perf_counter()
-        for replica in range(self.services.generators):
-            task = asyncio.create_task(self._loop(replica))
+        for lane in range(self.lanes):
+            task = asyncio.create_task(self._loop(lane))
             task.add_done_callback(self._done)
             self._tasks.append(task)
 
@@ -106,11 +121,13 @@ class Rollouts:
         if not task.cancelled() and task.exception() is not None:
             self.services.fail(task.exception())
 
-    async def _loop(self, replica: int) -> None:
+    async def _loop(self, lane: int) -> None:
         """Generate, then score and reference-score the groups in a task of their own, so the
         generator can start its next call (once it would be fresh enough) while the reference
-        scores the last one. Groups enter the buffer in call order."""
+        scores the last one. A lane's groups enter the buffer in call order (the buffer orders
+        the lanes' by admission)."""
         g = self.grpo
+        replica = lane % self.services.generators
         per_call = self.per_call
         finishing: asyncio.Task | None = None
         held: list[Group] | None = None  # generated, not yet handed to a _finish task
@@ -131,11 +148,11 @@ class Rollouts:
                     unit = f"generator{replica}"
                     turn = self.turns.turn(unit) if self.episodes is None else nullcontext()
                     async with turn:
-                        start = self._call_started[replica] = time.perf_counter()
+                        start = self._call_started[lane] = time.perf_counter()
                         try:
                             if self.episodes is not None:
                                 held = await self.episodes.groups(
-                                    prompts, seed, self._continue(replica)
+                                    prompts, seed, self._continue(replica), replica
                                 )
                                 out = []
                             else:
@@ -143,7 +160,7 @@ class Rollouts:
                                     replica, [p.messages() for p in prompts], seed
                                 )
                         finally:
-                            del self._call_started[replica]
+                            del self._call_started[lane]
                         end = time.perf_counter()
                     self.notes.add("time/generate_s", end - start)
                     # the engine's own seconds in that call (the rest: the call's way there and
@@ -169,8 +186,8 @@ class Rollouts:
                     raise
                 if finishing is not None:
                     await finishing  # the previous call's groups go in first
-                finishing = self._finishing[replica] = asyncio.create_task(
-                    self._finish(replica, held, per_call)
+                finishing = self._finishing[lane] = asyncio.create_task(
+                    self._finish(lane, held, per_call)
                 )
                 held = None
                 # A failed scoring stops the run now, not when the next call returns.
@@ -195,7 +212,7 @@ class Rollouts:
 
         return turn
 
-    async def _finish(self, replica: int, groups: list[Group], per_call: int) -> None:
+    async def _finish(self, lane: int, groups: list[Group], per_call: int) -> None:
         """Rewards and reference log-probs for one call's groups, the recipe's reward shaping,
         dynamic sampling's filter, then into the buffer. Episode groups come scored by their
         environments; one with a lost episode is left out (counted)."""
@@ -214,7 +231,7 @@ class Rollouts:
         self._pending.difference_update(gr.seq for gr in groups if gr not in kept)
         groups = kept
         # A stop cancels a put waiting on a full buffer: what is left stays in _unqueued.
-        pending = self._unqueued[replica] = groups
+        pending = self._unqueued[lane] = groups
         while pending:
             await self.buffer.put(pending[0])
             self._pending.discard(pending.pop(0).seq)
@@ -321,9 +338,10 @@ class Rollouts:
         return min(self._pending) if self._pending else None
 
     def take_stats(self) -> dict[str, float]:
-        """Since the last record: the generators' share of the wall time spent generating
-        (1 - their idle share; a call counts in every record whose span it overlaps, so a long
-        call shows in each step it runs through), calls ended and calls overlapped."""
+        """Since the last record: the lanes' share of the wall time spent in calls (one lane a
+        replica: 1 - the generators' idle share; a call counts in every record whose span it
+        overlaps, so a long call shows in each step it runs through), calls ended and calls
+        overlapped."""
         now = time.perf_counter()
         in_flight = sum(now - max(s, self._mark) for s in self._call_started.values())
         busy = self._generating_s + in_flight
@@ -331,7 +349,7 @@ class Rollouts:
         self._mark = now
         stats: dict[str, float] = {}
         if window > 0:
-            stats["generator/busy_share"] = busy / (window * self.services.generators)
+            stats["generator/busy_share"] = busy / (window * self.lanes)
         stats["generator/calls"] = self._calls_ended
         stats["generator/overlapped_calls"] = self._overlapped_calls
         if self.grpo.uses_dynamic_sampling:
@@ -356,9 +374,9 @@ class Rollouts:
         self.buffer.restore(groups)
         self.generate_calls = generate_calls
 
-    def _blocked_on_full_buffer(self, replica: int) -> bool:
-        """Whether the replica's groups wait for room in the buffer (nothing else pending)."""
-        return self.buffer.full_waiters(self._finishing.get(replica))
+    def _blocked_on_full_buffer(self, lane: int) -> bool:
+        """Whether the lane's groups wait for room in the buffer (nothing else pending)."""
+        return self.buffer.full_waiters(self._finishing.get(lane))
 
     async def settle(self) -> list[Group]:
         """Hold new calls until the ones in flight have landed; every group not yet trained on,
@@ -372,8 +390,8 @@ class Rollouts:
         # in flight: between taking prompts and queueing the groups, unless waiting on a full
         # buffer (those groups are in _unqueued)
         while self._calls_in_flight or any(
-            self._unqueued.get(replica) and not self._blocked_on_full_buffer(replica)
-            for replica, task in enumerate(self._tasks)
+            self._unqueued.get(lane) and not self._blocked_on_full_buffer(lane)
+            for lane, task in enumerate(self._tasks)
             if not task.done()
         ):
             await asyncio.sleep(0.01)

@@ -7,7 +7,9 @@ policy versions. The episodes' environments are the run's environment workers
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from runtime.control.buffer import Group
@@ -32,20 +34,60 @@ def limits_of(recipe: Any) -> Limits:
     )
 
 
+class Spans:
+    """Wall seconds during which at least one of some spans that may overlap was open: a
+    replica's episode calls (its lanes), or its turn calls."""
+
+    def __init__(self) -> None:
+        self._open = 0
+        self._since = 0.0
+        self._seconds = 0.0
+
+    @contextmanager
+    def span(self) -> Iterator[None]:
+        if not self._open:
+            self._since = time.perf_counter()
+        self._open += 1
+        try:
+            yield
+        finally:
+            self._open -= 1
+            if not self._open:
+                self._seconds += time.perf_counter() - self._since
+
+    def take(self, now: float) -> float:
+        """The seconds since the last take, a span still open counted up to `now`."""
+        seconds, self._seconds = self._seconds, 0.0
+        if self._open:
+            seconds += now - self._since
+            self._since = now
+        return seconds
+
+
 class EpisodeRollout:
     """The episodes of a run: their environments, format and limits, and the `episode/`
-    metrics of the episodes since the last step record."""
+    metrics of the episodes since the last step record. `batches_in_flight`: the episode
+    calls a generator replica runs at once (env.batches_in_flight; the rollout loop's lanes)."""
 
     def __init__(
-        self, environments: Environments, fmt: ToolFormat, limits: Limits, group_size: int
+        self,
+        environments: Environments,
+        fmt: ToolFormat,
+        limits: Limits,
+        group_size: int,
+        batches_in_flight: int = 1,
     ) -> None:
         self.environments = environments
         self.fmt = fmt
         self.limits = limits
         self.group_size = group_size
-        # since the last take_stats: the episodes, and the calls' seconds (see `groups`)
+        self.batches_in_flight = batches_in_flight
+        # since the last take_stats: the episodes, the seconds waiting on the environments
+        # (summed over the calls), and per replica the spans of its calls and of its turns
         self._episodes: list[Episode] = []
-        self._call_s = self._generate_s = self._env_wait_s = 0.0
+        self._env_wait_s = 0.0
+        self._calls: defaultdict[int, Spans] = defaultdict(Spans)
+        self._sampling: defaultdict[int, Spans] = defaultdict(Spans)
         self._counted = environments.counters()
 
     @classmethod
@@ -73,7 +115,13 @@ class EpisodeRollout:
             environments = await start_environments(
                 recipe.env, in_process=in_process, workers=workers
             )
-        return cls(environments, fmt, limits_of(recipe), recipe.grpo.group_size)
+        return cls(
+            environments,
+            fmt,
+            limits_of(recipe),
+            recipe.grpo.group_size,
+            recipe.env.batches_in_flight,
+        )
 
     async def shutdown(self) -> None:
         """Stop the environments' workers (the run's end, a stop, a failure)."""
@@ -90,18 +138,25 @@ class EpisodeRollout:
         runner = self._runner(generate)
         return await runner.run(*self._rows(prompts, seeds, n))
 
-    async def groups(self, prompts: list[Any], seed: int, generate: Continue) -> list[Group]:
+    async def groups(
+        self, prompts: list[Any], seed: int, generate: Continue, replica: int = 0
+    ) -> list[Group]:
         """`group_size` episodes of each prompt (as `play`, a seed a prompt drawn from the
-        call's), as one group per prompt, in order."""
+        call's), as one group per prompt, in order; `replica` the generator replica whose
+        turns they take (for the idle metrics: its calls may overlap)."""
         n = self.group_size
         seeds = [seed + 7919 * i for i in range(len(prompts))]
-        runner = self._runner(generate)
-        start = time.perf_counter()
+        sampling = self._sampling[replica]
+
+        async def timed(prompts: list[list[int]], most: int, seed: int) -> list[dict[str, Any]]:
+            with sampling.span():
+                return await generate(prompts, most, seed)
+
+        runner = self._runner(timed)
         try:
-            episodes = await runner.run(*self._rows(prompts, seeds, n))
+            with self._calls[replica].span():
+                episodes = await runner.run(*self._rows(prompts, seeds, n))
         finally:
-            self._call_s += time.perf_counter() - start
-            self._generate_s += runner.generate_s
             self._env_wait_s += runner.env_wait_s
         self._episodes += episodes
         return [episode_group(p, episodes[i * n : (i + 1) * n]) for i, p in enumerate(prompts)]
@@ -126,13 +181,19 @@ class EpisodeRollout:
         stats = episode_stats(self._episodes) if self._episodes else {}
         counters = self.environments.counters()
         stats["episode/workers_lost"] = counters["workers_lost"] - self._counted["workers_lost"]
-        idle = max(0.0, self._call_s - self._generate_s)
+        # a replica idles while one of its calls is open and none of its turns samples (or
+        # waits for its GPU's turn); summed over the replicas
+        now = time.perf_counter()
+        calls = sum(spans.take(now) for spans in self._calls.values())
+        sampling = sum(spans.take(now) for spans in self._sampling.values())
+        idle = max(0.0, calls - sampling)
         stats["episode/env_wait_s"] = self._env_wait_s
+        stats["episode/sampling_s"] = sampling
         stats["episode/generator_idle_s"] = idle
-        if self._call_s > 0:
-            stats["episode/generator_idle_share"] = idle / self._call_s
+        if calls > 0:
+            stats["episode/generator_idle_share"] = idle / calls
         self._episodes, self._counted = [], counters
-        self._call_s = self._generate_s = self._env_wait_s = 0.0
+        self._env_wait_s = 0.0
         return stats
 
 
