@@ -76,6 +76,7 @@ RUNS = (
     ("gpu_h200_2026-11-27f/product_path_1gpu.json", None, 1, "H200"),
     ("gpu_h200x2_2026-11-27g/product_path_qwen3-8b_part_b.json", "run_a", 2, "H200"),
     ("gpu_h200x2_2026-11-27g/product_path_qwen3-8b_part_b.json", "run_b", 2, "H200"),
+    ("gpu_h200x2_2026-11-29-tools-8b/gpu_grpo_full8b.json", "grpo", 2, "H200"),
 )
 # Runs whose push path sent the ipc path's buffer of a version (runtime/weights/push.py
 # `lend_from`); in the runs before, rank 0 kept a push buffer of its own beside it, and their
