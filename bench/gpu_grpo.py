@@ -482,21 +482,19 @@ def summarize(
         # policy.py): with on-policy steps, how soon sampling uses the new policy
         "sync_ready_s": mean([r["sync/ready_s"] for r in measured if r.get("sync/ready_s")]),
         "publish_s": mean([r["time/publish_s"] for r in measured if "time/publish_s" in r]),
-        # a LoRA version's load into vLLM, in parts: added anew (vLLM's LoRAModel build, its
-        # activation into a slot) or written in place (the plan, made once, and the write);
-        # each mean over the steps that had it
+        # each mean over the steps that had it: a LoRA version's load into vLLM in parts, added
+        # anew (vLLM's LoRAModel build, its activation into a slot) or written in place (the
+        # plan, made once, and the write); a CUDA IPC receipt in parts, the manifest from the
+        # store, the handle's opening, the load into the engine with the mapping's closing
+        # (the open is inside the load)
         **{
-            f"adapter_{part}_s": mean([r[k] for r in measured if k in r])
-            for part in ("build", "activate", "plan", "write")
-            for k in [f"time/adapter_{part}_s"]
-            if any(k in r for r in measured)
-        },
-        # a CUDA IPC receipt in parts: the manifest from the store, the handle's opening, the
-        # load into the engine with the mapping's closing (the open is inside the load)
-        **{
-            f"receive_{part}_s": mean([r[k] for r in measured if k in r])
-            for part in ("manifest", "open", "load")
-            for k in [f"time/receive_{part}_s"]
+            f"{kind}_{part}_s": mean([r[k] for r in measured if k in r])
+            for kind, parts in (
+                ("adapter", ("build", "activate", "plan", "write")),
+                ("receive", ("manifest", "open", "load")),
+            )
+            for part in parts
+            for k in [f"time/{kind}_{part}_s"]
             if any(k in r for r in measured)
         },
         # Direct path (runtime.weights.direct): the trainer's broadcast, in the background.
