@@ -127,6 +127,20 @@ def test_a_committed_result_resummarizes_to_its_own_numbers():
     assert committed["grpo_qwen3_8b_4gpu"]["trainer_gpus"] == 2
 
 
+def test_a_lora_runs_adapter_parts_resummarize_from_its_records():
+    # qwen3-8b-lora's versions written in place: the write's mean over the steps that had one
+    path = (
+        Path(__file__).resolve().parents[1]
+        / "bench/results/gpu_h200_2026-11-29-cpus-sync-tools/gpu_grpo_qwen3-8b-lora.json"
+    )
+    committed = json.loads(path.read_text())
+    again = json.loads(path.read_text())
+    del again["grpo"]["adapter_write_s"]
+    gpu_grpo.resummarize(again)
+    parts = {k: v for k, v in again["grpo"].items() if k.startswith(("adapter_", "receive_"))}
+    assert parts == {"adapter_write_s": pytest.approx(committed["grpo"]["adapter_write_s"])}
+
+
 def test_trainer_configs_parse_with_defaults_and_refuse_unknown_keys():
     assert gpu_grpo.parse_config("ac=0,compile=1") == {
         "ac": 0, "compile": 1, "mb": 8192, "head": 1
