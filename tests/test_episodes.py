@@ -462,14 +462,13 @@ def test_a_bad_env_section_is_one_line(override, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_spans_count_overlapping_calls_once(monkeypatch):
+def test_spans_count_overlapping_calls_once():
     """A replica's lanes open episode calls that overlap: the idle metrics take the seconds in
     which at least one was open, a call still open counted up to the record and carried on."""
     from runtime.episodes import rollout
 
     now = [0.0]
-    monkeypatch.setattr(rollout.time, "perf_counter", lambda: now[0])
-    spans = rollout.Spans()
+    spans = rollout.Spans(clock=lambda: now[0])
     with spans.span():  # 0 -> 10
         now[0] = 2.0
         with spans.span():  # 2 -> 5, inside the first

@@ -1,7 +1,7 @@
 """Rollouts: one loop per generator replica (with multi-turn episodes env.batches_in_flight of
-them, its lanes) that samples groups, scores them (reward procs,
-then the frozen reference) and queues them for the trainer, never starting a call whose groups
-would be too stale to train on when their turn comes.
+them, its lanes) that samples groups, scores them (reward procs, then the frozen reference) and
+queues them for the trainer, never starting a call whose groups would be too stale to train on
+when their turn comes.
 
 The freshness rule. A group sampled by policy version s may be trained on by the trainer at
 version V only if V - s <= max_policy_age (older ones are dropped when taken). A call is held
@@ -10,9 +10,9 @@ group minus max_policy_age: the trainer's version, plus one while a step is in f
 per `prompts_per_step` groups already queued or being generated ahead of it. So generation that
 would be dropped as stale is never started.
 
-Order. With several generators (or lanes) a later call can finish first: groups are trained on in the
-order their calls were admitted (runtime/control/buffer.py), so the step that consumes a group
-is the one the rule counted on.
+Order. With several generators (or lanes) a later call can finish first: groups are trained on
+in the order their calls were admitted (runtime/control/buffer.py), so the step that consumes a
+group is the one the rule counted on.
 
 Overlap. With max_policy_age >= 1 a replica's next call may start while the reference still
 scores its last one; every group in flight keeps a place in the buffer, so a put never waits on

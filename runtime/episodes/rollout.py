@@ -36,9 +36,10 @@ def limits_of(recipe: Any) -> Limits:
 
 class Spans:
     """Wall seconds during which at least one of some spans that may overlap was open: a
-    replica's episode calls (its lanes), or its turn calls."""
+    replica's episode calls (its lanes), or its turn calls. `clock`: the seconds' source."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
         self._open = 0
         self._since = 0.0
         self._seconds = 0.0
@@ -46,14 +47,14 @@ class Spans:
     @contextmanager
     def span(self) -> Iterator[None]:
         if not self._open:
-            self._since = time.perf_counter()
+            self._since = self._clock()
         self._open += 1
         try:
             yield
         finally:
             self._open -= 1
             if not self._open:
-                self._seconds += time.perf_counter() - self._since
+                self._seconds += self._clock() - self._since
 
     def take(self, now: float) -> float:
         """The seconds since the last take, a span still open counted up to `now`."""
