@@ -31,7 +31,7 @@ from recipes.memory import (
     trainer_step_bytes,
 )
 from recipes.placements import Placement, shared_services
-from recipes.plan_words import Plan, kv_cut_note, lora_words
+from recipes.plan_words import Plan, kv_cut_note, lanes_kv_note, lora_words
 from recipes.schema import Recipe
 from recipes.settings import (
     Settings,
@@ -113,6 +113,7 @@ def gpu_plan(
         training = while_training(recipe, settings, placements, memory)
         call = call_sequences(recipe, replicas)
         kv_note = kv_cut_note(cap, kv, call, math.floor(cap / kv_gb(recipe, 1)))
+    kv_note = "\n".join(n for n in (kv_note, _lanes_note(recipe, settings, replicas)) if n)
     _check_step_memory(recipe, accelerator, training, settings, share)
     if shared:
         _check_shared_memory(recipe, accelerator, memory, settings, placements, rank0_only, share)
@@ -379,3 +380,14 @@ def _reference_step_tflop(recipe: Recipe) -> float | None:
 
 def _reference_host_gb(recipe: Recipe) -> float | None:
     return reference_host_gb(recipe) if recipe.layout.reference.on_cpu else None
+
+
+def _lanes_note(recipe: Recipe, settings: Any, replicas: int) -> str:
+    """Where a sized KV cache (services sharing a GPU) holds fewer sequences than a replica's
+    lanes keep open, the note that says so (episodes of one lane then lose their prefixes)."""
+    env, kv = recipe.env, settings.generator.kv_cache_gb
+    if env is None or env.batches_in_flight < 2 or not isinstance(kv, (int, float)):
+        return ""
+    open_episodes = env.batches_in_flight * call_sequences(recipe, replicas)
+    held = math.floor(kv / kv_gb(recipe, 1))
+    return lanes_kv_note(env.batches_in_flight, open_episodes, held) if held < open_episodes else ""

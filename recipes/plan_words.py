@@ -68,7 +68,9 @@ class Plan:
     reference_step_tflop: float | None = None  # and the forward work it does a step
     disk: dict[str, float] = field(default_factory=dict, hash=False)  # GB a node, by use
     host: dict[str, float] = field(default_factory=dict, hash=False)  # node 0's memory, by use
-    kv_note: str = ""  # a planned KV cache cut so that the trainer's step fits: what that means
+    # a planned KV cache cut so that the trainer's step fits, or too small for every lane's
+    # episodes: what that means (lines)
+    kv_note: str = ""
     dedicated_gpus: int = 0  # the least GPUs with every service on GPUs of its own
     # the cost model's step time (recipes/costs.py) at `ranked_at`
     predicted_step_s: float | None = None
@@ -465,6 +467,17 @@ def kv_cut_note(cap: float, kv: float, call: int, at_once: int) -> str:
         f"generate call's {call} sequences a replica at once, so that the trainer's step fits "
         f"beside it: vLLM holds ~{at_once} at a time and starts "
         "the others as those finish (the predicted step does not count the wait)"
+    )
+
+
+def lanes_kv_note(lanes: int, open_episodes: int, held: int) -> str:
+    """The note of a plan whose generator KV cache holds fewer than the episodes its lanes keep
+    open (`lanes` calls of a replica, `open_episodes` in all, ~`held` sequences at the longest)."""
+    return (
+        f"note: env.batches_in_flight {lanes} keeps {open_episodes} episodes open a replica, "
+        f"and its KV cache holds ~{held} at the longest: between their turns one call's "
+        "episodes may lose their cached prefixes to the other's and be prefilled again "
+        "(env.batches_in_flight=1 keeps them)"
     )
 
 

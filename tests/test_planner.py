@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +21,7 @@ from recipes import (
 from recipes.costs import predict_step
 from recipes.lora import adapter_params
 from recipes.measured import MEASURED
-from recipes.memory import GB, trainer_step_bytes
+from recipes.memory import GB, kv_gb, trainer_step_bytes
 
 
 @functools.cache
@@ -580,6 +581,25 @@ def test_a_shared_gpu_that_the_kv_cache_overfills_names_the_cache_that_fits():
     assert fits.settings.generator.kv_cache_gb == 30
     # where the cache is not the problem (nothing smaller would do), no such advice
     assert "KV cache of at most" not in error_of(recipe("qwen3-8b", "layout.share=auto"), 3)
+
+
+def test_a_shared_kv_cache_too_small_for_every_lanes_episodes_is_noted():
+    # qwen3-1.7b-tools on one H100: the cache is sized (and cut) for one call's 128 episodes;
+    # its two lanes keep 256 open, so one lane's prefixes may be evicted by the other's
+    tools = recipe("qwen3-1.7b-tools", "layout.share=auto")
+    shared = plan(tools, 1)
+    kv = shared.settings.generator.kv_cache_gb
+    held = math.floor(kv / kv_gb(tools, 1))
+    assert held < 256
+    assert (
+        "note: env.batches_in_flight 2 keeps 256 episodes open a replica, and its KV cache "
+        f"holds ~{held} at the longest" in shared.describe()
+    )
+    # one lane, or a generator with a GPU of its own (vLLM's share of the GPU, no sized
+    # cache): nothing to say
+    one_lane = plan(recipe("qwen3-1.7b-tools", "layout.share=auto", "env.batches_in_flight=1"), 1)
+    assert "episodes open a replica" not in one_lane.describe()
+    assert "episodes open a replica" not in plan(tools, 2).describe()
 
 
 def _gb(x: float) -> float:
