@@ -243,6 +243,10 @@ def summarize(
         "dropped_episodes_per_step": _mean(timed, "episode/dropped"),
         "response_tokens_mean": _mean(timed, "response/len_mean"),
         "generate_s": _mean(timed, "time/generate_s"),
+        # a turn's seconds as the rollout loop waited for them, and the engine's own in them
+        # (the rest: the call's way to the generator and back)
+        "turn_s": _mean(timed, "episode/turn_s"),
+        "turn_engine_s": _mean(timed, "episode/turn_engine_s"),
         "train_s": _mean(timed, "time/train_s"),
         "reward_mean": _mean(timed, "reward/mean"),
         # every episode/, generator/, time/ and gpu/ (turns on a shared GPU) figure the

@@ -118,3 +118,5 @@ def test_the_bench_runs_its_whole_path_on_the_cpu(tmp_path):
     assert result["tool_calls_per_episode"] > 0 and result["turns_mean"] > 1
     assert result["tool_s_per_call"] >= 0.1
     assert result["samples_per_s_per_gpu"] > 0 and 0 <= result["generator_idle_share"] <= 1
+    # each turn's seconds, and the generator's engine's own within them
+    assert 0 < result["turn_engine_s"] <= result["turn_s"]

@@ -179,6 +179,7 @@ class GeneratorActor(Actor):
         whether it ended on an end token ("stop") or at `max_new_tokens` ("length");
         `temperature` (an evaluation's; 0: greedy) replaces the run's."""
         g = self.recipe.grpo
+        start = time.monotonic()
         completions = self.backend.generate(
             prompts,
             n=1,
@@ -188,7 +189,8 @@ class GeneratorActor(Actor):
             seed=seed,
             logprobs=temperature is None,  # an evaluation's turns train nothing
         )
-        return [
+        elapsed = time.monotonic() - start
+        out = [
             {
                 "response_ids": c.response_ids,
                 "response_logprobs": c.response_logprobs,
@@ -197,6 +199,9 @@ class GeneratorActor(Actor):
             }
             for c in completions
         ]
+        if out:  # the engine's own seconds (the rest of a turn: its way here and back)
+            out[0]["time/generate_s"] = elapsed
+        return out
 
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
         r = self.recipe

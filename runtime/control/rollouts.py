@@ -208,7 +208,15 @@ class Rollouts:
 
         async def turn(prompts: list[list[int]], most: int, seed: int) -> list[dict[str, Any]]:
             async with self.turns.turn(f"generator{replica}"):
-                return await self.services.continue_tokens(replica, prompts, seed, most)
+                start = time.perf_counter()
+                out = await self.services.continue_tokens(replica, prompts, seed, most)
+                # a turn's seconds from here, and the engine's own in them (the rest: the
+                # call's way to the replica and back, the prompts' ids and the completions')
+                self.notes.add("episode/turn_s", time.perf_counter() - start)
+            engine = out[0].get("time/generate_s") if out else None
+            if engine is not None:
+                self.notes.add("episode/turn_engine_s", engine)
+            return out
 
         return turn
 
