@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 
 @dataclass(frozen=True)
 class Parts:
@@ -62,8 +64,15 @@ class Parts:
             close_s=rest / 2,
             train_s=trainer,
             turns=turns,
-            prompts_per_step=section["episodes_per_step"] // 8,
+            # the run's calls are a step's prompts, each a group of the recipe's size
+            prompts_per_step=section["episodes_per_step"] // group_size(section["recipe"]),
         )
+
+
+def group_size(recipe: str) -> int:
+    from recipes import load_recipe
+
+    return load_recipe(recipe).grpo.group_size
 
 
 Command = tuple[str, Any]
@@ -82,7 +91,7 @@ class Pipeline:
         self.capacity = parts.prompts_per_step * (max_policy_age + 1)
         self.step_ends: list[float] = []
         self.busy: list[tuple[float, float]] = []  # the generator's calls, start and end
-        self._events: list[tuple[float, int, Process]] = []
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._waiting: list[tuple[Callable[[], bool], Process]] = []
         self._engine: list[Process] = []  # calls queued at the replica
         self._engine_free = True
@@ -124,9 +133,9 @@ class Pipeline:
 
     # --- the clock ----------------------------------------------------------------------------
 
-    def _at(self, t: float, proc: Process) -> None:
+    def _at(self, t: float, event: Callable[[], None]) -> None:
         self._seq += 1
-        heapq.heappush(self._events, (t, self._seq, proc))
+        heapq.heappush(self._events, (t, self._seq, event))
 
     def _advance(self, proc: Process) -> None:
         """Run `proc` to its next wait."""
@@ -135,7 +144,7 @@ class Pipeline:
         except StopIteration:
             return
         if kind == "sleep":
-            self._at(self.now + arg, proc)
+            self._at(self.now + arg, lambda: self._advance(proc))
         elif kind == "until":
             if arg():
                 self._advance(proc)
@@ -151,14 +160,12 @@ class Pipeline:
             proc = self._engine.pop(0)
             start, end = self.now, self.now + self.p.turn_s
             self.busy.append((start, end))
-            self._at(end, self._served(proc))
+            self._at(end, lambda: self._served(proc))
 
-    def _served(self, proc: Process) -> Process:
+    def _served(self, proc: Process) -> None:
         self._engine_free = True
         self._advance(proc)
         self._serve()
-        return
-        yield  # a process that ends at once
 
     def _wake(self) -> None:
         woke = True
@@ -177,8 +184,8 @@ class Pipeline:
         for _ in range(self.lanes):
             self._advance(self._lane())
         while self._events and len(self.step_ends) < steps:
-            self.now, _, proc = heapq.heappop(self._events)
-            self._advance(proc)
+            self.now, _, event = heapq.heappop(self._events)
+            event()
             self._wake()
 
     def figures(self, warmup: int) -> dict[str, float]:
