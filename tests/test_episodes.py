@@ -335,6 +335,10 @@ def test_a_group_with_a_lost_episode_carries_no_rewards():
     assert [ep.dropped for ep in eps] == [False, True]
     assert episode_stats(eps)["episode/dropped"] == 1
     assert episode_group(Prompt(0, "a", ""), eps).rewards == []
+    # a step in which no call ended: counts 0 (a chart without gaps), no mean
+    none = episode_stats([])
+    assert none["episode/dropped"] == 0 and none["episode/tool_calls"] == 0
+    assert "episode/turns_mean" not in none
 
 
 def test_the_tiny_tools_tokenizer_fits_its_architecture_and_renders_calls_as_one_token():

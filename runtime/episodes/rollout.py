@@ -178,8 +178,9 @@ class EpisodeRollout:
         return rows, opened
 
     def take_stats(self) -> dict[str, float]:
-        """The `episode/` metrics since the last call (docs/tools.md, Metrics)."""
-        stats = episode_stats(self._episodes) if self._episodes else {}
+        """The `episode/` metrics since the last call (docs/tools.md, Metrics): the counts in
+        every record (0 where no call ended since the last), the means where an episode ended."""
+        stats = episode_stats(self._episodes)
         counters = self.environments.counters()
         stats["episode/workers_lost"] = counters["workers_lost"] - self._counted["workers_lost"]
         # a replica idles while one of its calls is open and none of its turns samples (or
