@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 import pytest
 
@@ -272,6 +273,37 @@ def test_the_reward_without_score_is_the_last_observations():
 
     step, reward = run(go())
     assert (step.text, step.reward, step.done, reward) == ("3", 0.25, True, 0.25)
+
+
+def test_an_mcp_episode_holds_one_session_from_open_to_close_and_a_step_override_is_kept():
+    """An MCPEnvironment's episode connects its MCP client once and steps on the host's loop;
+    a class that overrides step (RewardOnStep, above) keeps the step path, plain ones too."""
+    from tool_envs import CountedSessions, RewardOnStep, ToolsEnv
+
+    from runtime.environments.sessions import awaitable
+    from runtime.tasks.tiny_tools.environment import LookupEnvironment
+
+    assert awaitable(ToolsEnv) and awaitable(CountedSessions)
+    assert not awaitable(RewardOnStep) and not awaitable(LookupEnvironment)
+    host = Host(Spec("tool_envs:CountedSessions"))
+    try:
+        host.probe()
+        start = CountedSessions.connects
+        host.open("a", {"key": "pear"}, 0)
+        texts = [host.step("a", "lookup", {"key": "pear"})["text"] for _ in range(3)]
+        slow = host.step("a", "slow", {"seconds": 0.01})
+        assert texts == ["4"] * 3 and slow["text"] == "waited 0.01" and slow["error"] is None
+        assert CountedSessions.connects == start + 1 and CountedSessions.open_now == 1
+        assert host.close("a", "4") == 1.0 and CountedSessions.open_now == 0
+        host.open("b", {}, 1)
+        host.drop("b")  # a dropped episode's session ends without the host waiting for it
+        for _ in range(100):
+            if CountedSessions.open_now == 0:
+                break
+            time.sleep(0.05)
+        assert CountedSessions.open_now == 0 and CountedSessions.connects == start + 2
+    finally:
+        host.stop()
 
 
 @pytest.mark.parametrize(

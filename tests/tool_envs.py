@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,25 @@ class ToolsEnv(MCPEnvironment):
 
     def score(self, answer: str) -> float:
         return 1.0 if answer.strip() == TABLE.get(self.key) else 0.0
+
+
+class CountedSessions(ToolsEnv):
+    """ToolsEnv that counts its MCP sessions' outermost entries (a client connecting) and those
+    open now, over the process."""
+
+    connects = 0
+    open_now = 0
+
+    @asynccontextmanager
+    async def mcp_session(self):
+        cls = type(self)
+        cls.connects += cls.open_now == 0
+        cls.open_now += 1
+        try:
+            async with super().mcp_session() as client:
+                yield client
+        finally:
+            cls.open_now -= 1
 
 
 class RewardOnStep(MCPEnvironment):

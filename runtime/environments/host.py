@@ -6,6 +6,8 @@ class's reset takes it), lists its tools with `ListToolsAction` (MCP tools, JSON
 each becomes a function in the OpenAI format the chat templates take), calls them with
 `CallToolAction`, and closes with the model's last answer: its reward is the environment's
 `score(answer)` where it has one, else the last reward an observation carried (0.0 if none).
+An MCP environment's episode holds its MCP session open from open to close and steps through
+`step_async` on the host's event loop, as OpenEnv's own server does (sessions.py).
 
 A call the model got wrong (a tool the episode does not offer, arguments its schema refuses) is
 answered here without reaching the environment; a tool that raises, or an environment whose
@@ -31,6 +33,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from runtime.environments.sandbox import SandboxUnavailable
+from runtime.environments.sessions import Loop, Session, awaitable
 
 # A function name the chat templates and the OpenAI tool format take.
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -157,6 +160,7 @@ class _Episode:
     env: Any
     tools: dict[str, dict[str, Any]]
     reward: float | None = None
+    session: Session | None = None  # its MCP session, held open (sessions.py)
 
 
 class Host:
@@ -168,6 +172,9 @@ class Host:
         self.spec = spec
         self.cls = load_class(spec.target)
         self.episodes: dict[str, _Episode] = {}
+        # episodes of an environment with its own step_async step on this loop (sessions.py)
+        self.awaitable = awaitable(self.cls)
+        self.loop = Loop()
         params = inspect.signature(self.cls.reset).parameters.values()
         self._takes_row = any(
             p.name == "row" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params
@@ -185,10 +192,20 @@ class Host:
                 f"{type(e).__name__}: {e}".replace("\n", " ")
             ) from None
 
+    def _act(self, env: Any, action: Any) -> Any:
+        """`env`'s observation of `action`: through its own step_async on the loop (its MCP
+        session open), else its step in this thread."""
+        if self.awaitable:
+            return self.loop.run(env.step_async(action))
+        return env.step(action)
+
+    def _session(self, env: Any) -> Session | None:
+        return self.loop.run(Session.open(env)) if self.awaitable else None
+
     def tools_of(self, env: Any) -> list[dict[str, Any]]:
         from openenv.core.env_server.mcp_types import ListToolsAction
 
-        obs = env.step(ListToolsAction())
+        obs = self._act(env, ListToolsAction())
         failed = (getattr(obs, "metadata", None) or {}).get("error")
         if failed:
             raise EnvironmentProblem(
@@ -199,17 +216,26 @@ class Host:
     def probe(self) -> list[dict[str, Any]]:
         """Build one environment and list its tools, to fail before any episode does."""
         env = self._build()
+        session = None
         try:
+            session = self._session(env)
             return self.tools_of(env)
         finally:
-            _close(env)
+            self._end(env, session)
 
     def open(self, episode: str, row: dict[str, Any], seed: int) -> dict[str, Any]:
         env = self._build()
         kwargs = {"row": row} if self._takes_row else {}
         obs = env.reset(seed=seed, episode_id=episode, **kwargs)
-        tools = self.tools_of(env)
-        self.episodes[episode] = _Episode(env, {t["function"]["name"]: t for t in tools})
+        session = None
+        try:
+            session = self._session(env)
+            tools = self.tools_of(env)
+        except BaseException:
+            self._end(env, session)
+            raise
+        names = {t["function"]["name"]: t for t in tools}
+        self.episodes[episode] = _Episode(env, names, session=session)
         messages = getattr(obs, "messages", None) or (obs.metadata or {}).get("messages") or []
         return {"tools": tools, "messages": list(messages)}
 
@@ -223,7 +249,7 @@ class Host:
 
         start = time.monotonic()
         try:
-            obs = ep.env.step(CallToolAction(tool_name=name, arguments=arguments))
+            obs = self._act(ep.env, CallToolAction(tool_name=name, arguments=arguments))
         except Exception as e:
             return {
                 "text": f"tool {name} raised {type(e).__name__}: {e}",
@@ -251,13 +277,28 @@ class Host:
                 return float(score(answer))
             return ep.reward if ep.reward is not None else 0.0
         finally:
-            _close(ep.env)
+            self._end(ep.env, ep.session)
 
     def drop(self, episode: str) -> None:
-        """Forget an episode without a reward (it ran past its time)."""
+        """Forget an episode without a reward (it ran past its time): its session is let go
+        without waiting (a call of it may still hang)."""
         ep = self.episodes.pop(episode, None)
         if ep is not None:
+            if ep.session is not None:
+                self.loop.soon(ep.session.end_soon)
             _close(ep.env)
+
+    def stop(self) -> None:
+        """Drop every episode and end the loop (an in-process host's end)."""
+        for episode in list(self.episodes):
+            self.drop(episode)
+        self.loop.stop()
+
+    def _end(self, env: Any, session: Session | None) -> None:
+        if session is not None:
+            with contextlib.suppress(Exception):
+                self.loop.run(session.close())
+        _close(env)
 
 
 def serve(conn: Connection, spec: Spec) -> None:

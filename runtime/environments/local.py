@@ -58,6 +58,5 @@ class LocalEnvironments(Hosted):
         self.host.drop(episode)
 
     async def shutdown(self) -> None:
-        for episode in list(self.host.episodes):
-            self.host.drop(episode)
+        self.host.stop()
         self._threads.shutdown(wait=False, cancel_futures=True)
