@@ -3,6 +3,7 @@ would sit idle, for other `env.batches_in_flight` (lanes) and `grpo.max_policy_a
 from the parts one measured run gives (bench/gpu_tools.py's JSON).
 
     python bench/lanes_model.py RUN.json[#SECTION] [--lanes 1 2 3] [--ages 1 2] [--steps 40]
+        [--tool-s SECONDS]
 
 The model runs the rollout loop's rules (runtime/control/rollouts.py) in simulated time, not
 the runtime itself: each lane takes one call's prompts when the freshness rule and the buffer's
@@ -24,6 +25,7 @@ came from, and a GPU run checks them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import json
 import sys
@@ -208,11 +210,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lanes", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--ages", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument(
+        "--tool-s", type=float, help="a round of tools in seconds, instead of the run's call"
+    )
     args = ap.parse_args(argv)
     path, _, name = args.run.partition("#")
     data = json.loads(Path(path).read_text())
     section = data[name or next(k for k in data if k.startswith("tools_"))]
     parts = Parts.of_run(section)
+    if args.tool_s is not None:
+        if args.tool_s < 0:
+            print("lanes_model: --tool-s must be 0 or more")
+            return 2
+        parts = dataclasses.replace(parts, tool_s=args.tool_s)
     gpus = section["gpus"]
     print(
         f"from {args.run}: a round's call {parts.turn_s:.3f} s, tools {parts.tool_s:.3f} s, "

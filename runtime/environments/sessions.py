@@ -17,6 +17,7 @@ override would be skipped otherwise): `awaitable(cls)` says which path a class t
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import threading
 from collections.abc import Coroutine
@@ -47,17 +48,21 @@ class Loop:
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def _started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                threading.Thread(
+                self._thread = threading.Thread(
                     target=loop.run_forever, daemon=True, name="forgesky-env-loop"
-                ).start()
+                )
+                self._thread.start()
                 asyncio.run_coroutine_threadsafe(_raise_thread_limit(), loop).result()
                 self._loop = loop
+                # sessions still held when the process ends close first (no noise at exit)
+                atexit.register(self.stop, CLOSE_WAIT_S / 5)
             return self._loop
 
     def run(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
@@ -69,13 +74,18 @@ class Loop:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(fn, *args)
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 0.0) -> None:
         """Cancel what runs on the loop (a caller waiting on it gets CancelledError), then end
-        its thread; returns at once."""
+        its thread, waiting for that at most `wait_s`."""
         with self._lock:
             loop, self._loop = self._loop, None
-        if loop is not None:
-            asyncio.run_coroutine_threadsafe(_cancel_all_then_stop(), loop)
+            thread, self._thread = self._thread, None
+        if loop is None:
+            return
+        atexit.unregister(self.stop)
+        asyncio.run_coroutine_threadsafe(_cancel_all_then_stop(), loop)
+        if thread is not None and wait_s > 0:
+            thread.join(wait_s)
 
 
 async def _cancel_all_then_stop() -> None:
