@@ -56,7 +56,7 @@ class Loop:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(
-                    target=loop.run_forever, daemon=True, name="forgesky-env-loop"
+                    target=_run_until_stopped, args=(loop,), daemon=True, name="forgesky-env-loop"
                 )
                 self._thread.start()
                 asyncio.run_coroutine_threadsafe(_raise_thread_limit(), loop).result()
@@ -86,6 +86,13 @@ class Loop:
         asyncio.run_coroutine_threadsafe(_cancel_all_then_stop(), loop)
         if thread is not None and wait_s > 0:
             thread.join(wait_s)
+
+
+def _run_until_stopped(loop: asyncio.AbstractEventLoop) -> None:
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
 
 
 async def _cancel_all_then_stop() -> None:
