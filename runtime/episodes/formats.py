@@ -69,6 +69,8 @@ class ToolFormat(ABC):
             raise ValueError(f"{self.family} tool calls need a tokenizer with a chat template")
         self.tokenizer = tokenizer
         self.extra = {} if thinking is None else {"enable_thinking": thinking}
+        # a chat of one exchange as the template writes it (what result messages extend)
+        self._base = self.render(_PROBE)
         self._tail = self._turn_tail()
 
     # --- rendering ------------------------------------------------------------------------------
@@ -97,7 +99,7 @@ class ToolFormat(ABC):
 
     def _turn_tail(self) -> str:
         """What the template writes after an assistant turn's end token (ChatML: a newline)."""
-        text = self.render(_PROBE)
+        text = self._base
         at = text.rfind(self.turn_end) if self.turn_end else -1
         return "" if at < 0 else text[at + len(self.turn_end) :]
 
@@ -108,7 +110,7 @@ class ToolFormat(ABC):
         """The tokens that follow a turn whose calls gave `results`: the end of the turn (its end
         token too where the model did not write it: `turn_closed` False), the result messages
         and the next assistant header."""
-        base = self.render(_PROBE)
+        base = self._base
         full = self.render([*_PROBE, *map(self.result_message, results)], generation_prompt=True)
         if not full.startswith(base):
             raise ValueError(f"the {self.family} chat template does not extend a chat as it grows")
