@@ -236,6 +236,9 @@ def summarize(
         "generator_idle_share": idle,
         "generator_idle_share_in_calls": _share(timed, "episode/generator_idle_s"),
         "env_wait_s_per_step": _mean(timed, "episode/env_wait_s"),
+        # of it, opening the episodes and closing them (the rest: the tool rounds)
+        "open_s_per_step": _mean(timed, "episode/open_s"),
+        "close_s_per_step": _mean(timed, "episode/close_s"),
         "generator_idle_s_per_step": _mean(timed, "episode/generator_idle_s"),
         "turns_mean": _mean(timed, "episode/turns_mean"),
         "tool_errors_per_step": _mean(timed, "episode/tool_errors"),

@@ -13,9 +13,11 @@ then one round of tools, closes its episodes and queues its groups; the trainer 
 groups, trains (reference, step, publish and load) and bumps the version. From the run it takes:
 
 - a round's generator call: the measured sampling seconds a step / turns an episode;
-- a round of tools: the mean seconds of a tool call;
-- opening and closing a call's episodes: the rest of the seconds waiting on the environments,
-  half each;
+- opening and closing a call's episodes: their measured seconds (`open_s_per_step`,
+  `close_s_per_step`) where the run has them;
+- a round of tools: then the rest of the seconds waiting on the environments over the rounds (a
+  round waits for its slowest call); in an older run, the mean seconds of a tool call, with the
+  rest split half and half between opening and closing;
 - the trainer's part of a step: reference + train + publish + weight sync seconds.
 
 Its figures are a model's, never a measurement: bench/results quotes them beside the run they
@@ -53,8 +55,13 @@ class Parts:
     def of_run(cls, section: dict[str, Any]) -> Parts:
         m = section["means"]
         turns = max(1, round(section["turns_mean"]))
-        tool = section["tool_s_per_call"]
-        rest = max(0.0, section["env_wait_s_per_step"] - turns * tool)
+        wait = section["env_wait_s_per_step"]
+        opening, closing = section.get("open_s_per_step"), section.get("close_s_per_step")
+        if opening is not None and closing is not None:
+            tool = max(0.0, wait - opening - closing) / turns
+        else:
+            tool = section["tool_s_per_call"]
+            opening = closing = max(0.0, wait - turns * tool) / 2
         trainer = sum(
             m.get(k, 0.0)
             for k in ("time/reference_s", "time/train_s", "time/publish_s", "time/weight_sync_s")
@@ -62,8 +69,8 @@ class Parts:
         return cls(
             turn_s=m["episode/sampling_s"] / turns,
             tool_s=tool,
-            open_s=rest / 2,
-            close_s=rest / 2,
+            open_s=opening,
+            close_s=closing,
             train_s=trainer,
             turns=turns,
             # the run's calls are a step's prompts, each a group of the recipe's size

@@ -68,6 +68,11 @@ def test_the_parts_come_from_a_runs_means_and_the_model_is_near_what_it_measured
         predicted = model(parts, lanes, max_policy_age=1)["step_s"]
         # the model leaves out the controller's own seconds: it runs fast, within 15 %
         assert 0.85 <= predicted / section["step_s"] <= 1.0, (name, predicted)
+    # a run that measured its opening and closing: those, and the rounds the rest
+    measured = {**section, "open_s_per_step": 0.3, "close_s_per_step": 0.1}
+    parts = Parts.of_run(measured)
+    assert (parts.open_s, parts.close_s) == (0.3, 0.1)
+    assert parts.tool_s == pytest.approx((section["env_wait_s_per_step"] - 0.4) / 4)
     assert main([str(RUNS / "gpu_tools_one.json"), "--lanes", "1", "2", "--ages", "1"]) == 0
     out = capsys.readouterr().out
     assert "| 2 | 1 |" in out and "measured 5.17 s a step" in out

@@ -120,3 +120,7 @@ def test_the_bench_runs_its_whole_path_on_the_cpu(tmp_path):
     assert result["samples_per_s_per_gpu"] > 0 and 0 <= result["generator_idle_share"] <= 1
     # each turn's seconds, and the generator's engine's own within them
     assert 0 < result["turn_engine_s"] <= result["turn_s"]
+    # of the seconds waiting on the environments, opening and closing: the rest the rounds
+    opening, closing = result["open_s_per_step"], result["close_s_per_step"]
+    assert opening > 0 and closing > 0
+    assert opening + closing < result["env_wait_s_per_step"]

@@ -122,9 +122,12 @@ class EpisodeRunner:
         self.generate = generate
         self.limits = limits
         # wall seconds of `run` spent in generator calls, and waiting on the environments
-        # (opening the episodes, each round's tool calls, closing them)
+        # (opening the episodes, each round's tool calls, closing them), and of those the
+        # opening and the closing alone
         self.generate_s = 0.0
         self.env_wait_s = 0.0
+        self.open_s = 0.0
+        self.close_s = 0.0
 
     async def run(self, rows: list[dict[str, Any]], seeds: list[int]) -> list[Episode]:
         """One episode per row (opened with its seed), in order."""
@@ -133,7 +136,8 @@ class EpisodeRunner:
         openings = await asyncio.gather(
             *(self.environments.open(r, s) for r, s in zip(rows, seeds, strict=True))
         )
-        self.env_wait_s += time.perf_counter() - start
+        self.open_s = time.perf_counter() - start
+        self.env_wait_s += self.open_s
         for ep, opening in zip(episodes, openings, strict=True):
             ep.episode = opening.episode
             messages = opening.messages or ep.row.get("messages") or []
@@ -162,7 +166,8 @@ class EpisodeRunner:
                 self._follow(ep, results, done)
         start = time.perf_counter()
         await asyncio.gather(*(self._close(ep) for ep in episodes))
-        self.env_wait_s += time.perf_counter() - start
+        self.close_s = time.perf_counter() - start
+        self.env_wait_s += self.close_s
         return episodes
 
     def _left(self, ep: Episode) -> int:

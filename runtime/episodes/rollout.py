@@ -86,7 +86,7 @@ class EpisodeRollout:
         # since the last take_stats: the episodes, the seconds waiting on the environments
         # (summed over the calls), and per replica the spans of its calls and of its turns
         self._episodes: list[Episode] = []
-        self._env_wait_s = 0.0
+        self._env_wait_s = self._open_s = self._close_s = 0.0
         self._calls: defaultdict[int, Spans] = defaultdict(Spans)
         self._sampling: defaultdict[int, Spans] = defaultdict(Spans)
         self._counted = environments.counters()
@@ -159,6 +159,8 @@ class EpisodeRollout:
                 episodes = await runner.run(*self._rows(prompts, seeds, n))
         finally:
             self._env_wait_s += runner.env_wait_s
+            self._open_s += runner.open_s
+            self._close_s += runner.close_s
         self._episodes += episodes
         return [episode_group(p, episodes[i * n : (i + 1) * n]) for i, p in enumerate(prompts)]
 
@@ -190,12 +192,14 @@ class EpisodeRollout:
         sampling = sum(spans.take(now) for spans in self._sampling.values())
         idle = max(0.0, calls - sampling)
         stats["episode/env_wait_s"] = self._env_wait_s
+        stats["episode/open_s"] = self._open_s
+        stats["episode/close_s"] = self._close_s
         stats["episode/sampling_s"] = sampling
         stats["episode/generator_idle_s"] = idle
         if calls > 0:
             stats["episode/generator_idle_share"] = idle / calls
         self._episodes, self._counted = [], counters
-        self._env_wait_s = 0.0
+        self._env_wait_s = self._open_s = self._close_s = 0.0
         return stats
 
 
