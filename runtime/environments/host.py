@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import importlib
 import inspect
 import json
@@ -314,6 +315,9 @@ def serve(conn: Connection, spec: Spec) -> None:
     except BaseException as e:
         conn.send([(0, False, f"{type(e).__name__}: {e}".replace("\n", " "))])
         return
+    # What the worker holds now (OpenEnv, the environment's module: about 200k objects) lives as
+    # long as it does: frozen, the collector scans only what the episodes make, not all of it
+    gc.freeze()
     conn.send([(0, True, "ready")])
     answers: queue.SimpleQueue = queue.SimpleQueue()
     threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="forgesky-env")
