@@ -217,12 +217,10 @@ class Host:
     def probe(self) -> list[dict[str, Any]]:
         """Build one environment and list its tools, to fail before any episode does."""
         env = self._build()
-        session = None
         try:
-            session = self._session(env)
-            return self.tools_of(env)
+            return self.tools_of(env)  # step_async opens the session for this one call
         finally:
-            self._end(env, session)
+            _close(env)
 
     def open(self, episode: str, row: dict[str, Any], seed: int) -> dict[str, Any]:
         env = self._build()
