@@ -202,3 +202,19 @@ def test_a_segment_a_run_beside_this_one_holds_is_not_counted_as_left(tmp_path: 
         holder.wait()
         for name in (held, left):
             Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+def test_a_calls_packer_lets_a_pipe_from_device_run_close_when_the_mode_ends(tmp_path: Path):
+    """`PACK_BY=... device_run.sh check | tail` returns when the check does: the packer waiting
+    for PACK_BY holds none of the call's output (it used to hold the pipe until PACK_BY, and the
+    next command of the call started only then), and the logs are still packed at the end."""
+    env = {**os.environ, "OUT": str(tmp_path), "TAG": "_p", "PACK_BY": str(int(time.time()) + 300)}
+    # the pipe's reader sees its end only when every writer is gone; a held pipe runs to the
+    # timeout (300 s ahead), a released one ends with the mode
+    run = subprocess.run(
+        "bash scripts/gpu/device_run.sh groups | cat",
+        shell=True, cwd=ROOT, capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert [line.split()[0] for line in run.stdout.splitlines()] == list(suite.GROUPS)
+    assert (tmp_path / "logs_p.tgz").is_file()

@@ -102,7 +102,9 @@ if [ -n "${PACK_BY:-}" ]; then
     cp /tmp/bench/*"$tag".json "$back/" 2>/dev/null || true
   }
   wait_s=$((PACK_BY - $(date +%s)))
-  (sleep $((wait_s > 0 ? wait_s : 0)) && pack) &
+  # The waiting packer holds none of this script's output: `... check | tail` returns when the
+  # check does, not at PACK_BY (its sleep outlives the subshell that the trap kills).
+  (sleep $((wait_s > 0 ? wait_s : 0)) && pack) </dev/null >/dev/null 2>&1 &
   packer=$!
   trap 'kill "$packer" 2>/dev/null || true; pack' EXIT
 fi
