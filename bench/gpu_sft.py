@@ -46,6 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from child import ends_with_parent  # noqa: E402
+
 # One template for both sides, char-level: <bos>, each turn's text and <eos>; the assistant's
 # turn (its <eos> too) inside generation markers, which TRL's assistant-only loss reads and
 # forgesky's ChatEncoder renders as plain text.
@@ -220,7 +222,7 @@ def run_child(cmd: list[str], log: Path | None) -> int:
     down), then after STOP_GRACE_S its whole session is killed."""
     out = log.open("w") if log else None
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, preexec_fn=ends_with_parent)  # fmt: skip
 
     def stop(signum: int, _frame: Any) -> None:
         proc.send_signal(signal.SIGTERM)

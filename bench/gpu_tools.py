@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from child import ends_with_parent  # noqa: E402
+
 DRY_RECIPE = "tiny-tools"
 # how long a stopped run may take to shut its procs down before its session is killed
 STOP_GRACE_S = 40
@@ -149,7 +151,7 @@ def run_child(cmd: list[str], log: Path | None) -> int:
     goes on to summarize the steps it recorded; past STOP_GRACE_S its whole session is killed."""
     out = log.open("w") if log else None
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, preexec_fn=ends_with_parent)  # fmt: skip
     deadline: list[float] = []
 
     def stop(signum: int, _frame: Any) -> None:
