@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from recipes import UserError, apply_overrides, load_recipe, plan
-from runtime.procs.gpu_check import GpuState, check_gpus_free, parse_nvidia_smi
+from runtime.procs.gpu_check import (
+    GpuState,
+    check_gpus_free,
+    engine_room_explained,
+    engine_room_line,
+    parse_nvidia_smi,
+)
 
 GPUS_CSV = """0, GPU-aaaa, 1, 81559
 1, GPU-bbbb, 80000, 81559
@@ -75,3 +84,62 @@ def test_a_gpu_the_host_does_not_have_is_named():
         match=r"the plan uses GPU 1 on this node, which nvidia-smi does not list; it lists 0",
     ):
         check_gpus_free(three_gpu_plan(), 0, [GpuState("0", "GPU-0", 0.0, 85.5)])
+
+
+# What a host of two H200s showed when a run killed from outside went on starting its own vLLM on
+# GPU 0 while the next run's engine profiled it (vLLM: "Available KV cache memory: -0.13 GiB")
+BUSY_GPUS_CSV = """0, GPU-aaaa, 131072, 143771
+1, GPU-bbbb, 40960, 143771
+"""
+BUSY_APPS_CSV = """GPU-aaaa, 5150, python3, 65536
+GPU-aaaa, 6060, python3, 65536
+GPU-bbbb, 6100, python3, 40960
+"""
+NO_CACHE = ValueError(
+    "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+    "initializing the engine (this flag also controls CPU memory reservation on the CPU "
+    "backend, despite its name).\nSee https://docs.vllm.ai/ for more details."
+)
+
+
+def test_an_engine_without_room_says_what_held_its_gpu_in_one_line(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the generator's GPU, as its proc sees it
+    gpus = parse_nvidia_smi(BUSY_GPUS_CSV, BUSY_APPS_CSV)
+    line = engine_room_line(NO_CACHE, gpus, own_pid=6060)
+    assert line is not None and "\n" not in line
+    assert line.startswith(
+        "the generator's engine found no room on its GPU: GPU 0 had 137.4 of 151 GB in use by "
+        "pid 5150 python3 68.7 GB, pid 6060 python3 68.7 GB (this engine); "
+    )
+    assert "GPU 1" not in line  # not this engine's
+    assert "stop it or give this run other GPUs (CUDA_VISIBLE_DEVICES)" in line
+    assert line.endswith("[No available memory for the cache blocks. Try increasing "
+                         "`gpu_memory_utilization` when initializing the engine (this flag also "
+                         "controls CPU memory reservation on the CPU backend, despite its name).]")  # fmt: skip
+    # any other error, or no answer from nvidia-smi: nothing to add
+    assert engine_room_line(ValueError("max_model_len too large"), gpus, 6060) is None
+    assert engine_room_line(NO_CACHE, None, 6060) is None
+
+
+def test_an_engines_start_without_room_raises_that_line_read_from_nvidia_smi(tmp_path: Path,
+                                                                            monkeypatch):  # fmt: skip
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f"  --query-gpu=*) printf '{BUSY_GPUS_CSV}' ;;\n"
+        f"  *) printf '{BUSY_APPS_CSV}' ;;\n"
+        "esac\n"
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa")  # a UUID names it as well
+    with pytest.raises(RuntimeError) as info, engine_room_explained():
+        raise NO_CACHE
+    assert str(info.value).startswith(
+        "the generator's engine found no room on its GPU: GPU 0 had 137.4 of 151 GB in use by "
+        "pid 5150 python3 68.7 GB, pid 6060 python3 68.7 GB"
+    )
+    assert info.value.__cause__ is NO_CACHE
+    with pytest.raises(KeyError), engine_room_explained():  # anything else as it was
+        raise KeyError("model.layers.0")

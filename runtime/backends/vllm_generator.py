@@ -70,6 +70,7 @@ from runtime.backends.base import Completion
 from runtime.backends.vllm_worker import WorkerExtension, load_flat_on_worker, load_on_worker
 from runtime.models import ModelSpec, hf_config
 from runtime.models.peft_format import adapter_only, check_adapter
+from runtime.procs.gpu_check import engine_room_explained
 
 _SHM = Path("/dev/shm")
 
@@ -297,20 +298,22 @@ class VLLMGenerator:
             # the loads an engine of another process runs, called by name (plain arguments)
             options["worker_extension_cls"] = f"{WorkerExtension.__module__}.WorkerExtension"
         start = time.perf_counter()
-        self.llm = LLM(
-            model=str(folder),
-            skip_tokenizer_init=True,
-            load_format="auto" if model_dir is not None else "dummy",
-            dtype=str(dtype).removeprefix("torch."),
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            logprobs_mode=self.logprobs_mode,
-            seed=seed,
-            enforce_eager=enforce_eager,
-            enable_prefix_caching=True,
-            **options,
-        )
+        # no room for it (memory taken since the start-up check): what held the GPU, in one line
+        with engine_room_explained():
+            self.llm = LLM(
+                model=str(folder),
+                skip_tokenizer_init=True,
+                load_format="auto" if model_dir is not None else "dummy",
+                dtype=str(dtype).removeprefix("torch."),
+                tensor_parallel_size=tensor_parallel_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len,
+                logprobs_mode=self.logprobs_mode,
+                seed=seed,
+                enforce_eager=enforce_eager,
+                enable_prefix_caching=True,
+                **options,
+            )
         self.init_seconds = time.perf_counter() - start
         if lora is not None:
             from runtime.backends.vllm_lora import LoraSlots

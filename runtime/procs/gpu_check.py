@@ -8,8 +8,11 @@ line and exit code 2 before anything starts.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,3 +142,50 @@ def check_gpus_free(
             f"({taken}), and the plan puts {wants} there; stop that process or give this run "
             "other GPUs (CUDA_VISIBLE_DEVICES)"
         )
+
+
+# What vLLM and torch say when an engine finds no GPU memory for itself or its KV cache
+NO_ROOM = ("No available memory for the cache blocks", "CUDA out of memory")
+
+
+def engine_room_line(error: BaseException, gpus: list[GpuState] | None, own_pid: int) -> str | None:
+    """Where a generator's engine could not start for want of GPU memory, one line on what held
+    its GPUs at that moment (`gpus`: `read_gpus()` in the generator's process, whose
+    CUDA_VISIBLE_DEVICES are its GPUs): the start-up check passed, so memory was taken after it,
+    usually by a process outside the run (another run, a notebook). None for any other error,
+    or where nvidia-smi gave nothing."""
+    said = str(error)
+    if not any(marker in said for marker in NO_ROOM) or not gpus:
+        return None
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    by_name = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
+    mine = [by_name[v] for v in visible if v in by_name] or gpus
+    parts = []
+    for g in mine:
+        holders = ", ".join(
+            f"pid {pid} {name} {gb:.1f} GB{' (this engine)' if pid == own_pid else ''}"
+            for pid, name, gb in g.processes
+        )
+        parts.append(
+            f"GPU {g.index} had {g.used_gb:.1f} of {g.total_gb:.0f} GB in use"
+            + (f" by {holders}" if holders else "")
+        )
+    first = said.strip().splitlines()[0] if said.strip() else type(error).__name__
+    return (
+        f"the generator's engine found no room on its GPU: {'; '.join(parts)}; the run's "
+        "start-up check found room there: if a process listed is not this run's (another run, "
+        f"a notebook), stop it or give this run other GPUs (CUDA_VISIBLE_DEVICES) [{first}]"
+    )
+
+
+@contextlib.contextmanager
+def engine_room_explained() -> Iterator[None]:
+    """Around an engine's start: an error for want of GPU memory becomes `engine_room_line`'s
+    (a RuntimeError from the original), any other passes as it is."""
+    try:
+        yield
+    except Exception as e:
+        line = engine_room_line(e, read_gpus(), os.getpid())
+        if line is None:
+            raise
+        raise RuntimeError(line) from e
