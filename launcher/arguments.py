@@ -93,7 +93,7 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
         "--name",
         dest="cluster_name",
         metavar="CLUSTER",
-        help="cluster or job name (default: grpo-NAME)",
+        help="cluster or job name (default: grpo-NAME, sft-NAME for an SFT recipe)",
     )
     p.add_argument("--steps", type=int, metavar="N", help="training steps (sets MAX_STEPS)")
     p.add_argument("--wandb", choices=WANDB_MODES, help="W&B mode (sets WANDB_MODE)")

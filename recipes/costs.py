@@ -290,7 +290,7 @@ def staleness_chain(
     seconds = (k * (generate + reference) + trained * train) / (m * k)
     if m == 1:
         return seconds, f"a call of {k} steps waits for {trained} of them to train"
-    return seconds, f"a call waits until the step {slack + 1} before its first is trained"
+    return seconds, f"max_policy_age: a call starts once the step {slack + 1} before it has trained"
 
 
 def eval_seconds(recipe: Any, accelerator: str, placements: tuple[Any, ...]) -> float:

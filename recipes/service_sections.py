@@ -194,7 +194,7 @@ class WeightSyncSettings(Strict):
     # where generators take the push path alone, how a version leaves trainer rank 0: version
     # (staged whole in one buffer beside its shards, sent while it trains on), groups (each
     # group's tensors sent as they are gathered, one group in flight: no copy of a version),
-    # or auto: version where the trainer holds that buffer, else the store path
+    # or auto: version where the trainer holds that buffer, else groups
     push_buffer: Literal["auto", "version", "groups"] = "auto"
     # a weight-push collective whose peer died fails after this many seconds
     timeout_s: float = Field(default=300.0, gt=0)
