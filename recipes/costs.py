@@ -273,6 +273,10 @@ def tp_replicas(tp: int, accelerator: str, arch: Any, tok_s: float, sequences: f
     return min(tp**TP_EXPONENT, 1 / (read / tp + 1 - read))
 
 
+# how a prediction that the staleness bound sets begins (its `bound`)
+STALENESS_BOUND = "max_policy_age:"
+
+
 def staleness_chain(
     k: int, slack: int, generate: float, reference: float, train: float
 ) -> tuple[float, str]:
@@ -290,7 +294,10 @@ def staleness_chain(
     seconds = (k * (generate + reference) + trained * train) / (m * k)
     if m == 1:
         return seconds, f"a call of {k} steps waits for {trained} of them to train"
-    return seconds, f"max_policy_age: a call starts once the step {slack + 1} before it has trained"
+    return (
+        seconds,
+        f"{STALENESS_BOUND} a call starts once the step {slack + 1} before it has trained",
+    )
 
 
 def eval_seconds(recipe: Any, accelerator: str, placements: tuple[Any, ...]) -> float:

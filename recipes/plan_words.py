@@ -77,6 +77,8 @@ class Plan:
     ranked_at: str = ""  # the lengths layouts are weighed at, in words (costs.ranking_words)
     # ranked at the longest prompt: below which mean prompt length another layout comes first
     shorter_prompts: str = ""
+    # where the staleness bound sets the step: what one version staler would take (a line)
+    staler_policy: str = ""
     prediction: str = ""  # what bounds the step, and which measurements the speeds come from
     # every layout the planner weighed (layout.share auto), the chosen one included
     candidates: tuple[Candidate, ...] = field(default=(), hash=False, compare=False)
@@ -237,6 +239,8 @@ class Plan:
             )
         if self.shorter_prompts:
             lines.append(self.shorter_prompts)
+        if self.staler_policy:
+            lines.append(self.staler_policy)
         return lines
 
     def _gpu_memory_lines(self) -> list[str]:
@@ -478,6 +482,17 @@ def lanes_kv_note(lanes: int, open_episodes: int, held: int) -> str:
         f"and its KV cache holds ~{held} at the longest: between their turns one call's "
         "episodes may lose their cached prefixes to the other's and be prefilled again "
         "(env.batches_in_flight=1 keeps them)"
+    )
+
+
+def staler_policy_line(age: int, seconds: float, here: float) -> str:
+    """The line of a plan whose step the staleness bound sets: `grpo.max_policy_age` `age`
+    would take `seconds` a step against the plan's `here`."""
+    return (
+        f"grpo.max_policy_age {age} is predicted at {seconds:.2f} s a step against {here:.2f}: "
+        f"each call may then start a step earlier, and its samples are trained on up to {age} "
+        f"versions old (the loss weighs them by their importance ratio, clipped); "
+        f"--set grpo.max_policy_age={age}"
     )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from recipes.costs import ranking_words
+from recipes.costs import STALENESS_BOUND, ranking_words
 from recipes.environment import check_env_plan
 from recipes.errors import DoesNotFit, UserError
 from recipes.gpu_plan import dedicated_gpus, predict_layout
@@ -35,6 +35,7 @@ from recipes.plan_words import (
     layout_hint_line,
     layout_words,
     shorter_prompts_line,
+    staler_policy_line,
 )
 from recipes.schema import Recipe
 from recipes.settings import check_push_buffer
@@ -215,7 +216,25 @@ def plan(
         shorter_prompts=_shorter_prompts(recipe, best, [p for p, _ in fits])
         if share == "auto"
         else "",
+        staler_policy=_staler_policy(recipe, best),
     )
+
+
+def _staler_policy(recipe: Recipe, best: Plan) -> str:
+    """Where the staleness bound (recipes.costs.staleness_chain) sets the chosen plan's step and
+    one more version of grpo.max_policy_age would make it at least HINT_MARGIN shorter: the
+    line that says so and how to set it."""
+    if best.settings is None or not best.prediction.startswith(STALENESS_BOUND):
+        return ""
+    g = recipe.grpo
+    staler = recipe.model_copy(
+        update={"grpo": g.model_copy(update={"max_policy_age": g.max_policy_age + 1})}
+    )
+    here = predict_layout(recipe, best.accelerator, best.placements, best.settings).seconds
+    there = predict_layout(staler, best.accelerator, best.placements, best.settings).seconds
+    if there > here * (1 - HINT_MARGIN):
+        return ""
+    return staler_policy_line(g.max_policy_age + 1, there, here)
 
 
 def _shorter_prompts(recipe: Recipe, best: Plan, fits: list[Plan]) -> str:

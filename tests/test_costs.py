@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -144,3 +145,23 @@ def test_a_tp_group_splits_the_weight_reads_of_a_decode_step():
     large = load_recipe("qwen3-32b").arch
     s = speeds("H200", large)
     assert tp_replicas(4, "H200", large, s.generate_tok_s, s.sequences_per_call) == 2.0
+
+
+def test_a_plan_bound_by_staleness_says_what_one_version_more_would_take():
+    # qwen3-8b on 8 H100s: each call waits for the step two before it to train
+    staled = plan(load_recipe("qwen3-8b"), 8)
+    assert staled.prediction.startswith("max_policy_age: a call starts once the step 2 before")
+    line = staled.staler_policy
+    assert line.startswith("grpo.max_policy_age 2 is predicted at ")
+    assert line.endswith("--set grpo.max_policy_age=2")
+    there, here = map(
+        float, re.match(r".* at ([0-9.]+) s a step against ([0-9.]+):", line).groups()
+    )
+    staler = plan(apply_overrides(load_recipe("qwen3-8b"), ["grpo.max_policy_age=2"]), 8)
+    assert here == pytest.approx(staled.predicted_step_s, abs=0.01)
+    assert there == pytest.approx(staler.predicted_step_s, abs=0.01) and there <= 0.9 * here
+    assert line in staled.describe().splitlines()
+    # bound by a GPU's work (qwen3-1.7b on 3), or on-policy (no overlap to gain): no line
+    assert plan(load_recipe("qwen3-1.7b"), 3).staler_policy == ""
+    on_policy = apply_overrides(load_recipe("qwen3-8b"), ["grpo.max_policy_age=0"])
+    assert plan(on_policy, 8).staler_policy == ""
