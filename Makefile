@@ -24,7 +24,7 @@ install: $(STAMP)
 # in without them (scripts/cpu/lock.py says why).
 $(STAMP): pyproject.toml constraints-cpu.txt $(LOCK)
 	$(if $(filter $(LOCK_PYTHON),$(HAVE_PYTHON)),,$(error $(LOCK) is locked for Python $(LOCK_PYTHON) but $(PYTHON) is $(or $(addprefix Python ,$(HAVE_PYTHON)),not found): make install PYTHON=python$(LOCK_PYTHON)))
-	@echo "make install: a few minutes; builds $(VENV) from $(LOCK), about 3.3 GB with the CPU build of torch"
+	@echo "make install: a few minutes; builds $(VENV) from $(LOCK), about 3.5 GB with the CPU build of torch"
 	$(PYTHON) -m venv --clear $(VENV)
 	$(PIP) install -q -c constraints-cpu.txt $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
 	$(PIP) install -q --require-hashes --no-deps --only-binary :all: -r $(LOCK)
