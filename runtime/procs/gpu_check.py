@@ -3,7 +3,9 @@
 A GPU that another process already holds would otherwise show up minutes later as a CUDA
 out-of-memory trace from whichever service got there first. Read through nvidia-smi (no CUDA
 context in the controller), compared with the plan's memory estimate for each GPU, it is one
-line and exit code 2 before anything starts.
+line and exit code 2 before anything starts. Memory taken after that check (a run beside this
+one still starting) shows when the generator's engine starts: `engine_room_explained` then says
+in one line what held its GPU.
 """
 
 from __future__ import annotations
