@@ -142,8 +142,12 @@ def main() -> None:
         print(summary_table(runs, args.target))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        from cpu_step_breakdown import device, versions
+
         record = {
             "args": vars(args),
+            "device": device(),
+            "versions": versions(),
             "threads": torch.get_num_threads(),
             "summary": summary(runs),
             "runs": runs,
