@@ -491,7 +491,7 @@ def staler_policy_line(age: int, seconds: float, here: float) -> str:
     return (
         f"grpo.max_policy_age {age} is predicted at {seconds:.2f} s a step against {here:.2f}: "
         f"each call may then start a step earlier, and its samples are trained on up to {age} "
-        f"versions old (the loss weighs them by their importance ratio, clipped); "
+        f"versions old, and each step may learn less (docs/how-it-works.md, the cost model); "
         f"--set grpo.max_policy_age={age}"
     )
 
