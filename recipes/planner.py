@@ -224,13 +224,13 @@ def _staler_policy(recipe: Recipe, best: Plan) -> str:
     """Where the staleness bound (recipes.costs.staleness_chain) sets the chosen plan's step and
     one more version of grpo.max_policy_age would make it at least HINT_MARGIN shorter: the
     line that says so and how to set it."""
-    if best.settings is None or not best.prediction.startswith(STALENESS_BOUND):
+    here = best.predicted_step_s
+    if best.settings is None or here is None or not best.prediction.startswith(STALENESS_BOUND):
         return ""
     g = recipe.grpo
     staler = recipe.model_copy(
         update={"grpo": g.model_copy(update={"max_policy_age": g.max_policy_age + 1})}
     )
-    here = predict_layout(recipe, best.accelerator, best.placements, best.settings).seconds
     there = predict_layout(staler, best.accelerator, best.placements, best.settings).seconds
     if there > here * (1 - HINT_MARGIN):
         return ""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recipes import UserError
-from runtime.procs.host import host_gpu_ids
+from runtime.procs.host import host_gpu_ids, visible_gpus
 
 GB = 1e9
 MIB = 2**20
@@ -98,6 +98,11 @@ def read_gpus() -> list[GpuState] | None:
         return None
 
 
+def _by_name(gpus: list[GpuState]) -> dict[str, GpuState]:
+    """Each GPU under both its names, its index and its UUID (CUDA_VISIBLE_DEVICES takes either)."""
+    return {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
+
+
 def planned_gb(plan: Any, node: int) -> dict[int, dict[str, float]]:
     """The plan's GPUs on `node` (its indices) and the GB each service is estimated to hold."""
     per_gpu: dict[int, dict[str, float]] = {}
@@ -118,7 +123,7 @@ def check_gpus_free(
     puts there (`gpus`: this host's, from `read_gpus`; None: nothing to check)."""
     if plan.cpu or not gpus:
         return
-    by_name = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
+    by_name = _by_name(gpus)
     for gpu, services in sorted(planned_gb(plan, node).items()):
         name = host_gpu_ids((gpu,), visible)[0]
         # the host's own name for it where CUDA_VISIBLE_DEVICES renumbers
@@ -159,9 +164,8 @@ def engine_room_line(error: BaseException, gpus: list[GpuState] | None, own_pid:
     said = str(error)
     if not any(marker in said for marker in NO_ROOM) or not gpus:
         return None
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
-    by_name = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
-    mine = [by_name[v] for v in visible if v in by_name] or gpus
+    by_name = _by_name(gpus)
+    mine = [by_name[v] for v in visible_gpus() if v in by_name] or gpus
     parts = []
     for g in mine:
         holders = ", ".join(

@@ -296,6 +296,13 @@ def _untracked(segment: shared_memory.SharedMemory) -> shared_memory.SharedMemor
     return segment
 
 
+def visible_gpus(visible: str | None = None) -> list[str]:
+    """The host's GPU names (indices or UUIDs) in `visible` (default: this process's
+    CUDA_VISIBLE_DEVICES); [] where it is unset or empty."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    return [v.strip() for v in (visible or "").split(",") if v.strip()]
+
+
 def host_gpu_ids(gpus: tuple[int, ...], visible: str | None = None) -> list[str]:
     """The host's names for the plan's GPU indices.
 
@@ -303,14 +310,13 @@ def host_gpu_ids(gpus: tuple[int, ...], visible: str | None = None) -> list[str]
     `CUDA_VISIBLE_DEVICES` set (a shared host, two runs side by side), index i is the i-th GPU
     it lists, so a run given `CUDA_VISIBLE_DEVICES=2,3` uses GPUs 2 and 3, not 0 and 1.
     """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
-    names = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    names = visible_gpus(visible)
     if not names:
         return [str(g) for g in gpus]
     missing = [g for g in gpus if g >= len(names)]
     if missing:
         raise ValueError(
-            f"the plan uses GPU {missing[0]} but CUDA_VISIBLE_DEVICES={visible} lists "
+            f"the plan uses GPU {missing[0]} but CUDA_VISIBLE_DEVICES={','.join(names)} lists "
             f"{len(names)} GPU(s)"
         )
     return [names[g] for g in gpus]
