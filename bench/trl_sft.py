@@ -26,16 +26,26 @@ its documentation tunes SFT for speed:
 
 Step time is the wall time between consecutive `on_step_end` callbacks (the first from
 `on_train_begin`); tokens of a step are the input ids of its micro-batches (no padding in a
-padding-free batch), counted as they go in without a device sync. tokens/s per GPU = the tokens
-of the steps after the first `--warmup` / their seconds / processes; MFU with the runtime's
+padding-free batch), counted in each process as they go in without a device sync, then summed
+over the processes after the run (`tokens_per_step`; each process's in
+`tokens_per_step_by_process`). tokens/s per GPU = the tokens of the steps after the first
+`--warmup` / their seconds / processes; MFU with the runtime's
 formula (runtime.sft.run.step_flops: 6 x parameters x tokens + each row's causal attention, the
 rows' mean from the data) over the GPU's bf16 peak (recipes/costs.py).
+
+Before 2026-11-30 the counts were one process's (rank 0's) and were still divided by the
+processes, which halved TRL's tokens/s on two GPUs. `--count-tokens` (run under torchrun on a
+CPU, no training) replays each process's micro-batches of each step from the same SFTTrainer's
+own dataloader, and `--sum-processes RAW --tokens REPLAY --out FILE` writes such a run's JSON
+again with the replayed counts summed (refused unless rank 0's replay equals what rank 0
+counted in the run).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import sys
 import tempfile
@@ -88,7 +98,7 @@ def settings(a: argparse.Namespace, recipe: Any, world: int) -> dict[str, Any]:
         learning_rate=recipe.sft.learning_rate,
         lr_scheduler_type="linear",
         warmup_steps=recipe.sft.warmup_steps,
-        bf16=not a.dry_cpu,
+        bf16=not on_cpu(a),
         gradient_checkpointing=a.gradient_checkpointing == "on",
         model_init_kwargs={"attn_implementation": a.attention},
         seed=0,
@@ -96,8 +106,93 @@ def settings(a: argparse.Namespace, recipe: Any, world: int) -> dict[str, Any]:
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
-        use_cpu=a.dry_cpu,
+        use_cpu=on_cpu(a),
     )
+
+
+def on_cpu(a: argparse.Namespace) -> bool:
+    return bool(a.dry_cpu or a.count_tokens)
+
+
+def every_process(counts: list[int]) -> list[list[int]]:
+    """Each process's running token counts, in rank order (this one's alone outside a group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [list(counts)]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, list(counts))
+    return gathered
+
+
+def summed(by_process: list[list[int]]) -> list[int]:
+    """Running counts of all the processes together (each list the same length)."""
+    return [sum(at) for at in zip(*by_process, strict=True)]
+
+
+def increments(running: list[int]) -> list[int]:
+    return [b - a for a, b in zip(running, running[1:], strict=False)]
+
+
+def replayed_counts(trainer: Any, steps: int, accumulation: int) -> list[int]:
+    """This process's running token counts at each optimizer step's end, read from the
+    trainer's own dataloader in the order `train()` takes it (epoch 0), without training."""
+    loader = trainer.get_train_dataloader()
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(0)
+    batches = iter(loader)
+    running = [0]
+    for _ in range(steps):
+        n = running[-1]
+        for _ in range(accumulation):
+            n += int(next(batches)["input_ids"].numel())
+        running.append(n)
+    return running
+
+
+def sum_processes(raw: dict[str, Any], replay: dict[str, Any]) -> dict[str, Any]:
+    """`raw` (a pairs JSON of TRL runs that counted rank 0's tokens alone) with each TRL
+    section's tokens summed over the processes from `replay` (`--count-tokens`); the run's
+    step times are kept, tokens/s per GPU and MFU recomputed. Refused (SystemExit) unless
+    rank 0's replayed counts are the ones the run recorded."""
+    counts = [v for v in replay.values() if isinstance(v, dict) and v.get("mode") == "count_tokens"]
+    if len(counts) != 1:
+        fail(f"the replay holds {len(counts)} --count-tokens sections, not 1")
+    by_process = counts[0]["tokens_per_step_by_process"]
+    out = json.loads(json.dumps(raw))
+    for name, section in out.items():
+        if not (isinstance(section, dict) and section.get("system") == "trl"):
+            continue
+        world = section["gpus"]
+        if len(by_process) != world:
+            fail(f"{name}: {world} processes, the replay has {len(by_process)}")
+        if "tokens_per_step_by_process" in section:
+            fail(f"{name} already counts every process")
+        steps = len(section["tokens_per_step"])
+        if by_process[0][:steps] != section["tokens_per_step"]:
+            fail(
+                f"{name}: rank 0 counted {section['tokens_per_step']}, the replay "
+                f"{by_process[0][:steps]}: not the same batches"
+            )
+        times = section["step_times_s"]
+        warmup = section["warmup_steps"]
+        tokens = [sum(at) for at in zip(*(c[:steps] for c in by_process), strict=True)]
+        per_gpu = sum(tokens[warmup:]) / sum(times[warmup:]) / world
+        # MFU is tokens/s per GPU times a constant of the model and the data (mfu())
+        scaled = section["mfu"] and section["mfu"] * per_gpu / section["tokens_per_s_per_gpu"]
+        section.update(
+            tokens_per_step_rank0=section["tokens_per_step"],
+            tokens_per_step=tokens,
+            tokens_per_step_by_process=[c[:steps] for c in by_process],
+            tokens_per_s_per_gpu_rank0_counted=section["tokens_per_s_per_gpu"],
+            tokens_per_s_per_gpu=per_gpu,
+            mfu_rank0_counted=section["mfu"],
+            mfu=scaled,
+            tokens_summed_by="bench/trl_sft.py --sum-processes: each process's tokens a step "
+            "replayed from the same SFTTrainer's dataloader (--count-tokens, CPU, "
+            f"{world} processes), rank 0's equal to those the run counted",
+        )
+    return out
 
 
 def counted(trainer: Any, into: list[int]) -> None:
@@ -199,12 +294,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     recipe = bench_recipe(a.recipe)
     work = Path(a.work)
     start = time.perf_counter()
-    made = prepare(recipe, work, a.steps, "cpu" if a.dry_cpu else "cuda")
+    made = prepare(recipe, work, a.steps, "cpu" if on_cpu(a) else "cuda")
     prepared = {"data": {k: v for k, v in made.items() if k != "model"}, "model": made["model"]}
     prepare_s = time.perf_counter() - start
     if a.micro_batch is None:
         a.micro_batch = max(
-            1, planned_micro_tokens(recipe, world, a.dry_cpu) // recipe.dataset.max_tokens
+            1, planned_micro_tokens(recipe, world, on_cpu(a)) // recipe.dataset.max_tokens
         )
     rows = load_dataset("json", data_files={"train": made["data"]}, split="train")
     tries: list[dict[str, Any]] = []
@@ -221,6 +316,17 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         )
         counted(trainer, tokens)
         init_s = time.perf_counter() - start
+        if a.count_tokens:
+            running = replayed_counts(trainer, a.steps, config["gradient_accumulation_steps"])
+            return {
+                "mode": "count_tokens",
+                "recipe": a.recipe,
+                "gpus": world,
+                "settings": config,
+                "packed_sequences": len(trainer.train_dataset),
+                "tokens_per_step_by_process": [increments(c) for c in every_process(running)],
+                "versions": versions(),
+            }
         packed = len(trainer.train_dataset)
         apart = rows_kept_apart(trainer.model)
         start = time.perf_counter()
@@ -244,7 +350,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.empty_cache()
         a.micro_batch //= 2
     train_s = time.perf_counter() - start
-    result = figures(marks.marks, marks.tokens, a.warmup, world)
+    by_process = every_process(marks.tokens)
+    result = figures(marks.marks, summed(by_process), a.warmup, world)
     from gpu_grpo import gpu_info
 
     return {
@@ -266,8 +373,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "init_s": round(init_s, 1),
         "train_s": round(train_s, 1),
         **result,
+        "tokens_per_step_by_process": [increments(c) for c in by_process],
         "mfu": mfu(recipe, prepared, result, world),
         "loss_by_step": [x.get("loss") for x in marks.logs if "loss" in x],
+        # TRL's own running count of every process's tokens: the sums above should agree
+        "num_tokens_logged_by_trl": [x["num_tokens"] for x in marks.logs if "num_tokens" in x],
         "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
         "exit_code": 0 if result["measured_steps"] else 1,
         "versions": versions(),
@@ -288,11 +398,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gradient-checkpointing", choices=("on", "off"), default="off")
     p.add_argument("--attention", default="sdpa", help="attn_implementation (sdpa, eager, ...)")
     p.add_argument("--dry-cpu", action="store_true", help="tiny-sft on the CPU: the code path")
+    p.add_argument("--count-tokens", action="store_true",
+                   help="no training: each process's tokens a step, from the trainer's dataloader")  # fmt: skip
+    p.add_argument("--sum-processes", metavar="RAW", default=None,
+                   help="a pairs JSON whose TRL runs counted rank 0 alone: write it again "
+                   "with --tokens (a --count-tokens JSON) summed, into --out")  # fmt: skip
+    p.add_argument("--tokens", metavar="REPLAY", default=None)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
+    if a.sum_processes:
+        if not (a.tokens and a.out):
+            fail("--sum-processes needs --tokens REPLAY and --out FILE")
+        raw, replay = (json.loads(Path(f).read_text()) for f in (a.sum_processes, a.tokens))
+        Path(a.out).write_text(json.dumps(sum_processes(raw, replay), indent=2) + "\n")
+        print(f"-> {a.out}")
+        return 0
     if a.dry_cpu:
         a.recipe = DRY_RECIPE
         a.work = a.work or str(Path(tempfile.gettempdir()) / "gpu_sft_dry_cpu")
@@ -307,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.out and int(os.environ.get("RANK", "0")) == 0:
         merge(Path(a.out), result, a.section)
         print(f"-> {a.out}#{a.section}")
+    if a.count_tokens:
+        print(f"tokens a step, by process: {result['tokens_per_step_by_process']}", flush=True)
+        return 0
     print(
         f"TRL SFTTrainer {a.recipe} on {result['gpus']} process(es): "
         f"{result['tokens_per_s_per_gpu']} tokens/s per GPU, MFU {result['mfu']}, step "
