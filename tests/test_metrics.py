@@ -95,6 +95,18 @@ def test_format_step_leaves_out_missing_parts():
     assert format_step({"step": 7, "reward/mean": 0.4321}) == "step 7 | reward 0.432"
 
 
+def test_a_step_line_says_what_the_trainer_compiled_or_retried_during_it():
+    record = {"step": 6, "loss": 5.88, "time/step_s": 42.6}
+    assert format_step(record, 8) == "step 6/8 | loss 5.88 | 42.6 s/step"
+    quiet = {**record, "compile/graphs": 0.0, "memory/alloc_retries": 0.0}
+    assert format_step(quiet, 8) == "step 6/8 | loss 5.88 | 42.6 s/step"
+    busy = {**record, "compile/graphs": 3.0, "memory/alloc_retries": 1.0}
+    assert format_step(busy, 8) == (
+        "step 6/8 | loss 5.88 | 42.6 s/step (3 graphs compiled, 1 allocator retry)"
+    )
+    assert format_step({**quiet, "compile/graphs": 1.0}).endswith("s/step (1 graph compiled)")
+
+
 def test_close_writes_a_png_of_the_curves(tmp_path):
     run_logged(tmp_path, range(1, 6))
     png = (tmp_path / "curves.png").read_bytes()

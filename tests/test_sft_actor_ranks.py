@@ -61,6 +61,8 @@ def test_two_trainer_ranks_train_as_one_process_and_resume(tmp_path: Path):
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=TOLERANCE)
     assert json.loads((ranks / "model" / "forgesky.json").read_text())["step"] == 4
+    # each step's record counts what the trainer compiled during it: nothing, uncompiled
+    assert [r.get("compile/graphs") for r in a if r["step"] > 0] == [0.0] * 4
 
     # what a preempted run leaves after its checkpoint of step 2, resumed on two ranks
     resumed.mkdir()

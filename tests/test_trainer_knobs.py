@@ -50,15 +50,17 @@ def test_without_activation_checkpointing_the_steps_are_the_same():
 
 
 def test_compiled_checkpointed_blocks_match_eager_across_batch_widths():
-    from torch._dynamo.utils import counters
+    from runtime.backends.gpu_memory import StepEvents
 
     eager, compiled = _trainer(), _trainer(compile=True)
     tokens, mask, _ = _batch(20)
-    graphs = counters["stats"]["unique_graphs"]
+    events = StepEvents("cpu")  # what a step's record counts (compile/graphs)
+    before = events.read()
     torch.testing.assert_close(
         compiled.logprobs(tokens, mask), eager.logprobs(tokens, mask), atol=1e-5, rtol=0
     )
-    assert counters["stats"]["unique_graphs"] > graphs  # the checkpointed blocks did compile
+    assert events.since(before)["compile/graphs"] > 0  # the checkpointed blocks did compile
+    assert "memory/alloc_retries" not in events.read()  # a CUDA allocator's count, on a GPU
     # the output projection's log-softmax is compiled too (eager keeps the plain function)
     assert compiled.model._head_logprobs is not blocks.head_logprobs
     assert not hasattr(eager.model, "_head_logprobs")
@@ -67,7 +69,9 @@ def test_compiled_checkpointed_blocks_match_eager_across_batch_widths():
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     # dynamic shapes: a new width reuses the compiled graphs (a recompile would raise here)
     with torch._dynamo.config.patch(error_on_recompile=True):
+        before = events.read()
         a, b = _step(eager, 31, 2), _step(compiled, 31, 2)
+        assert events.since(before) == {"compile/graphs": 0.0}
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
     tokens, mask, _ = _batch(17, seed=3)
     torch.testing.assert_close(

@@ -16,6 +16,7 @@ import torch
 from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
+from runtime.backends.gpu_memory import StepEvents
 from runtime.backends.scoring import response_lists
 from runtime.procs.failures import ranked
 from runtime.procs.mps import client_sm_percent
@@ -69,7 +70,8 @@ class TrainerActor(Actor):
         from runtime.grpo import LossConfig, policy_loss
 
         g = self.recipe.grpo
-        start = time.perf_counter()
+        events = StepEvents(build.device())
+        before, start = events.read(), time.perf_counter()
         stats = self.backend.train_step(
             batch["tokens"],
             batch["response_mask"],
@@ -83,7 +85,7 @@ class TrainerActor(Actor):
         )
         stats["time/train_s"] = time.perf_counter() - start
         memory = getattr(self.backend, "memory", None)
-        return stats | (memory.metrics() if memory is not None else {})
+        return stats | events.since(before) | (memory.metrics() if memory is not None else {})
 
     @endpoint
     @ranked
@@ -91,11 +93,12 @@ class TrainerActor(Actor):
         """One optimizer step of SFT (runtime.sft.run): every rank is given the step's packed
         micro-batches and trains on its share of them (`FSDPTrainer.sft_step`); the loss is
         over the step's trained tokens on every rank, as on one process."""
-        start = time.perf_counter()
+        events = StepEvents(build.device())
+        before, start = events.read(), time.perf_counter()
         stats = self.backend.sft_step(packs)
         stats["time/train_s"] = time.perf_counter() - start
         memory = getattr(self.backend, "memory", None)
-        return stats | (memory.metrics() if memory is not None else {})
+        return stats | events.since(before) | (memory.metrics() if memory is not None else {})
 
     @endpoint
     @ranked

@@ -56,3 +56,30 @@ class PeakMemory:
             out[f"memory/{name}_reserved_gb"] = round(reserved, 3)
             out[f"memory/{name}_after_gb"] = round(self.after[name], 3)
         return out
+
+
+class StepEvents:
+    """What can make one step much slower than the others without showing in its own figures,
+    counted during the step: `compile/graphs`, the graphs torch.compile made (a shape or a guard
+    it had not seen: seconds to minutes each once the first steps are past), and on a GPU
+    `memory/alloc_retries`, the CUDA allocator's retries (a cudaMalloc that failed until the
+    allocator freed its cache and tried again: the GPU's memory is nearly full).
+
+    `before = events.read()` ahead of a step, `events.since(before)` after it."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
+
+    def read(self) -> dict[str, int]:
+        from torch._dynamo.utils import counters
+
+        out = {"compile/graphs": int(counters["stats"]["unique_graphs"])}
+        if self.cuda:
+            stats = torch.cuda.memory_stats(self.device)
+            out["memory/alloc_retries"] = int(stats.get("num_alloc_retries", 0))
+        return out
+
+    def since(self, before: dict[str, int]) -> dict[str, float]:
+        now = self.read()
+        return {k: float(now[k] - before.get(k, 0)) for k in now}

@@ -189,6 +189,20 @@ class MetricsLogger:
         self._bar.update(max(record["step"] - self._bar.n, 0))
 
 
+def _slow_step_causes(record: Mapping[str, Any]) -> str:
+    """` (3 graphs compiled, 12 allocator retries)` where the trainer saw either during the
+    step (runtime.backends.gpu_memory.StepEvents), else nothing."""
+    causes = []
+    for key, one, many in (
+        ("compile/graphs", "graph compiled", "graphs compiled"),
+        ("memory/alloc_retries", "allocator retry", "allocator retries"),
+    ):
+        n = record.get(key)
+        if isinstance(n, (int, float)) and n > 0:
+            causes.append(f"{int(n)} {one if n == 1 else many}")
+    return f" ({', '.join(causes)})" if causes else ""
+
+
 def format_step(record: Mapping[str, Any], total_steps: int | None = None) -> str:
     """`step 12/200 | reward 0.43 | loss 0.012 | kl 0.001 | 0.8 s/step` (missing parts left out)."""
     step = f"step {record['step']}" + (f"/{total_steps}" if total_steps else "")
@@ -199,7 +213,7 @@ def format_step(record: Mapping[str, Any], total_steps: int | None = None) -> st
     if isinstance(record.get("eval/loss"), (int, float)):
         parts.append(f"held-out loss {record['eval/loss']:.3g}")
     if isinstance(record.get("time/step_s"), (int, float)):
-        parts.append(f"{record['time/step_s']:.3g} s/step")
+        parts.append(f"{record['time/step_s']:.3g} s/step" + _slow_step_causes(record))
     if isinstance(record.get("cost/usd"), (int, float)):
         parts.append(f"${record['cost/usd']:,.2f}")
     if isinstance(record.get("eval/pass@1"), (int, float)):

@@ -300,7 +300,7 @@ def run(
             due = recipe.eval.every and step % recipe.eval.every == 0
             if evaluation and (due or step == total):
                 record["eval/loss"] = eval_loss()
-            record |= {k: v for k, v in stats.items() if k.startswith("memory/")}
+            record |= {k: v for k, v in stats.items() if k.startswith(("memory/", "compile/"))}
             metrics.log(step, record)
             if (every and step % every == 0) or step == total:
                 path = _save(trainer, stream, root, step, metrics.wandb_run_id)
