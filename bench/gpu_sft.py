@@ -200,6 +200,9 @@ def summarize(rows: list[dict[str, Any]], warmup: int, gpus: int) -> dict[str, A
         "mfu": statistics.mean(mfus) if mfus else None,
         "mfu_by_step": [r.get("mfu") for r in steps],
         "loss_by_step": [r.get("loss") for r in steps],
+        # what a slow step had that the others did not (runtime.backends.gpu_memory.StepEvents)
+        "compile_graphs_by_step": [r.get("compile/graphs") for r in steps],
+        "alloc_retries_by_step": [r.get("memory/alloc_retries") for r in steps],
         "memory_train_gb": max((r.get("memory/train_gb", 0.0) for r in steps), default=None),
     }
 

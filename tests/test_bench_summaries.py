@@ -1077,6 +1077,7 @@ def test_sft_bench_figures_leave_out_the_warmup_steps():
             "tokens": 1000 * k,
             "time/step_s": float(k),
             "mfu": 0.1 * k,
+            "compile/graphs": float(k == 3),
         }
         for k in (1, 2, 3, 4)
     ]
@@ -1084,3 +1085,5 @@ def test_sft_bench_figures_leave_out_the_warmup_steps():
     assert (got["steps"], got["warmup_steps"], got["measured_steps"]) == (4, 2, 2)
     assert got["tokens_per_s_per_gpu"] == pytest.approx((3000 + 4000) / (3 + 4) / 2)
     assert got["step_s"] == 3.5 and got["mfu"] == pytest.approx(0.35)
+    assert got["compile_graphs_by_step"] == [0.0, 0.0, 1.0, 0.0]
+    assert got["alloc_retries_by_step"] == [None] * 4  # none on a CPU (or before 2026-11-30)
