@@ -3,6 +3,7 @@ forgesky's `python -m runtime` on the same recipe, data, lengths and GPU.
 
     python bench/trl_sft.py [--recipe qwen3-1.7b-sft] [--steps 5] [--warmup 2] [--out FILE]
         [--section NAME] [--micro-batch N] [--gradient-checkpointing on|off] [--attention sdpa]
+        [--fsdp on|off]
     python bench/trl_sft.py --dry-cpu     # the CPU check: real TRL, tiny-sft's shapes
 
 On the GPU machine: `bash scripts/gpu/device_run.sh pairs sft` (scripts/gpu/README.md). TRL as
@@ -17,6 +18,9 @@ its documentation tunes SFT for speed:
   SDPA with the same kind of mask). The JSON's `packed_row_logit_diff` checks it on the loaded
   model: a row packed after another against the row alone (about 0 where rows are kept apart);
 - no gradient checkpointing (`--gradient-checkpointing off`, where memory allows: an H200);
+- DDP over the processes, or with `--fsdp on` FSDP2 through accelerate, the way TRL's docs take
+  a model whose whole fp32 copy and AdamW state do not fit one GPU (qwen3-8b-sft); the JSON says
+  which ran (`fsdp`, `wrapped_as`);
 - bf16 autocast over fp32 weights (TRL's default load, as forgesky's fp32 trainer state), loss on
   the assistant's tokens only (`assistant_only_loss`, the chat template's generation markers);
 - the same tokens per optimizer step as the recipe's plan: `--micro-batch` packed sequences a
@@ -100,6 +104,10 @@ def settings(a: argparse.Namespace, recipe: Any, world: int) -> dict[str, Any]:
         warmup_steps=recipe.sft.warmup_steps,
         bf16=not on_cpu(a),
         gradient_checkpointing=a.gradient_checkpointing == "on",
+        # FSDP2 through accelerate (TRL's docs' way for a model whose whole copy with AdamW
+        # state does not fit a GPU, as 8B on an H200): blocks wrapped by the model's
+        # `_no_split_modules`, resharded after the forward
+        **({"fsdp": True, "fsdp_config": {"version": 2}} if a.fsdp == "on" else {}),
         model_init_kwargs={"attn_implementation": a.attention},
         seed=0,
         logging_steps=1,
@@ -361,6 +369,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "gpus": world,
         "settings": {k: v for k, v in config.items()},
         "attention": trainer.model.config._attn_implementation,
+        # how the processes shared the model: FSDP (--fsdp on, on GPUs) or DDP; on a CPU
+        # accelerate runs DDP either way
+        "fsdp": bool(getattr(trainer, "is_fsdp_enabled", False)),
+        "wrapped_as": type(trainer.model_wrapped).__name__,
         "padding_free": bool(getattr(trainer, "padding_free", False)),
         "packed_row_logit_diff": apart,
         "sequence_tokens": recipe.dataset.max_tokens,
@@ -397,6 +409,8 @@ def parser() -> argparse.ArgumentParser:
                    help="packed sequences a micro-batch (default: the plan's tokens / max_tokens)")  # fmt: skip
     p.add_argument("--gradient-checkpointing", choices=("on", "off"), default="off")
     p.add_argument("--attention", default="sdpa", help="attn_implementation (sdpa, eager, ...)")
+    p.add_argument("--fsdp", choices=("on", "off"), default="off",
+                   help="FSDP2 over the processes instead of DDP (a model too big for DDP)")  # fmt: skip
     p.add_argument("--dry-cpu", action="store_true", help="tiny-sft on the CPU: the code path")
     p.add_argument("--count-tokens", action="store_true",
                    help="no training: each process's tokens a step, from the trainer's dataloader")  # fmt: skip
