@@ -787,58 +787,13 @@ def run_train(args: argparse.Namespace) -> dict[str, Any]:
             "configs": rows}  # fmt: skip
 
 
-# Kernel name fragments -> the part of a train step they belong to (first match wins).
-KERNEL_KINDS = (
-    ("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
-    ("matmul", ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "matmul")),
-    ("compiled", ("triton",)),  # before "copy": fused kernels named after a to_copy they hold
-    ("optimizer", ("adam", "multi_tensor", "foreach", "norm_kernel", "_amp_")),
-    ("copy", ("memcpy", "memset", "copy")),
-)
-
-
-def kernel_kind(name: str) -> str:
-    low = name.lower()
-    for kind, parts in KERNEL_KINDS:
-        if any(p in low for p in parts):
-            return kind
-    return "other"
-
-
 def profile_step(step: Any, sync: Any, cuda: bool) -> dict[str, Any]:
-    """One more step under torch.profiler: GPU time per kind of kernel, the busiest kernels,
-    and the share of the step's wall time no kernel ran (launch gaps, host syncs). On a CPU,
-    each op's own CPU time instead (no idle share)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    """One more step under torch.profiler (runtime.backends.profiling, what a run's
+    `trainer.profile_step` writes): GPU time per kind of kernel, the busiest kernels, and the
+    share of the step's wall time no kernel ran; on a CPU each op's own CPU time instead."""
+    from runtime.backends.profiling import profiled
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    sync()
-    start = time.perf_counter()
-    with profile(activities=activities) as prof:
-        step()
-        sync()
-    wall = time.perf_counter() - start
-    kernels: dict[str, float] = {}
-    if cuda:
-        for event in prof.events():
-            if event.device_type == torch.autograd.DeviceType.CUDA:
-                kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time / 1e6
-    else:  # on a CPU the ops' own time stands in for kernels
-        for avg in prof.key_averages():
-            kernels[avg.key] = avg.self_cpu_time_total / 1e6
-    by_kind: dict[str, float] = {}
-    for name, seconds in kernels.items():
-        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + seconds
-    busy = sum(kernels.values())
-    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
-    return {
-        "wall_s": wall,
-        "kernel_s": busy,
-        "gpu_idle_share": max(0.0, 1 - busy / wall) if cuda else None,
-        "by_kind_s": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
-        "top_kernels_s": [{"name": name[:160], "s": s} for name, s in top],
-    }
+    return profiled(step, "cuda" if cuda else "cpu")[1]
 
 
 def compare(result: dict[str, Any]) -> None:

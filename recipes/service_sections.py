@@ -170,8 +170,20 @@ class TrainerSettings(Strict):
     activation_checkpointing: bool | Auto = "auto"
     # torch.compile each block and the output projection: on GPUs
     compile: bool | Auto = "auto"
+    # profile this optimizer step under torch.profiler on every trainer rank (0: none): GPU time
+    # by kind of kernel in RUN_DIR/profile/ (runtime.backends.profiling)
+    profile_step: int = 0
 
     _positive = field_validator("ranks", "tokens_per_micro_batch")(_at_least_one)
+
+    @field_validator("profile_step")
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise PydanticCustomError(
+                "not_negative", "must be a step (1 or more) or 0 for none, got {v}", {"v": value}
+            )
+        return value
 
 
 class ReferenceSettings(Strict):

@@ -214,20 +214,24 @@ def test_trainer_profile_splits_a_real_step_by_kind_of_op_on_cpu():
 
 
 def test_kernel_kinds_of_known_cuda_kernel_names():
-    assert gpu_grpo.kernel_kind("void flash_fwd_kernel<Flash_fwd_kernel_traits<128>>") == (
-        "attention"
+    from runtime.backends.profiling import kernel_kind
+
+    assert kernel_kind("void flash_fwd_kernel<Flash_fwd_kernel_traits<128>>") == ("attention")
+    assert kernel_kind("cudnn_generated_fort_native_sdpa_sm90_knob_7") == "attention"
+    assert kernel_kind("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNT") == "matmul"
+    assert kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize") == "matmul"
+    assert kernel_kind("void at::native::(anonymous)::multi_tensor_apply_kernel") == ("optimizer")
+    assert kernel_kind("triton_red_fused__log_softmax_gather_0") == "compiled"
+    assert kernel_kind("triton_poi_fused__to_copy_add_mul_4") == "compiled"
+    assert kernel_kind("void at::native::CatArrayBatchedCopy<float, 4>") == "copy"
+    assert kernel_kind("Memcpy DtoD (Device -> Device)") == "copy"
+    assert kernel_kind("void at::native::elementwise_kernel<128, 4>") == "other"
+    assert kernel_kind("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage)") == (
+        "communication"
     )
-    assert gpu_grpo.kernel_kind("cudnn_generated_fort_native_sdpa_sm90_knob_7") == "attention"
-    assert gpu_grpo.kernel_kind("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNT") == "matmul"
-    assert gpu_grpo.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize") == "matmul"
-    assert gpu_grpo.kernel_kind("void at::native::(anonymous)::multi_tensor_apply_kernel") == (
-        "optimizer"
+    assert kernel_kind("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == (
+        "communication"
     )
-    assert gpu_grpo.kernel_kind("triton_red_fused__log_softmax_gather_0") == "compiled"
-    assert gpu_grpo.kernel_kind("triton_poi_fused__to_copy_add_mul_4") == "compiled"
-    assert gpu_grpo.kernel_kind("void at::native::CatArrayBatchedCopy<float, 4>") == "copy"
-    assert gpu_grpo.kernel_kind("Memcpy DtoD (Device -> Device)") == "copy"
-    assert gpu_grpo.kernel_kind("void at::native::elementwise_kernel<128, 4>") == "other"
 
 
 def test_the_fault_table_reads_each_tests_exit_line_and_outcome(tmp_path: Path):

@@ -113,10 +113,15 @@ def test_tiny_lora_run_trains_the_adapter_alone_and_leaves_a_peft_folder(
     is 0 before the adapter moves, the reward rises, the run leaves a PEFT adapter folder and
     `forgesky eval` reads the run. Learning to 0.8 is test_tiny's (in process, 150 steps)."""
     run_dir = tmp_path / "run"
-    proc = start(["--recipe", "tiny-lora", "--steps", "30", "--run-dir", str(run_dir)])
+    args = ["--recipe", "tiny-lora", "--steps", "30", "--run-dir", str(run_dir)]
+    proc = start([*args, "--set", "trainer.profile_step=3"])
     code, out = finish(proc, timeout=600)
     assert code == 0, out
     nothing_left(out, proc.pid)
+    # the trainer actor ran step 3 under torch.profiler: its summary, and one line of it
+    profile = json.loads((run_dir / "profile" / "step_3_rank_0.json").read_text())
+    assert profile["step"] == 3 and profile["by_kind_s"]["optimizer"] > 0
+    assert "profile of step 3 (rank 0): " in out
     assert "reference (in the trainer)" in out
     assert not any(line.strip().startswith("reference ready") for line in out.splitlines()), out
     rows = metrics(run_dir)

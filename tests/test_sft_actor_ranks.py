@@ -25,6 +25,7 @@ TOLERANCE = 1e-5
 
 def _on_two_ranks(run_dir: Path) -> str:
     args = ["--recipe", "tiny-sft", "--run-dir", str(run_dir), "--set", "trainer.ranks=2"]
+    args += ["--set", "trainer.profile_step=2"]  # each rank profiles itself
     for o in OVERRIDES:
         args += ["--set", o]
     code, out = finish(start(args), timeout=600)
@@ -61,6 +62,9 @@ def test_two_trainer_ranks_train_as_one_process_and_resume(tmp_path: Path):
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=TOLERANCE)
     assert json.loads((ranks / "model" / "forgesky.json").read_text())["step"] == 4
+    profiles = sorted(p.name for p in (ranks / "profile").iterdir())
+    assert profiles == ["step_2_rank_0.json", "step_2_rank_1.json"]
+    assert json.loads((ranks / "profile" / profiles[1]).read_text())["rank"] == 1
     # each step's record counts what the trainer compiled during it: nothing, uncompiled
     assert [r.get("compile/graphs") for r in a if r["step"] > 0] == [0.0] * 4
 

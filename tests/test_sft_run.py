@@ -177,3 +177,25 @@ def test_model_lora_trains_an_sft_adapter(tmp_path):
     ]
     assert json.loads((model / "adapter_config.json").read_text())["r"] == 8
     assert evaluate(str(model), None, [], None) == 0
+
+
+def test_the_profiled_step_leaves_a_summary_and_trains_as_the_others(tmp_path):
+    from runtime.sft.run import run
+
+    lines: list[str] = []
+    recipe = apply_overrides(load_recipe("tiny-sft"), ["trainer.profile_step=2"])
+    run(recipe, tmp_path / "profiled", steps=3, log=lines.append)
+    run_tiny_sft(tmp_path / "plain", steps=3)
+    folder = tmp_path / "profiled" / "profile"
+    assert [p.name for p in folder.iterdir()] == ["step_2_rank_0.json"]
+    summary = json.loads((folder / "step_2_rank_0.json").read_text())
+    assert (summary["step"], summary["rank"], summary["device"]) == (2, 0, "cpu")
+    assert summary["by_kind_s"]["attention"] > 0 and summary["by_kind_s"]["optimizer"] > 0
+    assert summary["kernel_s"] > 0 and summary["gpu_idle_share"] is None
+    assert [x for x in lines if x.startswith("profile of step 2 (rank 0): ")], lines
+    keys = ("loss", "grad_norm", "tokens", "eval/loss")
+    a = read_metrics(tmp_path / "profiled" / "metrics.jsonl")
+    b = read_metrics(tmp_path / "plain" / "metrics.jsonl")
+    assert [[r.get(k) for k in keys] for r in a] == [[r.get(k) for k in keys] for r in b]
+    with pytest.raises(UserError, match="profile_step"):
+        apply_overrides(load_recipe("tiny-sft"), ["trainer.profile_step=-1"])

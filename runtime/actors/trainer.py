@@ -62,6 +62,16 @@ class TrainerActor(Actor):
             "mps_sm_percent": client_sm_percent(),
         }
 
+    def _maybe_profiled(self, step: Any) -> dict[str, Any]:
+        """`step()`'s stats; on the step the recipe's `trainer.profile_step` names, run under
+        torch.profiler, with this rank's summary as `profile` (runtime.backends.profiling)."""
+        if self.recipe.trainer.profile_step != self.backend.step + 1:
+            return step()
+        from runtime.backends.profiling import profiled
+
+        stats, summary = profiled(step, build.device())
+        return {**stats, "profile": summary}
+
     @endpoint
     @ranked
     async def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
@@ -72,16 +82,18 @@ class TrainerActor(Actor):
         g = self.recipe.grpo
         events = StepEvents(build.device())
         before, start = events.read(), time.perf_counter()
-        stats = self.backend.train_step(
-            batch["tokens"],
-            batch["response_mask"],
-            batch["advantages"],
-            batch["old_logprobs"],
-            batch["ref_logprobs"],
-            policy_loss,
-            config=LossConfig.from_grpo(g),
-            max_response_tokens=g.max_response_tokens,
-            loss_mask=batch.get("loss_mask"),
+        stats = self._maybe_profiled(
+            lambda: self.backend.train_step(
+                batch["tokens"],
+                batch["response_mask"],
+                batch["advantages"],
+                batch["old_logprobs"],
+                batch["ref_logprobs"],
+                policy_loss,
+                config=LossConfig.from_grpo(g),
+                max_response_tokens=g.max_response_tokens,
+                loss_mask=batch.get("loss_mask"),
+            )
         )
         stats["time/train_s"] = time.perf_counter() - start
         memory = getattr(self.backend, "memory", None)
@@ -95,7 +107,7 @@ class TrainerActor(Actor):
         over the step's trained tokens on every rank, as on one process."""
         events = StepEvents(build.device())
         before, start = events.read(), time.perf_counter()
-        stats = self.backend.sft_step(packs)
+        stats = self._maybe_profiled(lambda: self.backend.sft_step(packs))
         stats["time/train_s"] = time.perf_counter() - start
         memory = getattr(self.backend, "memory", None)
         return stats | events.since(before) | (memory.metrics() if memory is not None else {})

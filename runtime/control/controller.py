@@ -18,6 +18,7 @@ from typing import Any
 
 from recipes.memory import checkpoint_bytes
 from recipes.planner import layout_hint
+from runtime.backends.profiling import write_profiles
 from runtime.control import checkpoint
 from runtime.control.batching import train_batch
 from runtime.control.checkpoint import approx_size
@@ -183,6 +184,9 @@ class Controller:
                 self.progress.training = False
                 pub = await s.publish(self.version)
             self.policy.switch(self.version, trained_at)
+            profiles = stats.pop("profile", None)  # the recipe's trainer.profile_step
+            if profiles:
+                write_profiles(self.metrics.run_dir, self.step, profiles, _printed)
             evaluations = await self._evaluate(total)
             step_s = time.perf_counter() - t0
             record = {
@@ -447,3 +451,7 @@ async def _report_writing(folder: Path, total: float, step: int) -> None:
             f"({time.perf_counter() - start:.0f} s)",
             flush=True,
         )
+
+
+def _printed(line: str) -> None:
+    print(line, flush=True)

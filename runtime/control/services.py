@@ -171,8 +171,11 @@ class Services:
     async def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
         """Rank 0's figures, and the largest of every rank's memory figures beside its own
         (`memory/ranks_max/...`: rank 0 holds the published versions, the others do not)."""
+        from runtime.backends.profiling import every_rank
+
         answers = await self.train_calls("train_step", batch)
         stats = dict(answers[0])
+        every_rank(answers, stats)
         if len(answers) > 1:
             for key in [k for k in stats if k.startswith("memory/")]:
                 most = max(a.get(key, 0.0) for a in answers)

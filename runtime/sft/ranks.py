@@ -94,6 +94,8 @@ class RankTrainer:
     """The trainer actor's ranks as the SFT loop sees a trainer: each method blocks the loop's
     thread on a supervised call of every rank made on the lifecycle's event loop."""
 
+    profiles_itself = True  # each rank runs trainer.profile_step under its own profiler
+
     def __init__(self, services: Any, loop: asyncio.AbstractEventLoop):
         self.services, self.loop = services, loop
         self.step = 0
@@ -121,8 +123,11 @@ class RankTrainer:
     def sft_step(self, packs: list[Any]) -> dict[str, float]:
         """Rank 0's figures (the loss, grad norm and lr every rank shares), with the largest of
         every rank's memory figures as `memory/ranks_max/...`."""
+        from runtime.backends.profiling import every_rank
+
         answers = self._wait(self.services.train_calls("sft_step", packs))
         stats = dict(answers[0])
+        every_rank(answers, stats)
         if len(answers) > 1:
             for key in [k for k in stats if k.startswith("memory/")]:
                 most = max(a.get(key, 0.0) for a in answers)

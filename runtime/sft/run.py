@@ -197,6 +197,18 @@ def prepare(recipe: Any) -> Data:
     return Data(encoder, stream, evaluation)
 
 
+def _step(trainer: Any, packs: list[Any], profile_step: int) -> dict[str, Any]:
+    """`trainer.sft_step(packs)`. On the recipe's `trainer.profile_step`, a trainer in this
+    process runs it under torch.profiler here (the trainer actor's ranks profile themselves)."""
+    if profile_step != trainer.step + 1 or getattr(trainer, "profiles_itself", False):
+        return trainer.sft_step(packs)
+    from runtime.backends.build import device
+    from runtime.backends.profiling import profiled
+
+    stats, summary = profiled(lambda: trainer.sft_step(packs), device())
+    return {**stats, "profile": [summary]}
+
+
 def run(
     recipe: Any,
     run_dir: Path,
@@ -276,7 +288,7 @@ def run(
             start = time.perf_counter()
             rows = stream.take(recipe.sft.tokens_per_step)
             packs = list(micro_batches(iter(rows), micro, pad_to=False))
-            stats = trainer.sft_step(packs)
+            stats = _step(trainer, packs, recipe.trainer.profile_step)
             seconds = time.perf_counter() - start
             tokens = sum(len(e.ids) for e in rows)
             flops = step_flops(spec, [len(e.ids) for e in rows], recipe.model.lora is not None)
@@ -297,6 +309,11 @@ def run(
                 "data/rows_dropped": stream.counts.dropped,
             }
             step = trainer.step
+            profiles = stats.pop("profile", None)  # the recipe's trainer.profile_step
+            if profiles:
+                from runtime.backends.profiling import write_profiles
+
+                write_profiles(run_dir, step, profiles, log)
             due = recipe.eval.every and step % recipe.eval.every == 0
             if evaluation and (due or step == total):
                 record["eval/loss"] = eval_loss()

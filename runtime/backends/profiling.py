@@ -1,0 +1,120 @@
+"""Where a trainer step's time goes: one step under torch.profiler, summarized.
+
+`trainer.profile_step: N` in a recipe profiles optimizer step N on every trainer rank (the trainer
+actor wraps its backend's step in `profiled`); the run writes each rank's summary to
+`RUN_DIR/profile/step_N_rank_R.json` and prints one line of rank 0's. bench/gpu_grpo.py's
+`train --profile` summarizes the trainer alone the same way.
+
+The summary: the step's wall seconds; on a GPU the seconds its kernels ran, by kind (matmul,
+attention, compiled (Triton), communication (NCCL), optimizer, copy, other) and the busiest
+kernels by name, and the share of the wall time no kernel ran (launch gaps, host work, waits);
+on a CPU, each op's own CPU seconds in their place (no idle share).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+# Kernel name fragments -> the part of a train step they belong to (first match wins).
+KERNEL_KINDS = (
+    ("communication", ("nccl",)),  # before "copy" and "other": all-gathers, reduce-scatters
+    ("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
+    ("matmul", ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "matmul")),
+    ("compiled", ("triton",)),  # before "copy": fused kernels named after a to_copy they hold
+    ("optimizer", ("adam", "multi_tensor", "foreach", "norm_kernel", "_amp_")),
+    ("copy", ("memcpy", "memset", "copy")),
+)
+TOP_KERNELS = 25
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    for kind, parts in KERNEL_KINDS:
+        if any(p in low for p in parts):
+            return kind
+    return "other"
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profiled(step: Callable[[], T], device: torch.device | str) -> tuple[T, dict[str, Any]]:
+    """`step()` under torch.profiler: its result and the summary (module docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device)
+    cuda = device.type == "cuda" and torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _synchronize(device)
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        result = step()
+        _synchronize(device)
+    wall = time.perf_counter() - start
+    return result, summary(prof, wall, cuda)
+
+
+def summary(prof: Any, wall: float, cuda: bool) -> dict[str, Any]:
+    """A finished profiler's kernels (or CPU ops) by kind and by name, over `wall` seconds."""
+    kernels: dict[str, float] = {}
+    if cuda:
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time / 1e6
+    else:  # on a CPU the ops' own time stands in for kernels
+        for avg in prof.key_averages():
+            kernels[avg.key] = avg.self_cpu_time_total / 1e6
+    by_kind: dict[str, float] = {}
+    for name, seconds in kernels.items():
+        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + seconds
+    busy = sum(kernels.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]
+    return {
+        "device": "cuda" if cuda else "cpu",
+        "wall_s": wall,
+        "kernel_s": busy,
+        "gpu_idle_share": max(0.0, 1 - busy / wall) if cuda and wall > 0 else None,
+        "by_kind_s": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+        "top_kernels_s": [{"name": name[:160], "s": s} for name, s in top],
+    }
+
+
+def summary_line(step: int, rank: int, s: dict[str, Any]) -> str:
+    """`profile of step 3 (rank 0): 4.1 s, GPU idle 12 %; matmul 2.1 s, attention 0.6 s, ...`"""
+    kinds = ", ".join(f"{k} {v:.2g} s" for k, v in list(s["by_kind_s"].items())[:5])
+    idle = "" if s["gpu_idle_share"] is None else f", GPU idle {s['gpu_idle_share']:.0%}"
+    where = "kernels" if s["device"] == "cuda" else "CPU ops"
+    return f"profile of step {step} (rank {rank}): {s['wall_s']:.3g} s{idle}; {where}: {kinds}"
+
+
+def every_rank(answers: list[dict[str, Any]], stats: dict[str, Any]) -> None:
+    """Rank 0's `stats` (a step's answers, one a rank) carry every rank's profile summary as
+    `profile`, a list in rank order, where the step was profiled."""
+    profiles = [a.get("profile") for a in answers]
+    if any(p is not None for p in profiles):
+        stats["profile"] = profiles
+    else:
+        stats.pop("profile", None)
+
+
+def write_profiles(run_dir: Any, step: int, profiles: list[Any], log: Callable[[str], Any]) -> None:
+    """Each rank's summary to RUN_DIR/profile/step_N_rank_R.json, and rank 0's in one line."""
+    import json
+    from pathlib import Path
+
+    folder = Path(run_dir) / "profile"
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank, s in enumerate(profiles):
+        if s is not None:
+            path = folder / f"step_{step}_rank_{rank}.json"
+            path.write_text(json.dumps({"step": step, "rank": rank, **s}, indent=1) + "\n")
+    if profiles and profiles[0] is not None:
+        log(f"{summary_line(step, 0, profiles[0])} ({folder}/step_{step}_rank_*.json)")
