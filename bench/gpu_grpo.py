@@ -277,6 +277,7 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
             [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
         )
         written = written_gb(run_dir)
+        profiles = run_profiles(run_dir)
         # the run's own summary: its wall time on the nodes beside the plan's prediction of it
         done = run_dir / "summary.json"
         run_summary = json.loads(done.read_text()) if done.exists() else None
@@ -307,7 +308,17 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_clocks": sampler.clocks(),
         "host_cpu": sampler.host_cpu(),
         **stacks(recorder, stacks_from),
+        **({"profiles": profiles} if profiles else {}),
     }
+
+
+def run_profiles(run_dir: Path) -> dict[str, Any]:
+    """The summaries a run's `trainer.profile_step` left in RUN_DIR/profile (by file name), read
+    before the bench deletes the run's folder."""
+    folder = run_dir / "profile"
+    if not folder.is_dir():
+        return {}
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
 
 
 def written_gb(run_dir: Path) -> dict[str, float | None]:

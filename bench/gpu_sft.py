@@ -277,6 +277,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     # the run's own end: its measured wall time beside the plan's prediction (run_time_check.py)
     ended = run_dir / "summary.json"
     run_summary = json.loads(ended.read_text()) if ended.exists() else None
+    from gpu_grpo import run_profiles
+
+    profiles = run_profiles(run_dir)  # trainer.profile_step's summaries, where one was set
     if not a.keep_run:
         shutil.rmtree(run_dir, ignore_errors=True)
     complete = code == 0 and summary["measured_steps"] > 0
@@ -315,6 +318,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "device": device,
         **summary,
         "run_summary": run_summary,
+        **({"profiles": profiles} if profiles else {}),
     }
 
 

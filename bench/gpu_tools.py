@@ -265,7 +265,7 @@ def summarize(
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
-    from gpu_grpo import gpu_info, placement_rows, versions
+    from gpu_grpo import gpu_info, placement_rows, run_profiles, versions
 
     from recipes import apply_overrides, load_recipe, plan
     from runtime.control.metrics import read_metrics
@@ -297,6 +297,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     used = run_plan.total_gpus or 0
     replicas = sum(p.service == "generator" for p in run_plan.placements)
     summary = summarize(rows, a.warmup, used, g.prompts_per_step * g.group_size, replicas)
+    profiles = run_profiles(run_dir)  # trainer.profile_step's summaries, where one was set
     if not a.keep_run:
         shutil.rmtree(run_dir, ignore_errors=True)
     complete = code == 0 and summary["measured_steps"] > 0
@@ -326,6 +327,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "device": gpu_info(),
         "versions": versions(),
         **summary,
+        **({"profiles": profiles} if profiles else {}),
         "records": rows,
     }
 

@@ -106,6 +106,7 @@ def test_the_bench_runs_its_whole_path_on_the_cpu(tmp_path):
     out = tmp_path / "tools.json"
     args = ["--dry-cpu", "--steps", "3", "--warmup", "1", "--out", str(out)]
     args += ["--work", str(tmp_path / "work"), "--set", "grpo.prompts_per_step=8"]
+    args += ["--set", "trainer.profile_step=2"]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench/gpu_tools.py"), *args],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
@@ -114,6 +115,8 @@ def test_the_bench_runs_its_whole_path_on_the_cpu(tmp_path):
     result = json.loads(out.read_text())["dry_cpu"]
     assert result["exit_code"] == 0 and result["measured_steps"] == 2
     assert "env.name=bench.tools_env:WaitEnvironment" in result["set_by_hand"]
+    # the profiled step's summary, kept from the run's folder before the bench deletes it
+    assert result["profiles"]["step_2_rank_0"]["step"] == 2
     # the random policy's turns called the tool, each call its 100 ms, between turns
     assert result["tool_calls_per_episode"] > 0 and result["turns_mean"] > 1
     assert result["tool_s_per_call"] >= 0.1

@@ -94,7 +94,8 @@ class RankTrainer:
     """The trainer actor's ranks as the SFT loop sees a trainer: each method blocks the loop's
     thread on a supervised call of every rank made on the lifecycle's event loop."""
 
-    profiles_itself = True  # each rank runs trainer.profile_step under its own profiler
+    # each rank counts its step's events and runs trainer.profile_step under its own profiler
+    profiles_itself = True
 
     def __init__(self, services: Any, loop: asyncio.AbstractEventLoop):
         self.services, self.loop = services, loop

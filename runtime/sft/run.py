@@ -198,15 +198,25 @@ def prepare(recipe: Any) -> Data:
 
 
 def _step(trainer: Any, packs: list[Any], profile_step: int) -> dict[str, Any]:
-    """`trainer.sft_step(packs)`. On the recipe's `trainer.profile_step`, a trainer in this
-    process runs it under torch.profiler here (the trainer actor's ranks profile themselves)."""
-    if profile_step != trainer.step + 1 or getattr(trainer, "profiles_itself", False):
+    """`trainer.sft_step(packs)` with what the trainer actor adds on its ranks, for a trainer in
+    this process: the graphs compiled and allocator retries during the step
+    (runtime.backends.gpu_memory.StepEvents), and on the recipe's `trainer.profile_step` the
+    step run under torch.profiler (runtime.backends.profiling)."""
+    if getattr(trainer, "profiles_itself", False):  # the actor's ranks do both themselves
         return trainer.sft_step(packs)
     from runtime.backends.build import device
-    from runtime.backends.profiling import profiled
+    from runtime.backends.gpu_memory import StepEvents
 
-    stats, summary = profiled(lambda: trainer.sft_step(packs), device())
-    return {**stats, "profile": [summary]}
+    events = StepEvents(device())
+    before = events.read()
+    if profile_step == trainer.step + 1:
+        from runtime.backends.profiling import profiled
+
+        stats, summary = profiled(lambda: trainer.sft_step(packs), device())
+        stats = {**stats, "profile": [summary]}
+    else:
+        stats = trainer.sft_step(packs)
+    return stats | events.since(before)
 
 
 def run(
