@@ -184,13 +184,15 @@ def command(
 def summarize(rows: list[dict[str, Any]], warmup: int, gpus: int) -> dict[str, Any]:
     """Figures over the step records after the first `warmup`."""
     steps = [r for r in rows if "tokens_per_s" in r]
-    timed = [r for r in steps if r["step"] > warmup]
+    # a step run under the profiler (trainer.profile_step) is not timed: the profiler's cost
+    timed = [r for r in steps if r["step"] > warmup and not r.get("trainer/profiled")]
     seconds = sum(r["time/step_s"] for r in timed)
     tokens = sum(r["tokens"] for r in timed)
     mfus = [r["mfu"] for r in timed if r.get("mfu") is not None]
     return {
         "steps": len(steps),
-        "warmup_steps": len(steps) - len(timed),
+        "warmup_steps": sum(r["step"] <= warmup for r in steps),
+        "profiled_steps": [r["step"] for r in steps if r.get("trainer/profiled")],
         "measured_steps": len(timed),
         "step_times_s": [round(r["time/step_s"], 3) for r in steps],
         "tokens_per_step": [r["tokens"] for r in steps],

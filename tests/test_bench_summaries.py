@@ -1090,4 +1090,9 @@ def test_sft_bench_figures_leave_out_the_warmup_steps():
     assert got["tokens_per_s_per_gpu"] == pytest.approx((3000 + 4000) / (3 + 4) / 2)
     assert got["step_s"] == 3.5 and got["mfu"] == pytest.approx(0.35)
     assert got["compile_graphs_by_step"] == [0.0, 0.0, 1.0, 0.0]
+    # a profiled step is left out too (its time holds the profiler's)
+    rows[3]["trainer/profiled"] = 1.0
+    got = gpu_sft.summarize(rows, warmup=1, gpus=2)
+    assert got["measured_steps"] == 2 and got["profiled_steps"] == [3]
+    assert got["tokens_per_s_per_gpu"] == pytest.approx((2000 + 4000) / (2 + 4) / 2)
     assert got["alloc_retries_by_step"] == [None] * 4  # none on a CPU (or before 2026-11-30)

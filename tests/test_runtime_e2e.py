@@ -125,6 +125,7 @@ def test_tiny_lora_run_trains_the_adapter_alone_and_leaves_a_peft_folder(
     assert "reference (in the trainer)" in out
     assert not any(line.strip().startswith("reference ready") for line in out.splitlines()), out
     rows = metrics(run_dir)
+    assert [r["step"] for r in rows if r.get("trainer/profiled")] == [3]
     assert [r["step"] for r in rows] == list(range(1, 31))
     assert rows[0]["kl"] == 0  # B starts at zero: the policy is its base
     first = sum(r["reward/mean"] for r in rows[:5]) / 5

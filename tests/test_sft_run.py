@@ -197,6 +197,7 @@ def test_the_profiled_step_leaves_a_summary_and_trains_as_the_others(tmp_path):
     a = read_metrics(tmp_path / "profiled" / "metrics.jsonl")
     b = read_metrics(tmp_path / "plain" / "metrics.jsonl")
     assert [[r.get(k) for k in keys] for r in a] == [[r.get(k) for k in keys] for r in b]
+    assert [r["step"] for r in a if r.get("trainer/profiled")] == [2]
     # every step's record counts the graphs compiled during it (none: tiny-sft is not compiled)
     assert [r.get("compile/graphs") for r in a if r["step"] > 0] == [0.0] * 3
     with pytest.raises(UserError, match="profile_step"):

@@ -187,6 +187,7 @@ class Controller:
             profiles = stats.pop("profile", None)  # the recipe's trainer.profile_step
             if profiles:
                 write_profiles(self.metrics.run_dir, self.step, profiles, _printed)
+                stats["trainer/profiled"] = 1.0  # its time includes the profiler's
             evaluations = await self._evaluate(total)
             step_s = time.perf_counter() - t0
             record = {

@@ -324,6 +324,7 @@ def run(
                 from runtime.backends.profiling import write_profiles
 
                 write_profiles(run_dir, step, profiles, log)
+                record["trainer/profiled"] = 1.0  # its time includes the profiler's
             due = recipe.eval.every and step % recipe.eval.every == 0
             if evaluation and (due or step == total):
                 record["eval/loss"] = eval_loss()
