@@ -353,7 +353,8 @@ def step_runs() -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Every GRPO run of ours a committed GPU results file holds (a section with the recipe it
     ran; a product-path file's run as a whole), in file order: `file`, `section` (None for a
     whole file), `run`, `date` and `device`. Beside them, the other measurements those files
-    hold, counted by kind (vLLM alone, the trainer alone, TRL, verl); SFT runs are `sft_runs`'."""
+    hold, counted by kind (vLLM alone, the trainer alone, TRL, verl, multi-turn runs of the
+    tools bench); SFT runs are `sft_runs`'."""
     runs, others, _ = all_runs()
     return runs, others
 
@@ -365,7 +366,8 @@ def sft_runs() -> list[dict[str, Any]]:
 
 
 def all_runs() -> tuple[list[dict[str, Any]], dict[str, int], list[dict[str, Any]]]:
-    runs, sft, others = [], [], {"vllm_alone": 0, "trainer_alone": 0, "trl": 0, "verl": 0}
+    runs, sft = [], []
+    others = {"vllm_alone": 0, "trainer_alone": 0, "trl": 0, "verl": 0, "multi_turn": 0}
     for path in sorted(RESULTS.rglob("*.json")):
         file = path.relative_to(RESULTS).as_posix()
         data = json.loads(path.read_text())
@@ -386,6 +388,10 @@ def all_runs() -> tuple[list[dict[str, Any]], dict[str, int], list[dict[str, Any
                 others[peer] += 1
             elif run.get("system") == "forgesky" and "tokens_per_optimizer_step" in run:
                 sft.append({**common, "section": name, "run": run})
+            elif run.get("system") == "forgesky" and "turns_mean" in run:
+                # bench/gpu_tools.py: multi-turn episodes, which the model's step (one call,
+                # one completion a sample) does not describe
+                others["multi_turn"] += 1
             elif name == "standalone_vllm" or ("sequences_per_call" in run and "steps" not in run):
                 others["vllm_alone"] += 1  # bench/gpu_grpo.py vllm, under any section name
             elif name == "trainer_mfu":
