@@ -522,11 +522,11 @@ def predict_sft_run(file: str, run: dict[str, Any]) -> Any:
     )
 
 
-def sft_rows() -> list[dict[str, Any]]:
-    """Each SFT run of ours: its measured step (the mean over its measured steps, as the GRPO
-    runs' `step_s`, and their median) next to the model's prediction."""
+def sft_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each SFT run of ours (`sft_runs`' entries): its measured step (the mean over its measured
+    steps, as the GRPO runs' `step_s`, and their median) next to the model's prediction."""
     rows = []
-    for entry in sft_runs():
+    for entry in entries:
         file, name, run = entry["file"], entry["section"], entry["run"]
         if run.get("exit_code") or not run.get("step_s"):
             continue
@@ -559,7 +559,7 @@ def compare() -> dict[str, Any]:
     held-out runs (no constant came from them) apart from fitted ones; the runs that cannot be
     predicted, each with why; the other measurements counted."""
     fitted, excuses = fitted_runs(), excused()
-    runs, others = step_runs()
+    runs, others, sft_entries = all_runs()  # every results file read once
     rows, not_predicted = [], []
     for entry in runs:
         file, name, run = entry["file"], entry["section"], entry["run"]
@@ -588,7 +588,7 @@ def compare() -> dict[str, Any]:
         if where in excuses:
             row["excused"] = excuses[where]
         rows.append(row)
-    sft = sft_rows()
+    sft = sft_rows(sft_entries)
     errors = sorted(abs(r["error"]) for r in sft)
     return {
         "constants": "recipes/measured.py",

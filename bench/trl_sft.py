@@ -138,7 +138,7 @@ def summed(by_process: list[list[int]]) -> list[int]:
     return [sum(at) for at in zip(*by_process, strict=True)]
 
 
-def increments(running: list[int]) -> list[int]:
+def increments(running: list[Any]) -> list[Any]:
     return [b - a for a, b in zip(running, running[1:], strict=False)]
 
 
@@ -184,7 +184,7 @@ def sum_processes(raw: dict[str, Any], replay: dict[str, Any]) -> dict[str, Any]
             )
         times = section["step_times_s"]
         warmup = section["warmup_steps"]
-        tokens = [sum(at) for at in zip(*(c[:steps] for c in by_process), strict=True)]
+        tokens = summed([c[:steps] for c in by_process])
         per_gpu = sum(tokens[warmup:]) / sum(times[warmup:]) / world
         # MFU is tokens/s per GPU times a constant of the model and the data (mfu())
         scaled = section["mfu"] and section["mfu"] * per_gpu / section["tokens_per_s_per_gpu"]
@@ -243,8 +243,7 @@ def callback(tokens: list[int]) -> Any:
 
 
 def figures(marks: list[float], seen: list[int], warmup: int, world: int) -> dict[str, Any]:
-    times = [b - a for a, b in zip(marks, marks[1:], strict=False)]
-    tokens = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+    times, tokens = increments(marks), increments(seen)
     t, n = times[warmup:], tokens[warmup:]
     return {
         "steps": len(times),

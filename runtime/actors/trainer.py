@@ -16,7 +16,6 @@ import torch
 from monarch.actor import Actor, endpoint
 
 from runtime.backends import build
-from runtime.backends.gpu_memory import StepEvents
 from runtime.backends.scoring import response_lists
 from runtime.procs.failures import ranked
 from runtime.procs.mps import client_sm_percent
@@ -62,15 +61,13 @@ class TrainerActor(Actor):
             "mps_sm_percent": client_sm_percent(),
         }
 
-    def _maybe_profiled(self, step: Any) -> dict[str, Any]:
-        """`step()`'s stats; on the step the recipe's `trainer.profile_step` names, run under
-        torch.profiler, with this rank's summary as `profile` (runtime.backends.profiling)."""
-        if self.recipe.trainer.profile_step != self.backend.step + 1:
-            return step()
-        from runtime.backends.profiling import profiled
+    def _measured(self, step: Any) -> dict[str, Any]:
+        """`step()`'s stats with the events seen during it, run under torch.profiler on the
+        step the recipe's `trainer.profile_step` names (runtime.backends.profiling)."""
+        from runtime.backends.profiling import measured_step
 
-        stats, summary = profiled(step, build.device())
-        return {**stats, "profile": summary}
+        profile = self.recipe.trainer.profile_step == self.backend.step + 1
+        return measured_step(step, build.device(), profile)
 
     @endpoint
     @ranked
@@ -80,9 +77,8 @@ class TrainerActor(Actor):
         from runtime.grpo import LossConfig, policy_loss
 
         g = self.recipe.grpo
-        events = StepEvents(build.device())
-        before, start = events.read(), time.perf_counter()
-        stats = self._maybe_profiled(
+        start = time.perf_counter()
+        stats = self._measured(
             lambda: self.backend.train_step(
                 batch["tokens"],
                 batch["response_mask"],
@@ -97,7 +93,7 @@ class TrainerActor(Actor):
         )
         stats["time/train_s"] = time.perf_counter() - start
         memory = getattr(self.backend, "memory", None)
-        return stats | events.since(before) | (memory.metrics() if memory is not None else {})
+        return stats | (memory.metrics() if memory is not None else {})
 
     @endpoint
     @ranked
@@ -105,12 +101,11 @@ class TrainerActor(Actor):
         """One optimizer step of SFT (runtime.sft.run): every rank is given the step's packed
         micro-batches and trains on its share of them (`FSDPTrainer.sft_step`); the loss is
         over the step's trained tokens on every rank, as on one process."""
-        events = StepEvents(build.device())
-        before, start = events.read(), time.perf_counter()
-        stats = self._maybe_profiled(lambda: self.backend.sft_step(packs))
+        start = time.perf_counter()
+        stats = self._measured(lambda: self.backend.sft_step(packs))
         stats["time/train_s"] = time.perf_counter() - start
         memory = getattr(self.backend, "memory", None)
-        return stats | events.since(before) | (memory.metrics() if memory is not None else {})
+        return stats | (memory.metrics() if memory is not None else {})
 
     @endpoint
     @ranked

@@ -62,6 +62,25 @@ def profiled(step: Callable[[], T], device: torch.device | str) -> tuple[T, dict
     return result, summary(prof, wall, cuda)
 
 
+def measured_step(
+    step: Callable[[], dict[str, Any]], device: torch.device | str, profile: bool
+) -> dict[str, Any]:
+    """`step()`'s stats with what this process saw during it (gpu_memory.StepEvents:
+    `compile/graphs`, `memory/alloc_retries`) and, where `profile`, the step run under
+    torch.profiler with this process's summary as `profile`. What the trainer actor's ranks and
+    an SFT trainer in the controller's process both do with each training step."""
+    from runtime.backends.gpu_memory import StepEvents
+
+    events = StepEvents(device)
+    before = events.read()
+    if profile:
+        stats, found = profiled(step, device)
+        stats = {**stats, "profile": found}
+    else:
+        stats = step()
+    return stats | events.since(before)
+
+
 def summary(prof: Any, wall: float, cuda: bool) -> dict[str, Any]:
     """A finished profiler's kernels (or CPU ops) by kind and by name, over `wall` seconds."""
     kernels: dict[str, float] = {}

@@ -68,6 +68,22 @@ async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
+def rank_figures(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """A training step's figures from every trainer rank's answer: rank 0's, the largest of every
+    rank's memory figures beside its own (`memory/ranks_max/...`: rank 0 holds the published
+    versions, the others do not), and every rank's profile summary where the step was profiled
+    (runtime.backends.profiling.every_rank)."""
+    from runtime.backends.profiling import every_rank
+
+    stats = dict(answers[0])
+    every_rank(answers, stats)
+    if len(answers) > 1:
+        for key in [k for k in stats if k.startswith("memory/")]:
+            most = max(a.get(key, 0.0) for a in answers)
+            stats[key.replace("memory/", "memory/ranks_max/", 1)] = most
+    return stats
+
+
 @dataclass
 class Services:
     """The actor meshes of one run and the supervised way to call them."""
@@ -169,18 +185,8 @@ class Services:
         return [row for _, rows in shares for row in rows]
 
     async def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
-        """Rank 0's figures, and the largest of every rank's memory figures beside its own
-        (`memory/ranks_max/...`: rank 0 holds the published versions, the others do not)."""
-        from runtime.backends.profiling import every_rank
-
-        answers = await self.train_calls("train_step", batch)
-        stats = dict(answers[0])
-        every_rank(answers, stats)
-        if len(answers) > 1:
-            for key in [k for k in stats if k.startswith("memory/")]:
-                most = max(a.get(key, 0.0) for a in answers)
-                stats[key.replace("memory/", "memory/ranks_max/", 1)] = most
-        return stats
+        """Rank 0's figures over every rank's (`rank_figures`)."""
+        return rank_figures(await self.train_calls("train_step", batch))
 
     async def publish(self, version: int) -> dict[str, float]:
         return await self.train_call("publish", version)

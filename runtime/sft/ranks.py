@@ -122,17 +122,11 @@ class RankTrainer:
                     raise life.failure or RunStopping() from None
 
     def sft_step(self, packs: list[Any]) -> dict[str, float]:
-        """Rank 0's figures (the loss, grad norm and lr every rank shares), with the largest of
-        every rank's memory figures as `memory/ranks_max/...`."""
-        from runtime.backends.profiling import every_rank
+        """Rank 0's figures (the loss, grad norm and lr every rank shares) over every rank's
+        (runtime.control.services.rank_figures)."""
+        from runtime.control.services import rank_figures
 
-        answers = self._wait(self.services.train_calls("sft_step", packs))
-        stats = dict(answers[0])
-        every_rank(answers, stats)
-        if len(answers) > 1:
-            for key in [k for k in stats if k.startswith("memory/")]:
-                most = max(a.get(key, 0.0) for a in answers)
-                stats[key.replace("memory/", "memory/ranks_max/", 1)] = most
+        stats = rank_figures(self._wait(self.services.train_calls("sft_step", packs)))
         self.step = int(stats["step"])
         return stats
 

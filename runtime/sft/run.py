@@ -198,25 +198,18 @@ def prepare(recipe: Any) -> Data:
 
 
 def _step(trainer: Any, packs: list[Any], profile_step: int) -> dict[str, Any]:
-    """`trainer.sft_step(packs)` with what the trainer actor adds on its ranks, for a trainer in
-    this process: the graphs compiled and allocator retries during the step
-    (runtime.backends.gpu_memory.StepEvents), and on the recipe's `trainer.profile_step` the
-    step run under torch.profiler (runtime.backends.profiling)."""
-    if getattr(trainer, "profiles_itself", False):  # the actor's ranks do both themselves
+    """`trainer.sft_step(packs)`; a trainer in this process gets what the trainer actor's ranks
+    add themselves (runtime.backends.profiling.measured_step), its profile as a list of one."""
+    if getattr(trainer, "profiles_itself", False):
         return trainer.sft_step(packs)
     from runtime.backends.build import device
-    from runtime.backends.gpu_memory import StepEvents
+    from runtime.backends.profiling import every_rank, measured_step
 
-    events = StepEvents(device())
-    before = events.read()
-    if profile_step == trainer.step + 1:
-        from runtime.backends.profiling import profiled
-
-        stats, summary = profiled(lambda: trainer.sft_step(packs), device())
-        stats = {**stats, "profile": [summary]}
-    else:
-        stats = trainer.sft_step(packs)
-    return stats | events.since(before)
+    stats = measured_step(
+        lambda: trainer.sft_step(packs), device(), profile_step == trainer.step + 1
+    )
+    every_rank([stats], stats)
+    return stats
 
 
 def run(
