@@ -13,7 +13,8 @@ import time
 from runtime_helpers import ROOT
 
 # The bench's part: a child in a session of its own, as gpu_tools.py and gpu_sft.py start runs;
-# the child says its pid, then sleeps; SIGTERM ends it with a line in its file
+# the child says its pid, then sleeps; SIGTERM ends it with a line in its file (written
+# whole, then renamed: the test reads it once it exists)
 PARENT = textwrap.dedent(
     """
     import subprocess, sys
@@ -22,7 +23,8 @@ PARENT = textwrap.dedent(
     child = (
         "import os, signal, sys, time\\n"
         "def stop(*_):\\n"
-        "    open(sys.argv[1], 'w').write('stopped by SIGTERM')\\n"
+        "    open(sys.argv[1] + '.tmp', 'w').write('stopped by SIGTERM')\\n"
+        "    os.replace(sys.argv[1] + '.tmp', sys.argv[1])\\n"
         "    sys.exit(0)\\n"
         "signal.signal(signal.SIGTERM, stop)\\n"
         "print(os.getpid(), flush=True)\\n"
