@@ -33,7 +33,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from child import ends_with_parent  # noqa: E402
+from child import run_child  # noqa: E402
 
 # One template for both sides, char-level: <bos>, each turn's text and <eos>; the assistant's
 # turn (its <eos> too) inside generation markers, which TRL's assistant-only loss reads and
@@ -221,31 +220,6 @@ def prepared_in_child(a: argparse.Namespace) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
-def run_child(cmd: list[str], log: Path | None) -> int:
-    """`cmd` in a session of its own; SIGTERM or SIGINT here (the call's time limit) is passed
-    on to it, as a user's Ctrl-C (the run stops at its next trainer call and shuts its procs
-    down), then after STOP_GRACE_S its whole session is killed."""
-    out = log.open("w") if log else None
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True, preexec_fn=ends_with_parent)  # fmt: skip
-
-    def stop(signum: int, _frame: Any) -> None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        raise SystemExit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, stop)
-    try:
-        return proc.wait()
-    finally:
-        if out:
-            out.close()
-
-
 def run(a: argparse.Namespace) -> dict[str, Any]:
     from recipes import plan
     from runtime.control.metrics import read_metrics
@@ -270,7 +244,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     log = Path(a.log) if a.log else None
     print("running:", " ".join(cmd), flush=True)
     started = time.perf_counter()
-    code = run_child(cmd, log)
+    code = run_child(cmd, log, ROOT, STOP_GRACE_S)
     wall_s = time.perf_counter() - started
     if log:
         print("\n".join(log.read_text().splitlines()[-15:]), flush=True)

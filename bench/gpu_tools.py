@@ -2,7 +2,7 @@
 `qwen3-1.7b-tools` recipe's plan, random weights, a tool that takes 100 ms a call; samples/s per
 GPU, time in tools per step and the generator's idle share read from the run's metrics.jsonl.
 
-    python bench/gpu_tools.py [--recipe qwen3-1.7b-tools] [--gpus 1] [--steps 8] [--warmup 3]
+    python bench/gpu_tools.py [--recipe qwen3-1.7b-tools] [--gpus 1] [--steps 12] [--warmup 5]
         [--tool-s 0.1] [--max-turns 4] [--turn-tokens 96] [--out FILE] [--set KEY=VALUE ...]
     python bench/gpu_tools.py --dry-cpu      # the CPU check: tiny-tools, the same code path
 
@@ -34,9 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from child import ends_with_parent  # noqa: E402
+from child import run_child  # noqa: E402
 
 DRY_RECIPE = "tiny-tools"
 # how long a stopped run may take to shut its procs down before its session is killed
@@ -143,34 +141,6 @@ def command(a: argparse.Namespace, sets: list[str], run_dir: Path) -> list[str]:
     for s in [*sets, *a.sets]:
         cmd += ["--set", s]
     return cmd
-
-
-def run_child(cmd: list[str], log: Path | None) -> int:
-    """`cmd` in a session of its own. SIGTERM or SIGINT here (the call's time limit) stops the
-    run as a user's Ctrl-C does (at its next trainer call, shutting its procs down) and the bench
-    goes on to summarize the steps it recorded; past STOP_GRACE_S its whole session is killed."""
-    out = log.open("w") if log else None
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True, preexec_fn=ends_with_parent)  # fmt: skip
-    deadline: list[float] = []
-
-    def stop(signum: int, _frame: Any) -> None:
-        if not deadline:
-            deadline.append(time.monotonic() + STOP_GRACE_S)
-            proc.send_signal(signal.SIGTERM)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, stop)
-    try:
-        while True:
-            try:
-                return proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                if deadline and time.monotonic() > deadline[0]:
-                    os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        if out:
-            out.close()
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -288,7 +258,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     log = Path(a.log) if a.log else None
     print("running:", " ".join(cmd), flush=True)
     started = time.perf_counter()
-    code = run_child(cmd, log)
+    code = run_child(cmd, log, ROOT, STOP_GRACE_S)
     wall_s = time.perf_counter() - started
     if log:
         print("\n".join(log.read_text().splitlines()[-15:]), flush=True)
@@ -336,8 +306,14 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", default="qwen3-1.7b-tools")
     p.add_argument("--gpus", type=int, default=1)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=3, help="first steps left out of the figures")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=5,
+        help="first steps left out of the figures: the compiles, and two steps off the filling "
+        "of its pipeline",
+    )
     p.add_argument("--tool-s", type=float, default=0.1, help="seconds a tool call takes")
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--turn-tokens", type=int, default=96, help="tokens a turn may sample")

@@ -147,6 +147,18 @@ def test_micro_batches_cover_every_row_once():
     assert [(p.start, p.stop) for p in micro_batches(tokens, budget=3)][:2] == [(0, 1), (1, 2)]
 
 
+def test_micro_batches_are_as_few_as_the_budget_allows_and_even():
+    # 3 rows fit a budget of 64 at width 20: 7 rows are 3, 2, 2 (never a last slice of one row,
+    # which would make the compiled blocks compile again), 128 rows of 25 are six of 21-22
+    sizes = [p.stop - p.start for p in micro_batches(torch.zeros(7, 20), budget=64)]
+    assert sizes == [3, 2, 2]
+    sizes = [p.stop - p.start for p in micro_batches(torch.zeros(128, 650), budget=16384)]
+    assert sizes == [22, 22, 21, 21, 21, 21]
+    assert micro_batches(torch.zeros(0, 5), budget=64) == []
+    parts = micro_batches(torch.zeros(1, 100), budget=10)  # a row wider than the budget
+    assert [(p.start, p.stop) for p in parts] == [(0, 1)]
+
+
 def test_gpu_trainer_step_matches_the_cpu_trainer():
     """Micro-batches, activation checkpointing and response-only logits change nothing."""
     tokens, mask = _batch(1)

@@ -79,6 +79,34 @@ def test_compiled_checkpointed_blocks_match_eager_across_batch_widths():
     )
 
 
+def test_a_step_that_compiles_again_says_which_guard_failed():
+    """A batch of one row, where the blocks were compiled for more (torch.compile specializes a
+    size of 1), compiles them again: the step's stats name the guard, and the run says it in a
+    line beside the step's (runtime.backends.profiling.say_recompiles)."""
+    from runtime.backends.profiling import measured_step, say_recompiles
+
+    torch._dynamo.reset()  # graphs other tests compiled for these blocks would be reused
+    compiled = _trainer(compile=True, tokens_per_micro_batch=64)
+    first = measured_step(lambda: _step(compiled, 20, 0), "cpu", profile=False)
+    assert first["compile/graphs"] > 0
+    again = measured_step(lambda: _step(compiled, 21, 1), "cpu", profile=False)
+    assert again["compile/graphs"] == 0 and "compile/reasons" not in again  # a width is dynamic
+    tokens, mask, adv = token_batch(SPEC.vocab_size, 1, 20, seed=5, short=9)
+    one = measured_step(
+        lambda: compiled.train_step(tokens, mask, adv, None, None, policy_loss, **LOSS),
+        "cpu",
+        profile=False,
+    )
+    assert one["compile/graphs"] >= 1
+    reasons = one["compile/reasons"]
+    assert any("size()[0]" in r and "blocks.py" in r for r in reasons), reasons
+    lines: list[str] = []
+    say_recompiles(one, 3, lines.append)
+    assert "compile/reasons" not in one and len(lines) == len(reasons)
+    assert lines[0].startswith("trainer: step 3 compiled again, a guard failed: run (")
+    assert "(runtime/backends/blocks.py:" in lines[0]
+
+
 def test_compiled_reference_scores_like_eager():
     eager = GPUReference(SPEC, seed=4, device="cpu", dtype=torch.float32)
     compiled = GPUReference(SPEC, seed=4, device="cpu", dtype=torch.float32, compile=True)

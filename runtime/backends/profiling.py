@@ -66,7 +66,8 @@ def measured_step(
     step: Callable[[], dict[str, Any]], device: torch.device | str, profile: bool
 ) -> dict[str, Any]:
     """`step()`'s stats with what this process saw during it (gpu_memory.StepEvents:
-    `compile/graphs`, `memory/alloc_retries`) and, where `profile`, the step run under
+    `compile/graphs`, `memory/alloc_retries`, and `compile/reasons`, the guards that failed
+    where a graph was compiled again) and, where `profile`, the step run under
     torch.profiler with this process's summary as `profile`. What the trainer actor's ranks and
     an SFT trainer in the controller's process both do with each training step."""
     from runtime.backends.gpu_memory import StepEvents
@@ -78,7 +79,16 @@ def measured_step(
         stats = {**stats, "profile": found}
     else:
         stats = step()
-    return stats | events.since(before)
+    again = events.recompiled()
+    return stats | events.since(before) | ({"compile/reasons": again} if again else {})
+
+
+def say_recompiles(stats: dict[str, Any], step: int, log: Callable[[str], Any]) -> None:
+    """Takes `compile/reasons` (rank 0's, from `measured_step`) out of a step's stats and says,
+    a line each, why torch.compile compiled a graph again during step `step`: what makes that
+    step slow (`N graphs compiled` on its line)."""
+    for reason in stats.pop("compile/reasons", None) or []:
+        log(f"trainer: step {step} compiled again, a guard failed: {reason}")
 
 
 def summary(prof: Any, wall: float, cuda: bool) -> dict[str, Any]:

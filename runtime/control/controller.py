@@ -18,7 +18,7 @@ from typing import Any
 
 from recipes.memory import checkpoint_bytes
 from recipes.planner import layout_hint
-from runtime.backends.profiling import write_profiles
+from runtime.backends.profiling import say_recompiles, write_profiles
 from runtime.control import checkpoint
 from runtime.control.batching import train_batch
 from runtime.control.checkpoint import approx_size
@@ -184,6 +184,7 @@ class Controller:
                 self.progress.training = False
                 pub = await s.publish(self.version)
             self.policy.switch(self.version, trained_at)
+            say_recompiles(stats, self.step, _printed)
             profiles = stats.pop("profile", None)  # the recipe's trainer.profile_step
             if profiles:
                 write_profiles(self.metrics.run_dir, self.step, profiles, _printed)

@@ -242,6 +242,7 @@ def run(
     started = time.perf_counter() if started is None else started
     from recipes import plan
     from runtime.backends.build import model_spec
+    from runtime.backends.profiling import say_recompiles, write_profiles
     from runtime.control import checkpoint
     from runtime.control.metrics import MetricsLogger, read_metrics
     from runtime.control.run import recorded_config, summary_line, usd_per_hour, write_recorded
@@ -291,6 +292,7 @@ def run(
             start = time.perf_counter()
             rows = stream.take(recipe.sft.tokens_per_step)
             packs = list(micro_batches(iter(rows), micro, pad_to=False))
+            data_s = time.perf_counter() - start
             stats = _step(trainer, packs, recipe.trainer.profile_step)
             seconds = time.perf_counter() - start
             tokens = sum(len(e.ids) for e in rows)
@@ -307,21 +309,29 @@ def run(
                 # the CPU has no peak to measure against
                 "mfu": flops / seconds / peak_flops if peak_flops else None,
                 "time/step_s": seconds,
+                # where a slow step's time went: the rows taken and packed here, and the
+                # trainer's own step (rank 0's, its wait for a checkpoint's copy included); the
+                # rest is the call's way to the ranks and back
+                "time/data_s": data_s,
+                "time/train_s": stats.get("time/train_s", seconds - data_s),
                 "data/epoch": stream.epoch,
                 "data/rows_truncated": stream.counts.truncated,
                 "data/rows_dropped": stream.counts.dropped,
             }
             step = trainer.step
+            say_recompiles(stats, step, log)
             profiles = stats.pop("profile", None)  # the recipe's trainer.profile_step
             if profiles:
-                from runtime.backends.profiling import write_profiles
-
                 write_profiles(run_dir, step, profiles, log)
                 record["trainer/profiled"] = 1.0  # its time includes the profiler's
             due = recipe.eval.every and step % recipe.eval.every == 0
             if evaluation and (due or step == total):
                 record["eval/loss"] = eval_loss()
-            record |= {k: v for k, v in stats.items() if k.startswith(("memory/", "compile/"))}
+            record |= {
+                k: v
+                for k, v in stats.items()
+                if k.startswith(("memory/", "compile/", "time/")) and k not in record
+            }
             metrics.log(step, record)
             if (every and step % every == 0) or step == total:
                 path = _save(trainer, stream, root, step, metrics.wandb_run_id)
