@@ -105,6 +105,25 @@ def test_a_step_line_says_what_the_trainer_compiled_or_retried_during_it():
         "step 6/8 | loss 5.88 | 42.6 s/step (3 graphs compiled, 1 allocator retry)"
     )
     assert format_step({**quiet, "compile/graphs": 1.0}).endswith("s/step (1 graph compiled)")
+    # on several ranks, the most any rank saw: a rank that compiled holds the others up
+    ranks = {**quiet, "compile/ranks_max/graphs": 2.0, "memory/ranks_max/alloc_retries": 0.0}
+    assert format_step(ranks).endswith("s/step (2 graphs compiled)")
+
+
+def test_a_step_of_several_ranks_counts_the_graphs_any_rank_compiled_and_names_its_guard():
+    from runtime.control.services import rank_figures
+
+    zero = {"loss": 1.0, "compile/graphs": 0.0, "memory/alloc_retries": 0.0}
+    one = {"loss": 1.0, "compile/graphs": 1.0, "memory/alloc_retries": 2.0,
+           "compile/reasons": ["run (runtime/backends/blocks.py:85): 2 <= args[0].size()[0]"]}  # fmt: skip
+    stats = rank_figures([zero, one])
+    assert stats["compile/graphs"] == 0.0 and stats["compile/ranks_max/graphs"] == 1.0
+    assert stats["memory/ranks_max/alloc_retries"] == 2.0
+    assert stats["compile/reasons"] == [
+        "rank 1: run (runtime/backends/blocks.py:85): 2 <= args[0].size()[0]"
+    ]
+    assert "compile/reasons" not in rank_figures([zero, zero])
+    assert "compile/ranks_max/graphs" not in rank_figures([zero])
 
 
 def test_close_writes_a_png_of_the_curves(tmp_path):

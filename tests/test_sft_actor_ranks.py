@@ -67,6 +67,10 @@ def test_two_trainer_ranks_train_as_one_process_and_resume(tmp_path: Path):
     assert json.loads((ranks / "profile" / profiles[1]).read_text())["rank"] == 1
     # each step's record counts what the trainer compiled during it: nothing, uncompiled
     assert [r.get("compile/graphs") for r in a if r["step"] > 0] == [0.0] * 4
+    assert [r.get("compile/ranks_max/graphs") for r in a if r["step"] > 0] == [0.0] * 4
+    # and where a step's time went: the rows taken and packed, the ranks' own step
+    for r in (r for r in a if r["step"] > 0):
+        assert 0 <= r["time/data_s"] < r["time/step_s"] and 0 < r["time/train_s"] < r["time/step_s"]
 
     # what a preempted run leaves after its checkpoint of step 2, resumed on two ranks
     resumed.mkdir()

@@ -200,5 +200,9 @@ def test_the_profiled_step_leaves_a_summary_and_trains_as_the_others(tmp_path):
     assert [r["step"] for r in a if r.get("trainer/profiled")] == [2]
     # every step's record counts the graphs compiled during it (none: tiny-sft is not compiled)
     assert [r.get("compile/graphs") for r in a if r["step"] > 0] == [0.0] * 3
+    for r in (r for r in a if r["step"] > 0):  # the data's seconds and the trainer's, apart
+        assert (
+            0 <= r["time/data_s"] < r["time/step_s"] and 0 < r["time/train_s"] <= r["time/step_s"]
+        )
     with pytest.raises(UserError, match="profile_step"):
         apply_overrides(load_recipe("tiny-sft"), ["trainer.profile_step=-1"])

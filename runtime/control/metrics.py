@@ -191,14 +191,21 @@ class MetricsLogger:
 
 def _slow_step_causes(record: Mapping[str, Any]) -> str:
     """` (3 graphs compiled, 12 allocator retries)` where the trainer saw either during the
-    step (runtime.backends.gpu_memory.StepEvents), else nothing."""
+    step (runtime.backends.gpu_memory.StepEvents; on several ranks, the most any rank saw),
+    else nothing."""
     causes = []
-    for key, one, many in (
-        ("compile/graphs", "graph compiled", "graphs compiled"),
-        ("memory/alloc_retries", "allocator retry", "allocator retries"),
+    for key, most, one, many in (
+        ("compile/graphs", "compile/ranks_max/graphs", "graph compiled", "graphs compiled"),
+        (
+            "memory/alloc_retries",
+            "memory/ranks_max/alloc_retries",
+            "allocator retry",
+            "allocator retries",
+        ),
     ):
-        n = record.get(key)
-        if isinstance(n, (int, float)) and n > 0:
+        seen = [v for v in (record.get(key), record.get(most)) if isinstance(v, (int, float))]
+        n = max(seen, default=0)
+        if n > 0:
             causes.append(f"{int(n)} {one if n == 1 else many}")
     return f" ({', '.join(causes)})" if causes else ""
 

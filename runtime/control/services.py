@@ -70,9 +70,12 @@ async def _awaited(awaitable: Any) -> Any:
 
 def rank_figures(answers: list[dict[str, Any]]) -> dict[str, Any]:
     """A training step's figures from every trainer rank's answer: rank 0's, the largest of every
-    rank's memory figures beside its own (`memory/ranks_max/...`: rank 0 holds the published
-    versions, the others do not), and every rank's profile summary where the step was profiled
-    (runtime.backends.profiling.every_rank)."""
+    rank's memory figures and compiled graphs beside its own (`memory/ranks_max/...`: rank 0
+    holds the published versions, the others do not; `compile/ranks_max/graphs`: a rank that
+    compiled again holds up the others at the next collective), every rank's profile summary
+    where the step was profiled (runtime.backends.profiling.every_rank), and the guards behind
+    a graph compiled again of the first rank that has any (`compile/reasons`, named by rank
+    past rank 0)."""
     from runtime.backends.profiling import every_rank
 
     stats = dict(answers[0])
@@ -81,6 +84,15 @@ def rank_figures(answers: list[dict[str, Any]]) -> dict[str, Any]:
         for key in [k for k in stats if k.startswith("memory/")]:
             most = max(a.get(key, 0.0) for a in answers)
             stats[key.replace("memory/", "memory/ranks_max/", 1)] = most
+        if "compile/graphs" in stats:
+            stats["compile/ranks_max/graphs"] = max(a.get("compile/graphs", 0.0) for a in answers)
+        if not stats.get("compile/reasons"):
+            for rank, answer in enumerate(answers[1:], start=1):
+                if answer.get("compile/reasons"):
+                    stats["compile/reasons"] = [
+                        f"rank {rank}: {r}" for r in answer["compile/reasons"]
+                    ]
+                    break
     return stats
 
 
