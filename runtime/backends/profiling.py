@@ -83,12 +83,17 @@ def measured_step(
     return stats | events.since(before) | ({"compile/reasons": again} if again else {})
 
 
-def say_recompiles(stats: dict[str, Any], step: int, log: Callable[[str], Any]) -> None:
-    """Takes `compile/reasons` (rank 0's, from `measured_step`) out of a step's stats and says,
-    a line each, why torch.compile compiled a graph again during step `step`: what makes that
-    step slow (`N graphs compiled` on its line)."""
+def say_recompiles(
+    stats: dict[str, Any], step: int, log: Callable[[str], Any], first: bool = False
+) -> None:
+    """Takes `compile/reasons` (from `measured_step`, or `rank_figures`) out of a step's stats
+    and says, a line each, why torch.compile compiled a graph again during step `step`: what
+    makes that step slow (`N graphs compiled` on its line). Not on the process's `first` step,
+    where graphs are made anyway (the no-grad ones of a held-out pass before it fail on the
+    grad mode then)."""
     for reason in stats.pop("compile/reasons", None) or []:
-        log(f"trainer: step {step} compiled again, a guard failed: {reason}")
+        if not first:
+            log(f"trainer: step {step} compiled again, a guard failed: {reason}")
 
 
 def summary(prof: Any, wall: float, cuda: bool) -> dict[str, Any]:

@@ -184,7 +184,9 @@ class Controller:
                 self.progress.training = False
                 pub = await s.publish(self.version)
             self.policy.switch(self.version, trained_at)
-            say_recompiles(stats, self.step, _printed)
+            say_recompiles(
+                stats, self.step, _printed, first=self.step == (self.resumed_from or 0) + 1
+            )
             profiles = stats.pop("profile", None)  # the recipe's trainer.profile_step
             if profiles:
                 write_profiles(self.metrics.run_dir, self.step, profiles, _printed)

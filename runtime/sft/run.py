@@ -319,7 +319,7 @@ def run(
                 "data/rows_dropped": stream.counts.dropped,
             }
             step = trainer.step
-            say_recompiles(stats, step, log)
+            say_recompiles(stats, step, log, first=step == began + 1)
             profiles = stats.pop("profile", None)  # the recipe's trainer.profile_step
             if profiles:
                 write_profiles(run_dir, step, profiles, log)
