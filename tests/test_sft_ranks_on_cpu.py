@@ -63,3 +63,35 @@ def test_two_fsdp_ranks_take_the_sft_step_of_one_process(tmp_path: Path):
     assert published.keys() == reference.keys()
     for name, tensor in reference.items():
         torch.testing.assert_close(published[name], tensor, rtol=0, atol=1e-4)
+
+
+def test_a_filler_runs_the_shapes_of_a_real_micro_batch_and_trains_nothing():
+    """A rank without a micro-batch of its own runs a copy of one with its loss counted zero
+    times: the compiled blocks and output projection take it without compiling again (a
+    stand-in of one token did: a size of 1, and 0 trained tokens), and it adds no gradient."""
+    from runtime.backends.fsdp_trainer import FSDPTrainer
+    from runtime.sft.train import filler, packed_loss
+
+    torch._dynamo.reset()
+    trainer = FSDPTrainer(
+        SPEC,
+        OptimizerConfig(lr=1e-2),
+        seed=1,
+        device="cpu",
+        compute_dtype=torch.float32,
+        publish_dtype=torch.float32,
+        attention="document",
+        compile=True,
+    )
+    real = _packs()[0]
+    stand_in = filler(real)
+    assert stand_in.tokens.shape == real.tokens.shape and stand_in.trained_tokens == 0
+    assert real.trained_tokens > 0 and not real.filler
+    assert float(packed_loss(trainer.model, real, "document", torch.device("cpu"))) > 0
+    trainer.model.zero_grad(set_to_none=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        loss = packed_loss(trainer.model, stand_in, "document", torch.device("cpu"))
+        loss.backward()
+    assert float(loss) == 0.0
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    assert grads and all(float(g.abs().max()) == 0.0 for g in grads)

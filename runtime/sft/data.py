@@ -129,10 +129,13 @@ class Packed:
     targets: Tensor
     rows: int = 0
     lengths: list[int] = field(default_factory=list)
+    # a rank's stand-in where it has no micro-batch of its own (runtime.sft.train.filler): run
+    # like the micro-batch it copies, its loss counted zero times
+    filler: bool = False
 
     @property
     def trained_tokens(self) -> int:
-        return int((self.targets != -100).sum())
+        return 0 if self.filler else int((self.targets != -100).sum())
 
 
 IGNORE = -100

@@ -20,18 +20,24 @@ def packed_loss(model: Any, pack: Any, attention: str, device: torch.device) -> 
     targets = pack.targets.to(device)
     out = model(tokens, positions, attention_masks(model, positions, attention))
     if not getattr(model, "_skip_lm_head", False):
-        return token_losses(out, targets)
-    from runtime.backends.blocks import head_logprobs
+        loss = token_losses(out, targets)
+    else:
+        from runtime.backends.blocks import head_logprobs
 
-    trained = targets != IGNORE
-    head = getattr(model, "_head_logprobs", head_logprobs)
-    return -head(model.lm_head, out[trained], targets[trained], 1.0).float().sum()
+        trained = targets != IGNORE
+        head = getattr(model, "_head_logprobs", head_logprobs)
+        loss = -head(model.lm_head, out[trained], targets[trained], 1.0).float().sum()
+    return loss * 0.0 if getattr(pack, "filler", False) else loss
 
 
 def filler(like: Any) -> Any:
     """A micro-batch that trains nothing: what a rank with no micro-batch of its own runs, so
-    every rank takes part in as many forward and backward passes (FSDP's collectives)."""
-    from runtime.sft.data import Packed
+    every rank takes part in as many forward and backward passes (FSDP's collectives). It is
+    `like` (a real micro-batch) with its loss counted zero times: of the shapes the compiled
+    blocks and output projection were made for. A stand-in of one token would compile them
+    again on that rank (torch.compile specializes a size of 1, and no trained token is a size
+    of 0), seconds to a minute at 8B that every other rank waits for at the next collective;
+    the rank's time is the same either way (the ranks go in step, the others on real ones)."""
+    from dataclasses import replace
 
-    tokens = torch.zeros_like(like.tokens[:, :1])
-    return Packed(tokens, torch.zeros_like(tokens), torch.full_like(tokens, IGNORE), 0, [1])
+    return replace(like, rows=0, filler=True)
