@@ -147,3 +147,43 @@ def test_a_host_copy_made_before_a_resume_is_refreshed_in_place(tmp_path: Path):
     assert abs(after["loss"] - after_resume["loss"]) < 1e-6
     assert abs(after["grad_norm"] - after_resume["grad_norm"]) < 1e-5
     assert step == 2
+
+
+def _uneven_rank(rank: int, world: int, port: int, out: str) -> None:
+    """7 rows of width 20 at 60 tokens a micro-batch (3 rows): rank 0's 4 rows are two
+    micro-batches, rank 1's 3 rows one. Both ranks must run as many forward and backward passes
+    (FSDP2 gathers every block from all ranks in each), so rank 1 runs one more that counts
+    zero times; the step is still the one-process step."""
+    join_group(rank, world, port)
+    import torch.distributed as dist
+    from runtime.backends.fsdp_trainer import FSDPTrainer
+
+    tokens, mask, adv = _batch()
+    ranked = FSDPTrainer(
+        SPEC,
+        OptimizerConfig(lr=1e-2),
+        temperature=0.7,
+        seed=1,
+        device="cpu",
+        compute_dtype=torch.float32,
+        publish_dtype=torch.float32,
+        tokens_per_micro_batch=60,
+    )
+    old = ranked.logprobs(tokens, mask)
+    stats = ranked.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS)
+    published = ranked.hf_state_dict()
+    if rank == 0:
+        torch.save((stats, published), out)
+    dist.destroy_process_group()
+
+
+def test_ranks_with_unequal_micro_batch_counts_take_the_one_process_step(tmp_path: Path):
+    stats, published = run_ranks(_uneven_rank, 2, tmp_path)
+    tokens, mask, adv = _batch()
+    one = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2), temperature=0.7, seed=1)
+    old = one.logprobs(tokens, mask)
+    expected = one.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS)
+    for key in ("loss", "kl", "response_tokens", "grad_norm"):
+        assert abs(stats[key] - expected[key]) < 1e-5, key
+    for name, tensor in one.hf_state_dict().items():
+        torch.testing.assert_close(published[name], tensor, rtol=0, atol=1e-4)

@@ -53,7 +53,13 @@ from runtime.backends import trainer_state
 from runtime.backends.base import LossFn, finite_grad_norm, loss_inputs
 from runtime.backends.blocks import micro_batches, wrap_blocks
 from runtime.backends.gpu_memory import PeakMemory
-from runtime.backends.scoring import rank_rows, response_logprobs, score_rows
+from runtime.backends.scoring import (
+    passes_missing,
+    rank_rows,
+    response_logprobs,
+    score_rows,
+    stand_in,
+)
 from runtime.backends.titan_trainer import OptimizerConfig
 from runtime.models import ModelSpec, to_hf
 from runtime.models.loading import WeightSource, as_source, load_into
@@ -261,7 +267,10 @@ class FSDPTrainer(trainer_state.Checkpointing):
         weighted: dict[str, float] = {}
         token_total = 0.0
         local = tokens[rows]
-        for part in micro_batches(local, self.tokens_per_micro_batch):
+        parts = micro_batches(local, self.tokens_per_micro_batch)
+        # ranks whose shares split into fewer micro-batches run passes that count zero times
+        missing = passes_missing(len(parts), self.world, self.device)
+        for part in parts:
             sel = slice(rows.start + part.start, rows.start + part.stop)
             mask = response_mask[sel].to(self.device)
             lp, ent = self._forward(tokens[sel], mask, entropy)
@@ -283,6 +292,10 @@ class FSDPTrainer(trainer_state.Checkpointing):
                     summed[key] = summed.get(key, 0.0) + value
                 else:
                     weighted[key] = weighted.get(key, 0.0) + value * w
+        own = [slice(rows.start + p.start, rows.start + p.stop) for p in parts]
+        for _ in range(missing):
+            lp, ent = self._forward(*stand_in(tokens, response_mask, own, self.device), entropy)
+            (lp.sum() * 0.0 + (0.0 if ent is None else ent.sum() * 0.0)).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(
             trainer_state.trained(self.model).values(), self.optim_config.max_grad_norm
         )

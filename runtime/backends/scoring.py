@@ -69,11 +69,7 @@ def score_rows(
     scoring its own rows, `rank_rows`) every rank must call it: each forward gathers every block
     from all ranks, so all run as many forwards, and the root is resharded after."""
     parts = micro_batches(tokens, tokens_per_micro_batch) if len(tokens) else []
-    extra = 0
-    if world > 1:
-        count = torch.tensor([len(parts)], device=device)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        extra = int(count.item()) - len(parts)
+    extra = passes_missing(len(parts), world, device)
     out = []
     with torch.no_grad(), precision or contextlib.nullcontext():
         for p in parts:
@@ -82,9 +78,8 @@ def score_rows(
                     model, tokens[p].to(device), response_mask[p].to(device), temperature
                 )
             )
-        for _ in range(extra):  # a one-token forward, only for its collectives
-            one = torch.zeros(1, 2, dtype=torch.long, device=device)
-            response_logprobs(model, one, torch.ones_like(one, dtype=torch.bool))
+        for _ in range(extra):  # only for its collectives (`stand_in`)
+            response_logprobs(model, *stand_in(tokens, response_mask, parts, device), temperature)
     if world > 1:
         # FSDP2 keeps the root's weights (embeddings, output projection) gathered after a
         # forward, for a backward that never comes here: shard them again now, or every rank
@@ -93,6 +88,32 @@ def score_rows(
     if not out:
         return torch.zeros(tokens.shape, dtype=torch.float32, device=device)
     return torch.cat(out)
+
+
+def passes_missing(count: int, world: int, device: torch.device | str) -> int:
+    """How many forward (and backward) passes this rank, with `count` micro-batches, must add
+    to run as many as the rank with the most (a collective: every rank calls it). FSDP2 gathers
+    every block from all ranks in each pass: a rank that ran fewer would leave the others
+    waiting for it for good. 0 on one rank."""
+    if world <= 1:
+        return 0
+    most = torch.tensor([count], device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return int(most.item()) - count
+
+
+def stand_in(
+    tokens: Tensor, response_mask: Tensor, parts: list[slice], device: torch.device | str
+) -> tuple[Tensor, Tensor]:
+    """The tokens and response mask of an added pass (`passes_missing`): a copy of this rank's
+    first micro-batch, of shapes the compiled blocks were made for (a pass of one row would
+    compile them again: torch.compile specializes a size of 1), or two tokens where the rank has
+    no row at all. Its result counts zero times."""
+    if parts:
+        first = parts[0]
+        return tokens[first].to(device), response_mask[first].to(device)
+    one = torch.zeros(1, 2, dtype=torch.long, device=device)
+    return one, torch.ones_like(one, dtype=torch.bool)
 
 
 def response_lists(logprobs: Tensor, response_mask: Tensor) -> list[list[float]]:
