@@ -22,7 +22,7 @@ def _batch():
     return token_batch(SPEC.vocab_size, rows=7, width=20, short=7)
 
 
-def trainer(seed: int) -> Any:
+def trainer(seed: int, tokens_per_micro_batch: int = 40) -> Any:
     """A CPU FSDP2 trainer rank of SPEC in fp32 (call after joining the group)."""
     from runtime.backends.fsdp_trainer import FSDPTrainer
 
@@ -34,7 +34,7 @@ def trainer(seed: int) -> Any:
         device="cpu",
         compute_dtype=torch.float32,
         publish_dtype=torch.float32,
-        tokens_per_micro_batch=40,
+        tokens_per_micro_batch=tokens_per_micro_batch,
     )
 
 
@@ -156,19 +156,9 @@ def _uneven_rank(rank: int, world: int, port: int, out: str) -> None:
     zero times; the step is still the one-process step."""
     join_group(rank, world, port)
     import torch.distributed as dist
-    from runtime.backends.fsdp_trainer import FSDPTrainer
 
     tokens, mask, adv = _batch()
-    ranked = FSDPTrainer(
-        SPEC,
-        OptimizerConfig(lr=1e-2),
-        temperature=0.7,
-        seed=1,
-        device="cpu",
-        compute_dtype=torch.float32,
-        publish_dtype=torch.float32,
-        tokens_per_micro_batch=60,
-    )
+    ranked = trainer(1, tokens_per_micro_batch=60)
     old = ranked.logprobs(tokens, mask)
     stats = ranked.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS)
     published = ranked.hf_state_dict()

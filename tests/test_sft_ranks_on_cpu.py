@@ -27,11 +27,11 @@ def _packs():
     return list(micro_batches(iter(exs), 64, pad_to=False))  # 5 micro-batches: 3 + 2 a rank
 
 
-def _rank(rank: int, world: int, port: int, out: str) -> None:
-    join_group(rank, world, port)
+def _trainer(compile: bool = False):
+    """A CPU FSDP2 trainer of SPEC in fp32 with the CPU's document mask (in a group, a rank)."""
     from runtime.backends.fsdp_trainer import FSDPTrainer
 
-    trainer = FSDPTrainer(
+    return FSDPTrainer(
         SPEC,
         OptimizerConfig(lr=1e-2),
         seed=1,
@@ -39,7 +39,13 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
         compute_dtype=torch.float32,
         publish_dtype=torch.float32,
         attention="document",
+        compile=compile,
     )
+
+
+def _rank(rank: int, world: int, port: int, out: str) -> None:
+    join_group(rank, world, port)
+    trainer = _trainer()
     packs = _packs()
     stats = [trainer.sft_step(packs), trainer.sft_step(packs)]
     held_out = trainer.sft_loss(packs)  # every rank its share, every rank the whole sum
@@ -69,20 +75,10 @@ def test_a_filler_runs_the_shapes_of_a_real_micro_batch_and_trains_nothing():
     """A rank without a micro-batch of its own runs a copy of one with its loss counted zero
     times: the compiled blocks and output projection take it without compiling again (a
     stand-in of one token did: a size of 1, and 0 trained tokens), and it adds no gradient."""
-    from runtime.backends.fsdp_trainer import FSDPTrainer
     from runtime.sft.train import filler, packed_loss
 
     torch._dynamo.reset()
-    trainer = FSDPTrainer(
-        SPEC,
-        OptimizerConfig(lr=1e-2),
-        seed=1,
-        device="cpu",
-        compute_dtype=torch.float32,
-        publish_dtype=torch.float32,
-        attention="document",
-        compile=True,
-    )
+    trainer = _trainer(compile=True)
     real = _packs()[0]
     stand_in = filler(real)
     assert stand_in.tokens.shape == real.tokens.shape and stand_in.trained_tokens == 0
