@@ -203,7 +203,12 @@ def summarize(rows: list[dict[str, Any]], warmup: int, gpus: int) -> dict[str, A
         "loss_by_step": [r.get("loss") for r in steps],
         # what a slow step had that the others did not (runtime.backends.gpu_memory.StepEvents)
         "compile_graphs_by_step": [r.get("compile/graphs") for r in steps],
+        # on several ranks the most any rank compiled: a rank that compiles holds the rest up
+        "compile_graphs_ranks_max_by_step": [r.get("compile/ranks_max/graphs") for r in steps],
         "alloc_retries_by_step": [r.get("memory/alloc_retries") for r in steps],
+        # where each step's seconds went: the trainer's own step and the data's (since 2026-11-30b)
+        "train_s_by_step": [r.get("time/train_s") for r in steps],
+        "data_s_by_step": [r.get("time/data_s") for r in steps],
         "memory_train_gb": max((r.get("memory/train_gb", 0.0) for r in steps), default=None),
     }
 

@@ -1082,6 +1082,9 @@ def test_sft_bench_figures_leave_out_the_warmup_steps():
             "time/step_s": float(k),
             "mfu": 0.1 * k,
             "compile/graphs": float(k == 3),
+            "compile/ranks_max/graphs": float(k in (3, 4)),
+            "time/train_s": k - 0.5,
+            "time/data_s": 0.01,
         }
         for k in (1, 2, 3, 4)
     ]
@@ -1090,6 +1093,8 @@ def test_sft_bench_figures_leave_out_the_warmup_steps():
     assert got["tokens_per_s_per_gpu"] == pytest.approx((3000 + 4000) / (3 + 4) / 2)
     assert got["step_s"] == 3.5 and got["mfu"] == pytest.approx(0.35)
     assert got["compile_graphs_by_step"] == [0.0, 0.0, 1.0, 0.0]
+    assert got["compile_graphs_ranks_max_by_step"] == [0.0, 0.0, 1.0, 1.0]
+    assert got["train_s_by_step"] == [0.5, 1.5, 2.5, 3.5] and got["data_s_by_step"] == [0.01] * 4
     # a profiled step is left out too (its time holds the profiler's)
     rows[3]["trainer/profiled"] = 1.0
     got = gpu_sft.summarize(rows, warmup=1, gpus=2)
