@@ -234,6 +234,46 @@ def test_kernel_kinds_of_known_cuda_kernel_names():
     )
 
 
+def test_a_gpu_profile_counts_each_kernel_once_and_the_gpu_busy_for_their_union():
+    """The 2026-11-30 two-rank SFT profile counted NCCL twice: its kernel and the range torch
+    annotates around it on the GPU's timeline (`nccl:_all_gather_base`, same seconds). And a
+    collective beside a matmul on another stream is busy time once, not twice."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from runtime.backends.profiling import summary
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(name: str, start: float, end: float, device=cuda, annotation=False):
+        return SimpleNamespace(
+            name=name,
+            device_type=device,
+            is_user_annotation=annotation,
+            device_time=end - start,
+            time_range=SimpleNamespace(start=start, end=end),
+        )
+
+    events = [
+        event("nvjet_sm90_tst_128x256_64x4", 0, 600_000),  # 0.6 s of matmul
+        event("ncclDevKernel_AllGather_RING_LL", 400_000, 700_000),  # 0.3 s, 0.2 s beside it
+        event("nccl:_all_gather_base", 400_000, 700_000, annotation=True),  # the same again
+        event("aten::mm", 0, 600_000, device=cpu),  # the host's side of the matmul
+        event("triton_poi_fused_add_0", 900_000, 1_000_000),  # 0.1 s after a gap
+    ]
+    s = summary(SimpleNamespace(events=lambda: events), wall=1.0, cuda=True)
+    assert s["by_kind_s"] == pytest.approx({"matmul": 0.6, "communication": 0.3, "compiled": 0.1})
+    assert s["kernel_s"] == pytest.approx(1.0)  # each kernel's seconds, summed
+    assert s["busy_s"] == pytest.approx(0.8)  # 0-0.7 and 0.9-1.0
+    assert s["gpu_idle_share"] == pytest.approx(0.2)
+    assert [k["name"] for k in s["top_kernels_s"]] == [
+        "nvjet_sm90_tst_128x256_64x4",
+        "ncclDevKernel_AllGather_RING_LL",
+        "triton_poi_fused_add_0",
+    ]
+
+
 def test_the_fault_table_reads_each_tests_exit_line_and_outcome(tmp_path: Path):
     import fault_table
 

@@ -68,6 +68,32 @@ def test_a_resumed_sft_run_is_the_unbroken_run_step_for_step(tmp_path):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_a_run_stopped_between_checkpoints_resumes_where_its_trained_rows_end(tmp_path):
+    """Each step's rows are taken while the step before trains, so a stop finds the stream one
+    step ahead: the checkpoint of the last trained step keeps where its rows end, not where the
+    stream stands, and the resumed run is the unbroken one."""
+    from runtime.sft.run import run
+
+    recipe = apply_overrides(load_recipe("tiny-sft"), ["sft.checkpoint_interval=0"])
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    run(recipe, whole, steps=12, log=lambda _: None)
+    metrics = parts / "metrics.jsonl"
+
+    def after_step_7() -> bool:  # its lines: the held-out loss at step 0, then a line a step
+        return metrics.exists() and len(metrics.read_text().splitlines()) > 7
+
+    run(recipe, parts, steps=12, log=lambda _: None, stopping=after_step_7)
+    stopped = read_metrics(metrics)
+    assert stopped[-1]["step"] == 7 and (parts / "checkpoints" / "step_000007").is_dir()
+    state = json.loads((parts / "checkpoints" / "step_000007" / "sft_state.json").read_text())
+    rows = sum(r["rows"] for r in stopped if r["step"] > 0)
+    assert state["data"]["epoch"] == 0 and state["data"]["index"] == rows
+    run(recipe, parts, steps=12, log=lambda _: None)
+    a, b = read_metrics(whole / "metrics.jsonl"), read_metrics(parts / "metrics.jsonl")
+    keys = ("loss", "grad_norm", "tokens", "rows")
+    assert [[r.get(k) for k in keys] for r in b] == [[r.get(k) for k in keys] for r in a]
+
+
 def test_forgesky_eval_reports_the_held_out_loss(tmp_path, capsys):
     from runtime.evaluate import run as evaluate
     from runtime.sft.run import run

@@ -7,8 +7,9 @@ actor wraps its backend's step in `profiled`); the run writes each rank's summar
 
 The summary: the step's wall seconds; on a GPU the seconds its kernels ran, by kind (matmul,
 attention, compiled (Triton), communication (NCCL), optimizer, copy, other) and the busiest
-kernels by name, and the share of the wall time no kernel ran (launch gaps, host work, waits);
-on a CPU, each op's own CPU seconds in their place (no idle share).
+kernels by name (their seconds summed: kernels on several streams overlap, so a kind's seconds
+can add up to more than the wall time), and the share of the wall time no kernel ran (launch
+gaps, host work, waits); on a CPU, each op's own CPU seconds in their place (no idle share).
 """
 
 from __future__ import annotations
@@ -99,26 +100,46 @@ def say_recompiles(
 def summary(prof: Any, wall: float, cuda: bool) -> dict[str, Any]:
     """A finished profiler's kernels (or CPU ops) by kind and by name, over `wall` seconds."""
     kernels: dict[str, float] = {}
+    spans: list[tuple[float, float]] = []
     if cuda:
         for event in prof.events():
-            if event.device_type == torch.autograd.DeviceType.CUDA:
-                kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time / 1e6
+            # a range annotated on the GPU's timeline (NCCL's `nccl:all_gather`, a
+            # record_function) spans kernels already counted: torch's own totals skip them too
+            if event.device_type != torch.autograd.DeviceType.CUDA or getattr(
+                event, "is_user_annotation", False
+            ):
+                continue
+            kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time / 1e6
+            spans.append((event.time_range.start, event.time_range.end))
     else:  # on a CPU the ops' own time stands in for kernels
         for avg in prof.key_averages():
             kernels[avg.key] = avg.self_cpu_time_total / 1e6
     by_kind: dict[str, float] = {}
     for name, seconds in kernels.items():
         by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + seconds
-    busy = sum(kernels.values())
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]
+    # kernels on several streams overlap (a collective beside a matmul): the GPU was busy for
+    # the union of their spans, less than the sum of their seconds
+    busy = _covered(spans) / 1e6
     return {
         "device": "cuda" if cuda else "cpu",
         "wall_s": wall,
-        "kernel_s": busy,
+        "kernel_s": sum(kernels.values()),
+        "busy_s": busy if cuda else None,
         "gpu_idle_share": max(0.0, 1 - busy / wall) if cuda and wall > 0 else None,
         "by_kind_s": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
         "top_kernels_s": [{"name": name[:160], "s": s} for name, s in top],
     }
+
+
+def _covered(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of `spans` (start, end)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def summary_line(step: int, rank: int, s: dict[str, Any]) -> str:
