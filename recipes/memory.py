@@ -293,7 +293,7 @@ LORA_ONE_RANK_WORKSPACE = 0
 
 
 def trainer_fixed_bytes(
-    arch: Any, ranks: int, checkpointing: bool = False, lora: Any = None
+    arch: Any, ranks: int, checkpointing: bool = False, lora: Any = None, gathered: bool = False
 ) -> float:
     """Bytes a trainer rank holds whatever the micro-batch: fp32 weights, gradients and AdamW
     moments (16 bytes a parameter, sharded over the ranks); on one rank without activation
@@ -307,17 +307,32 @@ def trainer_fixed_bytes(
     ranks hold two gathered blocks of bf16 base weights (no gradients); one rank needs no
     autocast copies of a bf16 base, and without checkpointing keeps LORA_ONE_RANK_WORKSPACE
     bytes a parameter for the compiled blocks' and cuBLAS workspaces (measured: none); plus
-    3 GB."""
+    3 GB.
+
+    `gathered` (several ranks, trainer.gather_once): the step's weights stay gathered and its
+    gradients accumulate unsharded, so the rank holds every block's bf16 weights and fp32
+    gradients for the whole step (`trainer_gather_bytes`) instead of two blocks' at a time."""
     params = arch.params
     if lora is not None:
         if ranks > 1:
-            held = 2 * 2 * params / arch.n_layers
+            held = gathered_bytes(arch, lora) if gathered else 2 * 2 * params / arch.n_layers
         else:
             held = 0 if checkpointing else LORA_ONE_RANK_WORKSPACE * params
         return trainer_state_bytes(arch, ranks, lora) + held + 3e9
-    gathered = 2 * 6 * params / arch.n_layers
-    held = 10 * params if ranks == 1 and not checkpointing else gathered
+    if ranks > 1 and gathered:
+        held = gathered_bytes(arch)
+    else:
+        held = 10 * params if ranks == 1 and not checkpointing else 2 * 6 * params / arch.n_layers
     return 16 * params / ranks + held + 3e9
+
+
+def gathered_bytes(arch: Any, lora: Any = None) -> float:
+    """Bytes a trainer rank of several holds through a step that gathers its weights once
+    (trainer.gather_once): the bf16 weights of the whole model (2 bytes a parameter) and the
+    unsharded fp32 gradients FSDP accumulates until the step's last micro-batch reduces them
+    (4 bytes a trained parameter: the adapter's alone with LoRA)."""
+    trained = arch.params if lora is None else adapter_params(arch, lora)
+    return 2 * arch.params + 4 * trained
 
 
 def trainer_checkpoint_bytes(arch: Any, ranks: int, lora: Any = None) -> float:
@@ -373,12 +388,33 @@ def trainer_step_bytes(
     checkpointing: bool,
     compiled: bool = True,
     lora: Any = None,
+    gathered: bool = False,
 ) -> float:
     """Bytes a trainer rank peaks at in a step of `tokens` tokens a micro-batch: what it holds
     whatever the micro-batch and what each token keeps for backward (the same with LoRA: the
     base's activations are kept for the input gradients, which is conservative)."""
     per_token = trainer_token_bytes(arch, checkpointing, compiled)
-    return trainer_fixed_bytes(arch, ranks, checkpointing, lora) + tokens * per_token
+    return trainer_fixed_bytes(arch, ranks, checkpointing, lora, gathered) + tokens * per_token
+
+
+def gather_once_fits(
+    arch: Any,
+    ranks: int,
+    gpu_bytes: float,
+    tokens: int,
+    checkpointing: bool,
+    compiled: bool = True,
+    lora: Any = None,
+) -> bool:
+    """Whether a trainer rank of several can gather its weights once a step
+    (trainer.gather_once) at the micro-batch and checkpointing planned without it: its step
+    with the whole model gathered still within PLAN_HEADROOM of `gpu_bytes`. The plan takes a
+    larger micro-batch or no recomputation over it (qwen3-1.7b-sft on two H200s: 16384 tokens
+    and about 12 GB more a rank, on; qwen3-8b-sft: about 49 GB more, off)."""
+    if ranks < 2:
+        return False
+    peak = trainer_step_bytes(arch, ranks, tokens, checkpointing, compiled, lora, gathered=True)
+    return peak <= PLAN_HEADROOM * gpu_bytes
 
 
 def trainer_memory_plan(

@@ -170,6 +170,9 @@ class TrainerSettings(Strict):
     activation_checkpointing: bool | Auto = "auto"
     # torch.compile each block and the output projection: on GPUs
     compile: bool | Auto = "auto"
+    # several ranks: gather the weights and reduce the gradients once a step instead of once a
+    # micro-batch (an unsharded bf16 copy of the weights and fp32 gradients a rank): where it fits
+    gather_once: bool | Auto = "auto"
     # profile this optimizer step under torch.profiler on every trainer rank (0: none): GPU time
     # by kind of kernel in RUN_DIR/profile/ (runtime.backends.profiling)
     profile_step: int = 0

@@ -24,6 +24,11 @@ Planned values:
   tokens with checkpointing (the planner then checks that step against the device); on a CPU
   8192 without.
 - trainer.compile, reference.compile: on GPUs.
+- trainer.gather_once: several trainer ranks on GPUs gather the weights once a step and reduce
+  the gradients once (FSDP2 without resharding or gradient sync between micro-batches), where
+  that step still fits at the micro-batch and checkpointing planned without it
+  (`gather_once_fits`); one all-gather and one reduce-scatter a step instead of one each a
+  micro-batch.
 - reference.tokens_per_micro_batch: the trainer memory plan of a one-rank trainer on the
   reference's GPU (the reference holds less, so this is conservative); 8192 when shared.
   A reference in the trainer's processes (a LoRA run's) takes the trainer's ranks, micro-batch
@@ -56,12 +61,14 @@ from recipes.memory import (
     PLAN_HEADROOM,
     PLAN_TOKENS,
     RUNTIME_OVERHEAD_GB,
+    gather_once_fits,
     generator_weights_gb,
     kv_gb,
     lora_slot_bytes,
     shared_generator_gb,
     trainer_fixed_bytes,
     trainer_memory_plan,
+    trainer_step_bytes,
     trainer_token_bytes,
     version_bytes,
 )
@@ -89,6 +96,9 @@ class TrainerSettings:
     tokens_per_micro_batch: int
     activation_checkpointing: bool
     compile: bool
+    # several ranks: the weights gathered and the gradients reduced once a step, not each
+    # micro-batch (recipes.memory.gather_once_fits)
+    gather_once: bool = False
     peak_gb: float | None = None  # the memory plan's estimate for one rank (GPU alone)
     note: str | None = None  # why the plan took what it took, where that is not a fit
 
@@ -141,6 +151,8 @@ class Settings:
             for key, value in asdict(getattr(self, section)).items():
                 if key in ("peak_gb", "note", "expected") or (cpu and key in _GPU_ONLY):
                     continue
+                if key == "gather_once" and self.trainer.ranks < 2:
+                    continue  # one rank gathers nothing
                 if key == "push_buffer" and value == "none":
                     continue
                 if key in _LORA_ONLY and value is None:
@@ -277,11 +289,33 @@ def plan_settings(
     tokens, ckpt, peak, note = _trainer_plan(
         recipe, accelerator, ranks, "trainer" in shared, reserve, held
     )
+    tokens = pick("trainer", "tokens_per_micro_batch", tokens)
+    ckpt = pick("trainer", "activation_checkpointing", ckpt)
+    compiled = pick("trainer", "compile", not cpu)
+    gather = pick(
+        "trainer",
+        "gather_once",
+        not cpu
+        and gather_once_fits(
+            recipe.arch,
+            ranks,
+            ACCELERATOR_BYTES[accelerator] - reserve - held,
+            tokens,
+            ckpt,
+            compiled,
+            recipe.model.lora,
+        ),
+    )
+    if gather and peak is not None:
+        peak = trainer_step_bytes(
+            recipe.arch, ranks, tokens, ckpt, compiled, recipe.model.lora, gathered=True
+        )
     trainer = TrainerSettings(
         ranks=ranks,
-        tokens_per_micro_batch=pick("trainer", "tokens_per_micro_batch", tokens),
-        activation_checkpointing=pick("trainer", "activation_checkpointing", ckpt),
-        compile=pick("trainer", "compile", not cpu),
+        tokens_per_micro_batch=tokens,
+        activation_checkpointing=ckpt,
+        compile=compiled,
+        gather_once=bool(gather) and ranks > 1,
         peak_gb=None if peak is None else round(peak / GB, 1),
         note=note,
     )

@@ -253,6 +253,26 @@ def trainer_memory(r: SftRecipe, gpus: int, accelerator: str) -> tuple[int, bool
     )
 
 
+def gather_once(r: SftRecipe, gpus: int, accelerator: str, tokens: int, ckpt: bool) -> bool:
+    """trainer.gather_once for the trainer on `gpus` GPUs of `accelerator` at the planned
+    micro-batch and checkpointing: the recipe's value, or where auto, whether several ranks'
+    step still fits with the whole model gathered (recipes.memory.gather_once_fits)."""
+    from recipes.memory import ACCELERATOR_BYTES, gather_once_fits
+
+    given = r.trainer.gather_once
+    if given != "auto":
+        return bool(given) and gpus > 1
+    return gather_once_fits(
+        r.arch,
+        gpus,
+        ACCELERATOR_BYTES[accelerator],
+        tokens,
+        ckpt,
+        r.trainer.compile is not False,
+        r.model.lora,
+    )
+
+
 def memory_errors(r: SftRecipe) -> list[str]:
     """The trainer on layout.trainer.gpus GPUs against the accelerator (a CPU recipe is not
     checked)."""
@@ -318,8 +338,14 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
             "give it more GPUs"
         )
     from recipes.costs import predict_sft_step
+    from recipes.memory import trainer_step_bytes
 
     peak = fit[2]
+    if gather_once(r, gpus, accelerator, fit[0], fit[1]):
+        compiled = r.trainer.compile is not False
+        peak = trainer_step_bytes(
+            r.arch, gpus, fit[0], fit[1], compiled, r.model.lora, gathered=True
+        )
     step = predict_sft_step(r, accelerator, gpus, checkpointing=fit[1])
     return Plan(
         **common,

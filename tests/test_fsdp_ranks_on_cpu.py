@@ -22,7 +22,7 @@ def _batch():
     return token_batch(SPEC.vocab_size, rows=7, width=20, short=7)
 
 
-def trainer(seed: int, tokens_per_micro_batch: int = 40) -> Any:
+def trainer(seed: int, tokens_per_micro_batch: int = 40, gather_once: bool = False) -> Any:
     """A CPU FSDP2 trainer rank of SPEC in fp32 (call after joining the group)."""
     from runtime.backends.fsdp_trainer import FSDPTrainer
 
@@ -35,6 +35,7 @@ def trainer(seed: int, tokens_per_micro_batch: int = 40) -> Any:
         compute_dtype=torch.float32,
         publish_dtype=torch.float32,
         tokens_per_micro_batch=tokens_per_micro_batch,
+        gather_once=gather_once,
     )
 
 
@@ -177,3 +178,76 @@ def test_ranks_with_unequal_micro_batch_counts_take_the_one_process_step(tmp_pat
         assert abs(stats[key] - expected[key]) < 1e-5, key
     for name, tensor in one.hf_state_dict().items():
         torch.testing.assert_close(published[name], tensor, rtol=0, atol=1e-4)
+
+
+def _counting_collectives() -> dict[str, int]:
+    """Counts FSDP2's all-gathers of a group's weights and reductions of its gradients (its
+    own functions, wrapped in this process)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group
+
+    counts = {"all_gather": 0, "reduce": 0}
+
+    def counted(name: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    group.foreach_all_gather = counted("all_gather", group.foreach_all_gather)
+    group.foreach_reduce = counted("reduce", group.foreach_reduce)
+    return counts
+
+
+def _gather_once_rank(rank: int, world: int, port: int, out: str) -> None:
+    """The uneven step (rank 1 runs a stand-in pass) twice on each trainer: reshard each pass,
+    and gather once a step; the collectives each made, and what each step gave."""
+    join_group(rank, world, port)
+    import torch.distributed as dist
+
+    counts = _counting_collectives()
+    tokens, mask, adv = _batch()
+    result = {}
+    for gather in (False, True):
+        ranked = trainer(1, tokens_per_micro_batch=60, gather_once=gather)
+        groups = sum(1 for m in ranked.model.modules() if hasattr(m, "set_reshard_after_forward"))
+        old = ranked.logprobs(tokens, mask)
+        made = []
+        stats = []
+        for _ in range(2):
+            before = dict(counts)
+            stats.append(ranked.train_step(tokens, mask, adv, old, old, policy_loss, **LOSS))
+            made.append({k: counts[k] - before[k] for k in counts})
+        lp = ranked.logprobs(tokens, mask)
+        # the blocks hold their shards again after a forward (DTensor parameters)
+        sharded = {type(p).__name__ for b in ranked.model.layers.values() for p in b.parameters()}
+        result[gather] = (stats, made, groups, ranked.hf_state_dict(), lp, sharded)
+    if rank == 0:
+        torch.save(result, out)
+    dist.destroy_process_group()
+
+
+def test_gather_once_makes_one_all_gather_and_one_reduction_a_step_and_the_same_step(
+    tmp_path: Path,
+):
+    """trainer.gather_once: two passes a rank (one of rank 1's a stand-in) share one all-gather
+    and one gradient reduction of each FSDP group a step, where resharding each pass gathers
+    every block again in its backward and in the next pass; the steps and weights are the
+    same (fp32: the gradients summed in another order), and so are the log-probs of a forward
+    after the steps, which leaves the blocks sharded as before."""
+    result = run_ranks(_gather_once_rank, 2, tmp_path)
+    (plain, plain_made, groups, plain_weights, plain_lp, plain_sharded) = result[False]
+    (once, once_made, groups_once, once_weights, once_lp, once_sharded) = result[True]
+    assert plain_sharded == once_sharded == {"DTensor"}
+    assert groups == groups_once == SPEC.n_layers + 1  # each block and the root
+    for made in once_made:
+        assert made == {"all_gather": groups, "reduce": groups}, once_made
+    for made in plain_made:
+        assert made["reduce"] == 2 * groups and made["all_gather"] > 2 * groups, plain_made
+    for a, b in zip(plain, once, strict=True):
+        for key in ("loss", "kl", "response_tokens", "grad_norm"):
+            assert abs(a[key] - b[key]) < 1e-5, (key, a[key], b[key])
+    # after two AdamW steps at lr 1e-2 (the tolerance of the one-process comparisons above)
+    for name, tensor in plain_weights.items():
+        torch.testing.assert_close(once_weights[name], tensor, rtol=0, atol=1e-4)
+    torch.testing.assert_close(once_lp, plain_lp, rtol=0, atol=1e-4)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from runtime_helpers import join_group, run_ranks
 
@@ -27,7 +28,7 @@ def _packs():
     return list(micro_batches(iter(exs), 64, pad_to=False))  # 5 micro-batches: 3 + 2 a rank
 
 
-def _trainer(compile: bool = False):
+def _trainer(compile: bool = False, gather_once: bool = False):
     """A CPU FSDP2 trainer of SPEC in fp32 with the CPU's document mask (in a group, a rank)."""
     from runtime.backends.fsdp_trainer import FSDPTrainer
 
@@ -40,12 +41,13 @@ def _trainer(compile: bool = False):
         publish_dtype=torch.float32,
         attention="document",
         compile=compile,
+        gather_once=gather_once,
     )
 
 
-def _rank(rank: int, world: int, port: int, out: str) -> None:
+def _rank(rank: int, world: int, port: int, out: str, gather_once: bool = False) -> None:
     join_group(rank, world, port)
-    trainer = _trainer()
+    trainer = _trainer(gather_once=gather_once)
     packs = _packs()
     stats = [trainer.sft_step(packs), trainer.sft_step(packs)]
     held_out = trainer.sft_loss(packs)  # every rank its share, every rank the whole sum
@@ -54,8 +56,16 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
         torch.save((stats, published, len(packs), held_out), out)
 
 
-def test_two_fsdp_ranks_take_the_sft_step_of_one_process(tmp_path: Path):
-    stats, published, count, held_out = run_ranks(_rank, 2, tmp_path)
+def _rank_gathering_once(rank: int, world: int, port: int, out: str) -> None:
+    _rank(rank, world, port, out, gather_once=True)
+
+
+@pytest.mark.parametrize("gather_once", [False, True], ids=["reshard", "gather_once"])
+def test_two_fsdp_ranks_take_the_sft_step_of_one_process(tmp_path: Path, gather_once: bool):
+    """Either way FSDP2 runs a step's micro-batches: resharding the weights after each, or
+    with them gathered once a step (trainer.gather_once)."""
+    fn = _rank_gathering_once if gather_once else _rank
+    stats, published, count, held_out = run_ranks(fn, 2, tmp_path)
     assert count % 2 == 1  # one rank runs a filler micro-batch
     one = TitanTrainer(SPEC, OptimizerConfig(lr=1e-2), seed=1, attention="document")
     packs = _packs()

@@ -303,6 +303,7 @@ class TrainerConfig:
                 tokens_per_micro_batch=s.tokens_per_micro_batch,
                 activation_checkpointing=s.activation_checkpointing,
                 compile=s.compile,
+                gather_once=s.gather_once,
                 lora=recipe.model.lora,
                 **args,
             )

@@ -107,8 +107,10 @@ class FSDPTrainer(trainer_state.Checkpointing):
 
     `publish_dtype` is the dtype of `hf_state_dict()` (what generators load; bf16 halves the
     bytes to move). `activation_checkpointing` recomputes each block in backward; `compile`
-    runs each block through torch.compile (see `wrap_blocks`). Works on CPU too (no autocast),
-    which is how its math is tested without a GPU.
+    runs each block through torch.compile (see `wrap_blocks`). `gather_once` (several ranks):
+    a step's micro-batches share one all-gather of the weights and one reduce-scatter of the
+    gradients (`_passes`). Works on CPU too (no autocast), which is how its math is tested
+    without a GPU.
     """
 
     def __init__(
@@ -126,6 +128,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         activation_checkpointing: bool = True,
         compile: bool = False,
         compile_head: bool = True,
+        gather_once: bool = False,
         lora: Any = None,
         attention: str = "sdpa",
     ):
@@ -142,6 +145,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         self.activation_checkpointing = activation_checkpointing
         self.world = init_distributed()
         self.rank = dist.get_rank() if self.world > 1 else 0
+        self.gather_once = gather_once and self.world > 1
         # Built on meta, sharded there, then only this rank's shards get storage and are filled
         # from the source a block at a time: no rank ever holds the whole model.
         self.model = meta_model(spec, attention, lora=lora)
@@ -175,6 +179,34 @@ class FSDPTrainer(trainer_state.Checkpointing):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         # Root unit: embeddings, final norm and output projection (tied weights stay together).
         fully_shard(self.model, mesh=mesh, mp_policy=policy)
+
+    def _passes(self, count: int) -> Iterator[None]:
+        """Steps through a train step's `count` forward-backward passes (every rank the same
+        count): `next()` before each pass, once more after the last. With `gather_once`, FSDP
+        keeps the weights gathered and the gradients unreduced (accumulated unsharded, in fp32)
+        between the passes, and the last pass's backward reduces them all and reshards: one
+        all-gather and one reduce-scatter a step, where each pass would otherwise make its
+        own. Without it, nothing changes."""
+        if not self.gather_once or count < 2:
+            yield from [None] * count
+            return
+        model = self.model
+        model.set_reshard_after_forward(False)
+        model.set_reshard_after_backward(False)
+        model.set_requires_gradient_sync(False)
+        try:
+            for i in range(count):
+                if i == count - 1:
+                    model.set_reshard_after_backward(True)
+                    model.set_requires_gradient_sync(True)
+                yield
+        finally:
+            model.set_reshard_after_backward(True)
+            model.set_requires_gradient_sync(True)
+            # the blocks reshard after a forward again; the root keeps its weights after its
+            # forward, as fully_shard leaves it
+            model.set_reshard_after_forward(True)
+            model.set_reshard_after_forward(False, recurse=False)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.world == 1 and self.device.type == "cuda" and self.compute_dtype != torch.float32:
@@ -270,7 +302,9 @@ class FSDPTrainer(trainer_state.Checkpointing):
         parts = micro_batches(local, self.tokens_per_micro_batch)
         # ranks whose shares split into fewer micro-batches run passes that count zero times
         missing = passes_missing(len(parts), self.world, self.device)
+        passes = self._passes(len(parts) + missing)
         for part in parts:
+            next(passes)
             sel = slice(rows.start + part.start, rows.start + part.stop)
             mask = response_mask[sel].to(self.device)
             lp, ent = self._forward(tokens[sel], mask, entropy)
@@ -294,8 +328,10 @@ class FSDPTrainer(trainer_state.Checkpointing):
                     weighted[key] = weighted.get(key, 0.0) + value * w
         own = [slice(rows.start + p.start, rows.start + p.stop) for p in parts]
         for _ in range(missing):
+            next(passes)
             lp, ent = self._forward(*stand_in(tokens, response_mask, own, self.device), entropy)
             (lp.sum() * 0.0 + (0.0 if ent is None else ent.sum() * 0.0)).backward()
+        next(passes, None)  # back to resharding after every forward and backward
         grad_norm = torch.nn.utils.clip_grad_norm_(
             trainer_state.trained(self.model).values(), self.optim_config.max_grad_norm
         )
@@ -330,11 +366,14 @@ class FSDPTrainer(trainer_state.Checkpointing):
             scale = float(self.world) / total
             self.optimizer.zero_grad(set_to_none=True)
             summed = 0.0
+            passes = self._passes(len(mine))
             for p in mine:
+                next(passes)
                 with self._autocast():
                     loss = packed_loss(self.model, p, self.attention, self.device)
                 (loss * scale).backward()
                 summed += float(loss.detach())
+            next(passes, None)
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 trainer_state.trained(self.model).values(), self.optim_config.max_grad_norm
             )

@@ -37,9 +37,9 @@ def trainer_settings(recipe: Any, plan: Any) -> SftSettings:
     """The trainer's ranks, micro-batch, activation checkpointing and compile for `plan`: on
     GPUs one rank per trainer GPU and the memory plan's micro-batch (recipes.sft.trainer_memory);
     on CPU the recipe's trainer.ranks (auto: 1) and the CPU trainer's micro-batch."""
-    from recipes.memory import GB
+    from recipes.memory import GB, trainer_step_bytes
     from recipes.settings import TrainerSettings
-    from recipes.sft import trainer_memory
+    from recipes.sft import gather_once, trainer_memory
     from runtime.sft.run import micro_tokens
 
     t = recipe.trainer
@@ -54,6 +54,7 @@ def trainer_settings(recipe: Any, plan: Any) -> SftSettings:
                 tokens_per_micro_batch=micro_tokens(recipe),
                 activation_checkpointing=given(t.activation_checkpointing, False),
                 compile=given(t.compile, False),
+                gather_once=bool(given(t.gather_once, False)) and given(t.ranks, 1) > 1,
             )
         )
     ranks = plan.trainer_gpus
@@ -63,12 +64,19 @@ def trainer_settings(recipe: Any, plan: Any) -> SftSettings:
 
         raise UserError(f"{recipe.name}: the trainer does not fit {ranks} x {plan.accelerator}")
     tokens, checkpointing, peak = fit
+    gather = gather_once(recipe, ranks, plan.accelerator, tokens, checkpointing)
+    if gather:
+        peak = trainer_step_bytes(
+            recipe.arch, ranks, tokens, checkpointing, t.compile is not False, recipe.model.lora,
+            gathered=True,
+        )  # fmt: skip
     return SftSettings(
         TrainerSettings(
             ranks=ranks,
             tokens_per_micro_batch=tokens,
             activation_checkpointing=checkpointing,
             compile=given(t.compile, True),
+            gather_once=gather,
             peak_gb=round(peak / GB, 1),
         )
     )
