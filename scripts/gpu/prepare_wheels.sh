@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packages a bare GPU machine (Python 3.12, torch 2.11.0+cu130, no package index) needs for the
-# GPU runtime, in chunks of 50 MiB under .whl/ (git-ignored), one per remote command.
+# GPU runtime, in chunks of 46 MiB under .whl/ (git-ignored), one per remote command.
 #
 #   scripts/gpu/prepare_wheels.sh            # here, on a machine that reaches PyPI
 #
@@ -19,11 +19,11 @@ top=$(git rev-parse --show-toplevel)
 cd "$top"
 tools="$top/../shared/tools"
 "$tools/device-wheels" vllm==0.24.0 torchmonarch==0.7.0 torchtitan==0.3.0 pygtrie
-# Re-cut into 50 MiB chunks: a call carries one chunk plus the checkout (64 MiB in all), and the
-# checkout with its committed results is near 12 MiB.
+# Re-cut into 46 MiB chunks: a call carries one chunk plus the checkout (64 MiB in all), and the
+# checkout with its committed results is near 14 MiB (2026-11-30).
 cat .whl/c*/part_* >.whl/all.tar
 rm -rf .whl/c[0-9]*
-split -b 50M -d -a 2 .whl/all.tar .whl/part_
+split -b 46M -d -a 2 .whl/all.tar .whl/part_
 for part in .whl/part_*; do
   mkdir -p ".whl/c${part##*_}" && mv "$part" ".whl/c${part##*_}/"
 done
