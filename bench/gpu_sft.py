@@ -286,6 +286,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 "tokens_per_micro_batch": planned.tokens_per_micro_batch,
                 "activation_checkpointing": planned.activation_checkpointing,
                 "compile": planned.compile,
+                "gather_once": planned.gather_once,
             },
         },  # fmt: skip
         "sequence_tokens": recipe.dataset.max_tokens,

@@ -23,8 +23,9 @@ KEYS = ("loss", "grad_norm", "lr", "tokens", "trained_tokens", "rows", "eval/los
 TOLERANCE = 1e-5
 
 
-def _on_two_ranks(run_dir: Path) -> str:
+def _on_two_ranks(run_dir: Path, gather_once: bool = False) -> str:
     args = ["--recipe", "tiny-sft", "--run-dir", str(run_dir), "--set", "trainer.ranks=2"]
+    args += ["--set", f"trainer.gather_once={str(gather_once).lower()}"]
     args += ["--set", "trainer.profile_step=2"]  # each rank profiles itself
     for o in OVERRIDES:
         args += ["--set", o]
@@ -32,7 +33,8 @@ def _on_two_ranks(run_dir: Path) -> str:
     assert code == 0, out
     for word in NOISE:
         assert word not in out, f"{word!r} in output:\n{out}"
-    assert "trainer: FSDPTrainer on 2 ranks (cpu)" in out, out
+    once = ", the weights gathered once a step" if gather_once else ""
+    assert f"trainer: FSDPTrainer on 2 ranks (cpu){once}\n" in out, out
     return out
 
 
@@ -43,11 +45,14 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_two_trainer_ranks_train_as_one_process_and_resume(tmp_path: Path):
+@pytest.mark.parametrize("gather_once", [False, True], ids=["reshard", "gather_once"])
+def test_two_trainer_ranks_train_as_one_process_and_resume(tmp_path: Path, gather_once: bool):
+    """Either way the ranks run a step's micro-batches (trainer.gather_once: the weights
+    gathered and the gradients reduced once a step)."""
     from runtime.sft.run import run
 
     ranks, one, resumed = tmp_path / "ranks", tmp_path / "one", tmp_path / "resumed"
-    _on_two_ranks(ranks)
+    _on_two_ranks(ranks, gather_once)
     run(apply_overrides(load_recipe("tiny-sft"), OVERRIDES), one, log=lambda _: None)
     a, b = metrics(ranks), metrics(one)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(5))
@@ -68,7 +73,7 @@ def test_two_trainer_ranks_train_as_one_process_and_resume(tmp_path: Path):
     # each step's record counts what the trainer compiled during it: nothing, uncompiled
     assert [r.get("compile/graphs") for r in a if r["step"] > 0] == [0.0] * 4
     assert [r.get("compile/ranks_max/graphs") for r in a if r["step"] > 0] == [0.0] * 4
-    # and where a step's time went: the rows taken and packed, the ranks' own step
+    # and where a step's time went: the wait for the rows, the ranks' own step
     for r in (r for r in a if r["step"] > 0):
         assert 0 <= r["time/data_s"] < r["time/step_s"] and 0 < r["time/train_s"] < r["time/step_s"]
 
@@ -80,7 +85,7 @@ def test_two_trainer_ranks_train_as_one_process_and_resume(tmp_path: Path):
     kept = [line for line in (ranks / "metrics.jsonl").read_text().splitlines()]
     kept = [line for line in kept if json.loads(line)["step"] <= 2]
     (resumed / "metrics.jsonl").write_text("\n".join(kept) + "\n")
-    out = _on_two_ranks(resumed)
+    out = _on_two_ranks(resumed, gather_once)
     assert "resuming from the checkpoint of step 2" in out, out
     c = metrics(resumed)
     assert [r["step"] for r in c] == list(range(5))

@@ -58,6 +58,7 @@ class TrainerActor(Actor):
             "ranks": getattr(self.backend, "world", 1),
             "tokens_per_micro_batch": getattr(self.backend, "tokens_per_micro_batch", None),
             "activation_checkpointing": getattr(self.backend, "activation_checkpointing", None),
+            "gather_once": getattr(self.backend, "gather_once", False),
             "mps_sm_percent": client_sm_percent(),
         }
 

@@ -205,7 +205,8 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
         print(
             f"trainer: {info['backend']} on {ranks_text}, "
             f"{info['tokens_per_micro_batch']} tokens per micro-batch, "
-            f"activation checkpointing {ac}",
+            f"activation checkpointing {ac}"
+            + (", the weights gathered once a step" if info.get("gather_once") else ""),
             flush=True,
         )
     _say_sm_shares(answers, gens, reference is not None)
@@ -298,7 +299,8 @@ async def start_trainer_alone(
     answers = await _ready("trainer", setup, began)
     info = next(value for _, value in answers.items())
     ranks_text = f"{info['ranks']} rank" + ("s" if info["ranks"] > 1 else "")
-    print(f"trainer: {info['backend']} on {ranks_text} ({info['device']})", flush=True)
+    once = ", the weights gathered once a step" if info.get("gather_once") else ""
+    print(f"trainer: {info['backend']} on {ranks_text} ({info['device']}){once}", flush=True)
     return Services(
         life,
         trainer,
