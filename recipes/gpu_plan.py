@@ -174,6 +174,7 @@ def while_training(
         t.activation_checkpointing,
         t.compile,
         recipe.model.lora,
+        gathered=t.gather_once,
     )
     rank0 = ipc_buffer_held(recipe, sync.transport, sync.expected) + push_buffer_bytes(
         recipe, sync.transport, sync.expected, sync.push_buffer

@@ -311,7 +311,7 @@ def trainer_fixed_bytes(
 
     `gathered` (several ranks, trainer.gather_once): the step's weights stay gathered and its
     gradients accumulate unsharded, so the rank holds every block's bf16 weights and fp32
-    gradients for the whole step (`trainer_gather_bytes`) instead of two blocks' at a time."""
+    gradients for the whole step (`gathered_bytes`) instead of two blocks' at a time."""
     params = arch.params
     if lora is not None:
         if ranks > 1:
