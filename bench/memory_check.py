@@ -142,6 +142,8 @@ def _run(file: str, name: str | None) -> dict[str, Any]:
         for key in ("tokens_per_micro_batch", "activation_checkpointing")
         if key in trainer
     ]
+    # a run from before trainer.gather_once resharded after every micro-batch
+    as_run.append(f"trainer.gather_once={str(trainer.get('gather_once', False)).lower()}")
     return {
         "recipe": run["recipe"],
         "overrides": list(run["overrides"]) + list(run.get("set_by_hand") or []),
@@ -174,8 +176,8 @@ def _logged_trainer_line(stem: Path, part: str) -> str | None:
 
 
 def _as_run(line: str | None) -> list[str]:
-    """Overrides for the micro-batch and activation checkpointing a run's `trainer: ...` line
-    says it had (none without the line)."""
+    """Overrides for the micro-batch, activation checkpointing and gathering once a run's
+    `trainer: ...` line says it had (none without the line)."""
     import re
 
     found = re.search(
@@ -183,9 +185,11 @@ def _as_run(line: str | None) -> list[str]:
     )
     if not found:
         return []
+    once = "the weights gathered once a step" in (line or "")
     return [
         f"trainer.tokens_per_micro_batch={found[1]}",
         f"trainer.activation_checkpointing={'true' if found[2] == 'on' else 'false'}",
+        f"trainer.gather_once={'true' if once else 'false'}",
     ]
 
 
