@@ -237,11 +237,15 @@ class RuntimeRun:
 @dataclass
 class Point:
     """Where to kill: `kind` (one of KINDS), `delay_s` after its moment. For "weight_sync" and
-    "step", `step` counts steps after the one the run resumed from (0 on a fresh run)."""
+    "step", `step` counts steps after the one the run resumed from (0 on a fresh run), and
+    `after_commit` moves the moment to when the run dir holds a committed checkpoint, if later
+    (a background write commits at a step boundary after it ends: on a loaded machine, not
+    always by the next step's line)."""
 
     kind: str
     step: int | None = None
     delay_s: float = 0.0
+    after_commit: bool = False
 
 
 @dataclass
@@ -344,6 +348,11 @@ def _reach(
         # step: the run may end before a kill after it.
         step = min((resume or 0) + (point.step or 1), total - 1)
         _wait(run, rf"^step {step}/")
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while point.after_commit and not committed_steps(run_dir) and run.proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no committed checkpoint by step {step} and after")
+            time.sleep(0.05)
         time.sleep(point.delay_s)
     elif point.kind == "checkpoint_write":
         _wait(run, r"^services ready")

@@ -122,8 +122,8 @@ def test_kill_9_at_random_points_resumes_from_the_last_committed_checkpoint(
     run_dir = tmp_path / "run"
     rng = random.Random(20261121)
     points = [
-        # a seeded moment of step 3 or 4: after the step-2 checkpoint
-        Point("step", rng.randint(3, 4), round(rng.uniform(0.0, 0.25), 3)),
+        # a seeded moment of step 3 or 4, once the step-2 checkpoint is committed
+        Point("step", rng.randint(3, 4), round(rng.uniform(0.0, 0.25), 3), after_commit=True),
         # resumed, the next checkpoint write
         Point("checkpoint_write"),
         # resumed again, while the restored version is published and loaded
