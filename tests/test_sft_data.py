@@ -16,6 +16,7 @@ from runtime.sft.data import (
     examples,
     micro_batches,
     pack,
+    padded,
     token_losses,
 )
 
@@ -163,6 +164,32 @@ def test_packing_keeps_to_the_budget_and_restarts_positions_at_each_row():
         starts = (p.positions[0] == 0).nonzero().flatten().tolist()
         assert starts[: p.rows] == [sum(p.lengths[:i]) for i in range(p.rows)]
     assert sum(p.trained_tokens for p in packs) == sum(sum(e.trained[1:]) for e in exs)
+
+
+def test_a_step_split_over_ranks_pads_its_last_micro_batch_to_the_one_beside_it():
+    """On several ranks the leftover micro-batch (the packing's last, short) is padded to the
+    longest micro-batch of its round, trained nowhere in its padding; every rank runs as many;
+    one rank runs them as packed."""
+    from runtime.sft.train import rank_share
+
+    exs = shipped_examples()
+    packs = [pack(exs[:5]), pack(exs[5:9]), pack(exs[9:10])]
+    widths = [p.tokens.shape[1] for p in packs]
+    assert widths[2] < min(widths[:2]) and widths[0] != widths[1]
+    assert rank_share(packs, 0, 1) == packs
+    mine = [rank_share(packs, r, 2) for r in range(2)]
+    assert [len(m) for m in mine] == [2, 2]
+    assert mine[0][0] is packs[0] and mine[1][0] is packs[1]
+    last, fill = mine[0][1], mine[1][1]  # the last round: packs[2] beside a copy of packs[0]
+    assert last.tokens.shape == (1, widths[0]) and not last.filler
+    assert fill.filler and fill.trained_tokens == 0 and fill.tokens.shape == (1, widths[0])
+    assert torch.equal(last.tokens[:, : widths[2]], packs[2].tokens)
+    assert torch.equal(last.targets[:, : widths[2]], packs[2].targets)
+    assert last.trained_tokens == packs[2].trained_tokens and last.rows == packs[2].rows
+    assert last.positions[0, widths[2]] == 0  # the padding is a row of its own
+    three = [rank_share(packs, r, 3) for r in range(3)]  # one round of all three
+    assert [m[0].tokens.shape[1] for m in three] == [*widths[:2], max(widths[:2])]
+    assert padded(packs[0], widths[0] - 1) is packs[0]
 
 
 def test_packed_rows_give_each_rows_own_logits_and_loss():

@@ -353,14 +353,12 @@ class FSDPTrainer(trainer_state.Checkpointing):
     def sft_step(self, packs: Sequence[Any]) -> dict[str, float]:
         """One AdamW step of SFT on the step's packed micro-batches (runtime.sft.data.Packed),
         every rank given all of them: rank r takes micro-batches r, r + world, ... (a filler
-        where it has fewer than another). The loss is the summed cross-entropy of the trained
+        where it has fewer than another; runtime.sft.train.rank_share). The loss is the summed cross-entropy of the trained
         tokens over the step's count of them on every rank. Every rank must call it."""
-        from runtime.sft.train import filler, packed_loss
+        from runtime.sft.train import packed_loss, rank_share
 
         with self.memory.phase("train"):
-            mine = list(packs[self.rank :: self.world])
-            rounds = -(-len(packs) // self.world)
-            mine += [filler(packs[0])] * (rounds - len(mine))
+            mine = rank_share(packs, self.rank, self.world)
             total = sum(p.trained_tokens for p in packs) or 1
             # FSDP averages gradients over ranks; each rank's loss is its share of the sum
             scale = float(self.world) / total
@@ -392,12 +390,11 @@ class FSDPTrainer(trainer_state.Checkpointing):
         """The summed cross-entropy of the trained tokens of `packs` and their count (no step),
         every rank given all of them and scoring its share as `sft_step` does; every rank
         answers the whole sum. Every rank must call it."""
-        from runtime.sft.train import filler, packed_loss
+        from runtime.sft.train import packed_loss, rank_share
 
         if not packs:
             return 0.0, 0
-        mine = list(packs[self.rank :: self.world])
-        mine += [filler(packs[0])] * (-(-len(packs) // self.world) - len(mine))
+        mine = rank_share(packs, self.rank, self.world)
         summed = 0.0
         with torch.no_grad():
             for p in mine:

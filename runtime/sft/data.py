@@ -159,6 +159,23 @@ def pack(batch: Sequence[Example], length: int | None = None, pad_id: int = 0) -
     return Packed(as_row(ids), as_row(pos), as_row(targets), len(batch), lengths)
 
 
+def padded(p: Packed, length: int, pad_id: int = 0) -> Packed:
+    """`p` with a filler row (trained nowhere, positions from 0) making it `length` tokens long;
+    `p` itself where it is that long already."""
+    fill = length - p.tokens.shape[1]
+    if fill <= 0:
+        return p
+    from dataclasses import replace
+
+    tail = lambda value: torch.full((1, fill), value, dtype=torch.long)  # noqa: E731
+    return replace(
+        p,
+        tokens=torch.cat([p.tokens, tail(pad_id)], 1),
+        positions=torch.cat([p.positions, torch.arange(fill)[None]], 1),
+        targets=torch.cat([p.targets, tail(IGNORE)], 1),
+    )
+
+
 def micro_batches(
     stream: Iterator[Example], budget: int, *, pad_to: bool = True, pad_id: int = 0
 ) -> Iterator[Packed]:
