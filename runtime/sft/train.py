@@ -50,9 +50,9 @@ def rank_share(packs: Sequence[Any], rank: int, world: int) -> list[Any]:
     FSDP's collectives need every rank in every pass. On several ranks the step's last
     micro-batch, the packing's leftover and often far shorter than the rest, is padded to the
     longest beside it in its round: free, as the ranks go in step, and a length that short
-    makes torch.compile specialize the blocks again (qwen3-8b-sft on two H200s compiled again
-    at steps 3 and 6, 20-25 s that every rank waited for, its rank 1 given a last micro-batch
-    under 5,120 tokens)."""
+    makes torch.compile specialize the blocks again (qwen3-8b-sft on two H200s: rank 1
+    compiled again at step 3, given the last micro-batch, under 5,120 tokens, 22 s that every
+    rank waited for)."""
     from runtime.sft.data import padded
 
     packs = list(packs)
