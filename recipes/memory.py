@@ -397,6 +397,23 @@ def trainer_step_bytes(
     return trainer_fixed_bytes(arch, ranks, checkpointing, lora, gathered) + tokens * per_token
 
 
+def planned_peak(
+    peak: float,
+    gather: bool,
+    arch: Any,
+    ranks: int,
+    tokens: int,
+    checkpointing: bool,
+    compiled: bool = True,
+    lora: Any = None,
+) -> float:
+    """A trainer rank's step bytes as planned: `peak` (planned without trainer.gather_once), or
+    where `gather` the step's with the whole model gathered (`trainer_step_bytes`)."""
+    if not gather:
+        return peak
+    return trainer_step_bytes(arch, ranks, tokens, checkpointing, compiled, lora, gathered=True)
+
+
 def gather_once_fits(
     arch: Any,
     ranks: int,

@@ -65,10 +65,10 @@ from recipes.memory import (
     generator_weights_gb,
     kv_gb,
     lora_slot_bytes,
+    planned_peak,
     shared_generator_gb,
     trainer_fixed_bytes,
     trainer_memory_plan,
-    trainer_step_bytes,
     trainer_token_bytes,
     version_bytes,
 )
@@ -306,9 +306,9 @@ def plan_settings(
             recipe.model.lora,
         ),
     )
-    if gather and peak is not None:
-        peak = trainer_step_bytes(
-            recipe.arch, ranks, tokens, ckpt, compiled, recipe.model.lora, gathered=True
+    if peak is not None:
+        peak = planned_peak(
+            peak, bool(gather), recipe.arch, ranks, tokens, ckpt, compiled, recipe.model.lora
         )
     trainer = TrainerSettings(
         ranks=ranks,

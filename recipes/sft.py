@@ -253,6 +253,20 @@ def trainer_memory(r: SftRecipe, gpus: int, accelerator: str) -> tuple[int, bool
     )
 
 
+def gather_plan(
+    r: SftRecipe, gpus: int, accelerator: str, fit: tuple[int, bool, float]
+) -> tuple[bool, float]:
+    """trainer.gather_once (`gather_once`) and a rank's planned step bytes for the trainer on
+    `gpus` GPUs of `accelerator` at `fit` (`trainer_memory`: micro-batch, checkpointing and the
+    step's bytes without it)."""
+    from recipes.memory import planned_peak
+
+    tokens, ckpt, peak = fit
+    gather = gather_once(r, gpus, accelerator, tokens, ckpt)
+    compiled = r.trainer.compile is not False
+    return gather, planned_peak(peak, gather, r.arch, gpus, tokens, ckpt, compiled, r.model.lora)
+
+
 def gather_once(r: SftRecipe, gpus: int, accelerator: str, tokens: int, ckpt: bool) -> bool:
     """trainer.gather_once for the trainer on `gpus` GPUs of `accelerator` at the planned
     micro-batch and checkpointing: the recipe's value, or where auto, whether several ranks'
@@ -338,14 +352,8 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
             "give it more GPUs"
         )
     from recipes.costs import predict_sft_step
-    from recipes.memory import trainer_step_bytes
 
-    peak = fit[2]
-    if gather_once(r, gpus, accelerator, fit[0], fit[1]):
-        compiled = r.trainer.compile is not False
-        peak = trainer_step_bytes(
-            r.arch, gpus, fit[0], fit[1], compiled, r.model.lora, gathered=True
-        )
+    _, peak = gather_plan(r, gpus, accelerator, fit)
     step = predict_sft_step(r, accelerator, gpus, checkpointing=fit[1])
     return Plan(
         **common,

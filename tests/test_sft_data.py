@@ -187,6 +187,7 @@ def test_a_step_split_over_ranks_pads_its_last_micro_batch_to_the_one_beside_it(
     assert torch.equal(last.targets[:, : widths[2]], packs[2].targets)
     assert last.trained_tokens == packs[2].trained_tokens and last.rows == packs[2].rows
     assert last.positions[0, widths[2]] == 0  # the padding is a row of its own
+    assert int(last.positions[0, widths[2] :].max()) < max(packs[2].lengths)  # model's context
     three = [rank_share(packs, r, 3) for r in range(3)]  # one round of all three
     assert [m[0].tokens.shape[1] for m in three] == [*widths[:2], max(widths[:2])]
     assert padded(packs[0], widths[0] - 1) is packs[0]

@@ -153,15 +153,21 @@ def pack(batch: Sequence[Example], length: int | None = None, pad_id: int = 0) -
     if length is not None and len(ids) < length:
         fill = length - len(ids)
         ids += [pad_id] * fill
-        pos += range(fill)
+        pos += filler_positions(fill, max(lengths, default=fill)).tolist()
         targets += [IGNORE] * fill
     as_row = lambda v: torch.tensor(v, dtype=torch.long)[None]  # noqa: E731
     return Packed(as_row(ids), as_row(pos), as_row(targets), len(batch), lengths)
 
 
+def filler_positions(fill: int, longest: int) -> Tensor:
+    """Positions of `fill` padding tokens: rows of their own no longer than `longest` (a real
+    row's length), so that no position passes the model's context."""
+    return torch.arange(fill) % max(longest, 1)
+
+
 def padded(p: Packed, length: int, pad_id: int = 0) -> Packed:
-    """`p` with a filler row (trained nowhere, positions from 0) making it `length` tokens long;
-    `p` itself where it is that long already."""
+    """`p` with filler rows (trained nowhere, positions from 0, none longer than its longest
+    row) making it `length` tokens long; `p` itself where it is that long already."""
     fill = length - p.tokens.shape[1]
     if fill <= 0:
         return p
@@ -171,7 +177,9 @@ def padded(p: Packed, length: int, pad_id: int = 0) -> Packed:
     return replace(
         p,
         tokens=torch.cat([p.tokens, tail(pad_id)], 1),
-        positions=torch.cat([p.positions, torch.arange(fill)[None]], 1),
+        positions=torch.cat(
+            [p.positions, filler_positions(fill, max(p.lengths, default=fill))[None]], 1
+        ),
         targets=torch.cat([p.targets, tail(IGNORE)], 1),
     )
 

@@ -37,9 +37,9 @@ def trainer_settings(recipe: Any, plan: Any) -> SftSettings:
     """The trainer's ranks, micro-batch, activation checkpointing and compile for `plan`: on
     GPUs one rank per trainer GPU and the memory plan's micro-batch (recipes.sft.trainer_memory);
     on CPU the recipe's trainer.ranks (auto: 1) and the CPU trainer's micro-batch."""
-    from recipes.memory import GB, trainer_step_bytes
+    from recipes.memory import GB
     from recipes.settings import TrainerSettings
-    from recipes.sft import gather_once, trainer_memory
+    from recipes.sft import gather_plan, trainer_memory
     from runtime.sft.run import micro_tokens
 
     t = recipe.trainer
@@ -63,13 +63,8 @@ def trainer_settings(recipe: Any, plan: Any) -> SftSettings:
         from recipes import UserError
 
         raise UserError(f"{recipe.name}: the trainer does not fit {ranks} x {plan.accelerator}")
-    tokens, checkpointing, peak = fit
-    gather = gather_once(recipe, ranks, plan.accelerator, tokens, checkpointing)
-    if gather:
-        peak = trainer_step_bytes(
-            recipe.arch, ranks, tokens, checkpointing, t.compile is not False, recipe.model.lora,
-            gathered=True,
-        )  # fmt: skip
+    tokens, checkpointing, _ = fit
+    gather, peak = gather_plan(recipe, ranks, plan.accelerator, fit)
     return SftSettings(
         TrainerSettings(
             ranks=ranks,
