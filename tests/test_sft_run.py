@@ -218,7 +218,9 @@ def test_the_profiled_step_leaves_a_summary_and_trains_as_the_others(tmp_path):
     assert (summary["step"], summary["rank"], summary["device"]) == (2, 0, "cpu")
     assert summary["by_kind_s"]["attention"] > 0 and summary["by_kind_s"]["optimizer"] > 0
     assert summary["kernel_s"] > 0 and summary["gpu_idle_share"] is None
-    assert [x for x in lines if x.startswith("profile of step 2 (rank 0): ")], lines
+    assert summary["summary_s"] > 0  # reading the events back, after the step's own wall_s
+    said = [x for x in lines if x.startswith("profile of step 2 (rank 0): ")]
+    assert said and "the profile's summary took" in said[0], lines
     keys = ("loss", "grad_norm", "tokens", "eval/loss")
     a = read_metrics(tmp_path / "profiled" / "metrics.jsonl")
     b = read_metrics(tmp_path / "plain" / "metrics.jsonl")
