@@ -353,8 +353,9 @@ class FSDPTrainer(trainer_state.Checkpointing):
     def sft_step(self, packs: Sequence[Any]) -> dict[str, float]:
         """One AdamW step of SFT on the step's packed micro-batches (runtime.sft.data.Packed),
         every rank given all of them: rank r takes micro-batches r, r + world, ... (a filler
-        where it has fewer than another; runtime.sft.train.rank_share). The loss is the summed cross-entropy of the trained
-        tokens over the step's count of them on every rank. Every rank must call it."""
+        where it has fewer than another; runtime.sft.train.rank_share). The loss is the summed
+        cross-entropy of the trained tokens over the step's count of them on every rank. Every
+        rank must call it."""
         from runtime.sft.train import packed_loss, rank_share
 
         with self.memory.phase("train"):
