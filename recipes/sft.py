@@ -334,9 +334,11 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
             accelerator="cpu",
         )
     if gpus < need:
+        fewer = gpus > 0 and trainer_memory(r, gpus, accelerator) is not None
         raise UserError(
             f"{r.name} needs at least {need} x {accelerator} (the trainer's GPUs, "
             f"layout.trainer.gpus), got --gpus {gpus}"
+            + (f"; its trainer fits {gpus} (--set layout.trainer.gpus={gpus})" if fewer else "")
         )
     if gpus > gpn:
         raise UserError(

@@ -85,7 +85,11 @@ def test_the_recipes_table_lists_sft_beside_grpo(capsys):
         (
             ["plan", "qwen3-8b-sft", "--gpus", "1"],
             "qwen3-8b-sft needs at least 2 x H100 (the trainer's GPUs, layout.trainer.gpus), "
-            "got --gpus 1",
+            "got --gpus 1\n",  # the whole line: its trainer does not fit 1
+        ),
+        (
+            ["plan", "qwen3-8b-sft", "--gpus", "1", "--set", "model.lora.rank=16"],
+            "got --gpus 1; its trainer fits 1 (--set layout.trainer.gpus=1)",
         ),
         (["plan", "qwen3-1.7b-sft", "--gpus", "9"], "an SFT trainer runs on one node"),
         (
