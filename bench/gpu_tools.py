@@ -3,7 +3,8 @@
 GPU, time in tools per step and the generator's idle share read from the run's metrics.jsonl.
 
     python bench/gpu_tools.py [--recipe qwen3-1.7b-tools] [--gpus 1] [--steps 12] [--warmup 5]
-        [--tool-s 0.1] [--max-turns 4] [--turn-tokens 96] [--out FILE] [--set KEY=VALUE ...]
+        [--tool-s 0.1] [--max-turns N] [--turn-tokens N] [--response-tokens N] [--out FILE]
+        [--set KEY=VALUE ...]
     python bench/gpu_tools.py --dry-cpu      # the CPU check: tiny-tools, the same code path
 
 On the GPU machine: `bash scripts/gpu/device_run.sh tools` (scripts/gpu/README.md).
@@ -315,10 +316,14 @@ def parser() -> argparse.ArgumentParser:
         "of its pipeline",
     )
     p.add_argument("--tool-s", type=float, default=0.1, help="seconds a tool call takes")
-    p.add_argument("--max-turns", type=int, default=4)
-    p.add_argument("--turn-tokens", type=int, default=96, help="tokens a turn may sample")
+    # the episodes' caps: by default the recipe's own (env.max_turns, env.max_turn_tokens,
+    # grpo.max_response_tokens), which a random policy fills: the longest episodes the recipe
+    # allows, what its planner prices (runs before 2026-11-30d took 96 tokens a turn and 512
+    # an episode; their JSON says so)
+    p.add_argument("--max-turns", type=int, default=None)
+    p.add_argument("--turn-tokens", type=int, default=None, help="tokens a turn may sample")
     p.add_argument(
-        "--response-tokens", type=int, default=512, help="an episode's tokens after its prompt"
+        "--response-tokens", type=int, default=None, help="an episode's tokens after its prompt"
     )
     p.add_argument("--out", default=None, help="JSON to merge the section into")
     p.add_argument("--section", default=None, help="default: tools_<GPUS>gpu")
@@ -334,8 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     if a.dry_cpu:
         a.recipe, a.gpus = DRY_RECIPE, 0
-        a.turn_tokens = min(a.turn_tokens, 4)
-        a.max_turns = min(a.max_turns, 3)
+        a.turn_tokens = min(a.turn_tokens or 4, 4)
+        a.max_turns = min(a.max_turns or 3, 3)
+    else:
+        from recipes import load_recipe
+
+        caps = load_recipe(a.recipe)
+        a.max_turns = a.max_turns or caps.env.max_turns
+        a.turn_tokens = a.turn_tokens or caps.env.max_turn_tokens
+        a.response_tokens = a.response_tokens or caps.grpo.max_response_tokens
         a.out = a.out or str(Path(tempfile.gettempdir()) / "gpu_tools_dry_cpu.json")
     if a.steps <= a.warmup:
         fail(f"--steps {a.steps} leaves no step after --warmup {a.warmup}")

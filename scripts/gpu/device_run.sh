@@ -50,7 +50,7 @@
 #                                      plan of qwen3-1.7b-tools for GPUS (default 1), random
 #                                      weights, a tool that takes 100 ms a call, through
 #                                      `python -m runtime`; stopped (and still summarized) after
-#                                      TOOLS_LIMIT_S (default 400); gpu_tools$TAG.json, the run's
+#                                      TOOLS_LIMIT_S (default 540); gpu_tools$TAG.json, the run's
 #                                      log tools_run$TAG.log
 #   scripts/gpu/device_run.sh cpus [ARGS]  stage, install if needed, then vLLM alone
 #                                      (bench/gpu_grpo.py vllm --calls-only ARGS) in one process a
@@ -739,7 +739,7 @@ case "$mode" in
     mkdir -p /tmp/bench
     json=/tmp/bench/gpu_tools$tag.json
     status=0
-    timeout -s TERM -k 60 "${TOOLS_LIMIT_S:-400}" python3 bench/gpu_tools.py --gpus "$gpus" \
+    timeout -s TERM -k 60 "${TOOLS_LIMIT_S:-540}" python3 bench/gpu_tools.py --gpus "$gpus" \
       --out "$json" --log "$out/tools_run$tag.log" --work /tmp/gpu-tools-bench$tag "$@" 2>&1 |
       tee "$out/bench_tools$tag.log" || status=$?
     cp "$json" "$out/" 2>/dev/null || true
