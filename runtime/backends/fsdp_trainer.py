@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -180,26 +180,30 @@ class FSDPTrainer(trainer_state.Checkpointing):
         # Root unit: embeddings, final norm and output projection (tied weights stay together).
         fully_shard(self.model, mesh=mesh, mp_policy=policy)
 
-    def _passes(self, count: int) -> Iterator[None]:
-        """Steps through a train step's `count` forward-backward passes (every rank the same
-        count): `next()` before each pass, once more after the last. With `gather_once`, FSDP
-        keeps the weights gathered and the gradients unreduced (accumulated unsharded, in fp32)
-        between the passes, and the last pass's backward reduces them all and reshards: one
-        all-gather and one reduce-scatter a step, where each pass would otherwise make its
-        own. Without it, nothing changes."""
+    @contextlib.contextmanager
+    def _passes(self, count: int) -> Iterator[Callable[[int], None]]:
+        """A train step's `count` forward-backward passes (every rank the same count): call what
+        it gives with each pass's index before that pass. With `gather_once`, FSDP keeps the
+        weights gathered and the gradients unreduced (accumulated unsharded, in fp32) between
+        the passes, and the last pass's backward reduces them all and reshards: one all-gather
+        and one reduce-scatter a step, where each pass would otherwise make its own. Leaving
+        it, however the step ends, sets FSDP back to resharding after every pass. Without
+        `gather_once`, nothing changes."""
         if not self.gather_once or count < 2:
-            yield from [None] * count
+            yield lambda i: None
             return
         model = self.model
+
+        def before(i: int) -> None:
+            if i == count - 1:  # the last pass's backward reduces and reshards
+                model.set_reshard_after_backward(True)
+                model.set_requires_gradient_sync(True)
+
         model.set_reshard_after_forward(False)
         model.set_reshard_after_backward(False)
         model.set_requires_gradient_sync(False)
         try:
-            for i in range(count):
-                if i == count - 1:
-                    model.set_reshard_after_backward(True)
-                    model.set_requires_gradient_sync(True)
-                yield
+            yield before
         finally:
             model.set_reshard_after_backward(True)
             model.set_requires_gradient_sync(True)
@@ -302,36 +306,36 @@ class FSDPTrainer(trainer_state.Checkpointing):
         parts = micro_batches(local, self.tokens_per_micro_batch)
         # ranks whose shares split into fewer micro-batches run passes that count zero times
         missing = passes_missing(len(parts), self.world, self.device)
-        passes = self._passes(len(parts) + missing)
-        for part in parts:
-            next(passes)
-            sel = slice(rows.start + part.start, rows.start + part.stop)
-            mask = response_mask[sel].to(self.device)
-            lp, ent = self._forward(tokens[sel], mask, entropy)
-            loss, stats = loss_fn(
-                lp,
-                None if old_logprobs is None else old_logprobs[sel].to(self.device),
-                None if ref_logprobs is None else ref_logprobs[sel].to(self.device),
-                advantages[sel].to(self.device),
-                mask,
-                entropy=ent,
-                loss_mask=None if loss_mask is None else loss_mask[sel].to(self.device),
-                **loss_kwargs,
-            )
-            (loss * scale if scale != 1.0 else loss).backward()
-            w = float(stats.get("response_tokens", mask.sum()))
-            token_total += w
-            for key, value in stats.items():
-                if key in _SUMMED:
-                    summed[key] = summed.get(key, 0.0) + value
-                else:
-                    weighted[key] = weighted.get(key, 0.0) + value * w
         own = [slice(rows.start + p.start, rows.start + p.stop) for p in parts]
-        for _ in range(missing):
-            next(passes)
-            lp, ent = self._forward(*stand_in(tokens, response_mask, own, self.device), entropy)
-            (lp.sum() * 0.0 + (0.0 if ent is None else ent.sum() * 0.0)).backward()
-        next(passes, None)  # back to resharding after every forward and backward
+        with self._passes(len(parts) + missing) as before:
+            for i, part in enumerate(parts):
+                before(i)
+                sel = slice(rows.start + part.start, rows.start + part.stop)
+                mask = response_mask[sel].to(self.device)
+                lp, ent = self._forward(tokens[sel], mask, entropy)
+                loss, stats = loss_fn(
+                    lp,
+                    None if old_logprobs is None else old_logprobs[sel].to(self.device),
+                    None if ref_logprobs is None else ref_logprobs[sel].to(self.device),
+                    advantages[sel].to(self.device),
+                    mask,
+                    entropy=ent,
+                    loss_mask=None if loss_mask is None else loss_mask[sel].to(self.device),
+                    **loss_kwargs,
+                )
+                (loss * scale if scale != 1.0 else loss).backward()
+                w = float(stats.get("response_tokens", mask.sum()))
+                token_total += w
+                for key, value in stats.items():
+                    if key in _SUMMED:
+                        summed[key] = summed.get(key, 0.0) + value
+                    else:
+                        weighted[key] = weighted.get(key, 0.0) + value * w
+            for i in range(len(parts), len(parts) + missing):
+                before(i)
+                stand = stand_in(tokens, response_mask, own, self.device)
+                lp, ent = self._forward(*stand, entropy)
+                (lp.sum() * 0.0 + (0.0 if ent is None else ent.sum() * 0.0)).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(
             trainer_state.trained(self.model).values(), self.optim_config.max_grad_norm
         )
@@ -365,14 +369,13 @@ class FSDPTrainer(trainer_state.Checkpointing):
             scale = float(self.world) / total
             self.optimizer.zero_grad(set_to_none=True)
             summed = 0.0
-            passes = self._passes(len(mine))
-            for p in mine:
-                next(passes)
-                with self._autocast():
-                    loss = packed_loss(self.model, p, self.attention, self.device)
-                (loss * scale).backward()
-                summed += float(loss.detach())
-            next(passes, None)
+            with self._passes(len(mine)) as before:
+                for i, p in enumerate(mine):
+                    before(i)
+                    with self._autocast():
+                        loss = packed_loss(self.model, p, self.attention, self.device)
+                    (loss * scale).backward()
+                    summed += float(loss.detach())
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 trainer_state.trained(self.model).values(), self.optim_config.max_grad_norm
             )
