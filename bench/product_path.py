@@ -267,6 +267,25 @@ def run_b(args: list[str], run_dir: Path, log: Path, every: int, make_room: bool
     }
 
 
+def servable(run_dir: Path) -> tuple[Path, dict[str, Any] | None]:
+    """The run's model folder as vLLM and transformers load it: a LoRA run's (an adapter) goes
+    through `forgesky export RUN_DIR --merge` into RUN_DIR/merged first, as a user serving it
+    whole would; with what the merge took."""
+    model = run_dir / "model"
+    if not (model / "adapter_config.json").exists():
+        return model, None
+    merged = run_dir / "merged"
+    start = time.perf_counter()
+    cli = "import sys; from launcher.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = ["export", str(run_dir), "--out", str(merged), "--merge"]
+    done = subprocess.run(
+        [sys.executable, "-c", cli, *argv], cwd=ROOT, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"forgesky export --merge failed:\n{done.stdout}{done.stderr}")
+    return merged, {"seconds": round(time.perf_counter() - start, 1), "folder": str(merged)}
+
+
 def serve_export(model: Path, initial: Path) -> dict[str, Any]:
     """vLLM on GPU 0 and transformers on GPU 1 (or 0) score the same token rows from the
     exported folder, which is compared with the initial folder element for element."""
@@ -275,9 +294,12 @@ def serve_export(model: Path, initial: Path) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     start = time.perf_counter()
+    # the weights and room for a small cache: 0.4 of an H200 holds 8B, not 32B (65 GB)
+    weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    share = (weights + 16e9) / torch.cuda.get_device_properties(0).total_memory
     llm = LLM(
         model=str(model),
-        gpu_memory_utilization=0.4,
+        gpu_memory_utilization=min(0.9, max(0.4, share)),
         enforce_eager=True,
         max_model_len=512,
         dtype="bfloat16",
@@ -542,7 +564,11 @@ def part_b(
     result["model_files"] = sorted(p.name for p in (run_dir / "model").iterdir())
     print(f"run B: {result['run_b']}", flush=True)
     sampler.phase = "serve export"
-    result["serve"] = serve_export(run_dir / "model", folder)
+    served, merged = servable(run_dir)
+    if merged is not None:
+        result["merge"] = merged
+        print(f"merged: {merged}", flush=True)
+    result["serve"] = serve_export(served, folder)
     print(f"serve: {result['serve']}", flush=True)
     if result["serve"]["elements_changed_share"] == 0.0:
         raise AssertionError("the exported model is the initial one, element for element")

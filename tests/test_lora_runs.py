@@ -159,3 +159,22 @@ def test_a_finished_lora_run_started_again_writes_its_adapter_from_the_checkpoin
     expected = load_file(at_end / WEIGHTS_FILE)
     assert written.keys() == expected.keys()
     assert all(torch.equal(written[k], expected[k]) for k in written)
+
+
+def test_the_product_path_serves_a_lora_run_merged(tiny_lora_run, tmp_path):
+    """bench/product_path.py's part b serves a run's model folder whole: a LoRA run's adapter
+    goes through `forgesky export RUN --merge` first (a full run's folder as it is)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import product_path
+
+    run = shutil.copytree(tiny_lora_run[0], tmp_path / "run")
+    served, merged = product_path.servable(run)
+    assert served == run / "merged" and merged is not None and merged["seconds"] >= 0
+    assert (served / "config.json").exists() and list(served.glob("*.safetensors"))
+    assert not (served / CONFIG_FILE).exists()  # a whole model, no adapter config
+    full = tmp_path / "full"
+    (full / "model").mkdir(parents=True)
+    (full / "model" / "config.json").write_text("{}")
+    assert product_path.servable(full) == (full / "model", None)
