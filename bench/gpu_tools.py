@@ -341,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         a.recipe, a.gpus = DRY_RECIPE, 0
         a.turn_tokens = min(a.turn_tokens or 4, 4)
         a.max_turns = min(a.max_turns or 3, 3)
+        a.out = a.out or str(Path(tempfile.gettempdir()) / "gpu_tools_dry_cpu.json")
     else:
         from recipes import load_recipe
 
@@ -348,7 +349,6 @@ def main(argv: list[str] | None = None) -> int:
         a.max_turns = a.max_turns or caps.env.max_turns
         a.turn_tokens = a.turn_tokens or caps.env.max_turn_tokens
         a.response_tokens = a.response_tokens or caps.grpo.max_response_tokens
-        a.out = a.out or str(Path(tempfile.gettempdir()) / "gpu_tools_dry_cpu.json")
     if a.steps <= a.warmup:
         fail(f"--steps {a.steps} leaves no step after --warmup {a.warmup}")
     if a.warmup < 0 or a.gpus < 0 or a.tool_s < 0:
