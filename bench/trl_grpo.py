@@ -13,7 +13,7 @@ the shape of `gpu_grpo.py grpo` on the qwen3-1.7b recipe, without the Hub:
 - step: 16 prompts x 8 completions = 128 per optimizer step, one generation per step
   (TRL counts completions: per_device_train_batch_size 8 x gradient_accumulation_steps 16 =
   128 on one GPU, and steps_per_generation defaults to gradient_accumulation_steps). A
-  micro-batch of 8 is 5120 tokens (ours: 4096); on an out-of-memory error try
+  micro-batch of 8 is 5120 tokens (ours: the plan's `tokens_per_micro_batch`); on an out-of-memory error try
   `--micro-batch 4` or `--vllm-memory 0.25`. Prompts: builtin:arith problems cut or padded to
   127 characters, + <bos> = 128 tokens (the grpo run's templated prompts average about 207:
   `--prompt-tokens 207` matches that instead). Completions: 512 tokens, never stopped early

@@ -53,7 +53,8 @@ Where verl's run differs from ours (also under `differences` in the JSON):
   completion 512), while without a varlen kernel transformers keeps packed sequences apart
   with an SDPA mask over the whole micro-batch (checked: correct with verl's `use_cache=False`),
   whose attention grows with the micro-batch's tokens instead of each sequence's 719;
-- micro-batches: by tokens (`use_dynamic_bsz`), not ours' fixed 4,096-token micro-batches;
+- micro-batches: by tokens (`use_dynamic_bsz`), not ours' fixed micro-batches of the plan's size
+  (`tokens_per_micro_batch` in our run's settings: 16,384 or 8,192 tokens on one H200);
 - `off` (one step off-policy) is verl's one_step_off_policy trainer: vLLM on GPUs of its own
   (half of `--gpus`, `rollout.n_gpus_per_node`), the trainer on the rest, weights sent over NCCL
   (`checkpoint_engine.backend=nccl`), generation of step k+1 overlapping training on step k; it
@@ -270,7 +271,7 @@ def differences(args: argparse.Namespace) -> dict[str, str]:
             else "False: rows of 719 tokens, none padded (verl's guide advises packing)"
         ),
         "micro_batches": f"by tokens: use_dynamic_bsz, at most {args.max_token_len} a GPU "
-        "(ours: fixed micro-batches of 4,096 tokens)",
+        "(ours: fixed micro-batches of the plan's tokens_per_micro_batch)",
         "gradient_checkpointing": args.gradient_checkpointing,
         "kl_estimator": "low_var_kl: k3 clamped to [-10, 10] (ours: k3 unclamped)",
         "compile": "verl's use_torch_compile default (True) for what it compiles; ours compiles "

@@ -77,7 +77,7 @@
 # scripts/gpu/prepare_wheels.sh (.whl/cNN, .whl/ts), scripts/gpu/prepare_trl_wheels.sh
 # (.whl/trl or .whl/trl0, .whl/trl1, ...), scripts/gpu/prepare_extra_wheels.sh (.whl/env: OpenEnv
 # for `tools`) and scripts/gpu/prepare_verl_wheels.sh (.whl/verl0,
-# .whl/verl1); every mode stages whichever a call carries.
+# .whl/verl1, .whl/verl2); every mode stages whichever a call carries.
 # scripts/gpu/README.md has the call sequence.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -467,7 +467,7 @@ stage() {
   for d in .whl/env*; do
     if [ -d "$d" ]; then cp "$d"/*.whl /tmp/asm_env/ && echo "staged $d"; fi
   done
-  # verl's parts (.whl/verl0, .whl/verl1: one tar split, like the stack's chunks).
+  # verl's parts (.whl/verl0, .whl/verl1, .whl/verl2: one tar split, like the stack's chunks).
   mkdir -p /tmp/asm_verl
   for d in .whl/verl[0-9]*; do
     if [ -d "$d" ]; then cp "$d"/part_* /tmp/asm_verl/ && echo "staged $d"; fi
@@ -534,7 +534,7 @@ install_env() {
 }
 
 # verl's environment: a venv at /tmp/verl-env whose own site-packages (verl, ray, transformers
-# 5.9.0, ... from .whl/verl0 and .whl/verl1) come first and whose .pth then adds the image's
+# 5.9.0, ... from .whl/verl0, verl1, verl2) come first and whose .pth then adds the image's
 # site-packages, with the stack installed in it (torch, vLLM 0.24.0, ...): python3 here is
 # itself a venv, so --system-site-packages would reach the base interpreter's, not these.
 # Wheels go in with --target, the image's pip, no index, no dependencies (all resolved by
@@ -542,7 +542,7 @@ install_env() {
 install_verl() {
   "$verl_py" -c "import verl, ray, transfer_queue" >/dev/null 2>&1 && return 0
   if ! cat /tmp/asm_verl/part_* 2>/dev/null | tar xf - -C /tmp; then
-    echo "verl wheels incomplete: carry .whl/verl0 and .whl/verl1 (scripts/gpu/prepare_verl_wheels.sh), one a call" >&2
+    echo "verl wheels incomplete: carry every .whl/verlN (scripts/gpu/prepare_verl_wheels.sh), one a call" >&2
     exit 3
   fi
   local start image site
