@@ -1,6 +1,6 @@
 """GPU throughput of a real recipe with random weights: the whole GRPO loop, and vLLM alone.
 
-    python bench/gpu_grpo.py grpo [--recipe qwen3-1.7b] [--steps 8] [--response-tokens 512]
+    python bench/gpu_grpo.py grpo [--recipe qwen3-1.7b] [--steps 8] [--response-tokens 512] [--prompt-tokens N]
     python bench/gpu_grpo.py vllm [--recipe qwen3-1.7b] [--response-tokens 512] [--cpus SPEC] [--cpu-sweep] [--speed-probe]
 
 `grpo` runs the recipe through the runtime (`runtime.control.run.run`, what `python -m runtime` calls
@@ -154,14 +154,44 @@ def engine_threads(in_process: bool) -> list[tuple[int | str, int]]:
 
 
 def load(
-    recipe_name: str, steps: int, response_tokens: int | None, extra: list[str] | None = None
+    recipe_name: str,
+    steps: int,
+    response_tokens: int | None,
+    extra: list[str] | None = None,
+    prompt_tokens_mean: int | None = None,
 ) -> Any:
     from recipes import apply_overrides, load_recipe
 
     overrides = [*OFFLINE, *NO_EVAL, f"grpo.steps={steps}", "grpo.checkpoint_interval=0"]
     if response_tokens:
         overrides.append(f"grpo.max_response_tokens={response_tokens}")
-    return apply_overrides(load_recipe(recipe_name), [*overrides, *(extra or [])])
+    recipe = apply_overrides(load_recipe(recipe_name), [*overrides, *(extra or [])])
+    if prompt_tokens_mean:
+        recipe = apply_overrides(recipe, [longer_prompts(recipe, prompt_tokens_mean)])
+    return recipe
+
+
+# Printable ASCII: the arith tokenizer's characters, one token each.
+FILLER = "Background notes, read them and then answer the question that follows. "
+
+
+def longer_prompts(recipe: Any, mean_tokens: int) -> str:
+    """The `dataset.prompt_template` override that lengthens the arith prompts to about
+    `mean_tokens` tokens on average: the recipe's template after a fixed filler of the missing
+    length (one token a character with the arith tokenizer). Prompts past the recipe's
+    `grpo.max_prompt_tokens` are cut from the left, as the generator cuts them."""
+    have = mean([len(p) for p in prompt_tokens(recipe, count=64)]) or 0.0
+    need = round(mean_tokens - have)
+    if mean_tokens > recipe.grpo.max_prompt_tokens:
+        raise SystemExit(
+            f"--prompt-tokens {mean_tokens} is over the recipe's grpo.max_prompt_tokens "
+            f"({recipe.grpo.max_prompt_tokens}); raise it with --set"
+        )
+    if need <= 0:
+        raise SystemExit(f"--prompt-tokens {mean_tokens}: the prompts average {have:.0f} already")
+    filler = (FILLER * (need // len(FILLER) + 1))[:need]
+    # a string setting takes the text after "=" as typed (recipes/loader.py)
+    return "dataset.prompt_template=" + filler + recipe.dataset.prompt_template
 
 
 def prompt_tokens(recipe: Any, count: int = 512) -> list[list[int]]:
@@ -256,7 +286,9 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     from runtime.control.run import run
 
     gpus = args.gpus or torch.cuda.device_count()
-    recipe = load(args.recipe, args.steps, args.response_tokens, list(args.set or []))
+    recipe = load(
+        args.recipe, args.steps, args.response_tokens, list(args.set or []), args.prompt_tokens
+    )
     accelerator = "H200" if "H200" in gpu_info()["name"] else "H100"
     run_plan = plan(recipe, gpus, accelerator=accelerator)
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="forgesky-gpu-bench-"))
@@ -298,6 +330,7 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": wall,
         "run_summary": run_summary,
         "set_by_hand": list(args.set or []),
+        "prompt_tokens_asked": args.prompt_tokens,
         # where vLLM's engine core ran: in the generator's process or one of its own
         "engine": run_plan.settings.generator.engine,
         **written,
@@ -975,6 +1008,11 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the averages")
     p.add_argument("--response-tokens", type=int, default=512, help="0: the recipe's")
+    p.add_argument(
+        "--prompt-tokens", type=int, default=None, metavar="N",
+        help="grpo: prompts of about N tokens on average (a filler before the arith problems, "
+        "within grpo.max_prompt_tokens); default: the arith prompts as they are (~207 templated)",
+    )  # fmt: skip
     p.add_argument("--gpus", type=int, default=None, help="default: all visible")
     p.add_argument("--calls", type=int, default=3, help="vllm: timed generation calls")
     p.add_argument(

@@ -141,6 +141,19 @@ def test_a_lora_runs_adapter_parts_resummarize_from_its_records():
     assert parts == {"adapter_write_s": pytest.approx(committed["grpo"]["adapter_write_s"])}
 
 
+def test_longer_prompts_reach_the_asked_mean_within_the_recipes_cap():
+    # qwen3-8b at 1024-token prompts (the 4K work of docs/benchmarks.md): the filler takes the
+    # arith prompts (~200 tokens) to 1,024 on average; those past the cap are cut to it
+    recipe = gpu_grpo.load("qwen3-8b", 6, 3072, [], prompt_tokens_mean=1024)
+    lengths = [len(p) for p in gpu_grpo.prompt_tokens(recipe, count=128)]
+    assert 1000 <= sum(lengths) / len(lengths) <= 1024 and max(lengths) == 1024
+    assert recipe.dataset.prompt_template.endswith(
+        gpu_grpo.load("qwen3-8b", 6, 3072, []).dataset.prompt_template
+    )
+    with pytest.raises(SystemExit, match="max_prompt_tokens"):
+        gpu_grpo.load("qwen3-8b", 6, 3072, [], prompt_tokens_mean=2048)
+
+
 def test_trainer_configs_parse_with_defaults_and_refuse_unknown_keys():
     assert gpu_grpo.parse_config("ac=0,compile=1") == {
         "ac": 0, "compile": 1, "mb": 8192, "head": 1
