@@ -42,7 +42,17 @@ least 2 x (prompt + response)), no gradient checkpointing (`--gradient-checkpoin
 the default; on where memory is short), FSDP2 (`strategy=fsdp2`), vLLM with CUDA graphs
 (`enforce_eager=False`), tensor parallel 1 (one replica a GPU; verl's default is 2),
 `gpu_memory_utilization` 0.6 (`--rollout-memory`; the guide's 0.5-0.7), prefix caching and
-chunked prefill on (verl's defaults). No validation, no checkpoint, console and file loggers.
+chunked prefill on (verl's defaults); fused kernels for the log-probs (`--fused-kernels on`:
+`model.use_fused_kernels=True`, `fused_kernel_options.impl_backend=torch`, the best-practices
+guide's setting: the output projection and the log-probs in chunks, no whole-vocabulary logits),
+which matters here: without the flash-attn package verl 0.9.1's plain path takes the log-probs
+of bf16 logits in a Python loop over every token (`logprobs_from_logits_v2`), about 92,000
+iterations a pass, and its first runs here (bench/results/gpu_h200x2_2026-11-30e-verl-tools)
+trained at an MFU of 0.073 with it; and the reference's forward-only micro-batches at three
+times the trainer's tokens (`ref.log_prob_max_token_len_per_gpu`, `--ref-token-len`; the
+guide: forward-only limits can exceed the training one), fewer copies of its weights from the
+host (verl keeps a forward-only model offloaded to CPU memory between micro-batches). No
+validation, no checkpoint, console and file loggers.
 
 Where verl's run differs from ours (also under `differences` in the JSON):
 - attention: SDPA in the trainer (`override_config.attn_implementation=sdpa`): verl's default,
@@ -62,8 +72,10 @@ Where verl's run differs from ours (also under `differences` in the JSON):
   GPUs (`trainer.v1.trainer_mode=colocate_async`, one warm-up batch, partial rollouts): not the
   same schedule as ours' one-step-off plan on one GPU, and labelled so;
 - the KL estimator is clamped ([-10, 10]; ours is not);
-- compilation: verl's `use_torch_compile` default for what it compiles, where ours compiles the
-  trainer's and the reference's models;
+- compilation: none in verl's model (its `use_torch_compile` covers the entropy alone, not
+  computed here), where ours compiles the trainer's and the reference's models;
+- log-probs: verl's fused kernels (torch backend, chunked), where ours compiles the log-softmax
+  over the output projection's bf16 logits;
 - verl reorders a step's sequences to balance tokens across ranks (`trainer.balance_batch`).
 
 Step time is verl's `timing_s/step` (generation, reward, reference, update and, in verl 0.9.1,
@@ -209,6 +221,9 @@ def overrides(args: argparse.Namespace, work: Path) -> list[str]:
         f"{actor}.clip_ratio_high={CLIP_HIGH}",
         f"{actor}.loss_agg_mode=seq-mean-token-mean",
         f"{actor}.entropy_coeff=0",
+        f"{model}.use_fused_kernels={args.fused_kernels == 'on'}",
+        f"{model}.fused_kernel_options.impl_backend=torch",
+        f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={args.ref_token_len}",
         f"{actor}.fsdp_config.param_offload=False",
         f"{actor}.fsdp_config.optimizer_offload=False",
         "actor_rollout_ref.ref.fsdp_config.param_offload=False",
@@ -274,8 +289,16 @@ def differences(args: argparse.Namespace) -> dict[str, str]:
         "(ours: fixed micro-batches of the plan's tokens_per_micro_batch)",
         "gradient_checkpointing": args.gradient_checkpointing,
         "kl_estimator": "low_var_kl: k3 clamped to [-10, 10] (ours: k3 unclamped)",
-        "compile": "verl's use_torch_compile default (True) for what it compiles; ours compiles "
-        "the trainer's and the reference's models",
+        "compile": "none in verl's model (its use_torch_compile covers the entropy alone, not "
+        "computed here); ours compiles the trainer's and the reference's models",
+        "log_probs": (
+            "verl's fused kernels, torch backend: chunks of the output projection and log-probs"
+            if args.fused_kernels == "on"
+            else "whole-vocabulary bf16 logits, log-probs row by row in Python (no flash-attn)"
+        )
+        + " (ours: the log-softmax compiled over the output projection's bf16 logits)",
+        "reference_micro_batches": f"at most {args.ref_token_len} tokens (forward only; its "
+        "weights offloaded to the host between micro-batches, verl's forward-only default)",
         "sharding": "FSDP2 (verl's fsdp2 strategy) over the trainer GPUs",
         "rollout_memory": f"vLLM gpu_memory_utilization {args.rollout_memory}",
         "batch_order": "sequences reordered to balance tokens across ranks (trainer.balance_batch, "
@@ -625,7 +648,7 @@ def merge(out: Path, section: dict[str, Any], name: str) -> None:
     merge_section(out, section, name)
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpus", type=int, default=1, help="GPUs of this host verl runs on")
     p.add_argument(
@@ -644,6 +667,15 @@ def main() -> int:
     p.add_argument("--response-tokens", type=int, default=512)
     p.add_argument("--max-token-len", type=int, default=12288, help="ppo_max_token_len_per_gpu")
     p.add_argument("--rollout-memory", type=float, default=0.6, help="vLLM's share of a GPU")
+    p.add_argument(
+        "--fused-kernels", choices=["on", "off"], default="on",
+        help="verl's fused log-prob kernels (torch backend): on, the best-practices guide's "
+        "setting; off, the whole-vocabulary path (a Python loop a token without flash-attn)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ref-token-len", type=int, default=36864,
+        help="the reference's forward-only tokens a micro-batch (log_prob_max_token_len_per_gpu)",
+    )  # fmt: skip
     p.add_argument("--gradient-checkpointing", choices=["on", "off"], default="off")
     p.add_argument(
         "--remove-padding",
@@ -663,7 +695,11 @@ def main() -> int:
         help="no GPU: compose and validate verl's config, load the data and the reward",
     )
     p.add_argument("extra", nargs="*", help="more Hydra overrides for verl (key=value)")
-    args = p.parse_args()
+    return p
+
+
+def main() -> int:
+    args = parser().parse_args()
     if args.gpus < 1:
         fail(f"--gpus must be 1 or more, not {args.gpus}")
     if args.steps <= args.warmup:

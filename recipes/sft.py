@@ -87,6 +87,9 @@ class Sft(Strict):
     # booleans a row), flex (TorchTitan's flex attention block mask); auto: varlen on GPUs,
     # document on the CPU (varlen and flex train on GPUs only)
     attention: Literal["auto", "varlen", "document", "flex"] = "auto"
+    # how a step's rows fill its micro-batches: best_fit (longest first, each into the fullest
+    # micro-batch it fits: fewer, fuller micro-batches) or in_order (as the data reads)
+    packing: Literal["best_fit", "in_order"] = "best_fit"
 
 
 class SftEval(Strict):

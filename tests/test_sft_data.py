@@ -166,6 +166,33 @@ def test_packing_keeps_to_the_budget_and_restarts_positions_at_each_row():
     assert sum(p.trained_tokens for p in packs) == sum(sum(e.trained[1:]) for e in exs)
 
 
+def test_best_fit_packs_every_row_once_in_fewer_fuller_micro_batches():
+    """Best-fit decreasing (`sft.packing: best_fit`, the default): every row exactly once, no
+    micro-batch over the budget, never more micro-batches than packing in order, here fewer;
+    the same rows in another order give the same micro-batches."""
+    import random
+
+    from runtime.sft.data import best_fit
+
+    exs = shipped_examples(40)
+    budget = 2 * max(len(e.ids) for e in exs)
+    fitted = best_fit(exs, budget)
+    in_order = list(micro_batches(iter(exs), budget, pad_to=False))
+    assert sorted(id(e) for b in fitted for e in b) == sorted(id(e) for e in exs)
+    assert all(sum(len(e.ids) for e in b) <= budget for b in fitted)
+    assert len(fitted) < len(in_order)
+    # a rows' permutation changes nothing but the order of equal-length ties
+    shuffled = exs[:]
+    random.Random(0).shuffle(shuffled)
+    as_lengths = lambda bins: sorted(sorted(len(e.ids) for e in b) for b in bins)  # noqa: E731
+    assert as_lengths(best_fit(shuffled, budget)) == as_lengths(fitted)
+    packed = list(micro_batches(iter(exs), budget, pad_to=False, packing="best_fit"))
+    assert [p.rows for p in packed] == [len(b) for b in fitted]
+    assert sum(p.trained_tokens for p in packed) == sum(p.trained_tokens for p in in_order)
+    # a row over the budget gets a micro-batch of its own
+    assert [len(b) for b in best_fit(exs[:3], 1)] == [1, 1, 1]
+
+
 def test_a_step_split_over_ranks_pads_its_last_micro_batch_to_the_one_beside_it():
     """On several ranks the leftover micro-batch (the packing's last, short) is padded to the
     longest micro-batch of its round, trained nowhere in its padding; every rank runs as many;

@@ -23,11 +23,8 @@ import verl_grpo  # noqa: E402
 
 
 def bench_args(**given):
-    values = dict(gpus=1, policy="on", steps=6, warmup=2, model_size="1.7b", prompts_per_step=16,
-                  group_size=8, prompt_tokens=207, response_tokens=512, max_token_len=12288,
-                  rollout_memory=0.6, gradient_checkpointing="off", attention="sdpa", extra=[],
-                  remove_padding="off",
-                  check_config=False)  # fmt: skip
+    """The bench's own defaults (its parser, no arguments), with `given` changed."""
+    values = vars(verl_grpo.parser().parse_args([]))
     values.update(given)
     return argparse.Namespace(**values)
 
@@ -65,6 +62,13 @@ def test_overrides_hold_the_bench_shape_and_verls_speed_settings(tmp_path):
     assert o["reward.custom_reward_function.name"] == "verl_distinct_share"
     assert Path(o["reward.custom_reward_function.path"]) == Path(rewards.__file__).resolve()
     assert "actor_rollout_ref.hybrid_engine" not in o
+    # verl's fused log-prob kernels (without flash-attn its plain path loops over every token)
+    assert o["actor_rollout_ref.model.use_fused_kernels"] == "True"
+    assert o["actor_rollout_ref.model.fused_kernel_options.impl_backend"] == "torch"
+    assert o["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"] == "36864"
+    plain = as_dict(verl_grpo.overrides(bench_args(fused_kernels="off"), tmp_path))
+    assert plain["actor_rollout_ref.model.use_fused_kernels"] == "False"
+    assert "row by row" in verl_grpo.differences(bench_args(fused_kernels="off"))["log_probs"]
 
 
 def test_one_step_off_splits_the_gpus_and_refuses_one(tmp_path, capsys):

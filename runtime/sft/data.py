@@ -184,11 +184,43 @@ def padded(p: Packed, length: int, pad_id: int = 0) -> Packed:
     )
 
 
+def best_fit(rows: Sequence[Example], budget: int) -> list[list[Example]]:
+    """`rows` in micro-batches of at most `budget` tokens by best-fit decreasing: the longest row
+    first, each into the fullest micro-batch it still fits, else a new one (ties by the order
+    given, so the result depends on the rows alone). Fewer, fuller micro-batches than packing in
+    order when lengths vary (a step of 262,144 tokens in rows of 256-2,048 at 8,192 a
+    micro-batch: 32-33 instead of 35-36); a row longer than `budget` gets one of its own."""
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))
+    bins: list[list[Example]] = []
+    room: list[int] = []
+    for i in order:
+        n = len(rows[i].ids)
+        fits = [b for b in range(len(bins)) if room[b] >= n]
+        if fits:
+            b = min(fits, key=lambda b: (room[b], b))
+            bins[b].append(rows[i])
+            room[b] -= n
+        else:
+            bins.append([rows[i]])
+            room.append(budget - n)
+    return bins
+
+
 def micro_batches(
-    stream: Iterator[Example], budget: int, *, pad_to: bool = True, pad_id: int = 0
+    stream: Iterator[Example],
+    budget: int,
+    *,
+    pad_to: bool = True,
+    pad_id: int = 0,
+    packing: str = "in_order",
 ) -> Iterator[Packed]:
-    """Examples packed in order into micro-batches of at most `budget` tokens (a row that does
-    not fit the current one starts the next)."""
+    """Examples packed into micro-batches of at most `budget` tokens: in order (a row that does
+    not fit the current one starts the next), or `packing="best_fit"` (`best_fit`: the stream's
+    rows all read first)."""
+    if packing == "best_fit":
+        for part in best_fit(list(stream), budget):
+            yield pack(part, budget if pad_to else None, pad_id)
+        return
     current: list[Example] = []
     used = 0
     for ex in stream:

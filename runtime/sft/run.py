@@ -103,15 +103,15 @@ class Ahead:
     stream then stands one step ahead of the trained steps; `Taken.after` is where they leave
     it."""
 
-    def __init__(self, stream: RowStream, budget: int, micro: int):
-        self.stream, self.budget, self.micro = stream, budget, micro
+    def __init__(self, stream: RowStream, budget: int, micro: int, packing: str = "in_order"):
+        self.stream, self.budget, self.micro, self.packing = stream, budget, micro, packing
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sft-rows")
         self._next: Future[Taken] | None = None
 
     def _take(self) -> Taken:
         start = time.perf_counter()
         rows = self.stream.take(self.budget)
-        packs = list(micro_batches(iter(rows), self.micro, pad_to=False))
+        packs = list(micro_batches(iter(rows), self.micro, pad_to=False, packing=self.packing))
         return Taken(rows, packs, self.stream.state_dict(), time.perf_counter() - start)
 
     def ask(self) -> None:
@@ -332,7 +332,7 @@ def run(
     )
     record: dict[str, Any] = {}
     position = stream.state_dict()  # where the trained steps leave the data
-    ahead = Ahead(stream, recipe.sft.tokens_per_step, micro)
+    ahead = Ahead(stream, recipe.sft.tokens_per_step, micro, recipe.sft.packing)
     try:
         if trainer.step == 0 and evaluation:
             metrics.log(0, {"eval/loss": eval_loss()})
