@@ -169,7 +169,7 @@ def test_packing_keeps_to_the_budget_and_restarts_positions_at_each_row():
 def test_best_fit_packs_every_row_once_in_fewer_fuller_micro_batches():
     """Best-fit decreasing (`sft.packing: best_fit`, the default): every row exactly once, no
     micro-batch over the budget, never more micro-batches than packing in order, here fewer;
-    the same rows in another order give the same micro-batches."""
+    the same rows in another order give micro-batches of the same lengths."""
     import random
 
     from runtime.sft.data import best_fit
@@ -191,6 +191,29 @@ def test_best_fit_packs_every_row_once_in_fewer_fuller_micro_batches():
     assert sum(p.trained_tokens for p in packed) == sum(p.trained_tokens for p in in_order)
     # a row over the budget gets a micro-batch of its own
     assert [len(b) for b in best_fit(exs[:3], 1)] == [1, 1, 1]
+
+
+def test_a_steps_rows_are_packed_as_the_recipe_says():
+    """The run takes a step's rows and packs them (runtime.sft.run.Ahead) with `sft.packing`:
+    the same rows either way, best fit in no more micro-batches than in order."""
+    from runtime.sft.run import Ahead, RowStream
+
+    recipe = load_recipe("tiny-sft")
+    ds = recipe.dataset
+    rows = [json.loads(line) for line in Path(ds.path).read_text().splitlines()]
+    taken = {}
+    for packing in ("in_order", "best_fit"):
+        stream = RowStream(rows, ChatEncoder(tiny_tokenizer()), ds, seed=0)
+        ahead = Ahead(stream, 2048, 128, packing)
+        try:
+            taken[packing] = ahead.get()
+        finally:
+            ahead.close()
+    first, fitted = taken["in_order"], taken["best_fit"]
+    assert [e.ids for e in first.rows] == [e.ids for e in fitted.rows]
+    assert sum(p.rows for p in fitted.packs) == len(fitted.rows)
+    assert len(fitted.packs) <= len(first.packs)
+    assert [p.lengths for p in fitted.packs] != [p.lengths for p in first.packs]
 
 
 def test_a_step_split_over_ranks_pads_its_last_micro_batch_to_the_one_beside_it():

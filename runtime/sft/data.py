@@ -186,8 +186,8 @@ def padded(p: Packed, length: int, pad_id: int = 0) -> Packed:
 
 def best_fit(rows: Sequence[Example], budget: int) -> list[list[Example]]:
     """`rows` in micro-batches of at most `budget` tokens by best-fit decreasing: the longest row
-    first, each into the fullest micro-batch it still fits, else a new one (ties by the order
-    given, so the result depends on the rows alone). Fewer, fuller micro-batches than packing in
+    first, each into the fullest micro-batch it still fits, else a new one (rows of one length
+    in the order given: the same rows in the same order give the same micro-batches). Fewer, fuller micro-batches than packing in
     order when lengths vary (a step of 262,144 tokens in rows of 256-2,048 at 8,192 a
     micro-batch: 32-33 instead of 35-36); a row longer than `budget` gets one of its own."""
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))
