@@ -238,6 +238,8 @@ def overrides(args: argparse.Namespace, work: Path) -> list[str]:
         f"{rollout}.top_k=-1",
         f"{rollout}.enforce_eager=False",
         f"{rollout}.calculate_log_probs=True",
+        # vLLM's own throughput lines in the log (a diagnostic: off is verl's default)
+        f"{rollout}.disable_log_stats={args.vllm_stats == 'off'}",
         f"reward.custom_reward_function.path={REWARD_FILE}",
         f"reward.custom_reward_function.name={REWARD_NAME}",
         "trainer.logger=[console,file]",
@@ -671,6 +673,11 @@ def parser() -> argparse.ArgumentParser:
         "--fused-kernels", choices=["on", "off"], default="on",
         help="verl's fused log-prob kernels (torch backend): on, the best-practices guide's "
         "setting; off, the whole-vocabulary path (a Python loop a token without flash-attn)",
+    )  # fmt: skip
+    p.add_argument(
+        "--vllm-stats", choices=["on", "off"], default="off",
+        help="on: vLLM's engine logs its throughput (rollout.disable_log_stats=False), to see "
+        "what of verl's timing_s/gen is sampling",
     )  # fmt: skip
     p.add_argument(
         "--ref-token-len", type=int, default=36864,

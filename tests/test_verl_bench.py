@@ -66,6 +66,9 @@ def test_overrides_hold_the_bench_shape_and_verls_speed_settings(tmp_path):
     assert o["actor_rollout_ref.model.use_fused_kernels"] == "True"
     assert o["actor_rollout_ref.model.fused_kernel_options.impl_backend"] == "torch"
     assert o["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"] == "36864"
+    assert o["actor_rollout_ref.rollout.disable_log_stats"] == "True"  # verl's default
+    stats = as_dict(verl_grpo.overrides(bench_args(vllm_stats="on"), tmp_path))
+    assert stats["actor_rollout_ref.rollout.disable_log_stats"] == "False"
     plain = as_dict(verl_grpo.overrides(bench_args(fused_kernels="off"), tmp_path))
     assert plain["actor_rollout_ref.model.use_fused_kernels"] == "False"
     assert "row by row" in verl_grpo.differences(bench_args(fused_kernels="off"))["log_probs"]
