@@ -107,3 +107,31 @@ def test_procs_of_other_machines_or_stopped_services_are_not_read():
     meshes[1].stopped = True
     failure, took = asyncio.run(_await_peer(life, meshes))
     assert failure is None and 0.5 < took < 3.0, took
+
+
+def test_a_call_whose_proc_went_silent_names_how_the_proc_ended():
+    # On a loaded host Monarch can answer a call to a killed proc with its agent's timeout
+    # ("likely crashed") before it learns how the proc died: the run names the proc's ending.
+    from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
+
+    silent = (
+        'timeout waiting for message from proc mesh agent while querying for "reward-x". '
+        "The process likely crashed"
+    )
+
+    async def answered_silence():
+        raise SupervisionError(silent)
+
+    async def scenario(pids):
+        life = RunLifecycle(peer_grace=60.0, failure_grace=0.2)
+        life._failed = asyncio.get_running_loop().create_future()
+        life._meshes = [Procs("reward", pids[:1])]  # type: ignore[assignment]
+        start = time.monotonic()
+        with contextlib.suppress(ActorFailure):
+            await life.call("reward", answered_silence())
+        return life.failure, time.monotonic() - start
+
+    with two_ranks(killed=0) as pids:
+        failure, took = asyncio.run(scenario(pids))
+    assert str(failure) == "reward actor failed: process killed by SIGKILL", failure
+    assert took < 5.0, took  # the grace is 60 s

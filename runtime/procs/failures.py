@@ -236,10 +236,18 @@ _PEER_LOST = re.compile(
 )
 
 
+# What Monarch says of a call whose proc stopped answering before it learned how the proc ended
+# (its agent's query timed out: a loaded host): the proc's own ending is the cause to name.
+_PROC_SILENT = re.compile(
+    r"process likely crashed|timeout waiting for message from proc mesh agent", re.IGNORECASE
+)
+
+
 def lost_a_peer(failure: ActorFailure) -> bool:
-    """Whether `failure` is a collective that lost its peer: the peer's own failure (a proc
-    killed, out of memory) is then the run's root cause if it is reported soon."""
-    return is_consequence(failure.cause)
+    """Whether `failure` is a collective that lost its peer, or a call whose proc went silent
+    without Monarch saying how: the peer's (or the proc's) own failure (killed, out of
+    memory) is then the run's root cause if it is reported soon."""
+    return is_consequence(failure.cause) or bool(_PROC_SILENT.search(failure.cause))
 
 
 def is_consequence(cause: str) -> bool:
