@@ -133,5 +133,5 @@ def test_a_call_whose_proc_went_silent_names_how_the_proc_ended():
 
     with two_ranks(killed=0) as pids:
         failure, took = asyncio.run(scenario(pids))
-    assert str(failure) == "reward actor failed: process killed by SIGKILL", failure
+    assert str(failure) == "reward actor failed: process killed by SIGKILL (proc 0/1)", failure
     assert took < 5.0, took  # the grace is 60 s

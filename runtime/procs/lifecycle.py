@@ -331,8 +331,10 @@ class RunLifecycle:
             for rank, pid in enumerate(mesh.pids):
                 how = proc_ended(pid)
                 if how is not None:
-                    where = f" (proc {rank}/{len(mesh.pids)})" if len(mesh.pids) > 1 else ""
-                    return ActorFailure(mesh.service, f"process {how}{where}")
+                    # as Monarch's reports name a proc, of one too
+                    return ActorFailure(
+                        mesh.service, f"process {how} (proc {rank}/{len(mesh.pids)})"
+                    )
         return None
 
     # --- running and shutting down --------------------------------------------------------------
