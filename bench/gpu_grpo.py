@@ -180,13 +180,13 @@ def longer_prompts(recipe: Any, mean_tokens: int) -> str:
     `mean_tokens` tokens on average: the recipe's template after a fixed filler of the missing
     length (one token a character with the arith tokenizer). Prompts past the recipe's
     `grpo.max_prompt_tokens` are cut from the left, as the generator cuts them."""
-    have = mean([len(p) for p in prompt_tokens(recipe, count=64)]) or 0.0
-    need = round(mean_tokens - have)
     if mean_tokens > recipe.grpo.max_prompt_tokens:
         raise SystemExit(
             f"--prompt-tokens {mean_tokens} is over the recipe's grpo.max_prompt_tokens "
             f"({recipe.grpo.max_prompt_tokens}); raise it with --set"
         )
+    have = mean([len(p) for p in prompt_tokens(recipe, count=64)]) or 0.0
+    need = round(mean_tokens - have)
     if need <= 0:
         raise SystemExit(f"--prompt-tokens {mean_tokens}: the prompts average {have:.0f} already")
     filler = (FILLER * (need // len(FILLER) + 1))[:need]

@@ -103,7 +103,7 @@ class Ahead:
     stream then stands one step ahead of the trained steps; `Taken.after` is where they leave
     it."""
 
-    def __init__(self, stream: RowStream, budget: int, micro: int, packing: str = "in_order"):
+    def __init__(self, stream: RowStream, budget: int, micro: int, packing: str):
         self.stream, self.budget, self.micro, self.packing = stream, budget, micro, packing
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sft-rows")
         self._next: Future[Taken] | None = None
