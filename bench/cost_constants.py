@@ -381,9 +381,12 @@ def all_runs() -> tuple[list[dict[str, Any]], dict[str, int], list[dict[str, Any
         for name, run in data.items():
             if not isinstance(run, dict):
                 continue
-            # a peer's run: by its section's name, or by the system it records (`pairs`)
+            # a peer's run: by its section's name, or by the system it records (`pairs`: in
+            # the section itself, or in the `run` record bench/pairs.py stamps it with)
+            stamp = run.get("run") if isinstance(run.get("run"), dict) else {}
+            system = run.get("system") or stamp.get("system")
             peer = next((p for p in ("trl", "verl") if name.startswith(p)), None)
-            peer = peer or next((p for p in ("trl", "verl") if run.get("system") == p), None)
+            peer = peer or next((p for p in ("trl", "verl") if system == p), None)
             if peer:
                 others[peer] += 1
             elif run.get("system") == "forgesky" and "tokens_per_optimizer_step" in run:
