@@ -863,6 +863,17 @@ def test_the_committed_speed_summary_is_what_its_specs_give():
         assert r["median_of_3"] is (r["pairs"] >= 3)
 
 
+def test_the_readme_quotes_only_median_rows_of_the_speed_summary():
+    import re
+
+    rows = json.loads((REPO / "bench/results/speed_summary.json").read_text())["rows"]
+    medians = {f"{r['ratio_median']:.2f}x" for r in rows if r["median_of_3"]}
+    quoted = re.findall(r"\b\d+\.\d+x per GPU", (REPO / "README.md").read_text())
+    assert quoted, "the README quotes no speed ratio"
+    for q in quoted:
+        assert q.removesuffix(" per GPU") in medians, f"README: {q} is no median-of-3 row"
+
+
 def _iso(seconds: float) -> str:
     return f"{datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC):%Y-%m-%dT%H:%M:%SZ}"
 
