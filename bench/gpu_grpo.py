@@ -1,10 +1,11 @@
 """GPU throughput of a real recipe with random weights: the whole GRPO loop, and vLLM alone.
 
-    python bench/gpu_grpo.py grpo [--recipe qwen3-1.7b] [--steps 8] [--response-tokens 512] [--prompt-tokens N]
+    python bench/gpu_grpo.py grpo [--recipe qwen3-1.7b] [--steps 8] [--response-tokens 512] [--prompt-tokens N] [--model-folder DIR]
     python bench/gpu_grpo.py vllm [--recipe qwen3-1.7b] [--response-tokens 512] [--cpus SPEC] [--cpu-sweep] [--speed-probe]
 
 `grpo` runs the recipe through the runtime (`runtime.control.run.run`, what `python -m runtime` calls
-after parsing) with `model.init=random` and the Hub-free `builtin:arith` prompts and tokenizer,
+after parsing) with `model.init=random` (or, `--model-folder`, random weights in a Hugging Face
+folder read as a user's model is) and the Hub-free `builtin:arith` prompts and tokenizer,
 then reads metrics.jsonl: samples/s per GPU, step time, in-loop generation tokens/s, weight-sync
 seconds and GB/s, trainer tokens/s and MFU (model FLOPs per trainer GPU-second over peak bf16:
 `training_flops`, attention included, the output projection on response positions only, as the
@@ -71,6 +72,17 @@ from runtime.procs import cpus as cpu_layout  # noqa: E402
 from runtime.procs.usage import thread_usage  # noqa: E402
 
 OFFLINE = ["model.init=random", "model.tokenizer=builtin:arith", "dataset.path=builtin:arith"]
+
+
+def offline(model_folder: str | None = None) -> list[str]:
+    """The bench's Hub-free overrides: the built-in prompts and tokenizer, and random weights,
+    by TorchTitan's seeded init (`model.init=random`) or from a Hugging Face folder of random
+    weights read as a user's model is (`model.hf_id=FOLDER`, `--model-folder`)."""
+    if model_folder is None:
+        return list(OFFLINE)
+    return [f"model.hf_id={model_folder}", *OFFLINE[1:]]
+
+
 # throughput runs of random weights: the recipes' held-out evaluation would measure nothing
 NO_EVAL = ["eval.enabled=false"]
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s (SXM)
@@ -159,10 +171,16 @@ def load(
     response_tokens: int | None,
     extra: list[str] | None = None,
     prompt_tokens_mean: int | None = None,
+    model_folder: str | None = None,
 ) -> Any:
     from recipes import apply_overrides, load_recipe
 
-    overrides = [*OFFLINE, *NO_EVAL, f"grpo.steps={steps}", "grpo.checkpoint_interval=0"]
+    overrides = [
+        *offline(model_folder),
+        *NO_EVAL,
+        f"grpo.steps={steps}",
+        "grpo.checkpoint_interval=0",
+    ]
     if response_tokens:
         overrides.append(f"grpo.max_response_tokens={response_tokens}")
     recipe = apply_overrides(load_recipe(recipe_name), [*overrides, *(extra or [])])
@@ -275,6 +293,24 @@ def engine_thread(rows: list[dict[str, Any]], prefix: str = "") -> dict[str, flo
     }
 
 
+def model_folder(recipe_name: str, folder: Path, device: str = "cuda") -> dict[str, Any]:
+    """A Hugging Face folder of the recipe's architecture with random bf16 weights and the
+    arith tokenizer (bench/product_path.py), written once in a process of its own (its CUDA
+    context ends with it) and kept while its stamp names the same architecture: the weights
+    then reach the trainer and the generators as a user's model does. Under LoRA that matters
+    to the start: with `model.init=random` each generator builds the trainer's seeded init on
+    the host and writes it out for vLLM before its engine starts (qwen3-8b-lora: the
+    generator ready at 222 s, the trainer at 87 s), where from a folder vLLM reads the base
+    itself beside the trainer's load."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "write-model", "--recipe", recipe_name]
+    cmd += ["--model-folder", str(folder), "--device", device]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"writing the model folder {folder} failed:\n{done.stdout}{done.stderr}")
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"path": str(folder.resolve()), **info}
+
+
 def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     """The recipe through the runtime on the plan `forgesky plan NAME --gpus N` gives (the
     same `plan()` `python -m runtime` calls), with only the bench's overrides (random weights,
@@ -286,8 +322,14 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
     from runtime.control.run import run
 
     gpus = args.gpus or torch.cuda.device_count()
+    folder = model_folder(args.recipe, Path(args.model_folder)) if args.model_folder else None
     recipe = load(
-        args.recipe, args.steps, args.response_tokens, list(args.set or []), args.prompt_tokens
+        args.recipe,
+        args.steps,
+        args.response_tokens,
+        list(args.set or []),
+        args.prompt_tokens,
+        model_folder=folder and folder["path"],
     )
     accelerator = "H200" if "H200" in gpu_info()["name"] else "H100"
     run_plan = plan(recipe, gpus, accelerator=accelerator)
@@ -331,6 +373,8 @@ def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
         "run_summary": run_summary,
         "set_by_hand": list(args.set or []),
         "prompt_tokens_asked": args.prompt_tokens,
+        # the weights: TorchTitan's seeded init, or a random Hugging Face folder (--model-folder)
+        "model_folder": folder,
         # where vLLM's engine core ran: in the generator's process or one of its own
         "engine": run_plan.settings.generator.engine,
         **written,
@@ -488,7 +532,11 @@ def summarize(
     return {
         "recipe": recipe.name,
         "lora": lora.model_dump() if lora else None,
-        "overrides": [*OFFLINE, *NO_EVAL, f"grpo.max_response_tokens={g.max_response_tokens}"],
+        "overrides": [
+            *offline(None if recipe.model.init == "random" else recipe.model.hf_id),
+            *NO_EVAL,
+            f"grpo.max_response_tokens={g.max_response_tokens}",
+        ],
         "gpus_used": used_gpus,
         "placements": placement_rows(run_plan.placements),
         "params": params,
@@ -902,6 +950,7 @@ def resummarize(result: dict[str, Any]) -> None:
             len(section["records"]),
             int(response.split("=", 1)[1]),
             section.get("set_by_hand") or section.get("overrides_extra") or [],
+            model_folder=(section.get("model_folder") or {}).get("path"),
         )
         plan = SimpleNamespace(placements=section["placements"], total_gpus=section["gpus_used"])
         warmup = section["steps"] - section["measured_steps"]
@@ -1002,7 +1051,7 @@ MODES = {
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=[*MODES, "merge"])
+    p.add_argument("mode", choices=[*MODES, "merge", "write-model"])
     p.add_argument("parts", nargs="*", type=Path, help="merge: result files to merge into --out")
     p.add_argument("--recipe", default="qwen3-1.7b")
     p.add_argument("--steps", type=int, default=8)
@@ -1062,6 +1111,12 @@ def main() -> int:
     p.add_argument("--tag", default="", help="a suffix for the files --py-spy writes")
     p.add_argument("--run-dir", default=None)
     p.add_argument(
+        "--model-folder", default=None, metavar="DIR",
+        help="grpo: the weights from a Hugging Face folder of random weights in DIR (written "
+        "once, kept while it holds the recipe's architecture; e.g. /dev/shm/qwen3-8b-hf), read "
+        "as a user's model is (model.hf_id=DIR), instead of TorchTitan's seeded init",
+    )  # fmt: skip
+    p.add_argument(
         "--set", action="append", default=[], help="recipe override key=value (repeatable)"
     )
     p.add_argument(
@@ -1070,6 +1125,16 @@ def main() -> int:
     p.add_argument("--out", default=str(ROOT / "bench/results/gpu_grpo.json"))
     args = p.parse_intermixed_args()
 
+    if args.mode == "write-model":  # model_folder()'s child
+        from product_path import random_model_once
+
+        from recipes import load_recipe
+
+        if not args.model_folder:
+            p.error("write-model needs --model-folder")
+        info = random_model_once(load_recipe(args.recipe), Path(args.model_folder), args.device)
+        print(json.dumps(info), flush=True)
+        return 0
     out = Path(args.out)
     if args.mode == "merge":
         result = merge(out, args.parts)

@@ -127,7 +127,7 @@ def chats(recipe: Any, letters: str, steps: int, seed: int = 0) -> list[dict[str
 def prepare(recipe: Any, work: Path, steps: int, device: str) -> dict[str, Any]:
     """`work`/model (written once per recipe architecture) and `work`/chats.jsonl (every time:
     deterministic); what they hold."""
-    from product_path import write_random_model
+    from product_path import random_model_once
 
     tok, letters = tokenizer_for(recipe)
     rows = chats(recipe, letters, steps)
@@ -139,18 +139,7 @@ def prepare(recipe: Any, work: Path, steps: int, device: str) -> dict[str, Any]:
     if max(lengths) > recipe.dataset.max_tokens:
         raise AssertionError(f"a chat of {max(lengths)} tokens, over {recipe.dataset.max_tokens}")
     model = work / "model"
-    stamp = model / "bench_model.json"
-    key = {
-        "family": recipe.model.family,
-        "size": recipe.model.size,
-        "vocab": recipe.arch.vocab_size,
-    }
-    written: dict[str, Any] = {}
-    if not (stamp.is_file() and json.loads(stamp.read_text()).get("key") == key):
-        written = write_random_model(recipe, model, device=device, tokenizer=tok)
-        stamp.write_text(json.dumps({"key": key, **written}) + "\n")
-    else:
-        written = {k: v for k, v in json.loads(stamp.read_text()).items() if k != "key"}
+    written = random_model_once(recipe, model, device=device, tokenizer=tok)
     return {
         "model_dir": str(model),
         "data": str(data),

@@ -470,6 +470,44 @@ def test_the_product_bench_writes_a_model_folder_both_loaders_read(tmp_path, mon
     assert all(t.abs().sum() > 0 for t in weights.values())
 
 
+def test_the_grpo_bench_reads_a_random_model_folder_as_a_users_model(tmp_path, monkeypatch):
+    """`gpu_grpo.py grpo --model-folder DIR`: the folder is written once and kept while it
+    holds the recipe's architecture, and the run's recipe reads it as a user's model
+    (model.hf_id, no seeded init), which its section's overrides say."""
+    import dataclasses
+
+    import product_path
+    from recipes import architecture, load_recipe
+    from runtime.backends import build
+    from runtime.models import ModelSpec
+
+    spec = ModelSpec.from_arch(architecture("qwen3", "tiny"), family="qwen3")
+    monkeypatch.setattr(
+        build, "model_spec", lambda recipe: dataclasses.replace(spec, vocab_size=512)
+    )
+    folder = tmp_path / "qwen3-1.7b-hf"
+    recipe = load_recipe("qwen3-1.7b")
+    first = product_path.random_model_once(recipe, folder, device="cpu")
+    shard = next(folder.glob("*.safetensors"))
+    written = shard.stat().st_mtime_ns
+    again = product_path.random_model_once(recipe, folder, device="cpu")
+    assert first["written_now"] and not again["written_now"]
+    assert shard.stat().st_mtime_ns == written
+    assert {k: v for k, v in again.items() if k != "written_now"} == {
+        k: v for k, v in first.items() if k != "written_now"
+    }
+    # another architecture in the same folder is written anew
+    other = product_path.random_model_once(load_recipe("llama3.2-1b"), folder, device="cpu")
+    assert other["written_now"]
+
+    loaded = gpu_grpo.load("qwen3-1.7b", 3, 512, model_folder=str(folder))
+    assert loaded.model.hf_id == str(folder) and loaded.model.init == "hub"
+    assert loaded.model.tokenizer == "builtin:arith"
+    assert gpu_grpo.load("qwen3-1.7b", 3, 512).model.init == "random"
+    assert gpu_grpo.offline(str(folder))[0] == f"model.hf_id={folder}"
+    assert gpu_grpo.offline() == gpu_grpo.OFFLINE
+
+
 def test_product_path_times_run_b_by_its_own_steps(monkeypatch):
     """The resumed run appends to the metrics its first run wrote: its step times are the
     steps past its checkpoint, with what the checkpoint before each held up."""
