@@ -477,6 +477,7 @@ def test_the_grpo_bench_reads_a_random_model_folder_as_a_users_model(tmp_path, m
     import dataclasses
 
     import product_path
+
     from recipes import architecture, load_recipe
     from runtime.backends import build
     from runtime.models import ModelSpec
