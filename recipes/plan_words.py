@@ -79,6 +79,8 @@ class Plan:
     shorter_prompts: str = ""
     # where the staleness bound sets the step: what one version staler would take (a line)
     staler_policy: str = ""
+    # off-policy where on-policy is predicted about as fast on this layout: that line
+    fresher_policy: str = ""
     prediction: str = ""  # what bounds the step, and which measurements the speeds come from
     # every layout the planner weighed (layout.share auto), the chosen one included
     candidates: tuple[Candidate, ...] = field(default=(), hash=False, compare=False)
@@ -241,6 +243,8 @@ class Plan:
             lines.append(self.shorter_prompts)
         if self.staler_policy:
             lines.append(self.staler_policy)
+        if self.fresher_policy:
+            lines.append(self.fresher_policy)
         return lines
 
     def _gpu_memory_lines(self) -> list[str]:
@@ -493,6 +497,17 @@ def staler_policy_line(age: int, seconds: float, here: float) -> str:
         f"each call may then start a step earlier, and its samples are trained on up to {age} "
         f"versions old, and each step may learn less (docs/how-it-works.md, the cost model); "
         f"--set grpo.max_policy_age={age}"
+    )
+
+
+def fresher_policy_line(age: int, seconds: float, here: float) -> str:
+    """The line of an off-policy plan (grpo.max_policy_age `age`) where on-policy is predicted
+    at `seconds` a step on the same layout, about the plan's `here`."""
+    return (
+        f"grpo.max_policy_age 0 (on-policy) is predicted at {seconds:.2f} s a step against "
+        f"{here:.2f} on this layout: its services overlap too little for {age} version"
+        f"{'s' if age > 1 else ''} of staleness to buy speed, and on-policy trains each sample "
+        "on the version that made it; --set grpo.max_policy_age=0"
     )
 
 

@@ -32,6 +32,7 @@ from recipes.plan_words import (
     Candidate,
     Plan,
     breakdown,
+    fresher_policy_line,
     layout_hint_line,
     layout_words,
     shorter_prompts_line,
@@ -217,6 +218,7 @@ def plan(
         if share == "auto"
         else "",
         staler_policy=_staler_policy(recipe, best),
+        fresher_policy=_fresher_policy(recipe, best),
     )
 
 
@@ -235,6 +237,25 @@ def _staler_policy(recipe: Recipe, best: Plan) -> str:
     if there > here * (1 - HINT_MARGIN):
         return ""
     return staler_policy_line(g.max_policy_age + 1, there, here)
+
+
+def _fresher_policy(recipe: Recipe, best: Plan) -> str:
+    """Where the recipe trains off-policy (grpo.max_policy_age above 0) and on-policy is
+    predicted on the same layout within FRESHER_MARGIN of the chosen plan's step, the line
+    that says so: there the staleness buys next to no speed (services that take turns on one
+    GPU overlap nothing: on one H200, qwen3-1.7b on-policy took 5.00-5.67 s a step and one step
+    off 5.79, bench/results/gpu_h200_2026-12-01-pairs), while each sample is trained on up to
+    max_policy_age versions after the one that made it."""
+    here, age = best.predicted_step_s, recipe.grpo.max_policy_age
+    if best.settings is None or here is None or age == 0:
+        return ""
+    on_policy = recipe.model_copy(
+        update={"grpo": recipe.grpo.model_copy(update={"max_policy_age": 0})}
+    )
+    there = predict_layout(on_policy, best.accelerator, best.placements, best.settings).seconds
+    if there > here * (1 + FRESHER_MARGIN):
+        return ""
+    return fresher_policy_line(age, there, here)
 
 
 def _shorter_prompts(recipe: Recipe, best: Plan, fits: list[Plan]) -> str:
@@ -283,6 +304,8 @@ def _another_first(
 
 # How much faster another layout must be predicted at a run's own lengths for the run to say so.
 HINT_MARGIN = 0.10
+# How little slower on-policy may be predicted for a plan to say that staleness buys no speed.
+FRESHER_MARGIN = 0.02
 
 
 def layout_hint(

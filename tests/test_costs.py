@@ -147,6 +147,25 @@ def test_a_tp_group_splits_the_weight_reads_of_a_decode_step():
     assert tp_replicas(4, "H200", large, s.generate_tok_s, s.sequences_per_call) == 2.0
 
 
+def test_an_off_policy_plan_that_overlaps_nothing_says_on_policy_is_as_fast():
+    # qwen3-1.7b (max_policy_age 1) on one GPU: its services take turns, nothing overlaps
+    shared = plan(load_recipe("qwen3-1.7b"), 1, accelerator="H200")
+    line = shared.fresher_policy
+    assert line.startswith("grpo.max_policy_age 0 (on-policy) is predicted at ")
+    assert line.endswith("--set grpo.max_policy_age=0") and line in shared.describe().splitlines()
+    there, here = map(
+        float, re.match(r".* at ([0-9.]+) s a step against ([0-9.]+) ", line).groups()
+    )
+    on_policy = apply_overrides(load_recipe("qwen3-1.7b"), ["grpo.max_policy_age=0"])
+    fresher = plan(on_policy, 1, accelerator="H200")
+    assert fresher.placements == shared.placements
+    assert there == pytest.approx(fresher.predicted_step_s, abs=0.01)
+    assert here == pytest.approx(shared.predicted_step_s, abs=0.01) and there <= 1.02 * here
+    # where staleness buys speed (qwen3-8b on 8 H100s, bound by it), or already on-policy: none
+    assert plan(load_recipe("qwen3-8b"), 8).fresher_policy == ""
+    assert fresher.fresher_policy == ""
+
+
 def test_a_plan_bound_by_staleness_says_what_one_version_more_would_take():
     # qwen3-8b on 8 H100s: each call waits for the step two before it to train
     staled = plan(load_recipe("qwen3-8b"), 8)
