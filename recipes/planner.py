@@ -246,12 +246,15 @@ def _fresher_policy(recipe: Recipe, best: Plan) -> str:
     GPU overlap nothing: on one H200, qwen3-1.7b on-policy took 5.00-5.67 s a step and one step
     off 5.79, bench/results/gpu_h200_2026-12-01-pairs), while each sample is trained on up to
     max_policy_age versions after the one that made it."""
+    from recipes.loader import apply_overrides
+
     here, age = best.predicted_step_s, recipe.grpo.max_policy_age
     if best.settings is None or here is None or age == 0:
         return ""
-    on_policy = recipe.model_copy(
-        update={"grpo": recipe.grpo.model_copy(update={"max_policy_age": 0})}
-    )
+    try:  # the line's --set as a user would give it (two steps a call need an older policy)
+        on_policy = apply_overrides(recipe, ["grpo.max_policy_age=0"])
+    except UserError:
+        return ""
     there = predict_layout(on_policy, best.accelerator, best.placements, best.settings).seconds
     if there > here * (1 + FRESHER_MARGIN):
         return ""

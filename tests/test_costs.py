@@ -164,6 +164,9 @@ def test_an_off_policy_plan_that_overlaps_nothing_says_on_policy_is_as_fast():
     # where staleness buys speed (qwen3-8b on 8 H100s, bound by it), or already on-policy: none
     assert plan(load_recipe("qwen3-8b"), 8).fresher_policy == ""
     assert fresher.fresher_policy == ""
+    # two steps a call need max_policy_age 1: no line that suggests a setting refused
+    two = apply_overrides(load_recipe("qwen3-1.7b"), ["grpo.steps_per_call=2"])
+    assert plan(two, 1, accelerator="H200").fresher_policy == ""
 
 
 def test_a_plan_bound_by_staleness_says_what_one_version_more_would_take():
