@@ -1,4 +1,4 @@
-"""The weights `forgesky eval` and `forgesky export` read from a SOURCE (runtime.evaluate.Source):
+"""The weights `forgesky eval` and `forgesky export` read from a SOURCE (runtime.sources.Source):
 a model folder or a checkpoint, checked against the recipe's architecture before anything large
 is read, under Hugging Face names, whole or a block at a time. A LoRA adapter (an adapter folder,
 or the checkpoint of a LoRA run) is merged into the recipe's base: its Hub checkpoint, or the
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from recipes import UserError
 
 if TYPE_CHECKING:
-    from runtime.evaluate import Source
+    from runtime.sources import Source
 
 
 def load_hf_weights(source: Source, recipe: Any, command: str = "eval") -> dict[str, Any]:

@@ -20,8 +20,8 @@ from recipes.memory import model_file_bytes
 
 
 def pick_checkpoint(source_text: str, step: int | None) -> Any:
-    """The checkpoint SOURCE and `--step` name (runtime.evaluate.Source)."""
-    from runtime.evaluate import resolve_source
+    """The checkpoint SOURCE and `--step` name (runtime.sources.Source)."""
+    from runtime.sources import resolve_source
 
     path = Path(source_text).expanduser()
     if step is not None and (path / "checkpoints").is_dir():
@@ -40,7 +40,7 @@ def pick_checkpoint(source_text: str, step: int | None) -> Any:
 def _committed_step(run_dir: Path, step: int, recorded: Path | None) -> Any:
     """Checkpoint `step` of `run_dir`, committed and whole, or a UserError saying why not."""
     from runtime.control import checkpoint
-    from runtime.evaluate import Source
+    from runtime.sources import Source
 
     found = {c.step: c for c in checkpoint.committed(run_dir / "checkpoints")}
     if step not in found:
@@ -94,7 +94,7 @@ def run(
     if push_to_hub:
         check_repo_id(push_to_hub)
     source = pick_checkpoint(source_text, step)
-    from runtime.evaluate import full_model, resolve_recipe
+    from runtime.sources import full_model, resolve_recipe
 
     recipe = resolve_recipe(source, recipe_name, [], command="export")
     if merge and recipe.model.lora is None:
@@ -136,8 +136,8 @@ def write(
         is_lora,
         merged_groups,
     )
-    from runtime.evaluate import full_model
     from runtime.models.export import DTYPES
+    from runtime.sources import full_model
 
     if is_lora(source, recipe):
         tensors, lora = adapter_tensors(source, recipe, "export")

@@ -19,9 +19,9 @@ from recipes.run_sections import Lora
 from runtime import export
 from runtime.backends import build
 from runtime.eval_weights import base_groups
-from runtime.evaluate import full_model, resolve_recipe, resolve_source
 from runtime.models import build_hf_model
 from runtime.models.peft_format import CONFIG_FILE, merge, pairs
+from runtime.sources import full_model, resolve_recipe, resolve_source
 
 LORA = Lora(rank=8, alpha=16, targets=["q_proj", "v_proj", "down_proj"])
 TOKENS = torch.tensor([[1, 5, 9, 2, 7, 13, 11, 4], [3, 3, 8, 10, 1, 0, 6, 2]])  # vocabulary 14
@@ -166,8 +166,8 @@ def test_full_model_of_a_lora_recipe_is_a_recipe_that_validates():
 
 
 def test_eval_tells_an_adapter_folder_by_the_files_peft_format_writes():
-    from runtime.evaluate import ADAPTER_FILES
     from runtime.models.peft_format import WEIGHTS_FILE
+    from runtime.sources import ADAPTER_FILES
 
     assert set(ADAPTER_FILES) == {CONFIG_FILE, WEIGHTS_FILE}
 
