@@ -14,7 +14,7 @@ import sys
 from recipes.loader import apply_overrides, load_recipe
 from recipes.planner import plan
 from runtime.environments.api import ToolCall
-from runtime.environments.nodes import start_environment_nodes
+from runtime.environments.nodes import onto_nodes, start_environment_nodes
 from runtime.environments.start import start_environments
 from runtime.procs.cluster import cluster_from_env
 from runtime.procs.lifecycle import RunLifecycle, run
@@ -30,7 +30,12 @@ def main() -> int:
     async def controller(life: RunLifecycle) -> None:
         hosts = await attach_nodes(life, cluster, join_timeout=120.0)
         nodes = await start_environment_nodes(life, hosts, run_plan)
-        envs = await start_environments(recipe.env, workers=1, nodes=nodes)
+        local = await start_environments(recipe.env, workers=1)
+        try:
+            envs = await onto_nodes(local, recipe.env, nodes)
+        except BaseException:
+            await local.shutdown()
+            raise
         try:
             opened = [await envs.open({"key": "k"}, seed=i) for i in range(4)]
             steps = [envs.step(o.episode, ToolCall("pid", {})) for o in opened]

@@ -94,7 +94,7 @@ class Controller:
             environments = self.environments
             nodes = getattr(self.services, "environment_nodes", [])
             if nodes:
-                from runtime.environments.start import onto_nodes
+                from runtime.environments.nodes import onto_nodes
 
                 environments = await onto_nodes(environments, self.recipe.env, nodes)
             self.episodes = await EpisodeRollout.start(self.recipe, environments=environments)

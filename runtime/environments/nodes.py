@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from monarch.actor import Actor, concurrent_endpoint, endpoint
@@ -235,3 +236,18 @@ async def start_environment_nodes(life: Any, hosts: Any, plan: Any) -> list[tupl
         )
         for k, mesh in enumerate(meshes)
     ]
+
+
+async def onto_nodes(local: Any, env: Any, nodes: Sequence[tuple[str, Any, int]]) -> Any:
+    """`local` (this node's workers, started) and the CPU nodes' workers, started now, as one
+    hosting the episodes spread over (`Spread`). `nodes`: (name, EnvironmentNode
+    actor, workers) of each CPU node."""
+    remote = [RemoteNode(name, actor, n, env.call_timeout_s) for name, actor, n in nodes]
+    try:
+        await asyncio.gather(*(r.start(env) for r in remote))
+    except BaseException:
+        await asyncio.gather(*(r.shutdown() for r in remote))
+        raise
+    where = ", ".join(f"{r.workers} on {r.name}" for r in remote)
+    print(f"environment workers: {len(local.workers)} on node 0, {where}", flush=True)
+    return Spread(local, len(local.workers), remote)
