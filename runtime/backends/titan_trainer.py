@@ -102,7 +102,7 @@ def _load_or_init(
 ) -> torch.nn.Module:
     """The seeded model, or one loaded from `weights`: one process holds all of it (the CPU
     path), so a source is read whole. With `lora`, the LoRA model of that base, its adapter
-    seeded (runtime.models.lora.AdapterInit)."""
+    seeded (runtime.models.loading.AdapterInit)."""
     if lora is not None:
         model = materialize(meta_model(spec, attention, lora=lora), device)
         load_into(model, as_source(weights, spec, seed, lora), "the trainer")

@@ -15,10 +15,9 @@ from runtime.models.spec import ModelSpec
 
 def _adapter(spec: ModelSpec) -> Any:
     # The adapters read only shapes, tying and the RoPE flavour from the config, never the
-    # attention backend, so an SDPA config serves every variant.
-    from runtime.models.titan import titan_config
-
-    return family(spec.family).adapter(titan_config(spec, attention="sdpa"))
+    # attention backend, so an SDPA config serves every variant (a full model's: no LoRA).
+    fam = family(spec.family)
+    return fam.adapter(fam.titan_config(spec, "sdpa"))
 
 
 def to_hf(state_dict: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
+import math
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -217,7 +218,7 @@ def as_source(
 ) -> WeightSource:
     """What a backend's `weights` argument means: a source, a state dict, or the seeded init;
     with `lora` (a recipe's model.lora), followed by the adapter's first weights where they
-    do not give them (runtime.models.lora.AdapterInit, seeded by `seed` too)."""
+    do not give them (`AdapterInit`, seeded by `seed` too)."""
     if weights is None:
         source: WeightSource = SeededWeights(spec, seed)
     elif isinstance(weights, WeightSource):
@@ -226,8 +227,6 @@ def as_source(
         source = GivenWeights(weights)
     if lora is None:
         return source
-    from runtime.models.lora import AdapterInit
-
     return AdapterInit(source, spec, lora, seed)
 
 
@@ -285,3 +284,31 @@ def load_into(model: torch.nn.Module, source: WeightSource, what: str = "the mod
         raise UserError(
             f"weights for {what}: {len(missing)} parameter(s) not given, e.g. {missing[:3]}"
         )
+
+
+class AdapterInit(WeightSource):
+    """The base's weights from `base`, then, as a last group, the adapter's first weights that
+    `base` did not give: A as TorchTitan's LoRA draws it (Kaiming uniform, a = sqrt(5)) from a
+    generator seeded by `seed` (the recipe's grpo.seed), the same on any rank count; B zeros,
+    so the policy starts as the base."""
+
+    def __init__(self, base: WeightSource, spec: ModelSpec, lora: Any, seed: int):
+        self.base, self.spec, self.lora, self.seed = base, spec, lora, seed
+
+    def groups(self) -> Iterator[dict[str, torch.Tensor]]:
+        from runtime.models.lora import adapter_shapes
+
+        given: set[str] = set()
+        for group in self.base.groups():
+            given.update(group)
+            yield group
+        generator = torch.Generator().manual_seed(self.seed)
+        adapter = {}
+        for name, shape in adapter_shapes(self.spec, self.lora).items():
+            tensor = torch.zeros(shape)
+            if name.endswith("lora_a.weight"):
+                torch.nn.init.kaiming_uniform_(tensor, a=math.sqrt(5), generator=generator)
+            if name not in given:
+                adapter[name] = tensor
+        if adapter:
+            yield adapter

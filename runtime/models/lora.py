@@ -37,7 +37,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from runtime.models.loading import WeightSource
 from runtime.models.peft_format import adapter_key
 from runtime.models.spec import ModelSpec
 
@@ -277,29 +276,3 @@ def titan_state(
             tensor = _rows(tensor, torch.argsort(reorder[target]))
         out[titan] = tensor
     return out
-
-
-class AdapterInit(WeightSource):
-    """The base's weights from `base`, then, as a last group, the adapter's first weights that
-    `base` did not give: A as TorchTitan's LoRA draws it (Kaiming uniform, a = sqrt(5)) from a
-    generator seeded by `seed` (the recipe's grpo.seed), the same on any rank count; B zeros,
-    so the policy starts as the base."""
-
-    def __init__(self, base: WeightSource, spec: ModelSpec, lora: Any, seed: int):
-        self.base, self.spec, self.lora, self.seed = base, spec, lora, seed
-
-    def groups(self) -> Iterator[dict[str, Tensor]]:
-        given: set[str] = set()
-        for group in self.base.groups():
-            given.update(group)
-            yield group
-        generator = torch.Generator().manual_seed(self.seed)
-        adapter = {}
-        for name, shape in adapter_shapes(self.spec, self.lora).items():
-            tensor = torch.zeros(shape)
-            if name.endswith("lora_a.weight"):
-                torch.nn.init.kaiming_uniform_(tensor, a=math.sqrt(5), generator=generator)
-            if name not in given:
-                adapter[name] = tensor
-        if adapter:
-            yield adapter
