@@ -301,7 +301,15 @@ def model_folder(recipe_name: str, folder: Path, device: str = "cuda") -> dict[s
     to the start: with `model.init=random` each generator builds the trainer's seeded init on
     the host and writes it out for vLLM before its engine starts (qwen3-8b-lora: the
     generator ready at 222 s, the trainer at 87 s), where from a folder vLLM reads the base
-    itself beside the trainer's load."""
+    itself beside the trainer's load. A folder already written is read from its stamp here,
+    without the child."""
+    from product_path import held_model
+
+    from recipes import load_recipe
+
+    held = held_model(load_recipe(recipe_name), folder)
+    if held is not None:
+        return {"path": str(folder.resolve()), **held}
     cmd = [sys.executable, str(Path(__file__).resolve()), "write-model", "--recipe", recipe_name]
     cmd += ["--model-folder", str(folder), "--device", device]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

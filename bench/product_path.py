@@ -121,19 +121,35 @@ def random_model_once(
     """`write_random_model`'s folder, written once: kept while its stamp (bench_model.json)
     names the recipe's family, size and vocabulary. What the folder holds, and whether this
     call wrote it (`written_now`)."""
-    stamp = folder / "bench_model.json"
-    key = {
+    held = held_model(recipe, folder)
+    if held is not None:
+        return held
+    info = write_random_model(recipe, folder, device=device, tokenizer=tokenizer)
+    (folder / STAMP).write_text(json.dumps({"key": _model_key(recipe), **info}) + "\n")
+    return {**info, "written_now": True}
+
+
+STAMP = "bench_model.json"
+
+
+def _model_key(recipe: Any) -> dict[str, Any]:
+    return {
         "family": recipe.model.family,
         "size": recipe.model.size,
         "vocab": recipe.arch.vocab_size,
     }
-    if stamp.is_file():
-        held = json.loads(stamp.read_text())
-        if held.get("key") == key:
-            return {**{k: v for k, v in held.items() if k != "key"}, "written_now": False}
-    info = write_random_model(recipe, folder, device=device, tokenizer=tokenizer)
-    stamp.write_text(json.dumps({"key": key, **info}) + "\n")
-    return {**info, "written_now": True}
+
+
+def held_model(recipe: Any, folder: Path) -> dict[str, Any] | None:
+    """What `folder` holds where `random_model_once` wrote it for the recipe's architecture
+    (`written_now` false), else None: a check without torch or a GPU."""
+    stamp = folder / STAMP
+    if not stamp.is_file():
+        return None
+    held = json.loads(stamp.read_text())
+    if held.get("key") != _model_key(recipe):
+        return None
+    return {**{k: v for k, v in held.items() if k != "key"}, "written_now": False}
 
 
 def runtime_args(name: str, gpus: int, folder: Path, run_dir: Path, sets: list[str]) -> list[str]:

@@ -493,6 +493,8 @@ def test_the_grpo_bench_reads_a_random_model_folder_as_a_users_model(tmp_path, m
     written = shard.stat().st_mtime_ns
     again = product_path.random_model_once(recipe, folder, device="cpu")
     assert first["written_now"] and not again["written_now"]
+    assert product_path.held_model(recipe, folder) == again
+    assert gpu_grpo.model_folder("qwen3-1.7b", folder) == {"path": str(folder.resolve()), **again}
     assert shard.stat().st_mtime_ns == written
     assert {k: v for k, v in again.items() if k != "written_now"} == {
         k: v for k, v in first.items() if k != "written_now"
