@@ -386,7 +386,10 @@ def all_runs() -> tuple[list[dict[str, Any]], dict[str, int], list[dict[str, Any
             stamp = run.get("run") if isinstance(run.get("run"), dict) else {}
             system = run.get("system") or stamp.get("system")
             peer = next((p for p in ("trl", "verl") if name.startswith(p)), None)
-            peer = peer or next((p for p in ("trl", "verl") if system == p), None)
+            # a peer's variant keeps its name before the dash: trl-lora, trl-sft
+            peer = peer or next(
+                (p for p in ("trl", "verl") if (system or "").partition("-")[0] == p), None
+            )
             if peer:
                 others[peer] += 1
             elif run.get("system") == "forgesky" and "tokens_per_optimizer_step" in run:
