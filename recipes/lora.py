@@ -62,5 +62,7 @@ def slot_bytes(arch: Any, rank: int) -> int:
 
 
 def targets_words(lora: Any) -> str:
-    """ "q, k, v, o, gate, up, down": the targeted projections, short."""
-    return ", ".join(name.removesuffix("_proj") for name in lora.modules)
+    """The targeted projections as `model.lora.targets` takes them: "all-linear (q_proj, ...,
+    down_proj)", or the names listed."""
+    names = ", ".join(lora.modules)
+    return f"{lora.targets} ({names})" if isinstance(lora.targets, str) else names

@@ -846,7 +846,8 @@ def test_qwen3_8b_lora_on_one_gpu_has_no_reference_placement_and_says_what_train
     assert p.reference_in_trainer and p.reference_enabled and "reference" not in p.memory
     text = p.describe()
     assert (
-        "LoRA rank 16, alpha 32 on q, k, v, o, gate, up, down: 43.6 M trainable (0.533 % of "
+        "LoRA rank 16, alpha 32 on all-linear (q_proj, k_proj, v_proj, o_proj, gate_proj, "
+        "up_proj, down_proj): 43.6 M trainable (0.533 % of "
         "8.19 B), the base frozen; reference: the base with the adapter off, scored in the "
         "trainer's processes (no GPU and no copy of the model of its own)"
     ) in text
@@ -897,10 +898,22 @@ def test_a_lora_version_is_the_adapter_on_every_path():
     assert own.while_training_gb["node 0 GPU 1"]["trainer"] == round((step + adapter) / GB, 1)
 
 
+def test_the_lora_line_names_the_targets_as_model_lora_targets_takes_them():
+    listed = plan(
+        apply_overrides(load_recipe("tiny-lora"), ["model.lora.targets=[v_proj,q_proj]"]), 0
+    )
+    assert " on q_proj, v_proj: " in listed.lora
+    # what the line shows can be set back: the same adapter, the same count
+    again = apply_overrides(load_recipe("tiny-lora"), ["model.lora.targets=[q_proj,v_proj]"])
+    assert plan(again, 0).lora == listed.lora
+
+
 def test_the_cpu_lora_plan_runs_no_reference_process():
     p = plan(load_recipe("tiny-lora"), 0)
     assert {x.service for x in p.placements} == {"generator", "trainer", "reward"}
-    assert p.reference_in_trainer and p.lora.startswith("LoRA rank 16, alpha 32 on q, k, v, o")
+    assert p.reference_in_trainer and p.lora.startswith(
+        "LoRA rank 16, alpha 32 on all-linear (q_proj"
+    )
     assert p.settings.generator.max_lora_rank is None  # transformers' generate merges it
     assert "max_lora" not in p.describe()
     assert p.settings.reference.ranks == p.settings.trainer.ranks
