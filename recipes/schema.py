@@ -180,6 +180,19 @@ def _lora_errors(r: Recipe) -> list[str]:
     trainer's processes (a LoRA run's) against the settings that do not compose with it."""
     lora, ref, fam, size = r.model.lora, r.layout.reference, r.model.family, r.model.size
     errors = []
+    for key in ("lora_dual_stream", "lora_specialize_active"):
+        if not getattr(r.generator, key):
+            continue
+        if lora is None:
+            errors.append(
+                f"generator.{key}: tunes vLLM's LoRA kernels, and this recipe trains every "
+                "parameter (no model.lora); leave it false"
+            )
+        elif not _vllm(r):
+            errors.append(
+                f"generator.{key}: tunes vLLM's LoRA kernels, and this recipe's generators are "
+                "transformers' (generator.backend hf, or a CPU recipe); leave it false"
+            )
     if lora is not None:
         errors += lora_shape_errors(lora, r.arch, fam, size)
         if lora.rank > VLLM_LORA_RANKS[-1] and lora.rank <= r.arch.dim and _vllm(r):

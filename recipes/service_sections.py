@@ -143,6 +143,14 @@ class GeneratorSettings(Strict):
     # process's GIL with the actor's threads) or in a process of its own, vLLM's default (one
     # more process and CUDA context; weights cross by CUDA IPC handle or a file in /dev/shm)
     engine: Literal["in-process", "separate"] = "in-process"
+    # A LoRA run's adapter kernels in vLLM (model.lora, vLLM generators only), both vLLM's own
+    # options, off as vLLM ships them: `lora_dual_stream` runs each layer's adapter on a second
+    # CUDA stream beside the base layer's matmul (VLLM_LORA_ENABLE_DUAL_STREAM);
+    # `lora_specialize_active` captures CUDA graphs per count of adapters in use (its
+    # specialize_active_lora), so a generation with one adapter launches the kernels' grid for
+    # one rather than for every slot
+    lora_dual_stream: bool = False
+    lora_specialize_active: bool = False
 
     @field_validator("gpu_memory_utilization")
     @classmethod

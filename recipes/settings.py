@@ -34,7 +34,8 @@ Planned values:
   A reference in the trainer's processes (a LoRA run's) takes the trainer's ranks, micro-batch
   and compile.
 - generator max_lora_rank / max_loras (a LoRA run on vLLM): the smallest rank vLLM allows at
-  least model.lora.rank, and two adapters at once (recipes/lora.py); they follow from the recipe.
+  least model.lora.rank, and two adapters at once (recipes/lora.py); they follow from the recipe,
+  as do generator.lora_dual_stream / lora_specialize_active (shown where on).
 - weight_sync.transport stays "auto" until the run starts: each generator's path then follows
   where it and the trainer are (`plan` shows the path it expects). Where generators take the
   push path alone, weight_sync.push_buffer "version" sends each version from a flat buffer
@@ -85,9 +86,12 @@ class GeneratorSettings:
     kv_cache_gb: float | None  # None: vLLM profiles the GPU
     enforce_eager: bool
     engine: str  # vLLM's engine core: in-process or separate
-    # a LoRA run on vLLM: the engine's adapter rank and how many adapters it holds at once
+    # a LoRA run on vLLM: the engine's adapter rank and how many adapters it holds at once,
+    # and its adapter kernels' options (the recipe's generator.lora_*)
     max_lora_rank: int | None = None
     max_loras: int | None = None
+    lora_dual_stream: bool | None = None
+    lora_specialize_active: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,8 @@ class Settings:
                     continue
                 if key in _LORA_ONLY and value is None:
                     continue
+                if key in _LORA_KERNELS and not value:
+                    continue  # vLLM's default; shown where the recipe turns one on
                 if key == "kv_cache_gb" and value is None:
                     value = "profiled"
                 elif isinstance(value, bool):
@@ -179,7 +185,8 @@ class Settings:
 
 
 _GPU_ONLY = ("gpu_memory_utilization", "kv_cache_gb", "enforce_eager", "engine", "compile")
-_LORA_ONLY = ("max_lora_rank", "max_loras")
+_LORA_KERNELS = ("lora_dual_stream", "lora_specialize_active")
+_LORA_ONLY = ("max_lora_rank", "max_loras", *_LORA_KERNELS)
 
 
 def plan_settings(
@@ -231,9 +238,14 @@ def plan_settings(
     if not cpu and kv is not None:
         _check_kv(recipe, accelerator, kv)
     lora = recipe.model.lora
-    slots: tuple[int | None, int | None] = (None, None)
+    slots: tuple[int | bool | None, ...] = ()
     if lora is not None and backend == "vllm":
-        slots = (max_lora_rank(lora.rank), VLLM_MAX_LORAS)
+        slots = (
+            max_lora_rank(lora.rank),
+            VLLM_MAX_LORAS,
+            gen.lora_dual_stream,
+            gen.lora_specialize_active,
+        )
     generator = GeneratorSettings(backend, share, kv, gen.enforce_eager, gen.engine, *slots)
 
     ranks = pick("trainer", "ranks", 1 if cpu else trainer_gpus)

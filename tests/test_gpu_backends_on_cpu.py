@@ -63,12 +63,33 @@ def test_vllm_engine_environment_keeps_flashinfer_sampler_only_where_top_p_filte
     assert engine_environment(1.0) == {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_USE_FLASHINFER_SAMPLER": "0",
+        "VLLM_LORA_ENABLE_DUAL_STREAM": None,
     }
     # top-p filters: vLLM's default (unset) stands, and the engine core may get its own process
     assert engine_environment(0.9, engine_in_process=False) == {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
         "VLLM_USE_FLASHINFER_SAMPLER": None,
+        "VLLM_LORA_ENABLE_DUAL_STREAM": None,
     }
+
+
+def test_generator_lora_dual_stream_reaches_vllm_before_its_lora_layers_are_imported():
+    import types
+
+    from runtime.backends.vllm_generator import dual_stream_unreadable
+
+    assert engine_environment(1.0, lora_dual_stream=True)["VLLM_LORA_ENABLE_DUAL_STREAM"] == "1"
+    # not imported yet: vLLM reads the setting when the engine imports them
+    assert dual_stream_unreadable(True, {}) is None
+    # imported before with it off (no two-stream op in the module): asking for it on is refused,
+    # not silently ignored; imported with the same setting: fine
+    off = types.SimpleNamespace()
+    on = types.SimpleNamespace(lora_linear_async=lambda *a: None)
+    name = "vllm.lora.layers.base_linear"
+    assert "imported in this process with it off" in dual_stream_unreadable(True, {name: off})
+    assert "with it on" in dual_stream_unreadable(False, {name: on})
+    assert dual_stream_unreadable(True, {name: on}) is None
+    assert dual_stream_unreadable(False, {name: off}) is None
 
 
 def test_a_tp_engine_on_shared_gpus_all_reduces_through_nccl():

@@ -51,16 +51,20 @@ def w0():
     return peaked_weights(SMALL, seed=10)
 
 
-@pytest.fixture(scope="module")
-def base(w0, tmp_path_factory):
+def write_base(w0, folder):
     """The base as a Hugging Face folder, which the engines load themselves."""
     return write_hf_model(
         to_hf(w0, SMALL),
         SMALL,
-        tmp_path_factory.mktemp("base") / "model",
+        folder / "model",
         tokenizer=char_tokenizer(SMALL.vocab_size),
         temperature=T,
     )
+
+
+@pytest.fixture(scope="module")
+def base(w0, tmp_path_factory):
+    return write_base(w0, tmp_path_factory.mktemp("base"))
 
 
 @pytest.fixture(scope="module")
@@ -302,3 +306,39 @@ def test_an_exported_adapter_folder_serves_the_same_policy(engine, w0, tmp_path)
     weights = merged(w0, tensors)
     right = _assert_matches(out, weights, scorer(weights))
     assert _mismatch(out, scorer(w0)).mean() > 5 * right.mean()
+
+
+_KERNEL_OPTIONS_CASE = """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, {tests!r})
+import test_gpu_lora as t
+
+w0 = t.peaked_weights(t.SMALL, seed=10)
+base = t.write_base(w0, Path({folder!r}))
+gen = t.small_engine(
+    model_dir=base, lora=t.LORA, lora_dual_stream=True, lora_specialize_active=True
+)
+import vllm.lora.layers.base_linear as layers
+
+assert hasattr(layers, "lora_linear_async"), "the two-stream LoRA layers were not built"
+t.test_the_first_version_goes_in_from_memory_the_next_into_its_slot(gen, w0)
+gen.close()
+print("kernel options: the merged model's samples")
+"""
+
+
+def test_vllms_lora_kernel_options_sample_the_same_policy(tmp_path):
+    """generator.lora_dual_stream and lora_specialize_active on (vLLM reads the first once a
+    process, so in a process of its own): the first version from memory, the next in its slot,
+    and the samples are still the merged model's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    free_gpu_memory()
+    code = _KERNEL_OPTIONS_CASE.format(tests=str(Path(__file__).parent), folder=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    print(done.stdout[-4000:], done.stderr[-4000:])
+    assert done.returncode == 0 and "the merged model's samples" in done.stdout

@@ -214,6 +214,9 @@ def test_the_engine_is_built_for_the_smallest_rank_vllm_allows(rank, engine_rank
         "max_loras": 2,
         "max_cpu_loras": 2,
     }
+    # the recipe's generator.lora_specialize_active: vLLM's own option, added only where on
+    specialized = engine_options(Lora(rank=rank), specialize_active=True)
+    assert specialized == {**engine_options(Lora(rank=rank)), "specialize_active_lora": True}
 
 
 def test_a_rank_above_vllms_largest_is_a_bug_here():

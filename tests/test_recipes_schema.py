@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel
 
 import recipes
-from recipes import UserError, apply_overrides, load_recipe, schema
+from recipes import UserError, apply_overrides, load_recipe, plan, schema
 from recipes.loader import catalog_path
 
 
@@ -693,6 +693,18 @@ def test_both_set_forms_turn_lora_on_and_off():
             "model, compiled as trainer.compile says; leave it auto",
         ),
         (
+            "tiny",
+            ["generator.lora_dual_stream=true"],
+            "generator.lora_dual_stream: tunes vLLM's LoRA kernels, and this recipe's "
+            "generators are transformers' (generator.backend hf, or a CPU recipe); leave it false",
+        ),
+        (
+            "qwen3-8b",
+            ["generator.backend=hf", "generator.lora_specialize_active=true"],
+            "generator.lora_specialize_active: tunes vLLM's LoRA kernels, and this recipe's "
+            "generators are transformers'",
+        ),
+        (
             "qwen3-8b",
             ["layout.sharing=mps", "layout.mps_sm_percent.reference=50"],
             "layout.mps_sm_percent.reference: a reference in the trainer's processes runs "
@@ -704,6 +716,24 @@ def test_each_bad_lora_setting_is_one_line(base, overrides, expected):
     message = error_of(apply_overrides, load_recipe(base), [*LORA, *overrides])
     assert message.startswith(f"{base} with ")
     assert expected in message
+
+
+def test_vllms_lora_kernel_options_need_a_lora_run_and_show_in_its_plan():
+    full = load_recipe("qwen3-8b")
+    for key in ("lora_dual_stream", "lora_specialize_active"):
+        assert error_of(apply_overrides, full, [f"generator.{key}=true"]).endswith(
+            f"generator.{key}: tunes vLLM's LoRA kernels, and this recipe trains every "
+            "parameter (no model.lora); leave it false"
+        )
+    lora = load_recipe("qwen3-8b-lora")
+    assert not lora.generator.lora_dual_stream and not lora.generator.lora_specialize_active
+    line = next(x for x in plan(lora, 1).describe().splitlines() if "max_loras" in x)
+    assert "lora_dual_stream" not in line and "lora_specialize_active" not in line
+    both = ["generator.lora_dual_stream=true", "generator.lora_specialize_active=true"]
+    line = next(
+        x for x in plan(apply_overrides(lora, both), 1).describe().splitlines() if "max_loras" in x
+    )
+    assert line.endswith("max_loras 2, lora_dual_stream on, lora_specialize_active on")
 
 
 def test_a_reference_in_the_trainer_needs_lora_and_a_disabled_one_needs_no_device():

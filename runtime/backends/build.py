@@ -223,6 +223,8 @@ class GeneratorConfig:
                 enforce_eager=s.enforce_eager,
                 engine_in_process=s.engine == "in-process",
                 lora=recipe.model.lora,
+                lora_dual_stream=bool(s.lora_dual_stream),
+                lora_specialize_active=bool(s.lora_specialize_active),
                 model_dir=model_dir,
                 weights=weights,
             )

@@ -90,7 +90,9 @@ def logprobs_mode_for(temperature: float, top_p: float) -> str:
     )
 
 
-def engine_environment(top_p: float, *, engine_in_process: bool = True) -> dict[str, str | None]:
+def engine_environment(
+    top_p: float, *, engine_in_process: bool = True, lora_dual_stream: bool = False
+) -> dict[str, str | None]:
     """What vLLM reads from the environment when an engine is created (None: unset, vLLM's default).
 
     `VLLM_ENABLE_V1_MULTIPROCESSING`: the engine core in this process unless `engine_in_process`
@@ -98,12 +100,34 @@ def engine_environment(top_p: float, *, engine_in_process: bool = True) -> dict[
     top-k, so at top-p 1.0 vLLM samples on its PyTorch path and FlashInfer's top-k/top-p sampler
     would run only in the engine's warm-up (one sampler call with both set), which first builds
     FlashInfer's sampling kernels on a machine that has not built them. Below 1.0 it samples for
-    real and vLLM's default stands.
+    real and vLLM's default stands. `VLLM_LORA_ENABLE_DUAL_STREAM`: the recipe's
+    generator.lora_dual_stream (unset: vLLM's default, off).
     """
     return {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if engine_in_process else "1",
         "VLLM_USE_FLASHINFER_SAMPLER": "0" if top_p >= 1.0 else None,
+        DUAL_STREAM: "1" if lora_dual_stream else None,
     }
+
+
+DUAL_STREAM = "VLLM_LORA_ENABLE_DUAL_STREAM"
+# vLLM reads DUAL_STREAM once, when this module is first imported (it registers the op its
+# two-stream layers call only then)
+_LORA_LINEAR = "vllm.lora.layers.base_linear"
+
+
+def dual_stream_unreadable(wanted: bool, modules: Mapping[str, Any]) -> str | None:
+    """Why vLLM would not take `generator.lora_dual_stream` as asked in this process, or None:
+    its LoRA layers' module was imported before with the other setting (an engine built here
+    before), and the op a two-stream layer calls exists only where it was on then."""
+    module = modules.get(_LORA_LINEAR)
+    if module is None or hasattr(module, "lora_linear_async") == wanted:
+        return None
+    return (
+        f"generator.lora_dual_stream={str(wanted).lower()}: vLLM's LoRA layers were imported "
+        f"in this process with it {'off' if wanted else 'on'} (an engine built here before), "
+        "and vLLM reads it once; start the generator in a process of its own"
+    )
 
 
 def custom_all_reduce_allowed(tensor_parallel_size: int, environ: Mapping[str, str]) -> bool:
@@ -240,10 +264,17 @@ class VLLMGenerator:
         model_dir: str | Path | None = None,
         engine_in_process: bool = True,
         lora: Any = None,
+        lora_dual_stream: bool = False,
+        lora_specialize_active: bool = False,
     ):
+        if lora is not None and (why := dual_stream_unreadable(lora_dual_stream, sys.modules)):
+            raise UserError(why)
         # Read by vLLM when the engine is created: `engine_environment`, and TP workers started
         # with spawn (fork after CUDA init is unsafe).
-        for name, value in engine_environment(top_p, engine_in_process=engine_in_process).items():
+        environment = engine_environment(
+            top_p, engine_in_process=engine_in_process, lora_dual_stream=lora_dual_stream
+        )
+        for name, value in environment.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
@@ -291,7 +322,7 @@ class VLLMGenerator:
         if lora is not None:
             from runtime.backends.vllm_lora import engine_options
 
-            options.update(engine_options(lora))
+            options.update(engine_options(lora, specialize_active=lora_specialize_active))
         if not custom_all_reduce_allowed(tensor_parallel_size, os.environ):
             options["disable_custom_all_reduce"] = True
         if not engine_in_process:

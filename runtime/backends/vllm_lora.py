@@ -51,14 +51,19 @@ def max_lora_rank(rank: int) -> int:
     raise ValueError(f"vLLM serves LoRA ranks up to {MAX_LORA_RANKS[-1]}, not {rank}")
 
 
-def engine_options(lora: Any) -> dict[str, Any]:
-    """The engine arguments that let it serve `lora` (a recipe's `model.lora`)."""
-    return {
+def engine_options(lora: Any, *, specialize_active: bool = False) -> dict[str, Any]:
+    """The engine arguments that let it serve `lora` (a recipe's `model.lora`);
+    `specialize_active` (the recipe's generator.lora_specialize_active) adds vLLM's
+    `specialize_active_lora`."""
+    options: dict[str, Any] = {
         "enable_lora": True,
         "max_lora_rank": max_lora_rank(lora.rank),
         "max_loras": MAX_LORAS,
         "max_cpu_loras": MAX_LORAS,
     }
+    if specialize_active:
+        options["specialize_active_lora"] = True
+    return options
 
 
 def _vllm_request(*args: Any) -> Any:
