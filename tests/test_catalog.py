@@ -26,6 +26,7 @@ NAMES = [
     "qwen3-1.7b",
     "qwen3-1.7b-tools",
     "qwen3-14b",
+    "qwen3-14b-lora",
     "qwen3-32b",
     "qwen3-32b-lora",
     "qwen3-4b",
@@ -213,6 +214,7 @@ def test_tiny_gpu_recipe_runs_the_tiny_task_on_two_gpus_without_a_reference():
     [
         ("qwen3-8b-lora", 2, 1, 1, False),
         ("llama3.1-8b-lora", 2, 1, 1, True),
+        ("qwen3-14b-lora", 2, 2, 1, False),
         ("qwen3-32b-lora", 4, 4, 2, False),
     ],
 )

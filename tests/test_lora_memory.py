@@ -16,7 +16,9 @@ from runtime.models.lora import adapter_state, peft_state
 from runtime.models.titan import meta_model
 
 
-@pytest.fixture(scope="module", params=["qwen3-8b-lora", "llama3.1-8b-lora", "qwen3-32b-lora"])
+@pytest.fixture(
+    scope="module", params=["qwen3-8b-lora", "llama3.1-8b-lora", "qwen3-14b-lora", "qwen3-32b-lora"]
+)
 def built(request):
     """(recipe, the LoRA model on meta as a GPU trainer holds it: frozen projections in bf16)."""
     recipe = load_recipe(request.param)

@@ -236,6 +236,7 @@ def test_the_trainer_estimate_covers_every_measured_step_and_start_up():
         # rank 16 x (in + out) of q, k, v, o, gate, up, down, in every block
         ("qwen3-8b-lora", 36 * 16 * (2 * 8192 + 2 * 5120 + 3 * 16384)),
         ("llama3.1-8b-lora", 32 * 16 * (2 * 8192 + 2 * 5120 + 3 * 18432)),
+        ("qwen3-14b-lora", 40 * 16 * (2 * 10240 + 2 * 6144 + 3 * 22528)),
         ("qwen3-32b-lora", 64 * 16 * (2 * 13312 + 2 * 6144 + 3 * 30720)),
         ("tiny-lora", 2 * 16 * (2 * 128 + 2 * 96 + 3 * 192)),
     ],
