@@ -96,6 +96,8 @@ class Plan:
     env: str = ""
     # and where its environment workers go, for the cores they need (`env_plan`)
     environment: EnvPlan | None = field(default=None, hash=False, compare=False)
+    # an SFT run on GPUs: its trainer's and sft section's settings (recipes.sft.settings_lines)
+    sft_settings: tuple[str, ...] = field(default=(), hash=False, compare=False)
 
     @property
     def env_nodes(self) -> int:
@@ -118,6 +120,10 @@ class Plan:
             del d["env"], d["environment"]
         else:
             d["environment"] = self.environment.to_dict() if self.environment else None
+        if self.sft_settings:
+            d["sft_settings"] = list(self.sft_settings)
+        else:
+            del d["sft_settings"]
         return d
 
     def describe(self) -> str:
@@ -260,9 +266,12 @@ class Plan:
 
     def _settings_lines(self) -> list[str]:
         """The services' settings, planned ones marked, with the notes on what was planned."""
-        if self.settings is None:
-            return []
         where = "CPU" if self.cpu else self.accelerator
+        if self.settings is None:
+            if not self.sft_settings:
+                return []
+            head = f"settings (* planned for {where}; set any with --set SECTION.KEY=VALUE):"
+            return [head, *self.sft_settings]
         return [
             f"settings (* planned for {where}; set any with --set SECTION.KEY=VALUE):",
             *self.settings.describe(

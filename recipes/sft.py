@@ -256,6 +256,73 @@ def trainer_memory(r: SftRecipe, gpus: int, accelerator: str) -> tuple[int, bool
     )
 
 
+def packed_attention(recipe: Any, gpu: bool) -> str:
+    """How an SFT trainer keeps a packed row's samples apart (recipe sft.attention): auto is
+    varlen on GPUs (on one H200 a Qwen3-1.7B step of 26,248 packed tokens took 0.61 s against
+    the dense mask's 1.13 s: bench/results/gpu_h200x2_2026-11-29-sft/sft_step_varlen2.log) and
+    the dense document mask on the CPU, where varlen and flex do not train."""
+    chosen = recipe.sft.attention
+    if chosen == "auto":
+        return "varlen" if gpu else "document"
+    return chosen
+
+
+_TRAINER_KEYS = (
+    "ranks",
+    "tokens_per_micro_batch",
+    "activation_checkpointing",
+    "compile",
+    "gather_once",
+)
+
+
+def planned_trainer(r: SftRecipe, gpus: int, accelerator: str) -> tuple[Any, tuple[str, ...]]:
+    """The trainer's settings on `gpus` GPUs of `accelerator` (recipes.settings.TrainerSettings:
+    a rank a GPU, the memory plan's micro-batch and checkpointing, compiled unless the recipe
+    says not, gather_once where it fits) and the settings that were auto ("trainer.ranks", ...).
+    """
+    from recipes.errors import UserError
+    from recipes.memory import GB
+    from recipes.settings import TrainerSettings
+
+    fit = trainer_memory(r, gpus, accelerator)
+    if fit is None:  # the plan checked it; a --set since may not fit
+        raise UserError(f"{r.name}: the trainer does not fit {gpus} x {accelerator}")
+    tokens, checkpointing, _ = fit
+    gather, peak = gather_plan(r, gpus, accelerator, fit)
+    t = r.trainer
+    trainer = TrainerSettings(
+        ranks=gpus,
+        tokens_per_micro_batch=tokens,
+        activation_checkpointing=checkpointing,
+        compile=True if t.compile == "auto" else t.compile,
+        gather_once=gather,
+        peak_gb=round(peak / GB, 1),
+    )
+    return trainer, tuple(f"trainer.{k}" for k in _TRAINER_KEYS if getattr(t, k) == "auto")
+
+
+def settings_lines(r: SftRecipe, trainer: Any, planned: tuple[str, ...]) -> tuple[str, ...]:
+    """The plan's lines on an SFT run's settings on GPUs: the trainer's (`planned_trainer`) and
+    the sft section's attention and packing, `*` where planned."""
+
+    def shown(key: str, value: Any, auto: bool) -> str:
+        if isinstance(value, bool):
+            value = "on" if value else "off"
+        return f"{key} {value}{'*' if auto else ''}"
+
+    keys = [k for k in _TRAINER_KEYS if k != "gather_once" or trainer.ranks > 1]
+    parts = [shown(k, getattr(trainer, k), f"trainer.{k}" in planned) for k in keys]
+    sft = [
+        shown("attention", packed_attention(r, gpu=True), r.sft.attention == "auto"),
+        shown("packing", r.sft.packing, False),
+    ]
+    return (
+        f"  {'trainer':<12}{', '.join(parts)} (~{trainer.peak_gb:.0f} GB a rank)",
+        f"  {'sft':<12}{', '.join(sft)}",
+    )
+
+
 def gather_plan(
     r: SftRecipe, gpus: int, accelerator: str, fit: tuple[int, bool, float]
 ) -> tuple[bool, float]:
@@ -360,6 +427,7 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
 
     _, peak = gather_plan(r, gpus, accelerator, fit)
     step = predict_sft_step(r, accelerator, gpus, checkpointing=fit[1])
+    trainer, planned = planned_trainer(r, gpus, accelerator)
     return Plan(
         **common,
         total_gpus=gpus,
@@ -377,4 +445,5 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
         predicted_step_s=step.seconds,
         ranked_at=f"{r.sft.tokens_per_step:,} tokens a step (sft.tokens_per_step)",
         prediction=f"trainer; speeds from {step.basis}",
+        sft_settings=settings_lines(r, trainer, planned),
     )

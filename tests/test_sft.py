@@ -148,8 +148,34 @@ def test_sft_runs_take_the_trainer_ranks_on_gpus_and_on_cpu_with_several_ranks()
     assert peak_flops(gpu_plan, 1) > 1e14  # an H100's bf16 peak
 
 
+def test_the_sft_plan_shows_the_trainer_settings_the_run_takes():
+    from runtime.sft.ranks import trainer_settings
+
+    gpu = load_recipe("qwen3-1.7b-sft")
+    for gpus, accelerator in ((1, "H200"), (2, "H200"), (1, "H100")):
+        p = plan(gpu, gpus, accelerator=accelerator)
+        runs = trainer_settings(gpu, p).trainer
+        text = p.describe()
+        assert f"settings (* planned for {accelerator}; set any with --set" in text
+        trainer_line = next(x for x in text.splitlines() if x.startswith("  trainer "))
+        assert (
+            f"ranks {gpus}*, tokens_per_micro_batch {runs.tokens_per_micro_batch}*" in trainer_line
+        )
+        assert ("gather_once" in trainer_line) == (gpus > 1)
+        assert "  sft         attention varlen*, packing best_fit" in text
+    # what the recipe sets is shown unmarked, and is what the run takes
+    fixed = apply_overrides(gpu, ["trainer.tokens_per_micro_batch=4096", "sft.attention=flex"])
+    p = plan(fixed, 1, accelerator="H200")
+    assert trainer_settings(fixed, p).trainer.tokens_per_micro_batch == 4096
+    assert "tokens_per_micro_batch 4096," in p.describe()
+    assert "attention flex, packing best_fit" in p.describe()
+    assert (
+        p.to_dict()["sft_settings"] and "sft_settings" not in plan(load_recipe("tiny"), 0).to_dict()
+    )
+
+
 def test_packed_rows_take_varlen_on_gpus_and_the_dense_mask_on_the_cpu():
-    from runtime.backends.build import packed_attention
+    from recipes.sft import packed_attention
 
     gpu = load_recipe("qwen3-1.7b-sft")
     assert packed_attention(gpu, gpu=True) == "varlen"

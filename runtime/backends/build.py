@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from recipes import UserError, architecture
+from recipes.sft import packed_attention
 from runtime.hub import hf_token
 from runtime.models import ModelSpec
 from runtime.models.loading import WeightSource, weight_source
@@ -257,17 +258,6 @@ def lora_base(recipe: Any, spec: ModelSpec, vllm: bool) -> tuple[Any, Any]:
 
     source = source or SeededWeights(spec, recipe.seed)
     return None, to_hf(source.state_dict(), spec)
-
-
-def packed_attention(recipe: Any, gpu: bool) -> str:
-    """How an SFT trainer keeps a packed row's samples apart (recipe sft.attention): auto is
-    varlen on GPUs (on one H200 a Qwen3-1.7B step of 26,248 packed tokens took 0.61 s against
-    the dense mask's 1.13 s: bench/results/gpu_h200x2_2026-11-29-sft/sft_step_varlen2.log) and
-    the dense document mask on the CPU, where varlen and flex do not train."""
-    chosen = recipe.sft.attention
-    if chosen == "auto":
-        return "varlen" if gpu else "document"
-    return chosen
 
 
 @dataclass(frozen=True)

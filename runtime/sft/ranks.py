@@ -37,9 +37,8 @@ def trainer_settings(recipe: Any, plan: Any) -> SftSettings:
     """The trainer's ranks, micro-batch, activation checkpointing and compile for `plan`: on
     GPUs one rank per trainer GPU and the memory plan's micro-batch (recipes.sft.trainer_memory);
     on CPU the recipe's trainer.ranks (auto: 1) and the CPU trainer's micro-batch."""
-    from recipes.memory import GB
     from recipes.settings import TrainerSettings
-    from recipes.sft import gather_plan, trainer_memory
+    from recipes.sft import planned_trainer
     from runtime.sft.run import micro_tokens
 
     t = recipe.trainer
@@ -57,24 +56,7 @@ def trainer_settings(recipe: Any, plan: Any) -> SftSettings:
                 gather_once=bool(given(t.gather_once, False)) and given(t.ranks, 1) > 1,
             )
         )
-    ranks = plan.trainer_gpus
-    fit = trainer_memory(recipe, ranks, plan.accelerator)
-    if fit is None:  # the plan checked it; a --set since may not fit
-        from recipes import UserError
-
-        raise UserError(f"{recipe.name}: the trainer does not fit {ranks} x {plan.accelerator}")
-    tokens, checkpointing, _ = fit
-    gather, peak = gather_plan(recipe, ranks, plan.accelerator, fit)
-    return SftSettings(
-        TrainerSettings(
-            ranks=ranks,
-            tokens_per_micro_batch=tokens,
-            activation_checkpointing=checkpointing,
-            compile=given(t.compile, True),
-            gather_once=gather,
-            peak_gb=round(peak / GB, 1),
-        )
-    )
+    return SftSettings(planned_trainer(recipe, plan.trainer_gpus, plan.accelerator)[0])
 
 
 def on_ranks(recipe: Any, plan: Any) -> bool:
