@@ -111,8 +111,8 @@ def engine_environment(
 
 
 DUAL_STREAM = "VLLM_LORA_ENABLE_DUAL_STREAM"
-# vLLM reads DUAL_STREAM once, when this module is first imported (it registers the op its
-# two-stream layers call only then)
+# vLLM reads DUAL_STREAM once a process, when its LoRA layers' module (below) is first imported:
+# it registers the op its two-stream layers call only then
 _LORA_LINEAR = "vllm.lora.layers.base_linear"
 
 
