@@ -276,16 +276,19 @@ _TRAINER_KEYS = (
 )
 
 
-def planned_trainer(r: SftRecipe, gpus: int, accelerator: str) -> tuple[Any, tuple[str, ...]]:
+def planned_trainer(
+    r: SftRecipe, gpus: int, accelerator: str, fit: tuple[int, bool, float] | None = None
+) -> tuple[Any, tuple[str, ...]]:
     """The trainer's settings on `gpus` GPUs of `accelerator` (recipes.settings.TrainerSettings:
     a rank a GPU, the memory plan's micro-batch and checkpointing, compiled unless the recipe
     says not, gather_once where it fits) and the settings that were auto ("trainer.ranks", ...).
+    `fit`: `trainer_memory`'s answer where the caller has it already.
     """
     from recipes.errors import UserError
     from recipes.memory import GB
     from recipes.settings import TrainerSettings
 
-    fit = trainer_memory(r, gpus, accelerator)
+    fit = fit or trainer_memory(r, gpus, accelerator)
     if fit is None:  # the plan checked it; a --set since may not fit
         raise UserError(f"{r.name}: the trainer does not fit {gpus} x {accelerator}")
     tokens, checkpointing, _ = fit
@@ -377,7 +380,7 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
     layout.trainer.gpus, at most one node's); on CPU one trainer placement and no GPU. The
     generic checks (counts, disk) are the planner's (recipes/planner.py)."""
     from recipes.errors import UserError
-    from recipes.memory import GB, RUNTIME_OVERHEAD_GB, disk_plan, host_plan
+    from recipes.memory import RUNTIME_OVERHEAD_GB, disk_plan, host_plan
     from recipes.placements import Placement
     from recipes.plan_words import Plan, lora_words
 
@@ -425,9 +428,8 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
         )
     from recipes.costs import predict_sft_step
 
-    _, peak = gather_plan(r, gpus, accelerator, fit)
-    step = predict_sft_step(r, accelerator, gpus, checkpointing=fit[1])
-    trainer, planned = planned_trainer(r, gpus, accelerator)
+    trainer, planned = planned_trainer(r, gpus, accelerator, fit)
+    step = predict_sft_step(r, accelerator, gpus, checkpointing=trainer.activation_checkpointing)
     return Plan(
         **common,
         total_gpus=gpus,
@@ -436,7 +438,7 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
         cpu=False,
         trainer_gpus=gpus,
         placements=(Placement("trainer", 0, 0, tuple(range(gpus))),),
-        memory={"trainer": round(peak / GB + RUNTIME_OVERHEAD_GB, 1)},
+        memory={"trainer": round(trainer.peak_gb + RUNTIME_OVERHEAD_GB, 1)},
         accelerator=accelerator,
         minimum_gpus=need,
         dedicated_gpus=need,
