@@ -65,7 +65,7 @@
 #   scripts/gpu/device_run.sh product  stage, install if needed, bench/product_path.py (a catalog
 #                                      recipe at full size: load, train, checkpoint, kill, resume,
 #                                      export, serve); its JSON and the runs' logs go to $OUT
-# A group's log starts with `commit: HASH`: COMMIT=<hash> (the caller's `git rev-parse HEAD`:
+# A group's log, and `tests`', starts with `commit: HASH`: COMMIT=<hash> (the caller's `git rev-parse HEAD`:
 # the checkout there may have no .git), else git's answer here. `suite` shares out SUITE_GPUS
 # (default CUDA_VISIBLE_DEVICES, else every GPU of the host, in nvidia-smi's numbering) and
 # stops a group after SUITE_GROUP_S s (default 530: its log still comes back within the call).
@@ -600,13 +600,15 @@ case "$mode" in
       exit "$status"
     fi
     # What `make test-gpu GPU_PY=python3` runs: every gpu-marked test (two-GPU ones skip on one).
+    # Its log names the commit first, as a group's does.
     install && check
+    echo "commit: $commit" >"$out/gpu_tests$tag.log"
     if command -v make >/dev/null; then
       make test-gpu GPU_PY=python3 ARGS="-s -p no:cacheprovider --timeout 540 $*" 2>&1 \
-        | tee "$out/gpu_tests$tag.log"
+        | tee -a "$out/gpu_tests$tag.log"
     else
       python3 -m pytest -q -m gpu -s -p no:cacheprovider --timeout 540 "$@" 2>&1 \
-        | tee "$out/gpu_tests$tag.log"
+        | tee -a "$out/gpu_tests$tag.log"
     fi
     ;;
   faults)
