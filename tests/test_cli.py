@@ -604,7 +604,10 @@ def test_a_bad_lora_setting_is_one_line_at_once(capsys, command, setting, expect
 def test_lora_is_set_on_a_recipe_without_it(capsys):
     code, out, err = run_main(capsys, "plan", "tiny", *LORA_ON_TINY)
     assert code == 0 and err == ""
-    assert "LoRA rank 8, alpha 16 (2 x rank) on all-linear (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)" in out
+    assert (
+        "LoRA rank 8, alpha 16 (2 x rank) on all-linear (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
+        in out
+    )
     code, out, _ = run_main(capsys, "plan", "qwen3-1.7b", "--set", "model.lora.rank=16",
                             "--set", "layout.reference.device=trainer", "--json")  # fmt: skip
     assert code == 0
