@@ -160,7 +160,7 @@ def row(spec: dict[str, Any], files: dict[Path, dict[str, Any]], root: Path) -> 
     key = figure(spec)
     ours = [round(r[key], 2) for r in runs if r["side"] == "ours"]
     peer = [round(r[key], 2) for r in runs if r["side"] == "peer"]
-    ratios = [round(r1[key] / r2[key], 3) for r1, r2 in zip(runs[::2], runs[1::2], strict=True)]
+    ratios = [round(r1[key] / r2[key], 4) for r1, r2 in zip(runs[::2], runs[1::2], strict=True)]
     out = {k: spec[k] for k in ("work", "gpu", "gpus", "policy", "peer")}
     out.update({"pairs": len(ratios), "median_of_3": len(ratios) >= 3, f"ours_{key}": ours})
     out[f"peer_{key}"] = peer
@@ -170,7 +170,7 @@ def row(spec: dict[str, Any], files: dict[Path, dict[str, Any]], root: Path) -> 
             out[f"{side}_mfu"] = [None if m is None else round(m, 3) for m in mfus]
     out.update(
         ratios=ratios,
-        ratio_median=round(statistics.median(ratios), 3),
+        ratio_median=round(statistics.median(ratios), 4),
         ratio_min=min(ratios),
         ratio_max=max(ratios),
         host=runs[0]["host"][0],

@@ -96,8 +96,10 @@ class Plan:
     env: str = ""
     # and where its environment workers go, for the cores they need (`env_plan`)
     environment: EnvPlan | None = field(default=None, hash=False, compare=False)
-    # an SFT run on GPUs: its trainer's and sft section's settings (recipes.sft.settings_lines)
+    # an SFT run on GPUs: its trainer's and sft section's settings, as lines for people
+    # (recipes.sft.settings_lines) and as data for `plan --json` (recipes.sft.settings_data)
     sft_settings: tuple[str, ...] = field(default=(), hash=False, compare=False)
+    sft_data: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
     @property
     def env_nodes(self) -> int:
@@ -120,10 +122,9 @@ class Plan:
             del d["env"], d["environment"]
         else:
             d["environment"] = self.environment.to_dict() if self.environment else None
-        if self.sft_settings:
-            d["sft_settings"] = list(self.sft_settings)
-        else:
-            del d["sft_settings"]
+        del d["sft_settings"], d["sft_data"]
+        if self.sft_data is not None:
+            d["sft_settings"] = self.sft_data
         return d
 
     def describe(self) -> str:

@@ -94,7 +94,7 @@ class RunEstimate:
         if self.at_most:
             out.append(
                 f"  steps priced at the longest {self.at_most} the recipe allows, an upper "
-                "bound: --set dataset.prompt_tokens_mean=N dataset.response_tokens_mean=M (your "
+                "bound: --set dataset.prompt_tokens_mean=N --set dataset.response_tokens_mean=M (your "
                 "data's means; a run's last line names them) prices yours"
             )
         node = f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.gpus_per_node} {self.accelerator}"

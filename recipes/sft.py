@@ -316,6 +316,8 @@ def settings_lines(r: SftRecipe, trainer: Any, planned: tuple[str, ...]) -> tupl
 
     keys = [k for k in _TRAINER_KEYS if k != "gather_once" or trainer.ranks > 1]
     parts = [shown(k, getattr(trainer, k), f"trainer.{k}" in planned) for k in keys]
+    if trainer.ranks == 1 and r.trainer.gather_once is True:
+        parts.append("gather_once off (one rank: nothing to gather)")
     sft = [
         shown("attention", packed_attention(r, gpu=True), r.sft.attention == "auto"),
         shown("packing", r.sft.packing, False),
@@ -324,6 +326,19 @@ def settings_lines(r: SftRecipe, trainer: Any, planned: tuple[str, ...]) -> tupl
         f"  {'trainer':<12}{', '.join(parts)} (~{trainer.peak_gb:.0f} GB a rank)",
         f"  {'sft':<12}{', '.join(sft)}",
     )
+
+
+def settings_data(r: SftRecipe, trainer: Any, planned: tuple[str, ...]) -> dict[str, Any]:
+    """`settings_lines` as data (`plan --json`): the trainer's settings as the run takes them,
+    the sft section's attention and packing, and which of them the plan chose (`planned`)."""
+    values = {k: getattr(trainer, k) for k in _TRAINER_KEYS}
+    attention_planned = r.sft.attention == "auto"
+    return {
+        "trainer": {**values, "peak_gb": trainer.peak_gb},
+        "attention": packed_attention(r, gpu=True),
+        "packing": r.sft.packing,
+        "planned": [*planned, *(["sft.attention"] if attention_planned else [])],
+    }
 
 
 def gather_plan(
@@ -420,6 +435,11 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
         )
     if nodes is not None and nodes != 1:
         raise UserError(f"{r.name} runs on one node, not {nodes}")
+    if r.trainer.ranks != "auto" and r.trainer.ranks != gpus:
+        raise UserError(
+            f"trainer.ranks {r.trainer.ranks}: an SFT trainer takes a rank on each GPU it is "
+            f"given (--gpus {gpus}); leave trainer.ranks auto, or give --gpus {r.trainer.ranks}"
+        )
     fit = trainer_memory(r, gpus, accelerator)
     if fit is None:
         raise UserError(
@@ -448,4 +468,5 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
         ranked_at=f"{r.sft.tokens_per_step:,} tokens a step (sft.tokens_per_step)",
         prediction=f"trainer; speeds from {step.basis}",
         sft_settings=settings_lines(r, trainer, planned),
+        sft_data=settings_data(r, trainer, planned),
     )

@@ -323,6 +323,8 @@ gen = t.small_engine(
 import vllm.lora.layers.base_linear as layers
 
 assert hasattr(layers, "lora_linear_async"), "the two-stream LoRA layers were not built"
+lora_config = gen.llm.llm_engine.vllm_config.lora_config
+assert lora_config.specialize_active_lora, "specialize_active_lora did not reach the engine"
 t.test_the_first_version_goes_in_from_memory_the_next_into_its_slot(gen, w0)
 gen.close()
 print("kernel options: the merged model's samples")

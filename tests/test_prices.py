@@ -435,6 +435,6 @@ def test_a_plan_prices_steps_at_the_means_a_recipe_states_and_a_run_names_its_ow
         for step in (1, 2):
             metrics.log(step, {"prompt/len_mean": 207.0, "response/len_mean": 512.0})
         line = summary_line(metrics, recipe, at_max, 2, 256)
-        assert "--set dataset.prompt_tokens_mean=207 dataset.response_tokens_mean=512" in line
+        assert "--set dataset.prompt_tokens_mean=207 --set dataset.response_tokens_mean=512" in line
         assert "for the next plan" not in summary_line(metrics, stated, at_means, 2, 256)
         metrics.close()

@@ -174,6 +174,33 @@ def test_the_sft_plan_shows_the_trainer_settings_the_run_takes():
     )
 
 
+def test_the_sft_plan_refuses_ranks_it_would_not_run_and_says_what_one_rank_leaves_out(capsys):
+    # the trainer takes a rank a GPU: a trainer.ranks other than --gpus is refused, not replaced
+    code, out, err = run_main(
+        capsys, "plan", "qwen3-1.7b-sft", "--gpus", "4",
+        "--set", "layout.trainer.gpus=2", "--set", "trainer.ranks=2",
+    )  # fmt: skip
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "trainer.ranks 2" in err and "--gpus 4" in err and "--gpus 2" in err
+    # gather_once asked for on one rank: said, not dropped
+    code, out, _ = run_main(
+        capsys, "plan", "qwen3-1.7b-sft", "--gpus", "1", "--set", "trainer.gather_once=true"
+    )
+    assert code == 0 and "gather_once off (one rank: nothing to gather)" in out
+    # --json: the settings as data, the same values the lines show
+    code, out, _ = run_main(capsys, "plan", "qwen3-1.7b-sft", "--gpus", "2", "--json")
+    data = json.loads(out)["sft_settings"]
+    gpu = load_recipe("qwen3-1.7b-sft")
+    lines = plan(gpu, 2).describe()
+    trainer = data["trainer"]
+    assert trainer["ranks"] == 2 and trainer["compile"] is True
+    assert f"tokens_per_micro_batch {trainer['tokens_per_micro_batch']}*" in lines
+    assert f"attention {data['attention']}*, packing {data['packing']}" in lines
+    assert (
+        "trainer.tokens_per_micro_batch" in data["planned"] and "sft.attention" in data["planned"]
+    )
+
+
 def test_packed_rows_take_varlen_on_gpus_and_the_dense_mask_on_the_cpu():
     from recipes.sft import packed_attention
 

@@ -417,7 +417,7 @@ def summary_line(metrics: Any, recipe: Any, run_plan: Any, step: int, samples: i
             words += (
                 f"; at this run's lengths the plan says {at['wall_s_on_the_nodes'] / 60:.1f} min:"
                 f" --set dataset.prompt_tokens_mean={round(at['prompt_tokens'])}"
-                f" dataset.response_tokens_mean={round(at['response_tokens'])} for the next plan"
+                f" --set dataset.response_tokens_mean={round(at['response_tokens'])} for the next plan"
             )
     if "cost_usd" in done:
         words += (
