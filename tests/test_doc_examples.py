@@ -82,3 +82,72 @@ def test_a_shown_output_is_what_the_command_prints(name, command, shown, capsys,
                 (line for line in part if line not in printed), "(the lines, not in this order)"
             )
             raise AssertionError(f"{name}: `{command}` no longer prints: {first_off}")
+
+
+# Placeholders the docs write in commands, and a value of the kind each stands for.
+PLACEHOLDERS = {"N": "2", "M": "1", "NAME": "tiny", "RUN_DIR": "runs/x", "SOURCE": "runs/x"}
+
+
+def written_commands() -> list[tuple[str, str]]:
+    """(file, command) for each `forgesky COMMAND ...` the README and docs/ write, inline or on
+    a line of its own, with arguments: what a reader copies. A bare `forgesky plan` names the
+    command, and a line with `[...]`, `<...>` or `·` is a pattern, not a command."""
+    import re
+
+    from launcher.cli import build_parser
+
+    commands = set(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        spans = re.findall(r"`([^`\n]+)`", text)
+        spans += [line.strip().removeprefix("$ ") for line in text.splitlines()]
+        for span in spans:
+            words = span.split(" # ")[0].split()
+            if len(words) < 3 or words[0] != "forgesky" or words[1] not in commands:
+                continue
+            if any(mark in span for mark in ("[", "<", "·", "...")):
+                continue
+            found.append((path.name, " ".join(words)))
+    return sorted(set(found))
+
+
+WRITTEN = written_commands()
+
+
+def test_the_docs_write_commands_to_check():
+    assert len(WRITTEN) >= 30 and {"README.md", "commands.md"} <= {f for f, _ in WRITTEN}
+
+
+@pytest.mark.parametrize(("name", "command"), WRITTEN, ids=[f"{n}:{c}" for n, c in WRITTEN])
+def test_a_command_the_docs_write_is_one_the_cli_takes(name, command, capsys):
+    """Parsed, not run (some launch): a flag renamed, a value of the wrong kind or two values
+    after one `--set` fail here."""
+    from launcher.cli import build_parser
+
+    argv = [PLACEHOLDERS.get(w, w) for w in shlex.split(command)[1:]]
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as e:
+        assert e.code == 0, f"{name}: `{command}`: {capsys.readouterr().err.strip()}"
+
+
+def _runs_here(command: str) -> bool:
+    """A written command that only reads the catalog and prints: run, not only parsed."""
+    words = command.split()
+    return (
+        words[1] in ("plan", "show", "render")
+        and words[2] != "NAME"
+        and not words[2].endswith(".yaml")
+        and "-o" not in words
+    )
+
+
+RUNNABLE = [(n, c) for n, c in WRITTEN if _runs_here(c)]
+
+
+@pytest.mark.parametrize(("name", "command"), RUNNABLE, ids=[f"{n}:{c}" for n, c in RUNNABLE])
+def test_a_plan_the_docs_write_plans(name, command, capsys, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    code = main(shlex.split(command)[1:])
+    assert code == 0, f"{name}: `{command}`: {capsys.readouterr().err.strip()}"
