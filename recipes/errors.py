@@ -37,4 +37,9 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse with mistakes on one line (what, and where to read more), exit code 2."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments: "):
+            # `--set a=1 b=2`: a --set takes one KEY=VALUE
+            loose = [w for w in message.split(": ", 1)[1].split() if "=" in w and w[0] != "-"]
+            if loose:
+                message += f"; each KEY=VALUE takes a --set of its own (--set {loose[0]})"
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")

@@ -710,3 +710,13 @@ def test_render_of_a_gated_recipe_without_a_token_says_where_it_is_needed(
     monkeypatch.setenv("HF_TOKEN", "hf_x")
     code, _, err = run_main(capsys, "render", "llama3.1-8b", "-o", str(tmp_path / "t.yaml"))
     assert code == 0 and "note:" not in err
+
+
+def test_two_settings_after_one_set_are_refused_with_the_form_that_works(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["plan", "qwen3-1.7b", "--set", "grpo.steps=10", "dataset.prompt_tokens_mean=207"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "forgesky: error: unrecognized arguments: dataset.prompt_tokens_mean=207; each KEY=VALUE "
+        "takes a --set of its own (--set dataset.prompt_tokens_mean=207) (see forgesky --help)"
+    ]
