@@ -96,10 +96,8 @@ class Plan:
     env: str = ""
     # and where its environment workers go, for the cores they need (`env_plan`)
     environment: EnvPlan | None = field(default=None, hash=False, compare=False)
-    # an SFT run on GPUs: its trainer's and sft section's settings, as lines for people
-    # (recipes.sft.settings_lines) and as data for `plan --json` (recipes.sft.settings_data)
-    sft_settings: tuple[str, ...] = field(default=(), hash=False, compare=False)
-    sft_data: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    # an SFT run on GPUs: its trainer's and sft section's settings (recipes.sft.settings_data)
+    sft_settings: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
     @property
     def env_nodes(self) -> int:
@@ -122,9 +120,8 @@ class Plan:
             del d["env"], d["environment"]
         else:
             d["environment"] = self.environment.to_dict() if self.environment else None
-        del d["sft_settings"], d["sft_data"]
-        if self.sft_data is not None:
-            d["sft_settings"] = self.sft_data
+        if self.sft_settings is None:
+            del d["sft_settings"]
         return d
 
     def describe(self) -> str:
@@ -272,7 +269,7 @@ class Plan:
             if not self.sft_settings:
                 return []
             head = f"settings (* planned for {where}; set any with --set SECTION.KEY=VALUE):"
-            return [head, *self.sft_settings]
+            return [head, *sft_lines(self.sft_settings)]
         return [
             f"settings (* planned for {where}; set any with --set SECTION.KEY=VALUE):",
             *self.settings.describe(
@@ -551,3 +548,31 @@ def layout_hint_line(
         f"--set dataset.prompt_tokens_mean={round(prompt_tokens)} lets the plan weigh them "
         "at this run's prompts"
     )
+
+
+def sft_lines(settings: dict[str, Any]) -> list[str]:
+    """The plan's lines on an SFT run's settings (recipes.sft.settings_data), `*` where planned;
+    gather_once only where there are ranks to gather over, or where the recipe set it."""
+
+    def shown(key: str, value: Any, planned: bool) -> str:
+        if isinstance(value, bool):
+            value = "on" if value else "off"
+        return f"{key} {value}{'*' if planned else ''}"
+
+    trainer, planned = settings["trainer"], settings["planned"]
+    one_rank = trainer["ranks"] == 1
+    parts = [
+        shown(k, v, f"trainer.{k}" in planned)
+        for k, v in trainer.items()
+        if k != "peak_gb" and (k != "gather_once" or not one_rank)
+    ]
+    if one_rank and "trainer.gather_once" not in planned:
+        parts.append("gather_once off (one rank: nothing to gather)")
+    sft = [
+        shown("attention", settings["attention"], "sft.attention" in planned),
+        shown("packing", settings["packing"], False),
+    ]
+    return [
+        f"  {'trainer':<12}{', '.join(parts)} (~{trainer['peak_gb']:.0f} GB a rank)",
+        f"  {'sft':<12}{', '.join(sft)}",
+    ]

@@ -305,32 +305,10 @@ def planned_trainer(
     return trainer, tuple(f"trainer.{k}" for k in _TRAINER_KEYS if getattr(t, k) == "auto")
 
 
-def settings_lines(r: SftRecipe, trainer: Any, planned: tuple[str, ...]) -> tuple[str, ...]:
-    """The plan's lines on an SFT run's settings on GPUs: the trainer's (`planned_trainer`) and
-    the sft section's attention and packing, `*` where planned."""
-
-    def shown(key: str, value: Any, auto: bool) -> str:
-        if isinstance(value, bool):
-            value = "on" if value else "off"
-        return f"{key} {value}{'*' if auto else ''}"
-
-    keys = [k for k in _TRAINER_KEYS if k != "gather_once" or trainer.ranks > 1]
-    parts = [shown(k, getattr(trainer, k), f"trainer.{k}" in planned) for k in keys]
-    if trainer.ranks == 1 and r.trainer.gather_once is True:
-        parts.append("gather_once off (one rank: nothing to gather)")
-    sft = [
-        shown("attention", packed_attention(r, gpu=True), r.sft.attention == "auto"),
-        shown("packing", r.sft.packing, False),
-    ]
-    return (
-        f"  {'trainer':<12}{', '.join(parts)} (~{trainer.peak_gb:.0f} GB a rank)",
-        f"  {'sft':<12}{', '.join(sft)}",
-    )
-
-
 def settings_data(r: SftRecipe, trainer: Any, planned: tuple[str, ...]) -> dict[str, Any]:
-    """`settings_lines` as data (`plan --json`): the trainer's settings as the run takes them,
-    the sft section's attention and packing, and which of them the plan chose (`planned`)."""
+    """An SFT run's settings on GPUs (`plan --json`'s `sft_settings`, and the plan's lines,
+    recipes.plan_words.sft_lines): the trainer's as the run takes them (`planned_trainer`), the
+    sft section's attention and packing, and which of them the plan chose (`planned`)."""
     values = {k: getattr(trainer, k) for k in _TRAINER_KEYS}
     attention_planned = r.sft.attention == "auto"
     return {
@@ -467,6 +445,5 @@ def sft_plan(r: SftRecipe, gpus: int, gpn: int, nodes: int | None, accelerator: 
         predicted_step_s=step.seconds,
         ranked_at=f"{r.sft.tokens_per_step:,} tokens a step (sft.tokens_per_step)",
         prediction=f"trainer; speeds from {step.basis}",
-        sft_settings=settings_lines(r, trainer, planned),
-        sft_data=settings_data(r, trainer, planned),
+        sft_settings=settings_data(r, trainer, planned),
     )
