@@ -416,11 +416,13 @@ NEEDED = ("recipe", "overrides", "placements", "prompt_tokens_mean", "response_t
 def why_not_predicted(run: dict[str, Any]) -> str | None:
     """Why a run cannot be predicted from what it recorded, or None where it can."""
     missing = [k for k in NEEDED if run.get(k) is None]
-    if run.get("exit_code"):
+    # a run that bench/pairs.py stamped holds the status of the whole command in its `run`
+    # record: one cut at its time limit may have written a section with exit code 0
+    stamp = run.get("run") if isinstance(run.get("run"), dict) else {}
+    code = run.get("exit_code") or stamp.get("exit_code")
+    if code:
         steps = run.get("steps") or 0
-        return (
-            f"the run failed (exit code {run['exit_code']}) after {steps} step{'s' * (steps != 1)}"
-        )
+        return f"the run failed (exit code {code}) after {steps} step{'s' * (steps != 1)}"
     if missing:
         return f"it does not record {', '.join(missing)}"
     if run["measured_steps"] >= run["steps"]:

@@ -169,3 +169,13 @@ def test_every_sft_run_of_ours_is_predicted_beside_the_grpo_runs(check):
     assert all(abs(r["error"]) <= THRESHOLD for r in one_rank), one_rank
     # a peer's run (TRL's SFTTrainer in a pairs file) is not taken for one of ours
     assert not [e for e in check["not_predicted"] if e["run"].endswith("_peer")]
+
+
+def test_a_run_cut_at_its_limit_is_failed_by_its_stamp():
+    # bench/pairs.py's `run` record holds the command's status; the section it wrote may not
+    section = {"exit_code": 0, "steps": 0, "run": {"exit_code": 124, "side": "ours"}}
+    assert (
+        cost_constants.why_not_predicted(section) == "the run failed (exit code 124) after 0 steps"
+    )
+    section["run"]["exit_code"] = 0
+    assert cost_constants.why_not_predicted(section).startswith("it does not record")
