@@ -25,7 +25,9 @@ the trainer holds the base in bf16 (2 bytes a parameter, sharded; on one rank th
 float32, 2 x vocab x dim more) and 16 bytes an adapter parameter (float32 weights, gradients and
 AdamW moments, sharded); its reference is that base with the adapter off, in the trainer's
 processes, so it has no entry of its own; a version, a checkpoint and the exported model are the
-adapter's; the generator adds vLLM's LoRA slots (recipes.lora.slot_bytes).
+adapter's; the generator adds vLLM's LoRA slots (recipes.lora.slot_bytes), and with
+`generator.lora_specialize_active` the second set of CUDA graphs that option captures
+(`lora_graph_bytes`).
 
 The accelerators hold 85.5 GB (H100, sold as 80 GB) and 150.8 GB (H200, sold as 141 GB), as CUDA
 reports them; a CPU recipe is not checked.
@@ -75,7 +77,7 @@ def estimate_memory(
     step_sequences = grpo.prompts_per_step * grpo.group_size * grpo.steps_per_call
     kv_sequences = max(math.ceil(step_sequences / replicas), grpo.group_size)
     generator = 2 * arch.params / layout.generator.tp + kv_gb(recipe, kv_sequences) * GB
-    generator += lora_slot_bytes(recipe) / layout.generator.tp
+    generator += lora_generator_bytes(recipe) / layout.generator.tp
 
     memory = {"generator": generator, "trainer": trainer}
     if layout.reference.on_gpu:
@@ -117,6 +119,31 @@ def lora_slot_bytes(recipe: Recipe) -> int:
     return slot_bytes(recipe.arch, max_lora_rank(lora.rank) or lora.rank)
 
 
+# vLLM's CUDA graphs of qwen3-8b-lora (36 layers of 4,096) on one H200: 1.22 GiB, and 4.01 GiB
+# with `specialize_active_lora`, which captures each batch size again with adapters active
+# (204 graphs a mode against 102; bench/results/gpu_h200_2026-12-01c-lora-ng). The runtime's
+# 3 GB covers the first set; the second is this, scaled by layers x width for other models.
+LORA_SPECIALIZE_GRAPH_BYTES = (4.01 - 1.22) * 2**30
+LORA_SPECIALIZE_MEASURED_ON = 36 * 4096
+
+
+def lora_graph_bytes(recipe: Recipe) -> float:
+    """Bytes the CUDA graphs of `generator.lora_specialize_active` add on a generator replica
+    (before TP): 0 where it is off, without LoRA, on the CPU's generator or with
+    `enforce_eager` (no graphs)."""
+    gen = recipe.generator
+    if not lora_slot_bytes(recipe) or not gen.lora_specialize_active or gen.enforce_eager:
+        return 0.0
+    scale = recipe.arch.n_layers * recipe.arch.dim / LORA_SPECIALIZE_MEASURED_ON
+    return LORA_SPECIALIZE_GRAPH_BYTES * scale
+
+
+def lora_generator_bytes(recipe: Recipe) -> float:
+    """What LoRA adds to a generator replica (before TP): its slots and the graphs of
+    `lora_specialize_active`."""
+    return lora_slot_bytes(recipe) + lora_graph_bytes(recipe)
+
+
 def kv_gb(recipe: Recipe, sequences: int) -> float:
     """GB of KV cache per GPU of a generator replica for `sequences` sequences of the recipe's
     maximum length (prompt + response), split over its TP group."""
@@ -133,7 +160,7 @@ def generator_weights_gb(recipe: Recipe) -> float:
 def shared_generator_gb(recipe: Recipe, kv_cache_gb: float) -> float:
     """GB a generator replica with a fixed KV cache (where it shares its GPUs) holds on each of
     them: its weights (and a LoRA run's adapter slots), the cache and the runtime's overhead."""
-    slots = lora_slot_bytes(recipe) / recipe.layout.generator.tp / GB
+    slots = lora_generator_bytes(recipe) / recipe.layout.generator.tp / GB
     return generator_weights_gb(recipe) + slots + kv_cache_gb + RUNTIME_OVERHEAD_GB
 
 

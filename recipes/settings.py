@@ -65,7 +65,7 @@ from recipes.memory import (
     gather_once_fits,
     generator_weights_gb,
     kv_gb,
-    lora_slot_bytes,
+    lora_generator_bytes,
     planned_peak,
     shared_generator_gb,
     trainer_fixed_bytes,
@@ -417,7 +417,7 @@ def _least_share(recipe: Any, accelerator: str) -> float:
     """The share of the GPU vLLM needs at the least: its weights, one group's KV cache and
     the runtime's overhead."""
     group = kv_gb(recipe, recipe.grpo.group_size)
-    slots = lora_slot_bytes(recipe) / recipe.layout.generator.tp / GB
+    slots = lora_generator_bytes(recipe) / recipe.layout.generator.tp / GB
     need = generator_weights_gb(recipe) + slots + group + RUNTIME_OVERHEAD_GB
     return math.ceil(need * GB / ACCELERATOR_BYTES[accelerator] * 100) / 100
 

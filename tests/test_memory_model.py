@@ -27,6 +27,7 @@ from recipes.memory import (
     RUNTIME_OVERHEAD_GB,
     checkpoint_bytes,
     disk_plan,
+    lora_graph_bytes,
     lora_slot_bytes,
     model_file_bytes,
     trainer_fixed_bytes,
@@ -319,3 +320,19 @@ def test_vllms_lora_rank_is_the_smallest_allowed_one_at_least_the_recipes():
         1: 1, 2: 8, 8: 8, 9: 16, 16: 16, 17: 32, 100: 128, 257: 320, 320: 320, 321: 512, 512: 512,
     }  # fmt: skip
     assert max_lora_rank(513) is None
+
+
+def test_lora_specialize_active_adds_its_second_set_of_cuda_graphs():
+    r = load_recipe("qwen3-8b-lora")
+    on = apply_overrides(r, ["generator.lora_specialize_active=true"])
+    # qwen3-8b-lora on one H200: 4.01 GiB of graphs with it, 1.22 without (2026-12-01c)
+    assert lora_graph_bytes(r) == 0
+    assert lora_graph_bytes(on) / 2**30 == pytest.approx(4.01 - 1.22)
+    gap = estimate_memory(on)["generator"] - estimate_memory(r)["generator"]
+    assert gap == pytest.approx(3.0, abs=0.1)
+    # no graphs without them: enforce_eager, or transformers' generate on a CPU
+    eager = apply_overrides(on, ["generator.enforce_eager=true"])
+    assert lora_graph_bytes(eager) == 0
+    # a wider, deeper model captures larger graphs
+    big = apply_overrides(load_recipe("qwen3-32b-lora"), ["generator.lora_specialize_active=true"])
+    assert lora_graph_bytes(big) > lora_graph_bytes(on)
