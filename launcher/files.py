@@ -32,7 +32,14 @@ from typing import Any
 
 from recipes import UserError
 from recipes.buckets import bucket_leaf, bucket_source
-from recipes.files import DATA_FIELDS, DATA_FILE_FORMATS, bucket_reads, local_path, read_paths
+from recipes.files import (
+    DATA_FIELDS,
+    DATA_FILE_FORMATS,
+    bucket_reads,
+    local_path,
+    missing_path,
+    read_paths,
+)
 
 # The repository's root: a task runs from there (its workdir).
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -125,10 +132,7 @@ def _check(where: str, path: Path, name: str, *, data: bool) -> tuple[Path, int]
     try:
         info = path.stat()
     except FileNotFoundError:
-        raise UserError(
-            f"{where}: no such file or folder ({os.path.abspath(path)}); a relative path in a "
-            "recipe file is looked for next to the file, then in the current directory"
-        ) from None
+        raise UserError(missing_path(where, path)) from None
     except OSError as e:
         raise UserError(f"{where}: cannot be read ({e.strerror})") from None
     local = path.resolve()

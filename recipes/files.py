@@ -60,6 +60,14 @@ def local_path(value: str) -> Path | None:
     return path if looks_local(value) or path.exists() else None
 
 
+def missing_path(where: str, path: Path) -> str:
+    """The line for a local path that is not there (`where`: the setting and its value)."""
+    return (
+        f"{where}: no such file or folder ({os.path.abspath(path)}); a relative path in a "
+        "recipe file is looked for next to the file, then in the current directory"
+    )
+
+
 def same_local(a: str, b: str) -> bool:
     """Two values naming one existing file or folder on this machine, however spelt."""
     first, second = local_path(a), local_path(b)

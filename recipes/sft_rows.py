@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.errors import UserError
-from recipes.files import local_path
+from recipes.files import local_path, missing_path
 
 # The data files read here: JSON Lines, a JSON array of rows, CSV (what `datasets` reads them
 # as too: runtime/tasks/data.py). Parquet and saved datasets are left to the run.
@@ -115,9 +115,14 @@ def read_plain(path: Path, name: str) -> Iterator[dict[str, Any]]:
 def _parsed(text: str, name: str, line: int | None) -> Any:
     try:
         return json.loads(text)
-    except ValueError as e:
-        where = f" line {line}" if line is not None else ""
-        raise UserError(f"dataset {name!r}{where}: not JSON ({e})") from None
+    except json.JSONDecodeError as e:
+        # a line of JSON Lines is one line of the file: its column alone, not json's "line 1"
+        at = (
+            f"line {line} column {e.colno}"
+            if line is not None
+            else f"line {e.lineno} column {e.colno}"
+        )
+        raise UserError(f"dataset {name!r} {at}: not JSON ({e.msg})") from None
 
 
 def _object(row: Any, name: str, where: str) -> dict[str, Any]:
@@ -135,14 +140,22 @@ def check_local_data(recipe: Any) -> None:
         return
     check_local_template(recipe)
     d, e = recipe.dataset, recipe.eval
-    sources = [d.path]
+    sources = {d.path: "dataset.path"}
     if e.enabled and e.path is not None:
-        sources.append(e.path)
-    for source in dict.fromkeys(sources):
+        sources.setdefault(e.path, "eval.path")
+    for source, setting in sources.items():
         path = local_path(source)
+        if path is not None and not path.exists():
+            raise UserError(missing_path(f"{setting} {source!r}", path))
         if path is None or path.suffix not in _PLAIN or not path.is_file():
-            continue  # Hub data, a saved dataset, Parquet; a missing file: said elsewhere
-        _check_stream(itertools.islice(read_plain(path, source), ROWS_LOOKED_AT), d, source)
+            continue  # Hub data, a saved dataset, Parquet: the run checks them as it loads
+        try:
+            rows = itertools.islice(read_plain(path, source), ROWS_LOOKED_AT)
+            _check_stream(rows, d, source)
+        except UserError as fault:
+            # the held-out file's faults name its setting: the messages say "dataset"
+            line = fault.args[0] if setting == "dataset.path" else f"{setting}: {fault}"
+            raise UserError(line) from None
 
 
 def check_local_template(recipe: Any) -> None:

@@ -293,7 +293,7 @@ BAD_DATA = {
         json.dumps([_turns("23"), {"messages": "12"}]),
         "row 1: its 'messages' is not a list of {role, content} turns",
     ),
-    "not-json": ("d.jsonl", json.dumps(_turns("23")) + "\n{oops\n", "line 2: not JSON"),
+    "not-json": ("d.jsonl", json.dumps(_turns("23")) + "\n{oops\n", "line 2 column 2: not JSON ("),
     "no-rows": ("d.jsonl", "\n", "has no rows"),
     "csv-fields": ("d.csv", "prompt,answer\n12,23\n", "its fields: prompt, answer"),
 }
@@ -324,6 +324,29 @@ def test_bad_local_sft_data_is_one_line_and_exit_2_before_anything_starts(
     assert not run_dir.exists()
     if not heavy:  # run alone, this file imports none of them: the check did not either
         assert not {"torch", "datasets", "transformers"} & set(sys.modules)
+
+
+@pytest.mark.parametrize("command", ["validate", "plan", "local"])
+@pytest.mark.parametrize("setting", ["dataset.path", "eval.path"])
+def test_local_sft_data_that_is_not_there_is_named_by_its_setting(
+    tmp_path, capsys, command, setting
+):
+    missing = tmp_path / "gone.jsonl"
+    run_dir = tmp_path / "run"
+    argv = [command, "tiny-sft", "--set", f"{setting}={missing}"]
+    argv += ["--run-dir", str(run_dir)] * (command == "local")
+    code, out, err = run_main(capsys, *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"{setting} '{missing}': no such file or folder" in err, err
+    assert not run_dir.exists()
+
+
+def test_a_fault_in_the_held_out_file_names_eval_path(tmp_path, capsys):
+    data = tmp_path / "held_out.jsonl"
+    data.write_text(json.dumps({"conversation": []}) + "\n")
+    code, out, err = run_main(capsys, "plan", "tiny-sft", "--set", f"eval.path={data}")
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"eval.path: dataset '{data}': dataset.messages_field 'messages'" in err, err
 
 
 def test_a_local_tokenizer_without_a_chat_template_is_refused_before_anything_starts(
