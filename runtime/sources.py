@@ -131,7 +131,10 @@ def resolve_recipe(
             f"{command}: {source.path} has no recorded recipe (config.json); pass --recipe"
         )
     # the eval section applies whether or not the run evaluated: enabling it checks it
-    return apply_overrides(base, ["eval.enabled=true", *overrides])
+    resolved = apply_overrides(base, ["eval.enabled=true", *overrides])
+    if recipe is not None:
+        _check_recorded_lora(source, resolved, command)
+    return resolved
 
 
 def _exported_recipe(path: Path, command: str, adapter: bool = False) -> Any:
@@ -179,6 +182,28 @@ def _check_recorded_model(source: Source, recipe: Any, command: str) -> None:
             f"{command}: the run trained {old.get('hf_id')} ({old.get('family')} "
             f"{old.get('size')}) and --recipe {recipe.name} is {new.hf_id} ({new.family} "
             f"{new.size}): its weights do not fit; give a recipe of the run's model"
+        )
+
+
+def _check_recorded_lora(source: Source, recipe: Any, command: str) -> None:
+    """--recipe (with its --set) for a run's checkpoint: LoRA where the run was LoRA, full
+    where it trained every parameter (said before torch loads, not as an unreadable
+    checkpoint)."""
+    if source.recorded is None or source.kind != "checkpoint":
+        return
+    try:
+        old = json.loads(source.recorded.read_text()).get("model")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not isinstance(old, dict) or "lora" not in old:
+        return
+    if (old["lora"] is None) != (recipe.model.lora is None):
+        trained = "every parameter" if old["lora"] is None else "a LoRA adapter"
+        wants = "a LoRA recipe" if recipe.model.lora is not None else "a full-parameter recipe"
+        raise UserError(
+            f"{command}: the run trained {trained} and --recipe {recipe.name} is {wants}: its "
+            "checkpoint does not hold what that recipe loads; leave --recipe out (the run's "
+            "own recipe is used) or give one with the run's model.lora"
         )
 
 

@@ -229,6 +229,10 @@ def test_a_hub_out_of_reach_leaves_the_export_and_says_so_in_one_line(
             "export: --merge: {run} trained every parameter; its export is a full model "
             "already (drop --merge)",
         ),
+        (
+            ["{run}", "--out", "{tmp}/m", "--recipe", "tiny-lora", "--merge"],
+            "export: the run trained every parameter and --recipe tiny-lora is a LoRA recipe",
+        ),
         (["{tmp}/empty", "--out", "{tmp}/m"], "no committed checkpoint"),
         (["{run}", "--out", "{tmp}/hf"], "--out {tmp}/hf is not empty"),
         (["{run}", "--out", "{run}"], "is not empty"),
