@@ -100,7 +100,8 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise UserError(f"override '{item}' must look like KEY=VALUE, e.g. grpo.steps=20")
+            example = f"{recipe.kind}.steps=20"  # a key of this recipe's kind (grpo or sft)
+            raise UserError(f"override '{item}' must look like KEY=VALUE, e.g. {example}")
         parts = key.strip().split(".")
         parent, last, current = _walk(data, parts, root)
         value = _parse_value(item, raw, current, _kinds_at(parts, root))

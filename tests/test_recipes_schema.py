@@ -424,6 +424,9 @@ def test_override_mistakes():
         apply_overrides, base, ["grpo.steps.x=1"]
     )
     assert "must look like KEY=VALUE" in error_of(apply_overrides, base, ["grpo.steps"])
+    # the example is a key of the recipe's own kind
+    sft = load_recipe("tiny-sft")
+    assert error_of(apply_overrides, sft, ["sft.warmup_steps"]).endswith("e.g. sft.steps=20")
     assert "value is not valid YAML" in error_of(apply_overrides, base, ["grpo.steps=[1"])
     assert error_of(apply_overrides, base, ["grpo.group_size=1"]) == (
         "qwen3-8b with grpo.group_size=1: grpo.group_size: Input should be greater than or "
