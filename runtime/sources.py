@@ -165,17 +165,23 @@ def _exported_recipe(path: Path, command: str, adapter: bool = False) -> Any:
     return full_model(load_recipe(name)) if adapter else load_recipe(name)
 
 
+def _recorded_model(source: Source) -> Any:
+    """The `model` section the run recorded, or None where there is none or it cannot be read
+    (then loading the weights says what does not fit)."""
+    if source.recorded is None:
+        return None
+    try:
+        return json.loads(source.recorded.read_text()).get("model")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _check_recorded_model(source: Source, recipe: Any, command: str) -> None:
     """--recipe for a run's checkpoint: its model must have the shapes of the one the run
     recorded (what would not load is said before the weights are read)."""
     from recipes.architectures import same_shapes
 
-    if source.recorded is None:
-        return
-    try:
-        old = json.loads(source.recorded.read_text()).get("model")
-    except (OSError, ValueError, AttributeError):
-        return  # unreadable: loading the weights says what does not fit
+    old = _recorded_model(source)
     new = recipe.model
     if isinstance(old, dict) and not same_shapes(old, new.family, new.size):
         raise UserError(
@@ -189,12 +195,7 @@ def _check_recorded_lora(source: Source, recipe: Any, command: str) -> None:
     """--recipe (with its --set) for a run's checkpoint: LoRA where the run was LoRA, full
     where it trained every parameter (said before torch loads, not as an unreadable
     checkpoint)."""
-    if source.recorded is None or source.kind != "checkpoint":
-        return
-    try:
-        old = json.loads(source.recorded.read_text()).get("model")
-    except (OSError, ValueError, AttributeError):
-        return
+    old = _recorded_model(source) if source.kind == "checkpoint" else None
     if not isinstance(old, dict) or "lora" not in old:
         return
     if (old["lora"] is None) != (recipe.model.lora is None):
