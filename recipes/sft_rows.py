@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.errors import UserError
-from recipes.files import local_path, missing_path
+from recipes.files import local_path, missing_path, read_paths
 
 # The data files read here: JSON Lines, a JSON array of rows, CSV (what `datasets` reads them
 # as too: runtime/tasks/data.py). Parquet and saved datasets are left to the run.
@@ -132,10 +132,15 @@ def _object(row: Any, name: str, where: str) -> dict[str, Any]:
 
 
 def check_local_data(recipe: Any) -> None:
-    """The SFT recipe's training and held-out data, where each is a local .jsonl, .json or .csv
-    file, checked as the run would check it (check_rows) up to its first ROWS_LOOKED_AT rows,
-    read with the standard library: UserError (one line) for the first fault. Other data, and
-    the rows after those, are the run's to check as it loads them."""
+    """UserError (one line) for the first fault: a local path the run reads (its data, model
+    folder or tokenizer: recipes.files.read_paths) that is not there; an SFT recipe's training
+    and held-out data, where each is a local .jsonl, .json or .csv file, checked as the run
+    would check it (check_rows) up to its first ROWS_LOOKED_AT rows, read with the standard
+    library. Other data, and the rows after those, are the run's to check as it loads them."""
+    for setting in read_paths(recipe):  # any recipe's: a local path that is not there
+        path = local_path(setting.value)
+        if path is not None and not path.exists():
+            raise UserError(missing_path(f"{setting.field} {setting.value!r}", path))
     if recipe.kind != "sft":
         return
     check_local_template(recipe)
@@ -145,8 +150,6 @@ def check_local_data(recipe: Any) -> None:
         sources.setdefault(e.path, "eval.path")
     for source, setting in sources.items():
         path = local_path(source)
-        if path is not None and not path.exists():
-            raise UserError(missing_path(f"{setting} {source!r}", path))
         if path is None or path.suffix not in _PLAIN or not path.is_file():
             continue  # Hub data, a saved dataset, Parquet: the run checks them as it loads
         try:

@@ -341,6 +341,19 @@ def test_local_sft_data_that_is_not_there_is_named_by_its_setting(
     assert not run_dir.exists()
 
 
+@pytest.mark.parametrize(
+    ("recipe", "setting"),
+    [("tiny", "dataset.path"), ("qwen3-1.7b", "model.hf_id"), ("qwen3-1.7b", "model.tokenizer")],
+)
+def test_any_recipes_local_path_that_is_not_there_is_refused_by_plan(
+    tmp_path, capsys, recipe, setting
+):
+    missing = tmp_path / ("gone.jsonl" if setting == "dataset.path" else "gone")
+    code, out, err = run_main(capsys, "plan", recipe, "--set", f"{setting}={missing}")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"{setting} '{missing}': no such file or folder" in err, err
+
+
 def test_a_fault_in_the_held_out_file_names_eval_path(tmp_path, capsys):
     data = tmp_path / "held_out.jsonl"
     data.write_text(json.dumps({"conversation": []}) + "\n")
