@@ -154,6 +154,11 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         # Through the recipe, so the node (which plans from the recipe) agrees.
         overrides.append(f"resources.gpus_per_node={options.gpus_per_node}")
     recipe = resolve_recipe(source, tuple(overrides))
+    if options.steps is not None:
+        if options.steps < 1:
+            raise UserError(f"--steps must be at least 1 (got {options.steps})")
+        # what the nodes run (MAX_STEPS below): the time, price and disk said here count it
+        recipe = apply_overrides(recipe, [f"{recipe.kind}.steps={options.steps}"])
     need = minimum_gpus(recipe)
     # By default a count clouds sell; the planner refuses counts below the minimum (0 included)
     # with the per-service breakdown.
@@ -176,8 +181,6 @@ def resolve_job(source: str, options: LaunchOptions) -> Job:
         # plan() took the least a node fills (with a bucket); without one, every checkpoint kept
         for line in disk_errors(recipe, bucket=False):
             raise UserError(line)
-    if options.steps is not None and options.steps < 1:
-        raise UserError(f"--steps must be at least 1 (got {options.steps})")
     if options.wandb is not None and options.wandb not in WANDB_MODES:
         raise UserError(f"--wandb must be one of {', '.join(WANDB_MODES)} (got {options.wandb!r})")
     name = options.name or default_name(recipe.name, recipe.kind)

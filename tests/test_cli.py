@@ -487,6 +487,21 @@ def test_a_managed_job_or_down_without_a_bucket_warns_the_model_folder_goes(
     ) in out
 
 
+def test_launch_steps_are_the_steps_its_time_and_price_count(capsys, no_cloud):
+    import re
+
+    code, out, _ = run_main(
+        capsys, "launch", "qwen3-8b", "--gpus", "8", "--steps", "20", "--dryrun"
+    )
+    assert code == 0 and "run: 20 steps x " in out and "MAX_STEPS: '20'" in out
+    short = float(re.search(r"= \$([\d.]+) for the run", out).group(1))
+    code, out, _ = run_main(capsys, "launch", "qwen3-8b", "--gpus", "8", "--dryrun")
+    assert code == 0 and "run: 500 steps x " in out
+    assert float(re.search(r"= \$([\d.]+) for the run", out).group(1)) > 2 * short
+    code, out, err = run_main(capsys, "launch", "qwen3-8b", "--steps", "0", "--dryrun")
+    assert_user_error(code, err, "--steps must be at least 1 (got 0)")
+
+
 def test_managed_only_options_need_managed(capsys):
     code, _, err = run_main(capsys, "render", "qwen3-8b", "--recovery", "failover")
     assert_user_error(code, err, "--managed")
