@@ -77,14 +77,14 @@ def search_path(recipe_source: str | None = None) -> list[Path]:
 
 def locate(module: str, paths: Iterable[Path]) -> tuple[Path, Path] | None:
     """(the module's file, the folder on the path its top-level package or module lives in),
-    found by file names alone; None when it is nowhere."""
+    found by file names alone; None when it is nowhere. A folder on the way needs no
+    `__init__.py`: Python imports it as a namespace package (`myenvs/lookup.py` is
+    `myenvs.lookup`)."""
     parts = module.split(".")
     for root in paths:
         base = root.joinpath(*parts)
         for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-            if candidate.is_file() and all(
-                (root.joinpath(*parts[:i]) / "__init__.py").is_file() for i in range(1, len(parts))
-            ):
+            if candidate.is_file():
                 return candidate, root
     return None
 

@@ -86,6 +86,20 @@ def test_validate_finds_the_code_next_to_the_recipe_without_importing_it(tmp_pat
     assert "ok (recipe tiny-mine" in out
 
 
+def test_a_folder_without_init_py_is_a_package_as_python_imports_it(tmp_path, capsys):
+    path = project(tmp_path, loss="mycode.losses:reinforce", reward="mycode.rewards:exact")
+    (path.parent / "mycode" / "__init__.py").unlink()
+    code, out, err = run(capsys, "validate", str(path))
+    assert code == 0, err
+    folder = path.parent
+    imported = subprocess.run(
+        [sys.executable, "-c", "import mycode.rewards as r; print(r.exact('a', 'ab', 'ab'))"],
+        cwd=folder, capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": str(folder)},
+    )  # fmt: skip
+    assert imported.returncode == 0 and imported.stdout.strip() == "1.0", imported.stderr
+
+
 @pytest.mark.parametrize(
     "loss, reward, message",
     [
