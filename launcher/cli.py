@@ -463,10 +463,20 @@ def _cmd_export(args: argparse.Namespace) -> int:
     )
 
 
+# What `local` imports first (the runtime extra's core), looked for before the run folder is
+# made: a launcher-only install is told in one line and leaves nothing behind.
+RUNTIME_CORE = ("torch", "monarch", "torchtitan", "transformers")
+
+
 def _cmd_local(args: argparse.Namespace) -> int:
     rest = list(args.runtime_args)
     if "--recipe" in rest:
         raise UserError("forgesky local takes the recipe as NAME, not --recipe")
+    import importlib.util
+
+    for name in RUNTIME_CORE:
+        if importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
     from runtime.entry import main as runtime_main
 
     return runtime_main(["--recipe", args.recipe, *rest], prog=f"{PROG} local", named=True)

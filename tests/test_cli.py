@@ -696,6 +696,21 @@ def test_a_command_whose_extra_is_not_installed_says_which_in_one_line(absent, c
     ], done.stderr
 
 
+def test_local_without_the_runtime_extra_leaves_no_run_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    code = (
+        "import sys; sys.modules['monarch'] = None\n"
+        "from launcher.cli import main\n"
+        f"sys.exit(main(['local', 'tiny', '--run-dir', {str(run_dir)!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "forgesky: error: `forgesky local` needs the monarch package, which this install lacks: "
+        "pip install 'forgesky[runtime]'"
+    ], done.stderr
+    assert not run_dir.exists()
+
+
 def test_the_runtimes_own_argument_mistakes_are_one_line(capsys):
     # through forgesky local (its usage names NAME, not the --recipe it passes) and alone
     with pytest.raises(SystemExit) as done:
