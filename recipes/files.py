@@ -44,11 +44,13 @@ def is_remote(value: str) -> bool:
 
 
 def looks_local(value: str) -> bool:
-    """Written as a path (absolute, `~`, `./`, `../`) or named like a data file: local even
-    when it does not exist (then a mistake to report, not a Hub name to look up)."""
+    """Written as a path (absolute, `~`, `./`, `../`, or deeper than a Hub id's `owner/name`,
+    as `runs/sft/model`) or named like a data file: local even when it does not exist (then a
+    mistake to report, not a Hub name to look up)."""
     if is_remote(value):
         return False
-    return value.startswith(("/", "./", "../", "~")) or Path(value).suffix in DATA_FILE_FORMATS
+    written = value.startswith(("/", "./", "../", "~")) or value.count("/") >= 2
+    return written or Path(value).suffix in DATA_FILE_FORMATS
 
 
 def local_path(value: str) -> Path | None:

@@ -21,9 +21,10 @@ from pydantic import model_validator
 from pydantic_core import PydanticCustomError
 
 from recipes.architectures import ARCHITECTURES, Arch, ModelRecipe, sizes
+from recipes.buckets import is_url
 from recipes.environment import Environment
 from recipes.fields import Identifier, Strict
-from recipes.files import same_local
+from recipes.files import looks_local, same_local
 from recipes.lora import VLLM_LORA_RANKS
 from recipes.memory import estimate_memory, memory_errors
 from recipes.names import ALL_LINEAR, BUILTIN_SPLITS, LORA_TARGETS, TOOL_FAMILIES
@@ -256,12 +257,26 @@ def _lora_errors(r: Recipe) -> list[str]:
     return errors
 
 
+def unread_model_errors(model: Any) -> list[str]:
+    """model.hf_id naming a model folder (local or in a bucket) that nothing reads: random
+    weights with a tokenizer of their own take neither from it. Said rather than ignored: a
+    run meant to start from an SFT run's model would start from random weights."""
+    named = looks_local(model.hf_id) or is_url(model.hf_id)
+    if named and model.init == "random" and model.tokenizer is not None:
+        return [
+            f"model.hf_id: {model.hf_id!r} is a model folder, but model.init is random and "
+            "model.tokenizer is set, so nothing reads it; add --set model.init=hub to start "
+            "from its weights"
+        ]
+    return []
+
+
 def _consistency_errors(r: Recipe) -> list[str]:
     fam, size = r.model.family, r.model.size
     if (fam, size) not in ARCHITECTURES:
         return [f"model.size: unknown {fam} size '{size}'; known sizes: {', '.join(sizes(fam))}"]
     arch = r.arch
-    errors = _episode_errors(r)
+    errors = _episode_errors(r) + unread_model_errors(r.model)
     if r.model.thinking is not None and fam != "qwen3":
         errors.append(
             f"model.thinking: {fam} models have no thinking mode (Qwen3 has); leave it unset"

@@ -165,13 +165,13 @@ class SftRecipe(ModelRecipe, Strict):
 
 
 def _consistency_errors(r: SftRecipe) -> list[str]:
-    from recipes.schema import local_split_errors, lora_shape_errors
+    from recipes.schema import local_split_errors, lora_shape_errors, unread_model_errors
 
     fam, size = r.model.family, r.model.size
     if (fam, size) not in ARCHITECTURES:
         return [f"model.size: unknown {fam} size '{size}'; known sizes: {', '.join(sizes(fam))}"]
     arch = r.arch
-    errors = []
+    errors = unread_model_errors(r.model)
     if r.model.thinking is not None and fam != "qwen3":
         errors.append(
             f"model.thinking: {fam} models have no thinking mode (Qwen3 has); leave it unset"

@@ -746,3 +746,25 @@ def test_a_reference_in_the_trainer_needs_lora_and_a_disabled_one_needs_no_devic
     )
     alone = apply_overrides(tiny, ["model.lora.rank=8", "layout.reference.enabled=false"])
     assert alone.model.lora.rank == 8 and not alone.layout.reference.in_trainer
+
+
+@pytest.mark.parametrize("folder", ["runs/sft/model", "./m", "s3://bucket/sft/model"])
+def test_a_model_folder_nothing_would_read_is_refused(folder):
+    # tiny: random weights and a tokenizer of its own, so hf_id is read by nothing
+    tiny = load_recipe("tiny")
+    message = error_of(apply_overrides, tiny, [f"model.hf_id={folder}"])
+    assert f"model.hf_id: {folder!r} is a model folder, but model.init is random" in message
+    assert "add --set model.init=hub" in message
+    sft = load_recipe("tiny-sft")
+    assert "model.init is random" in error_of(apply_overrides, sft, [f"model.hf_id={folder}"])
+    # with init=hub the run starts from it; a Hub id (owner/name) is not a folder
+    assert apply_overrides(tiny, [f"model.hf_id={folder}", "model.init=hub"]).model.init == "hub"
+    assert apply_overrides(tiny, ["model.hf_id=Qwen/Qwen3-0.6B"]).model.hf_id == "Qwen/Qwen3-0.6B"
+
+
+def test_a_path_deeper_than_a_hub_id_is_local():
+    from recipes.files import looks_local
+
+    assert looks_local("runs/sft/model") and looks_local("./m") and looks_local("data.jsonl")
+    assert not looks_local("Qwen/Qwen3-1.7B") and not looks_local("openai/gsm8k")
+    assert not looks_local("s3://bucket/a/b")
