@@ -32,8 +32,9 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
         "--gpus",
         type=int,
         metavar="N",
-        help="total GPUs (default: the least that fits, rounded up to a count VM clouds sell: "
-        "1, 2, 4 or 8 a node)",
+        help="total GPUs (default: MIN GPUS, a GPU or more for each service, or SHARING where "
+        "the recipe has layout.share all; rounded up to a count VM clouds sell: 1, 2, 4 or 8 a "
+        "node)",
     )
     p.add_argument(
         "--gpus-per-node",
