@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.buckets import is_url
+from recipes.errors import UserError
 
 # Where each path-like setting lives in a recipe: (section, key).
 PATH_FIELDS = (
@@ -68,6 +69,15 @@ def missing_path(where: str, path: Path) -> str:
         f"{where}: no such file or folder ({os.path.abspath(path)}); a relative path in a "
         "recipe file is looked for next to the file, then in the current directory"
     )
+
+
+def check_local_paths(settings: list[PathSetting]) -> None:
+    """UserError (one line) for the first of `settings` (`read_paths`) naming a local path
+    that is not there."""
+    for setting in settings:
+        path = local_path(setting.value)
+        if path is not None and not path.exists():
+            raise UserError(missing_path(f"{setting.field} {setting.value!r}", path))
 
 
 def same_local(a: str, b: str) -> bool:

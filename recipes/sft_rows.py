@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.errors import UserError
-from recipes.files import local_path, missing_path, read_paths
+from recipes.files import DATA_FIELDS, check_local_paths, local_path, read_paths
 
 # The data files read here: JSON Lines, a JSON array of rows, CSV (what `datasets` reads them
 # as too: runtime/tasks/data.py). Parquet and saved datasets are left to the run.
@@ -117,11 +117,7 @@ def _parsed(text: str, name: str, line: int | None) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         # a line of JSON Lines is one line of the file: its column alone, not json's "line 1"
-        at = (
-            f"line {line} column {e.colno}"
-            if line is not None
-            else f"line {e.lineno} column {e.colno}"
-        )
+        at = f"line {e.lineno if line is None else line} column {e.colno}"
         raise UserError(f"dataset {name!r} {at}: not JSON ({e.msg})") from None
 
 
@@ -137,24 +133,22 @@ def check_local_data(recipe: Any) -> None:
     and held-out data, where each is a local .jsonl, .json or .csv file, checked as the run
     would check it (check_rows) up to its first ROWS_LOOKED_AT rows, read with the standard
     library. Other data, and the rows after those, are the run's to check as it loads them."""
-    for setting in read_paths(recipe):  # any recipe's: a local path that is not there
-        path = local_path(setting.value)
-        if path is not None and not path.exists():
-            raise UserError(missing_path(f"{setting.field} {setting.value!r}", path))
+    settings = read_paths(recipe)
+    check_local_paths(settings)  # any recipe's
     if recipe.kind != "sft":
         return
     check_local_template(recipe)
-    d, e = recipe.dataset, recipe.eval
-    sources = {d.path: "dataset.path"}
-    if e.enabled and e.path is not None:
-        sources.setdefault(e.path, "eval.path")
-    for source, setting in sources.items():
+    data: dict[str, str] = {}  # each file once, named by its first setting
+    for s in settings:
+        if s.field in DATA_FIELDS:
+            data.setdefault(s.value, s.field)
+    for source, setting in data.items():
         path = local_path(source)
         if path is None or path.suffix not in _PLAIN or not path.is_file():
             continue  # Hub data, a saved dataset, Parquet: the run checks them as it loads
         try:
             rows = itertools.islice(read_plain(path, source), ROWS_LOOKED_AT)
-            _check_stream(rows, d, source)
+            _check_stream(rows, recipe.dataset, source)
         except UserError as fault:
             # the held-out file's faults name its setting: the messages say "dataset"
             line = fault.args[0] if setting == "dataset.path" else f"{setting}: {fault}"
