@@ -896,12 +896,18 @@ def profile_step(step: Any, sync: Any, cuda: bool) -> dict[str, Any]:
     return profiled(step, "cuda" if cuda else "cpu")[1]
 
 
+def ours(section: Any) -> bool:
+    """A section one of our runs wrote (a recipe and its step records), not a peer's: a verl run
+    in the same file has records and steps too, but no recipe."""
+    return isinstance(section, dict) and "records" in section and "recipe" in section
+
+
 def compare(result: dict[str, Any]) -> None:
     """Each GRPO section's ratios to the standalone vLLM and TRL sections of the same file."""
     alone = result.get("standalone_vllm") or {}
     trl = result.get("trl") or {}
     for section in result.values():
-        if not isinstance(section, dict) or "records" not in section:
+        if not ours(section):
             continue
         # Like for like: the same recipe, TP width and sequences per call (vLLM's throughput
         # grows with the batch: 256 sequences a call are not compared with 128 alone).
@@ -979,7 +985,7 @@ def table(result: dict[str, Any]) -> str:
             "| trainer MFU | generator idle |")  # fmt: skip
     rows = [head, "|" + "---|" * 14]
     for name, s in result.items():
-        if not isinstance(s, dict) or "records" not in s or not s.get("steps"):
+        if not ours(s) or not s.get("steps"):
             continue
         sync = f"{num(s.get('weight_sync_s'), '.3f')} ({num(s.get('weight_sync_gb_per_s'), '.0f')})"
         rows.append(
@@ -1004,6 +1010,17 @@ def table(result: dict[str, Any]) -> str:
             f"| {num(trl.get('tokens_per_s_per_gpu'), '.0f')} "
             f"| {num(trl.get('policy_staleness_mean'), '.2f')} | 1 | - | - | - "
             f"| {num(trl.get('weight_sync_s'), '.3f')} | - | - |"
+        )
+    for name, peer in result.items():
+        if not (isinstance(peer, dict) and peer.get("system") == "verl" and peer.get("step_s")):
+            continue
+        rows.append(
+            f"| {name} | qwen3-{peer.get('model_size', '')}, verl {peer.get('entry', '')} | "
+            f"{peer.get('gpus', 1)} | {num(peer.get('step_s'), '.2f')} "
+            f"| {num(peer.get('samples_per_s_per_gpu'), '.1f')} "
+            f"| {num(peer.get('tokens_per_s_per_gpu'), '.0f')} "
+            f"| {num(peer.get('policy_staleness_mean'), '.2f')} | - | - | - | - "
+            f"| {num(peer.get('weight_sync_s'), '.3f')} | - | - |"
         )
     for cfg in (result.get("trainer_mfu") or {}).get("configs", []):
         t = result["trainer_mfu"]

@@ -113,6 +113,32 @@ def test_compare_sets_ratios_to_trl_and_standalone_vllm():
     assert "generation_to_standalone" not in result["eight_b"]
 
 
+def test_a_file_with_a_verl_run_beside_ours_tables_both_and_compares_only_ours():
+    # pairs against verl: the peer's section has records and steps but no recipe; printing the
+    # table after pair 2's run of ours failed on it (KeyError 'recipe'), and the run was stamped
+    # failed although its six steps were done
+    path = (
+        Path(__file__).resolve().parents[1]
+        / "bench/results/gpu_h200_2026-12-01d-verl/pairs_verl1on.json"
+    )
+    result = json.loads(path.read_text())
+    for section in result.values():
+        if isinstance(section, dict):
+            section.pop("generation_to_standalone", None)
+    result["standalone_vllm"] = {"recipe": "qwen3-1.7b", "generation_tokens_per_s": 26000.0,
+                                 "sequences_per_call": 128}  # fmt: skip
+    gpu_grpo.compare(result)
+    assert result["pair1_ours"]["generation_to_standalone"] == pytest.approx(
+        result["pair1_ours"]["generation_tokens_per_s"] / 26000.0
+    )
+    assert "generation_to_standalone" not in result["pair1_peer"]
+    rows = gpu_grpo.table(result).splitlines()
+    names = [row.split("|")[1].strip() for row in rows[2:]]
+    assert names == ["pair1_ours", "pair2_ours", "pair1_peer", "standalone_vllm"]
+    verl = next(row for row in rows if row.startswith("| pair1_peer "))
+    assert "verl verl.trainer.main_ppo" in verl and "| 27.01 | 4.7 |" in verl
+
+
 def test_a_committed_result_resummarizes_to_its_own_numbers():
     path = Path(__file__).resolve().parents[1] / "bench/results/gpu_grpo_h200x4.json"
     committed = json.loads(path.read_text())
