@@ -51,8 +51,14 @@ iterations a pass, and its first runs here (bench/results/gpu_h200x2_2026-11-30e
 trained at an MFU of 0.073 with it; and the reference's forward-only micro-batches at three
 times the trainer's tokens (`ref.log_prob_max_token_len_per_gpu`, `--ref-token-len`; the
 guide: forward-only limits can exceed the training one), fewer copies of its weights from the
-host (verl keeps a forward-only model offloaded to CPU memory between micro-batches). No
-validation, no checkpoint, console and file loggers.
+host (verl keeps a forward-only model offloaded to CPU memory between micro-batches); vLLM
+without a tokenizer (`--detokenize off`: `skip_tokenizer_init` through
+`rollout.engine_kwargs.vllm`, which verl applies after its server's own `False`; its rollout
+config's default is True), as ours and TRL's bench generate: verl reads token ids back and
+decodes for the reward itself, while vLLM detokenizing this tokenizer's filler ids, which decode
+to nothing, decodes each whole sequence again at every token (bench/detokenize_cost.py; 20 of
+a 27 s step in bench/results/gpu_h200_2026-12-01d-verl). No validation, no checkpoint, console
+and file loggers.
 
 Where verl's run differs from ours (also under `differences` in the JSON):
 - attention: SDPA in the trainer (`override_config.attn_implementation=sdpa`): verl's default,
@@ -258,6 +264,16 @@ def overrides(args: argparse.Namespace, work: Path) -> list[str]:
         "trainer.save_freq=-1",
         f"trainer.default_local_dir={work / 'checkpoints'}",
     ]
+    if args.detokenize == "off":
+        # verl's rollout config defaults skip_tokenizer_init to True, but its vLLM server passes
+        # False; engine_kwargs are applied after it. verl reads token ids back and decodes for
+        # the reward with its own tokenizer, so nothing it uses comes from vLLM's text.
+        out.append(f"+{rollout}.engine_kwargs.vllm.skip_tokenizer_init=True")
+    if args.vllm_stats == "on":
+        # verl starts Ray with VLLM_LOGGING_LEVEL=WARN, which hides vLLM's throughput lines;
+        # the job's runtime_env given here wins over verl's default (main_ppo's merge)
+        env = "+ray_kwargs.ray_init.runtime_env.env_vars"
+        out += [f"{env}.VLLM_LOGGING_LEVEL=INFO", f"{env}.VLLM_LOG_STATS_INTERVAL=1"]
     if per_step % trainer_gpus:
         fail(f"{per_step} completions a step do not split over {trainer_gpus} trainer GPUs")
     if args.policy == "off":
@@ -305,6 +321,16 @@ def differences(args: argparse.Namespace) -> dict[str, str]:
         "rollout_memory": f"vLLM gpu_memory_utilization {args.rollout_memory}",
         "batch_order": "sequences reordered to balance tokens across ranks (trainer.balance_batch, "
         "verl's default)",
+        "detokenization": (
+            "none in vLLM (skip_tokenizer_init through rollout.engine_kwargs.vllm, as verl's "
+            "rollout config's own default asks and ours and TRL's bench generate)"
+            if args.detokenize == "off"
+            else "vLLM detokenizes every completion as it grows (verl's vLLM server's setting); "
+            "with this tokenizer's filler ids, which decode to nothing, each new token "
+            "re-decodes the whole sequence"
+        ),
+        "step_wait": "verl 0.9.1's trainer polls its replay buffer every 2 s for the step's "
+        "samples (timing_s/gen in steps of 2 s); ours waits on the generator's reply",
     }
     if args.policy == "off":
         trainer_gpus, rollout_gpus = split_gpus(args.policy, args.gpus)
@@ -678,6 +704,12 @@ def parser() -> argparse.ArgumentParser:
         "--vllm-stats", choices=["on", "off"], default="off",
         help="on: vLLM's engine logs its throughput (rollout.disable_log_stats=False), to see "
         "what of verl's timing_s/gen is sampling",
+    )  # fmt: skip
+    p.add_argument(
+        "--detokenize", choices=["on", "off"], default="off",
+        help="off: vLLM without a tokenizer (skip_tokenizer_init), as verl's rollout config "
+        "defaults and ours runs; on: verl's vLLM server's own setting, which with this "
+        "tokenizer's empty filler re-decodes each whole sequence at every token",
     )  # fmt: skip
     p.add_argument(
         "--ref-token-len", type=int, default=36864,

@@ -69,6 +69,14 @@ def test_overrides_hold_the_bench_shape_and_verls_speed_settings(tmp_path):
     assert o["actor_rollout_ref.rollout.disable_log_stats"] == "True"  # verl's default
     stats = as_dict(verl_grpo.overrides(bench_args(vllm_stats="on"), tmp_path))
     assert stats["actor_rollout_ref.rollout.disable_log_stats"] == "False"
+    assert stats["+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_LOGGING_LEVEL"] == "INFO"
+    assert "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_LOGGING_LEVEL" not in o
+    # vLLM without a tokenizer: verl's server detokenizes by default, and with the arith
+    # tokenizer's empty filler that re-decodes whole sequences (20 s of a 27 s step on an H200)
+    assert o["+actor_rollout_ref.rollout.engine_kwargs.vllm.skip_tokenizer_init"] == "True"
+    assert "none in vLLM" in verl_grpo.differences(bench_args())["detokenization"]
+    text = as_dict(verl_grpo.overrides(bench_args(detokenize="on"), tmp_path))
+    assert not any("skip_tokenizer_init" in key for key in text)
     plain = as_dict(verl_grpo.overrides(bench_args(fused_kernels="off"), tmp_path))
     assert plain["actor_rollout_ref.model.use_fused_kernels"] == "False"
     assert "row by row" in verl_grpo.differences(bench_args(fused_kernels="off"))["log_probs"]
@@ -214,3 +222,19 @@ def test_bad_arguments_get_one_line_and_exit_2(args, words):
     )
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and words in done.stderr
+
+
+def test_detokenize_cost_times_both_kinds_of_completion(tmp_path, capsys):
+    # bench/detokenize_cost.py: why verl's vLLM server detokenizing costs seconds on the
+    # benches' random-weight completions (filler ids decode to nothing); the figures are the
+    # host's, so only the run and what it drew are checked here
+    import detokenize_cost
+
+    out = tmp_path / "cost.json"
+    assert detokenize_cost.main(["--completions", "2", "--tokens", "16", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    kinds = result["kinds"]
+    assert kinds["characters_only"]["visible_token_share"] == 1.0
+    assert kinds["random_weights"]["visible_token_share"] < 0.2
+    assert result["step_completions"] == 128 and result["completions_timed"] == 2
+    assert all(kind["seconds"] > 0 for kind in kinds.values())
