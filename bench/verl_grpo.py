@@ -56,8 +56,8 @@ without a tokenizer (`--detokenize off`: `skip_tokenizer_init` through
 `rollout.engine_kwargs.vllm`, which verl applies after its server's own `False`; its rollout
 config's default is True), as ours and TRL's bench generate: verl reads token ids back and
 decodes for the reward itself, while vLLM detokenizing this tokenizer's filler ids, which decode
-to nothing, decodes each whole sequence again at every token (bench/detokenize_cost.py; 20 of
-a 27 s step in bench/results/gpu_h200_2026-12-01d-verl). No validation, no checkpoint, console
+to nothing, decodes each whole sequence again at every token (bench/detokenize_cost.py; most
+likely most of the 20 s of generation in a 27 s step in bench/results/gpu_h200_2026-12-01d-verl). No validation, no checkpoint, console
 and file loggers.
 
 Where verl's run differs from ours (also under `differences` in the JSON):

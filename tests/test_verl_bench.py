@@ -72,7 +72,8 @@ def test_overrides_hold_the_bench_shape_and_verls_speed_settings(tmp_path):
     assert stats["+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_LOGGING_LEVEL"] == "INFO"
     assert "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_LOGGING_LEVEL" not in o
     # vLLM without a tokenizer: verl's server detokenizes by default, and with the arith
-    # tokenizer's empty filler that re-decodes whole sequences (20 s of a 27 s step on an H200)
+    # tokenizer's empty filler that re-decodes whole sequences (most likely most of the 20 s of
+    # generation in a 27 s step on an H200)
     assert o["+actor_rollout_ref.rollout.engine_kwargs.vllm.skip_tokenizer_init"] == "True"
     assert "none in vLLM" in verl_grpo.differences(bench_args())["detokenization"]
     text = as_dict(verl_grpo.overrides(bench_args(detokenize="on"), tmp_path))
