@@ -273,7 +273,8 @@ def overrides(args: argparse.Namespace, work: Path) -> list[str]:
         # verl starts Ray with VLLM_LOGGING_LEVEL=WARN, which hides vLLM's throughput lines;
         # the job's runtime_env given here wins over verl's default (main_ppo's merge)
         env = "+ray_kwargs.ray_init.runtime_env.env_vars"
-        out += [f"{env}.VLLM_LOGGING_LEVEL=INFO", f"{env}.VLLM_LOG_STATS_INTERVAL=1"]
+        # quoted: Ray takes strings only, and Hydra would make 1 an int
+        out += [f"{env}.VLLM_LOGGING_LEVEL=INFO", f"{env}.VLLM_LOG_STATS_INTERVAL='1'"]
     if per_step % trainer_gpus:
         fail(f"{per_step} completions a step do not split over {trainer_gpus} trainer GPUs")
     if args.policy == "off":
@@ -562,7 +563,14 @@ def check_config(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "response_length": rollout.response_length,
             "gpu_memory_utilization": rollout.gpu_memory_utilization,
             "n_gpus_per_node": rollout.n_gpus_per_node,
+            # what verl's vLLM server adds to its own arguments (skip_tokenizer_init)
+            "vllm_engine_kwargs": OmegaConf.to_container(
+                config.actor_rollout_ref.rollout.engine_kwargs.vllm
+            ),
         },
+        "ray_env_vars": OmegaConf.to_container(config.ray_kwargs.ray_init.runtime_env.env_vars)
+        if config.ray_kwargs.ray_init.get("runtime_env")
+        else {},
         "trainer_gpus": config.trainer.n_gpus_per_node,
         "hybrid_engine": config.actor_rollout_ref.hybrid_engine,
         "trainer_mode": config.trainer.v1.trainer_mode,

@@ -70,6 +70,8 @@ def test_overrides_hold_the_bench_shape_and_verls_speed_settings(tmp_path):
     stats = as_dict(verl_grpo.overrides(bench_args(vllm_stats="on"), tmp_path))
     assert stats["actor_rollout_ref.rollout.disable_log_stats"] == "False"
     assert stats["+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_LOGGING_LEVEL"] == "INFO"
+    # Ray takes string values only: quoted, or Hydra composes an int
+    assert stats["+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_LOG_STATS_INTERVAL"] == "'1'"
     assert "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_LOGGING_LEVEL" not in o
     # vLLM without a tokenizer: verl's server detokenizes by default, and with the arith
     # tokenizer's empty filler that re-decodes whole sequences (most likely most of the 20 s of
