@@ -30,8 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from recipes.architectures import QWEN3_VOCAB as VOCAB  # noqa: E402  (as trl_grpo.py pads it)
 
-VOCAB = 151_936  # Qwen3's, as bench/trl_grpo.py pads the arith tokenizer
 STEP_COMPLETIONS = 128  # 16 prompts x 8 completions
 
 
