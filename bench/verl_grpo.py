@@ -568,9 +568,14 @@ def check_config(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 config.actor_rollout_ref.rollout.engine_kwargs.vllm
             ),
         },
-        "ray_env_vars": OmegaConf.to_container(config.ray_kwargs.ray_init.runtime_env.env_vars)
-        if config.ray_kwargs.ray_init.get("runtime_env")
-        else {},
+        # verl's own runtime_env has no env_vars key unless --vllm-stats adds one
+        "ray_env_vars": OmegaConf.to_container(
+            OmegaConf.select(
+                config,
+                "ray_kwargs.ray_init.runtime_env.env_vars",
+                default=OmegaConf.create({}),
+            )
+        ),
         "trainer_gpus": config.trainer.n_gpus_per_node,
         "hybrid_engine": config.actor_rollout_ref.hybrid_engine,
         "trainer_mode": config.trainer.v1.trainer_mode,
