@@ -122,13 +122,14 @@ def test_the_excused_list_only_shrinks(check):
         error = with_its_generation / row["measured_step_s"] - 1
         assert abs(error) <= THRESHOLD, f"{run}: misses by {error:+.1%} beyond its generation"
         # and no model could hold it: no one prediction comes within 15 % of it and of every
-        # run of the same plan and work the check holds (same recipe, GPUs and device, a
-        # prediction within 2 %, not excused)
+        # run of the same plan and work the check holds (same recipe, GPUs, device and bound,
+        # a prediction within 2 %, not excused)
         same = [
             r["measured_step_s"]
             for r in check["runs"]
             if "excused" not in r
-            and (r["recipe"], r["gpus"], r["device"]) == (row["recipe"], row["gpus"], row["device"])
+            and [r[k] for k in ("recipe", "gpus", "device", "bound_by")]
+            == [row[k] for k in ("recipe", "gpus", "device", "bound_by")]
             and abs(r["predicted_step_s"] / row["predicted_step_s"] - 1) < 0.02
         ] + [row["measured_step_s"]]
         lowest = max((1 - THRESHOLD) * m for m in same)
