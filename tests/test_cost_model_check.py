@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import sys
+from operator import itemgetter
 from pathlib import Path
 
 import pytest
@@ -124,16 +125,15 @@ def test_the_excused_list_only_shrinks(check):
         # and no model could hold it: no one prediction comes within 15 % of it and of every
         # run of the same plan and work the check holds (same recipe, GPUs, device and bound,
         # a prediction within 2 %, not excused)
+        plan = itemgetter("recipe", "gpus", "device", "bound_by")
         same = [
             r["measured_step_s"]
             for r in check["runs"]
             if "excused" not in r
-            and [r[k] for k in ("recipe", "gpus", "device", "bound_by")]
-            == [row[k] for k in ("recipe", "gpus", "device", "bound_by")]
+            and plan(r) == plan(row)
             and abs(r["predicted_step_s"] / row["predicted_step_s"] - 1) < 0.02
         ] + [row["measured_step_s"]]
-        lowest = max((1 - THRESHOLD) * m for m in same)
-        highest = min((1 + THRESHOLD) * m for m in same)
+        lowest, highest = (1 - THRESHOLD) * max(same), (1 + THRESHOLD) * min(same)
         assert lowest > highest, (
             f"{run}: a prediction in [{lowest:.2f}, {highest:.2f}] s holds it and the "
             f"{len(same) - 1} runs of its plan; change the model instead"
