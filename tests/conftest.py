@@ -39,6 +39,20 @@ class MonarchFaults:
                 self._arrived.wait(deadline - time.monotonic())
         return list(self.reports)
 
+    def wait_for_meshes(self, given: set[str], timeout: float = 120.0) -> list[Any]:
+        """Block until a report has come for each mesh `given` names (`<given>-<suffix>`):
+        every mesh on a dead proc is reported, and on a loaded host some only when Monarch's
+        query of the proc's agent times out, which must not land in a later test."""
+
+        def missing() -> set[str]:
+            return given - {r.mesh_name.rsplit("-", 1)[0] for r in self.reports}
+
+        deadline = time.monotonic() + timeout
+        with self._arrived:
+            while missing() and time.monotonic() < deadline:
+                self._arrived.wait(deadline - time.monotonic())
+        return list(self.reports)
+
 
 _current: MonarchFaults | None = None
 

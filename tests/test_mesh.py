@@ -16,7 +16,7 @@ from runtime_helpers import alive
 
 from runtime.procs.failures import ActorFailure, failure_of, lost_a_peer, ranked, root_cause
 from runtime.procs.host import host_gpu_ids
-from runtime.procs.mesh import ServiceMesh, proc_env, threads_per_proc
+from runtime.procs.mesh import PROBE_SUFFIX, ServiceMesh, proc_env, threads_per_proc
 
 # Procs unpickle the actor classes below by module name, so they need this directory on their path.
 TEST_ENV = {"PYTHONPATH": str(Path(__file__).parent)}
@@ -215,7 +215,14 @@ def test_root_cause_of_a_killed_proc_says_how_it_died(monarch_faults):
         assert lost_a_peer(failure_of(error, "reward")), root_cause(error)
     else:
         assert root_cause(error) == killed
-    reports = monarch_faults.wait_for(1)
+    # Monarch reports each mesh on the dead proc: its own logger, the service's probe, the
+    # scorer; all of them before this test ends
+    reports = monarch_faults.wait_for_meshes({"logger", "reward" + PROBE_SUFFIX, "reward"})
+    assert {r.mesh_name.rsplit("-", 1)[0] for r in reports} == {
+        "logger",
+        "reward" + PROBE_SUFFIX,
+        "reward",
+    }, [r.mesh_name for r in reports]
     assert any(root_cause(f.report()) == killed for f in reports), reports
 
 

@@ -28,6 +28,10 @@ class Procs:
     pids: list[int] = field(default_factory=list)
     local: bool = True
     stopped: bool = False
+    failed: bool = False
+
+    def owns(self, mesh_name: str) -> bool:
+        return mesh_name.rsplit("-", 1)[0] in (self.service, self.service + "_probe")
 
 
 def _ended(proc: subprocess.Popen, within: float = 10.0) -> str:
@@ -135,3 +139,51 @@ def test_a_call_whose_proc_went_silent_names_how_the_proc_ended():
         failure, took = asyncio.run(scenario(pids))
     assert str(failure) == "reward actor failed: process killed by SIGKILL (proc 0/1)", failure
     assert took < 5.0, took  # the grace is 60 s
+
+
+SILENT = (
+    'timeout waiting for message from proc mesh agent while querying for "{}". '
+    "The process likely crashed"
+)
+
+
+def test_a_mesh_whose_proc_went_silent_names_how_the_proc_ended():
+    """Monarch's report of a mesh on a killed proc can be its agent's timeout (a loaded host),
+    for the service's own mesh or for Monarch's logger mesh: either way the run names how the
+    proc ended, not the timeout."""
+
+    async def scenario(pids, mesh_name):
+        life = RunLifecycle(peer_grace=60.0, failure_grace=0.2)
+        life._loop = asyncio.get_running_loop()
+        life._failed = life._loop.create_future()
+        life._meshes = [Procs("generator0", pids[:1])]  # type: ignore[assignment]
+        start = time.monotonic()
+        life._on_mesh_failure(mesh_name, SILENT.format(mesh_name))
+        assert life.failure is None  # not the timeout at once
+        await asyncio.wait_for(asyncio.shield(life._failed), 10.0)
+        return life.failure, time.monotonic() - start
+
+    for mesh_name in ("generator0_probe-uEYxxKrUd9F", "logger-abEh4xzbDgC"):
+        with two_ranks(killed=0) as pids:
+            failure, took = asyncio.run(scenario(pids, mesh_name))
+        assert str(failure) == "generator0 actor failed: process killed by SIGKILL (proc 0/1)", (
+            mesh_name,
+            failure,
+        )
+        assert took < 5.0, took  # the grace is 60 s
+
+
+def test_a_silent_mesh_with_no_ended_proc_is_named_by_its_report_after_the_grace():
+    async def scenario():
+        life = RunLifecycle(peer_grace=0.5, failure_grace=0.1)
+        life._loop = asyncio.get_running_loop()
+        life._failed = life._loop.create_future()
+        life._meshes = [Procs("reward", [], local=False)]  # type: ignore[assignment]
+        life._on_mesh_failure("reward-x", SILENT.format("reward-x"))
+        start = time.monotonic()
+        await asyncio.wait_for(asyncio.shield(life._failed), 10.0)
+        return life.failure, time.monotonic() - start
+
+    failure, took = asyncio.run(scenario())
+    assert str(failure).startswith("reward actor failed: timeout waiting for message"), failure
+    assert 0.4 < took < 5.0, took

@@ -15,8 +15,9 @@
   waited for; what was started stops within `failure_shutdown` s and the run exits 0.
 - Any failure (an endpoint raises, a proc dies, Monarch reports a mesh failure) ends the run with
   exit code 1 and one line: `forgesky: reward actor failed: ZeroDivisionError: ... (in f.py:12 g)`.
-  A collective that lost its peer waits `peer_grace` s for the peer's own failure, the root cause
-  (a proc of this machine found ended meanwhile is named after `failure_grace` s).
+  A collective that lost its peer, or a proc Monarch could only call silent (its agent's query
+  timed out), waits `peer_grace` s for the proc's own failure, the root cause (a proc of this
+  machine found ended meanwhile is named after `failure_grace` s).
 - A call unanswered within its `timeout` ends the run too (the controller's watchdog).
 - On every exit path no child process survives and no shared-memory segment of the run remains.
 """
@@ -108,6 +109,8 @@ class RunLifecycle:
         self._resources: list[_Resource] = []
         self._meshes: list[ServiceMesh] = []
         self._inflight: set[asyncio.Future[Any]] = set()
+        # mesh failures waiting for how their proc ended (`_on_mesh_failure`)
+        self._waiting: set[asyncio.Task[None]] = set()
         self._signals = StopSignals(
             on_stop=lambda: self._call_soon(self.request_stop), on_force=self._force_exit
         )
@@ -186,15 +189,34 @@ class RunLifecycle:
     def _on_mesh_failure(self, mesh_name: str, report: str) -> None:
         mesh = next((m for m in self._meshes if m.owns(mesh_name)), None)
         if mesh is not None:
-            if not mesh.stopped:
-                mesh.failed = True
-                self.fail(ActorFailure(mesh.service, root_cause(report)))
+            if mesh.stopped:
+                return
+            mesh.failed = True
+            failure, delay = ActorFailure(mesh.service, root_cause(report)), 0.0
         elif not self._shutting_down:
             # A proc's death fails Monarch's own logger mesh first, then the service's meshes:
             # give a failure that names the service a moment to arrive.
             service = mesh_name.rsplit("-", 1)[0].removesuffix(PROBE_SUFFIX)
-            failure = ActorFailure(service, root_cause(report))
-            self._loop.call_later(self.failure_grace, self.fail, failure)
+            failure, delay = ActorFailure(service, root_cause(report)), self.failure_grace
+        else:
+            return
+        if lost_a_peer(failure):
+            # Monarch's query of the proc's agent timed out before it learned how the proc
+            # ended (a loaded host), or a collective lost its peer: how the proc ended is the
+            # cause to name, as for a call that failed so (`call`).
+            task = self._loop.create_task(self._fail_after_peer(failure, delay))
+            self._waiting.add(task)
+            task.add_done_callback(self._waiting.discard)
+        elif delay:
+            self._loop.call_later(delay, self.fail, failure)
+        else:
+            self.fail(failure)
+
+    async def _fail_after_peer(self, failure: ActorFailure, delay: float) -> None:
+        await self._await_peer()
+        if delay and self.failure is None:
+            await asyncio.wait({self._failed}, timeout=delay)
+        self.fail(failure)
 
     # --- resources and calls --------------------------------------------------------------------
 
