@@ -51,6 +51,7 @@ def test_episodes_spread_by_workers_and_each_call_goes_where_its_episode_opened(
         steps = [spread.step(o.episode, ToolCall("lookup", {"key": "apple"})) for o in opened]
         texts = [r.text for r in await asyncio.gather(*steps)]
         rewards = [await spread.close(o.episode, "17") for o in opened]
+        await spread.shutdown()
         return texts, rewards
 
     texts, rewards = asyncio.run(go())
@@ -75,6 +76,10 @@ def test_a_cpu_node_that_stops_answering_drops_its_episodes_and_the_run_goes_on(
         again = await spread.step(second.episode, call)
         late = await spread.open({"key": "apple"}, seed=3)  # node 1's (1 of 2 workers' episodes)
         closed = [await spread.close(e.episode, "17") for e in (first, second, late)]
+        await spread.shutdown()
+        # node 1's hosting, which the run no longer reaches, still holds the episodes it
+        # opened (their MCP sessions on its loop): a node's process ends with them
+        await node1.hosting.shutdown()
         return a, b, again, closed
 
     a, b, again, closed = asyncio.run(go())
