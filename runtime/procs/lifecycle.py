@@ -200,10 +200,11 @@ class RunLifecycle:
             failure, delay = ActorFailure(service, root_cause(report)), self.failure_grace
         else:
             return
-        if lost_a_peer(failure):
+        if lost_a_peer(failure) and not self._shutting_down:
             # Monarch's query of the proc's agent timed out before it learned how the proc
             # ended (a loaded host), or a collective lost its peer: how the proc ended is the
-            # cause to name, as for a call that failed so (`call`).
+            # cause to name, as for a call that failed so (`call`). (Shutting down, nothing is
+            # left to wait with: the failure is recorded as it came.)
             task = self._loop.create_task(self._fail_after_peer(failure, delay))
             self._waiting.add(task)
             task.add_done_callback(self._waiting.discard)
