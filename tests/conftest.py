@@ -7,7 +7,7 @@ import importlib.util
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -33,23 +33,20 @@ class MonarchFaults:
 
     def wait_for(self, count: int = 1, timeout: float = 30.0) -> list[Any]:
         """Block until `count` reports have come (Monarch polls its procs every second)."""
-        deadline = time.monotonic() + timeout
-        with self._arrived:
-            while len(self.reports) < count and time.monotonic() < deadline:
-                self._arrived.wait(deadline - time.monotonic())
-        return list(self.reports)
+        return self._wait(lambda: len(self.reports) >= count, timeout)
 
     def wait_for_meshes(self, given: set[str], timeout: float = 120.0) -> list[Any]:
         """Block until a report has come for each mesh `given` names (`<given>-<suffix>`):
         every mesh on a dead proc is reported, and on a loaded host some only when Monarch's
         query of the proc's agent times out, which must not land in a later test."""
+        from runtime.procs.mesh import given_name
 
-        def missing() -> set[str]:
-            return given - {r.mesh_name.rsplit("-", 1)[0] for r in self.reports}
+        return self._wait(lambda: given <= {given_name(r.mesh_name) for r in self.reports}, timeout)
 
+    def _wait(self, done: Callable[[], bool], timeout: float) -> list[Any]:
         deadline = time.monotonic() + timeout
         with self._arrived:
-            while missing() and time.monotonic() < deadline:
+            while not done() and time.monotonic() < deadline:
                 self._arrived.wait(deadline - time.monotonic())
         return list(self.reports)
 

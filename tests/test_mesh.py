@@ -16,7 +16,13 @@ from runtime_helpers import alive
 
 from runtime.procs.failures import ActorFailure, failure_of, lost_a_peer, ranked, root_cause
 from runtime.procs.host import host_gpu_ids
-from runtime.procs.mesh import PROBE_SUFFIX, ServiceMesh, proc_env, threads_per_proc
+from runtime.procs.mesh import (
+    PROBE_SUFFIX,
+    ServiceMesh,
+    given_name,
+    proc_env,
+    threads_per_proc,
+)
 
 # Procs unpickle the actor classes below by module name, so they need this directory on their path.
 TEST_ENV = {"PYTHONPATH": str(Path(__file__).parent)}
@@ -217,12 +223,9 @@ def test_root_cause_of_a_killed_proc_says_how_it_died(monarch_faults):
         assert root_cause(error) == killed
     # Monarch reports each mesh on the dead proc: its own logger, the service's probe, the
     # scorer; all of them before this test ends
-    reports = monarch_faults.wait_for_meshes({"logger", "reward" + PROBE_SUFFIX, "reward"})
-    assert {r.mesh_name.rsplit("-", 1)[0] for r in reports} == {
-        "logger",
-        "reward" + PROBE_SUFFIX,
-        "reward",
-    }, [r.mesh_name for r in reports]
+    meshes = {"logger", "reward" + PROBE_SUFFIX, "reward"}
+    reports = monarch_faults.wait_for_meshes(meshes)
+    assert {given_name(r.mesh_name) for r in reports} == meshes, [r.mesh_name for r in reports]
     assert any(root_cause(f.report()) == killed for f in reports), reports
 
 

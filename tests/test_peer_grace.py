@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from runtime.procs.failures import ActorFailure
 from runtime.procs.host import proc_ended
 from runtime.procs.lifecycle import RunLifecycle
+from runtime.procs.mesh import PROBE_SUFFIX, given_name
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -31,7 +32,7 @@ class Procs:
     failed: bool = False
 
     def owns(self, mesh_name: str) -> bool:
-        return mesh_name.rsplit("-", 1)[0] in (self.service, self.service + "_probe")
+        return given_name(mesh_name) in (self.service, self.service + PROBE_SUFFIX)
 
 
 def _ended(proc: subprocess.Popen, within: float = 10.0) -> str:
@@ -147,25 +148,28 @@ SILENT = (
 )
 
 
+async def _failed_after(life: RunLifecycle, meshes: list[Procs], mesh_name: str):
+    """The run's failure after Monarch reports `mesh_name` silent, and the seconds it took."""
+    life._loop = asyncio.get_running_loop()
+    life._failed = life._loop.create_future()
+    life._meshes = meshes  # type: ignore[assignment]
+    start = time.monotonic()
+    life._on_mesh_failure(mesh_name, SILENT.format(mesh_name))
+    assert life.failure is None  # not the report at once
+    await asyncio.wait_for(asyncio.shield(life._failed), 10.0)
+    return life.failure, time.monotonic() - start
+
+
 def test_a_mesh_whose_proc_went_silent_names_how_the_proc_ended():
     """Monarch's report of a mesh on a killed proc can be its agent's timeout (a loaded host),
     for the service's own mesh or for Monarch's logger mesh: either way the run names how the
     proc ended, not the timeout."""
 
-    async def scenario(pids, mesh_name):
-        life = RunLifecycle(peer_grace=60.0, failure_grace=0.2)
-        life._loop = asyncio.get_running_loop()
-        life._failed = life._loop.create_future()
-        life._meshes = [Procs("generator0", pids[:1])]  # type: ignore[assignment]
-        start = time.monotonic()
-        life._on_mesh_failure(mesh_name, SILENT.format(mesh_name))
-        assert life.failure is None  # not the timeout at once
-        await asyncio.wait_for(asyncio.shield(life._failed), 10.0)
-        return life.failure, time.monotonic() - start
-
     for mesh_name in ("generator0_probe-uEYxxKrUd9F", "logger-abEh4xzbDgC"):
         with two_ranks(killed=0) as pids:
-            failure, took = asyncio.run(scenario(pids, mesh_name))
+            life = RunLifecycle(peer_grace=60.0, failure_grace=0.2)
+            meshes = [Procs("generator0", pids[:1])]
+            failure, took = asyncio.run(_failed_after(life, meshes, mesh_name))
         assert str(failure) == "generator0 actor failed: process killed by SIGKILL (proc 0/1)", (
             mesh_name,
             failure,
@@ -174,16 +178,8 @@ def test_a_mesh_whose_proc_went_silent_names_how_the_proc_ended():
 
 
 def test_a_silent_mesh_with_no_ended_proc_is_named_by_its_report_after_the_grace():
-    async def scenario():
-        life = RunLifecycle(peer_grace=0.5, failure_grace=0.1)
-        life._loop = asyncio.get_running_loop()
-        life._failed = life._loop.create_future()
-        life._meshes = [Procs("reward", [], local=False)]  # type: ignore[assignment]
-        life._on_mesh_failure("reward-x", SILENT.format("reward-x"))
-        start = time.monotonic()
-        await asyncio.wait_for(asyncio.shield(life._failed), 10.0)
-        return life.failure, time.monotonic() - start
-
-    failure, took = asyncio.run(scenario())
+    life = RunLifecycle(peer_grace=0.5, failure_grace=0.1)
+    meshes = [Procs("reward", [], local=False)]
+    failure, took = asyncio.run(_failed_after(life, meshes, "reward-x"))
     assert str(failure).startswith("reward actor failed: timeout waiting for message"), failure
     assert 0.4 < took < 5.0, took

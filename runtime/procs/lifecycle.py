@@ -49,7 +49,7 @@ from runtime.procs.host import (
     start_monarch,
     sweep_shared_memory,
 )
-from runtime.procs.mesh import PROBE_SUFFIX, ServiceMesh
+from runtime.procs.mesh import PROBE_SUFFIX, ServiceMesh, given_name
 from runtime.procs.signals import StopSignals
 
 T = TypeVar("T")
@@ -196,7 +196,7 @@ class RunLifecycle:
         elif not self._shutting_down:
             # A proc's death fails Monarch's own logger mesh first, then the service's meshes:
             # give a failure that names the service a moment to arrive.
-            service = mesh_name.rsplit("-", 1)[0].removesuffix(PROBE_SUFFIX)
+            service = given_name(mesh_name).removesuffix(PROBE_SUFFIX)
             failure, delay = ActorFailure(service, root_cause(report)), self.failure_grace
         else:
             return

@@ -192,7 +192,7 @@ class ServiceMesh:
 
     def owns(self, mesh_name: str) -> bool:
         """Whether Monarch's name of a failed mesh (`<given name>-<suffix>`) is one of ours."""
-        given = mesh_name.rsplit("-", 1)[0]
+        given = given_name(mesh_name)
         return given == self.service or given in self.actor_names
 
     async def stop(self) -> None:
@@ -201,6 +201,11 @@ class ServiceMesh:
             return
         self.stopped = True
         await _await(self.procs.stop())
+
+
+def given_name(mesh_name: str) -> str:
+    """The name a mesh was given, of Monarch's name for it (`<given name>-<suffix>`)."""
+    return mesh_name.rsplit("-", 1)[0]
 
 
 async def _await(awaitable: Any) -> Any:
