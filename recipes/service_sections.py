@@ -148,7 +148,8 @@ class GeneratorSettings(Strict):
     # CUDA stream beside the base layer's matmul (VLLM_LORA_ENABLE_DUAL_STREAM);
     # `lora_specialize_active` captures CUDA graphs per count of adapters in use (its
     # specialize_active_lora), so a generation with one adapter launches the kernels' grid for
-    # one rather than for every slot
+    # one rather than for every slot. On qwen3-8b-lora (one H200, 2026-12-02) both together
+    # generated 1-2.5 % faster and started the engine 4 minutes later: off by default
     lora_dual_stream: bool = False
     lora_specialize_active: bool = False
 
