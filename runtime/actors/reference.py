@@ -31,6 +31,15 @@ class ReferenceActor(Actor):
 
     @endpoint
     @ranked
+    async def warm_up(self, width: int) -> dict[str, float] | None:
+        """A compiled reference's graphs made before the first step, on a micro-batch of
+        made-up rows `width` tokens wide (runtime.backends.warm_up); None where nothing
+        compiles."""
+        warm = getattr(self.backend, "warm_up", None)
+        return None if warm is None else warm(width)
+
+    @endpoint
+    @ranked
     async def logprobs(self, tokens: torch.Tensor, response_mask: torch.Tensor) -> dict[str, Any]:
         """The reference's log-prob of every response token, one list per row (in order).
 

@@ -69,6 +69,7 @@ class GPUReference:
         load_into(self.model, as_source(weights, spec, seed), "the reference")
         self.model._skip_lm_head = True
         self.model.eval().requires_grad_(False)
+        self.compiled = compile
         wrap_blocks(self.model, checkpointing=False, compile=compile)
 
     def _shard(self) -> None:
@@ -87,6 +88,19 @@ class GPUReference:
 
     def my_rows(self, batch: int) -> slice:
         return rank_rows(batch, self.rank, self.world)
+
+    def warm_up(self, width: int) -> dict[str, float] | None:
+        """Make a compiled reference's graphs before the first step (runtime.backends.warm_up):
+        one micro-batch of made-up rows `width` tokens wide scored on every rank, which must
+        all call it. None where nothing compiles."""
+        from runtime.backends.warm_up import compile_ahead, synthetic_rows
+
+        if not self.compiled:
+            return None
+        tokens, mask = synthetic_rows(self.spec.vocab_size, width, self.tokens_per_micro_batch)
+        # every rank scores its share of the rows: the micro-batch on each
+        tokens, mask = tokens.repeat(self.world, 1), mask.repeat(self.world, 1)
+        return compile_ahead(lambda: self.logprobs(tokens, mask), self.device)
 
     def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
         """Teacher-forced log-probs `[B, T]` of the reference (0 off the response); with

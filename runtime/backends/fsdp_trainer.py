@@ -152,6 +152,7 @@ class FSDPTrainer(trainer_state.Checkpointing):
         if lora is not None and compute_dtype != torch.float32:
             _round_frozen_weights(self.model, compute_dtype)
         self.model._skip_lm_head = True
+        self.compiled = compile
         wrap_blocks(
             self.model,
             checkpointing=activation_checkpointing,
@@ -226,6 +227,42 @@ class FSDPTrainer(trainer_state.Checkpointing):
                 self.temperature,
                 entropy,
             )
+
+    def warm_up(self, width: int, entropy: int) -> dict[str, float] | None:
+        """Make a compiled trainer's graphs before its first step (runtime.backends.warm_up):
+        one micro-batch of made-up rows `width` tokens wide through the step's passes, the
+        reference's first under LoRA (the base, adapter off, without gradients), then the
+        training pass with `entropy` as the step computes it (`loss_inputs`: 1 a metric, 2 with
+        its graph). Nothing stays: no optimizer step, the gradients dropped, the run's random
+        generators untouched. Every rank must call it. None where nothing compiles.
+
+        One rank alone on a GPU it shares with a generator that is still starting may find no
+        room: then the warm-up is given up (`out_of_memory`) and the first step compiles, as
+        without it. Several ranks do not try that (a rank that stopped early would leave the
+        others in a collective)."""
+        from runtime.backends.warm_up import compile_ahead, synthetic_rows
+
+        if not self.compiled:
+            return None
+        tokens, mask = synthetic_rows(self.spec.vocab_size, width, self.tokens_per_micro_batch)
+
+        def passes() -> None:
+            if self.lora is not None:
+                # every rank scores its share of the rows: the micro-batch on each
+                self.reference_logprobs(tokens.repeat(self.world, 1), mask.repeat(self.world, 1))
+            lp, ent = self._forward(tokens, mask, entropy)
+            (lp.sum() * 0.0 + (0.0 if ent is None else ent.sum() * 0.0)).backward()
+            self.optimizer.zero_grad(set_to_none=True)
+
+        with self.memory.phase("warm_up"):
+            if self.world > 1:
+                return compile_ahead(passes, self.device)
+            try:
+                return compile_ahead(passes, self.device)
+            except torch.OutOfMemoryError:
+                self.optimizer.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                return {"graphs": 0.0, "seconds": 0.0, "out_of_memory": 1.0}
 
     def logprobs(self, tokens: Tensor, response_mask: Tensor) -> Tensor:
         """Teacher-forced log-probs `[B, T]` of the current policy (0 off the response)."""

@@ -173,9 +173,31 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
         )
 
     rewards = [r.model_dump() for r in recipe.dataset.rewards]
+    # A compiled trainer makes its graphs while the generators start, rather than in the first
+    # step; the reference after it (they may share a GPU, and take turns on it in the steps).
+    trainer_warm = asyncio.Event()
+
+    async def trainer_up() -> Any:
+        try:
+            # every trainer rank joins the group
+            setup = trainer.setup.call(recipe, settings, store)
+            answer = await _ready("trainer", life.call("trainer", setup), began)
+            await _warm_up("trainer", life.call("trainer", trainer.warm_up.call()))
+        finally:
+            trainer_warm.set()  # the reference waits for it, whatever became of it
+        return answer
+
+    async def reference_up(reference: Any) -> Any:
+        # every reference rank joins its group
+        setup = reference.setup.call(recipe, settings)
+        answer = await _ready("reference", life.call("reference", setup), began)
+        await trainer_warm.wait()
+        width = recipe.grpo.max_prompt_tokens + recipe.grpo.max_response_tokens
+        await _warm_up("reference", life.call("reference", reference.warm_up.call(width)))
+        return answer
+
     setups = [
-        # every trainer rank joins the group
-        _ready("trainer", life.call("trainer", trainer.setup.call(recipe, settings, store)), began),
+        trainer_up(),
         *(
             _ready(
                 f"generator{p.replica}",
@@ -187,12 +209,7 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
         _ready("reward", life.call("reward", reward.setup.call(rewards)), began),
     ]
     if reference is not None:
-        # every reference rank joins its group
-        setups.append(
-            _ready(
-                "reference", life.call("reference", reference.setup.call(recipe, settings)), began
-            )
-        )
+        setups.append(reference_up(reference))
     answers = await asyncio.gather(*setups)
     info = next(value for _, value in answers[0].items())
     # the generators' tokenizer pads batches (the controller loads none of its own)
@@ -244,6 +261,34 @@ def _say_sm_shares(answers: list[Any], gens: list[Any], with_reference: bool) ->
             f"SMs each service may use under NVIDIA MPS (layout.mps_sm_percent): {words}",
             flush=True,
         )
+
+
+async def _warm_up(service: str, call: Any) -> None:
+    """The service's graphs compiled ahead of its first step, said in a line where there were
+    any (the answer of its first rank: every rank compiles the same graphs)."""
+    answers = await call
+    line = warm_up_line(service, next((value for _, value in answers.items()), None))
+    if line:
+        print(line, flush=True)
+
+
+def warm_up_line(service: str, done: dict[str, float] | None) -> str | None:
+    """What a service's `warm_up` answer says: the graphs it compiled before its first step and
+    how long that took, that it found no room to, or nothing (nothing compiled, or nothing to
+    compile)."""
+    if not done:
+        return None
+    if done.get("out_of_memory"):
+        return (
+            f"  {service}: no room on its GPU beside the generator's start to compile ahead; "
+            "its first step compiles"
+        )
+    if not done["graphs"]:
+        return None
+    return (
+        f"  {service}: {done['graphs']:.0f} graphs compiled before its first step "
+        f"({done['seconds']:.1f} s)"
+    )
 
 
 async def _ready(service: str, setup: Any, began: float) -> Any:
