@@ -118,6 +118,25 @@ def test_compiled_blocks_give_the_same_logprobs():
     assert stats["grad_norm"] > 0
 
 
+def test_a_warmed_up_trainer_compiles_nothing_in_its_first_step():
+    """One rank in bf16 autocast, as a one-GPU plan runs it: the warm-up's made-up micro-batch
+    makes the graphs, and the first step, at other sizes, compiles none."""
+    from runtime.backends.gpu_memory import StepEvents
+
+    torch._dynamo.reset()
+    trainer = FSDPTrainer(SMALL, OptimizerConfig(), device="cuda", compile=True)
+    warm = trainer.warm_up(96, 1)
+    print("warm-up", warm)
+    assert warm["graphs"] > 0 and "out_of_memory" not in warm
+    tokens, mask = _batch(SMALL, rows=6, prompt=16, response=48, seed=5)
+    old = torch.zeros(tokens.shape)
+    events = StepEvents("cuda")
+    before = events.read()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        stats = trainer.train_step(tokens, mask, torch.linspace(-1, 1, 6), old, None, policy_loss)
+    assert events.since(before)["compile/graphs"] == 0 and stats["grad_norm"] > 0
+
+
 def test_compiled_output_projection_trains_like_eager_in_less_memory():
     """Qwen3-1.7B's vocabulary: the compiled projection + log-softmax (one reduction over the
     bf16 logits) steps like the eager one, which keeps fp32 copies of [response tokens, vocab]."""
