@@ -114,14 +114,26 @@ def test_a_warmed_up_reference_compiles_nothing_when_it_first_scores():
 
 
 @pytest.mark.parametrize(
-    ("width", "budget", "rows"),
-    [(24, 64, 3), (100, 8192, 81), (2048, 8192, 4), (90, 8100, 91), (2, 64, 16)],
+    ("width", "budget", "shape"),
+    [
+        (24, 64, (3, 23)),
+        (100, 8192, (81, 99)),
+        (2048, 8192, (3, 2047)),
+        (2048, 16384, (7, 2047)),
+        (91, 8281, (89, 91)),
+        (2, 64, (11, 5)),
+    ],
 )
-def test_the_made_up_rows_fill_a_micro_batch_without_sizes_compile_would_tie(width, budget, rows):
+def test_the_made_up_rows_fill_a_micro_batch_in_odd_sizes_of_their_own(width, budget, shape):
+    """qwen3-1.7b's caps make rows of 2,048 tokens, its hidden size: 2,047 are made."""
     tokens, mask = synthetic_rows(1000, width, budget)
-    w = max(4, width)
+    rows, w = shape
     assert tokens.shape == (rows, w) and mask.shape == (rows, w)
-    # no size of 1 and no two dynamic sizes alike: rows, width, response tokens predicted
-    predicted = int(mask[:, 1:].sum())
-    assert len({rows, w, predicted}) == 3 and min(rows, w, predicted) > 1
-    assert int(tokens.max()) < 1000
+    assert rows * w <= max(budget, 3 * w) and int(tokens.max()) < 1000
+    # what each row predicts (position t-1 predicts token t) and all of them: odd, and no two
+    # sizes alike, none of 1
+    per_row = mask[:, 1:].sum(dim=1)
+    assert (per_row == per_row[0]).all()
+    sizes = [rows, w, int(per_row[0]), int(per_row.sum())]
+    assert all(n % 2 == 1 and n > 1 for n in sizes), sizes
+    assert len(set(sizes[:2] + sizes[3:])) == 3, sizes

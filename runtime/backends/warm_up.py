@@ -9,8 +9,12 @@ passes once on a made-up micro-batch during that wait, so the first step finds i
 The micro-batch is one of the step's: the run's widest rows (prompt and completion at the
 recipe's caps) and as many as the micro-batch's token budget holds, so that the kernels
 torch.compile tunes on first use are tuned at the sizes the steps run. Its sizes avoid what
-would make a step compile again: a size of 1 (torch.compile specializes it) and two dynamic
-sizes that happen to be equal (it would give them one symbol, which a real batch then breaks).
+would make a step compile again: a size of 1 (torch.compile specializes it), and a size equal
+to another, which torch.compile gives one symbol: two of its own, or one of its own and a
+model's dimension (a width of 2,048 beside qwen3-1.7b's hidden size of 2,048 would be fixed at
+2,048 by the first matrix product, and every later width compile again). The rows, the width
+and each row's response tokens are odd (the token count of the response rows too), and the
+dimensions of the models forgesky runs are even.
 Nothing it does stays: gradients are dropped, no optimizer step is taken, and the made-up
 tokens come from a generator of their own (the run's seeded ones draw nothing).
 """
@@ -27,17 +31,22 @@ from runtime.backends.gpu_memory import StepEvents
 
 
 def synthetic_rows(vocab: int, width: int, budget: int) -> tuple[Tensor, Tensor]:
-    """Random tokens `[rows, width]` and their response mask (each row's second half): as many
-    rows as `budget` tokens hold, at least 3, never `width` of them. With 3 or more rows, the
-    response tokens predicted (rows x half the width) outnumber the width too."""
-    width = max(4, width)
+    """Random tokens `[rows, width]` and their response mask (about each row's second half):
+    as many rows as `budget` tokens hold, at least 3, all three sizes odd (the width at most one
+    less than asked, the rows at most one less than the budget holds) and the rows never as
+    many as the width."""
+    width = max(5, width - 1 + width % 2)
     rows = max(3, budget // width)
+    rows -= 1 - rows % 2
     if rows == width:
-        rows += 1
+        rows -= 2
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, vocab, (rows, width), generator=generator)
+    # position t-1 predicts token t: a row's mask from `start` on predicts width - start tokens
+    start = width // 2
+    start += 1 - (width - start) % 2
     mask = torch.zeros(rows, width, dtype=torch.bool)
-    mask[:, width // 2 :] = True
+    mask[:, start:] = True
     return tokens, mask
 
 
