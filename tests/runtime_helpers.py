@@ -243,6 +243,26 @@ def token_batch(
     return tokens, mask, torch.linspace(-1, 1, rows)
 
 
+def fsdp_on_cpu(spec: Any, **options: Any) -> Any:
+    """The GPU trainer on the CPU in float32 (its math, without autocast), learning rate 1e-2,
+    temperature 0.7, seed 1; `options` go to FSDPTrainer."""
+    import torch
+
+    from runtime.backends import OptimizerConfig
+    from runtime.backends.fsdp_trainer import FSDPTrainer
+
+    return FSDPTrainer(
+        spec,
+        OptimizerConfig(lr=1e-2),
+        temperature=0.7,
+        seed=1,
+        device="cpu",
+        compute_dtype=torch.float32,
+        publish_dtype=torch.float32,
+        **options,
+    )
+
+
 def join_group(rank: int, world: int, port: int) -> None:
     """In a spawned rank: the environment a service's rank gets (runtime.control.startup's
     group_env and runtime.procs.mesh's rank), so the backend joins its process group."""

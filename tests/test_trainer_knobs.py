@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_helpers import token_batch
+from runtime_helpers import fsdp_on_cpu, token_batch
 
 from recipes import architecture
-from runtime.backends import OptimizerConfig, blocks
+from runtime.backends import blocks
 from runtime.backends.fsdp_reference import GPUReference
 from runtime.backends.fsdp_trainer import FSDPTrainer
 from runtime.grpo import policy_loss
@@ -23,16 +23,7 @@ def _batch(width: int, seed: int = 0, rows: int = 5):
 
 
 def _trainer(**options) -> FSDPTrainer:
-    return FSDPTrainer(
-        SPEC,
-        OptimizerConfig(lr=1e-2),
-        temperature=0.7,
-        seed=1,
-        device="cpu",
-        compute_dtype=torch.float32,
-        publish_dtype=torch.float32,
-        **options,
-    )
+    return fsdp_on_cpu(SPEC, **options)
 
 
 def _step(trainer: FSDPTrainer, width: int, seed: int) -> dict[str, float]:

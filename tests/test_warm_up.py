@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_helpers import token_batch
+from runtime_helpers import fsdp_on_cpu, token_batch
 
 from recipes import architecture
 from recipes.run_sections import Lora
@@ -25,18 +25,7 @@ LOSS = dict(variant="grpo", clip_low=0.2, clip_high=0.28, kl_beta=0.1)
 
 
 def _trainer(**options) -> FSDPTrainer:
-    return FSDPTrainer(
-        SPEC,
-        OptimizerConfig(lr=1e-2),
-        temperature=0.7,
-        seed=1,
-        device="cpu",
-        compute_dtype=torch.float32,
-        publish_dtype=torch.float32,
-        tokens_per_micro_batch=64,
-        compile=True,
-        **options,
-    )
+    return fsdp_on_cpu(SPEC, tokens_per_micro_batch=64, compile=True, **options)
 
 
 def _first_step(trainer: FSDPTrainer, entropy_coef: float) -> dict[str, float]:
