@@ -1,10 +1,11 @@
 """Compiling a step's graphs before the first step, while the generator starts.
 
 A compiled trainer (or reference) makes its graphs the first time a step runs them: on a fresh
-node a minute or two of the first step (qwen3-8b-lora on one H200: its training took 104 s, 5.8 s
-in later steps) while the generator waited; and before that, during the generator's own start
-(vLLM's compile and CUDA graphs, 1-3 minutes), the trainer sat idle, ready. `compile_ahead` runs the step's own
-passes once on a made-up micro-batch during that wait, so the first step finds its graphs made.
+node a minute or two of the first step (qwen3-8b-lora on one H200: its training took 104 s,
+5.8 s in later steps) while the generator waited; and before that, during the generator's own
+start (vLLM's compile and CUDA graphs, 1-3 minutes), the trainer sat idle, ready.
+`compile_ahead` runs the step's own passes once on a made-up micro-batch during that wait, so
+the first step finds its graphs made.
 
 The micro-batch is one of the step's: the run's widest rows (prompt and completion at the
 recipe's caps) and as many as the micro-batch's token budget holds, so that the kernels
@@ -12,9 +13,10 @@ torch.compile tunes on first use are tuned at the sizes the steps run. Its sizes
 would make a step compile again: a size of 1 (torch.compile specializes it), and a size equal
 to another, which torch.compile gives one symbol: two of its own, or one of its own and a
 model's dimension (a width of 2,048 beside qwen3-1.7b's hidden size of 2,048 would be fixed at
-2,048 by the first matrix product, and every later width compile again). The rows, the width
-and each row's response tokens are odd (the token count of the response rows too), and the
-dimensions of the models forgesky runs are even.
+2,048 by the first matrix product, and every later width compile again). The rows, the width,
+each row's response tokens and all of them are odd; the hidden and head dimensions of the
+models forgesky runs are even.
+
 Nothing it does stays: gradients are dropped, no optimizer step is taken, and the made-up
 tokens come from a generator of their own (the run's seeded ones draw nothing).
 """
