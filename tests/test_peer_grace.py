@@ -183,3 +183,22 @@ def test_a_silent_mesh_with_no_ended_proc_is_named_by_its_report_after_the_grace
     failure, took = asyncio.run(_failed_after(life, meshes, "reward-x"))
     assert str(failure).startswith("reward actor failed: timeout waiting for message"), failure
     assert 0.4 < took < 5.0, took
+
+
+def test_the_logger_meshs_report_of_a_killed_proc_names_the_procs_service():
+    """Monarch's logger mesh can report a proc's death, with its cause, before the service's
+    own mesh does (on a loaded host by more than the grace): the run names the service whose
+    proc of this machine ended, not the logger."""
+    with two_ranks(killed=1) as pids:
+        life = RunLifecycle(peer_grace=60.0, failure_grace=0.1)
+
+        async def scenario():
+            life._loop = asyncio.get_running_loop()
+            life._failed = life._loop.create_future()
+            life._meshes = [Procs("reward", pids[:1]), Procs("trainer", pids)]  # type: ignore[assignment]
+            life._on_mesh_failure("logger-abEh4xzbDgC", "process killed by SIGKILL (proc 1/2)")
+            await asyncio.wait_for(asyncio.shield(life._failed), 10.0)
+            return life.failure
+
+        failure = asyncio.run(scenario())
+    assert str(failure) == "trainer actor failed: process killed by SIGKILL (proc 1/2)", failure

@@ -197,6 +197,11 @@ class RunLifecycle:
             # A proc's death fails Monarch's own logger mesh first, then the service's meshes:
             # give a failure that names the service a moment to arrive.
             service = given_name(mesh_name).removesuffix(PROBE_SUFFIX)
+            # a proc of this machine found ended is the one whose death Monarch reports: its
+            # service is the one to name, should the service's own report come late
+            ended = self._ended_proc()
+            if ended is not None:
+                service = ended.service
             failure, delay = ActorFailure(service, root_cause(report)), self.failure_grace
         else:
             return
