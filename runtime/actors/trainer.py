@@ -64,15 +64,14 @@ class TrainerActor(Actor):
 
     @endpoint
     @ranked
-    async def warm_up(self) -> dict[str, float] | None:
+    async def warm_up(self, width: int) -> dict[str, float] | None:
         """A compiled trainer's graphs made before the first step, on a micro-batch of made-up
-        rows of the recipe's widest (runtime.backends.warm_up); called while the generators
-        start. None where nothing compiles (the CPU's trainer, `trainer.compile` off, SFT)."""
+        rows `width` tokens wide (runtime.backends.warm_up); called while the generators start.
+        None where nothing compiles (the CPU's trainer, `trainer.compile` off, SFT)."""
         warm = getattr(self.backend, "warm_up", None)
         if warm is None or self.recipe.kind != "grpo":
             return None
-        g = self.recipe.grpo
-        return warm(g.max_prompt_tokens + g.max_response_tokens, 2 if g.entropy_coef else 1)
+        return warm(width, 2 if self.recipe.grpo.entropy_coef else 1)
 
     def _measured(self, step: Any) -> dict[str, Any]:
         """`step()`'s stats with the events seen during it, run under torch.profiler on the

@@ -176,13 +176,15 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
     # A compiled trainer makes its graphs while the generators start, rather than in the first
     # step; the reference after it (they may share a GPU, and take turns on it in the steps).
     trainer_warm = asyncio.Event()
+    # the made-up rows: the recipe's widest
+    width = recipe.grpo.max_prompt_tokens + recipe.grpo.max_response_tokens
 
     async def trainer_up() -> Any:
         try:
             # every trainer rank joins the group
             setup = trainer.setup.call(recipe, settings, store)
             answer = await _ready("trainer", life.call("trainer", setup), began)
-            await _warm_up("trainer", life.call("trainer", trainer.warm_up.call()))
+            await _warm_up("trainer", life.call("trainer", trainer.warm_up.call(width)))
         finally:
             trainer_warm.set()  # the reference waits for it, whatever became of it
         return answer
@@ -192,7 +194,6 @@ async def start_services(life: RunLifecycle, config: RunConfig) -> Services:
         setup = reference.setup.call(recipe, settings)
         answer = await _ready("reference", life.call("reference", setup), began)
         await trainer_warm.wait()
-        width = recipe.grpo.max_prompt_tokens + recipe.grpo.max_response_tokens
         await _warm_up("reference", life.call("reference", reference.warm_up.call(width)))
         return answer
 
