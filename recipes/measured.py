@@ -57,9 +57,9 @@ MEASURED = {
     "size_exponent": 0.422,
     "size_source": "H200 qwen3-1.7b vs H200 qwen3-8b",
     "startup": {
-        "base_s": 146.8,
-        "runs": 8,
-        "s_per_billion_params": 31.3,
+        "base_s": 197.3,
+        "runs": 7,
+        "s_per_billion_params": 1.98,
         "source": "bench/cost_constants.py STARTUP_SOURCES",
         "spread_s": {
             "1.72B": [
@@ -67,8 +67,8 @@ MEASURED = {
                 263.2
             ],
             "8.19B": [
-                373.4,
-                433.1
+                213.5,
+                213.5
             ]
         }
     },
