@@ -47,7 +47,7 @@ MEASURED = {
     },
     "sft_startup": {
         "runs": 3,
-        "share_of_grpo": 0.332,
+        "share_of_grpo": 0.413,
         "source": "bench/cost_constants.py SFT_STARTUP_SOURCES",
         "spread_s": [
             52.3,
@@ -57,14 +57,14 @@ MEASURED = {
     "size_exponent": 0.422,
     "size_source": "H200 qwen3-1.7b vs H200 qwen3-8b",
     "startup": {
-        "base_s": 197.3,
-        "runs": 7,
-        "s_per_billion_params": 1.98,
+        "base_s": 147.2,
+        "runs": 2,
+        "s_per_billion_params": 8.09,
         "source": "bench/cost_constants.py STARTUP_SOURCES",
         "spread_s": {
             "1.72B": [
-                149.6,
-                263.2
+                161.1,
+                161.1
             ],
             "8.19B": [
                 213.5,

@@ -670,9 +670,11 @@ case "$mode" in
     json=/tmp/bench/side_by_side$tag.json
     status=0
     if [[ " $runs " == *" ours "* ]]; then
+      # its log names the commit first, as a group's does
+      echo "commit: $commit" >"$out/side_by_side_grpo_${gpus}gpu_${policy}$tag.log"
       timeout -s TERM "${SBS_OURS_S:-330}" python3 bench/gpu_grpo.py grpo --out "$json" \
         "${ours[@]}" --section "grpo_${gpus}gpu_${policy}_policy" \
-        >"$out/side_by_side_grpo_${gpus}gpu_${policy}$tag.log" 2>&1 || status=$?
+        >>"$out/side_by_side_grpo_${gpus}gpu_${policy}$tag.log" 2>&1 || status=$?
       echo "forgesky ${policy}-policy: exit $status"
       cp "$json" "$out/" 2>/dev/null || true
       grep -h "^step \|error" "$out/side_by_side_grpo_${gpus}gpu_${policy}$tag.log" | tail -8 || true
