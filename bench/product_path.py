@@ -68,6 +68,16 @@ SHORT = (
 )
 
 
+def short(name: str) -> tuple[str, ...]:
+    """SHORT for the recipe `name`: a reference in the trainer's processes (a LoRA run's, the
+    base with the adapter off) runs the trainer's model, compiled as `trainer.compile` says, and
+    refuses a setting of its own."""
+    from recipes import load_recipe
+
+    in_trainer = load_recipe(name).layout.reference.device == "trainer"
+    return tuple(s for s in SHORT if not (in_trainer and s == "reference.compile=false"))
+
+
 def versions() -> dict[str, str]:
     names = ("torch", "vllm", "torchmonarch", "torchstore", "torchtitan", "transformers")
     out = {"python": platform.python_version()}
@@ -154,7 +164,7 @@ def held_model(recipe: Any, folder: Path) -> dict[str, Any] | None:
 
 def runtime_args(name: str, gpus: int, folder: Path, run_dir: Path, sets: list[str]) -> list[str]:
     args = ["--recipe", name, "--gpus", str(gpus), "--run-dir", str(run_dir)]
-    for s in ("layout.share=all", f"model.hf_id={folder}", *SHORT, *sets):
+    for s in ("layout.share=all", f"model.hf_id={folder}", *short(name), *sets):
         args += ["--set", s]
     return args
 
@@ -485,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings_changed": [
             "layout.share=all",
             "model.hf_id=<random HF folder>",
-            *SHORT,
+            *short(a.recipe),
             *sets,
         ],
     }
@@ -493,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
         result["checkpoints_dir"] = a.checkpoints_dir
     accelerator = "H200" if "H200" in str(result["device"]) else "H100"
     recipe = apply_overrides(
-        load_recipe(a.recipe), ["layout.share=all", f"model.hf_id={folder}", *SHORT, *sets]
+        load_recipe(a.recipe),
+        ["layout.share=all", f"model.hf_id={folder}", *short(a.recipe), *sets],
     )
     if a.write_model:  # in a child process: its CUDA context ends with it
         info = random_model_once(recipe, Path(a.write_model))

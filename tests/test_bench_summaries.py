@@ -459,6 +459,29 @@ def test_product_path_overrides_pass_the_runtimes_checks(monkeypatch):
     assert mix("q", "aaaa", "")[0] == 0.25 and mix("q", "abcd", "")[0] == 1.0
 
 
+@pytest.mark.parametrize(
+    ("name", "gpus"),
+    [("qwen3-8b", 2), ("qwen3-14b-lora", 1), ("qwen3-32b-lora", 4), ("llama3.1-8b-lora", 1)],
+)
+def test_product_path_overrides_are_a_recipe_the_planner_takes(name, gpus, monkeypatch):
+    # what run A and run B start with on the H200s scripts/gpu/README.md gives them
+    # (bench/product_path.py runtime_args): a LoRA recipe's reference runs in the trainer's
+    # processes and refuses a compile setting of its own
+    from recipes import apply_overrides, load_recipe, plan
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    import product_path
+
+    sets = ["layout.share=all", *product_path.short(name), "resources.accelerator=H200"]
+    recipe = apply_overrides(load_recipe(name), sets)
+    assert plan(recipe, gpus).total_gpus == gpus
+    lora = name.endswith("-lora")
+    assert ("reference.compile=false" in product_path.short(name)) is not lora
+    if lora:  # the refusal the trimmed list avoids
+        with pytest.raises(Exception, match="reference.compile"):
+            apply_overrides(load_recipe(name), [*sets, "reference.compile=false"])
+
+
 @pytest.mark.parametrize("family", ["qwen3", "llama3"])
 def test_the_product_bench_writes_a_model_folder_both_loaders_read(tmp_path, monkeypatch, family):
     """bench/product_path.py's random HF folder (run on the GPU for qwen3-8b and llama3.1-8b),
