@@ -14,7 +14,7 @@ from recipes import apply_overrides, load_recipe, plan
 from runtime.control.batching import collate_groups, train_batch
 from runtime.control.buffer import Group
 from runtime.control.config import RunConfig
-from runtime.control.controller import Controller, room_warning
+from runtime.control.controller import Controller, publish_stage, room_warning
 from runtime.tasks.data import PromptSource
 
 ROWS = [{"question": f"prompt {i}", "answer": str(i)} for i in range(40)]
@@ -512,3 +512,14 @@ def test_a_checkpoint_being_written_when_the_run_ends_early_is_committed_if_it_l
         assert steps == [] and "the checkpoint of step 2 was not finished" in out
         # left as it was: a resume ignores it and starts from the last committed one
         assert (cfg.checkpoint_dir / f"{checkpoint.step_dir_name(2)}.partial").is_dir()
+
+
+def test_a_publish_records_its_staging_apart_from_its_manifest():
+    # the direct paths' one stage, the store's, or several paths' summed; nothing where a
+    # publish says no stage (a trainer rank other than 0)
+    assert publish_stage({"seconds": 0.025, "stage_direct_s": 0.018}) == {
+        "time/publish_stage_s": 0.018
+    }
+    both = publish_stage({"seconds": 0.5, "stage_ipc_s": 0.1, "stage_store_s": 0.3})
+    assert both["time/publish_stage_s"] == pytest.approx(0.4)
+    assert publish_stage({"bytes": 0, "seconds": 0.0}) == {}

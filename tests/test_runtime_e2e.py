@@ -38,6 +38,8 @@ def test_tiny_run_learns_and_exits_cleanly(tmp_path: Path, nothing_left, loss):
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     for key in ("reward/mean", "loss", "kl", "policy_version", "time/step_s", "time/weight_sync_s"):
         assert key in rows[0], key
+    # a version's publish in parts: its staging on the paths, then its manifest's put
+    assert all(0 < r["time/publish_stage_s"] <= r["time/publish_s"] for r in rows), rows[0]
     # a generate call's seconds, and the engine's own part of them
     calls = [r for r in rows if "time/generate_s" in r]
     assert calls and all(0 < r["time/engine_s"] <= r["time/generate_s"] for r in calls)

@@ -37,6 +37,13 @@ from runtime.procs.mps import uses_mps
 HINT_STEPS = 3
 
 
+def publish_stage(pub: dict[str, float]) -> dict[str, float]:
+    """`time/publish_stage_s`: the seconds a publish spent putting the version on its paths
+    (runtime.weights.transport's `stage_*` stats, summed over the paths), where it says."""
+    stages = [v for k, v in pub.items() if k.startswith("stage_")]
+    return {"time/publish_stage_s": sum(stages)} if stages else {}
+
+
 class Controller:
     def __init__(
         self, config: RunConfig, services: ServiceHandles, stopping: asyncio.Event
@@ -206,6 +213,9 @@ class Controller:
                 # the last switch that ended (this step's may still be loading)
                 "sync/ready_s": self.policy.last_ready_s,
                 **{f"time/{k}": pub[k] for k in ("push_s", "push_wait_s") if k in pub},
+                # the version gathered into the paths' buffers (or written to the store): the
+                # rest of publish_s is its manifest's put into the store
+                **publish_stage(pub),
                 # a LoRA version's load into vLLM, in parts: adapter_build_s and
                 # adapter_activate_s (added anew), or adapter_write_s (in place, with
                 # adapter_plan_s when its plan was made); a CUDA IPC receipt's receive_manifest_s,
