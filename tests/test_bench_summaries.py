@@ -167,6 +167,24 @@ def test_a_lora_runs_adapter_parts_resummarize_from_its_records():
     assert parts == {"adapter_write_s": pytest.approx(committed["grpo"]["adapter_write_s"])}
 
 
+def test_a_publish_s_staging_is_summarized_where_the_records_have_it():
+    # runs before time/publish_stage_s have no such figure; a run with it, the measured
+    # steps' mean
+    path = (
+        Path(__file__).resolve().parents[1]
+        / "bench/results/gpu_h200_2026-11-29-cpus-sync-tools/gpu_grpo_qwen3-8b-lora.json"
+    )
+    again = json.loads(path.read_text())
+    gpu_grpo.resummarize(again)
+    assert "publish_stage_s" not in again["grpo"]
+    for i, record in enumerate(again["grpo"]["records"]):
+        record["time/publish_stage_s"] = 0.01 * (i + 1)
+    gpu_grpo.resummarize(again)
+    warmup = len(again["grpo"]["records"]) - again["grpo"]["measured_steps"]
+    staged = [0.01 * (i + 1) for i in range(warmup, len(again["grpo"]["records"]))]
+    assert again["grpo"]["publish_stage_s"] == pytest.approx(sum(staged) / len(staged))
+
+
 def test_longer_prompts_reach_the_asked_mean_within_the_recipes_cap():
     # qwen3-8b at 1024-token prompts (the 4K work of docs/benchmarks.md): the filler takes the
     # arith prompts (~200 tokens) to 1,024 on average; those past the cap are cut to it
