@@ -51,6 +51,7 @@ class FakeServices:
 
     def __post_init__(self) -> None:
         self.loaded = [-1] * self.generators
+        self.handed: list[tuple[int, int, int | None]] = []  # (replica, version, direct's)
         self._rng = random.Random(self.seed)
 
     async def _pause(self, seconds: float) -> None:
@@ -119,11 +120,16 @@ class FakeServices:
         self.version += 1
         return {"loss": 0.0, "kl": 0.0, "time/train_s": 0.0}
 
-    async def publish(self, version: int) -> dict[str, float]:
+    async def publish(self, version: int) -> dict[str, Any]:
         assert version == self.version, (version, self.version)
-        return {"bytes": 0, "seconds": 0.0}
+        # a direct path's part of the manifest, as runtime.weights.transport.Publisher hands it
+        return {"bytes": 0, "seconds": 0.0, "direct": {"version": version}}
 
-    async def load_version(self, replica: int, version: int) -> dict[str, float]:
+    async def load_version(
+        self, replica: int, version: int, direct: dict[str, Any] | None = None
+    ) -> dict[str, float]:
+        # what the publish of the version handed over comes with its load
+        self.handed.append((replica, version, None if direct is None else direct["version"]))
         await self._pause(self.load_s)
         self.loaded[replica] = max(self.loaded[replica], version)
         out = {"version": self.loaded[replica], "bytes": 0, "seconds": self.load_s}

@@ -72,6 +72,16 @@ def test_no_group_is_trained_on_staler_than_max_policy_age(tmp_path, age, genera
         assert any(s > 0 for s in services.staleness)
 
 
+def test_each_load_takes_its_own_versions_manifest_from_the_publish(tmp_path):
+    # the publish's `direct` entry goes to every generator with the load of that version,
+    # the first version's at the start included: no receiver fetches it from the store
+    cfg = config(tmp_path, "grpo.max_policy_age=1", "layout.generator.replicas=2")
+    services = FakeServices(generators=2, jitter=0.01, load_s=0.005)
+    asyncio.run(run(cfg, services))
+    assert {(r, v) for r, v, _ in services.handed} == {(r, v) for r in (0, 1) for v in range(9)}
+    assert all(direct == version for _, version, direct in services.handed)
+
+
 def test_ready_time_spans_the_publish_and_the_slowest_load(tmp_path):
     """sync/ready_s: from a step's end until every generator holds its version, so at least
     the slowest load; logged from the switch that ended last."""

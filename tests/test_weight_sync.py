@@ -423,3 +423,37 @@ def test_a_known_layout_streams_the_first_version_too():
     got = views(ipc._buffers[0], entries)
     assert all(torch.equal(got[n], t) for n, t in sd.items())
     publisher.close()
+
+
+def test_a_receiver_handed_the_manifest_loads_without_the_store():
+    """The publish returns its manifest's `direct` entry; the controller hands it to each
+    generator with the load, and the CUDA IPC receiver then asks the store for nothing."""
+    import asyncio
+
+    from runtime.weights.flat import entries_of
+    from runtime.weights.ipc import IpcReceiver
+
+    store = _Manifests()
+    publisher = Publisher(store, ["ipc"], torch.device("cpu"))
+    publisher.open()
+    sd = state(0)
+    published = asyncio.run(publisher.publish_groups(0, _groups(sd)))
+    assert published["direct"] == store.manifests[0]["direct"]  # what the store holds too
+    publisher.set_layout({k: v.to("meta") for k, v in sd.items()})
+    streamed = asyncio.run(publisher.publish_groups(1, _groups(state(1))))
+    assert streamed["direct"] == store.manifests[1]["direct"]
+
+    class NoStore:
+        async def direct(self, version: int, *, wait_s: float = 0.0):
+            raise AssertionError("the receiver went to the store for a manifest it was handed")
+
+    class Backend:  # opens its handles itself, as vLLM's engine does
+        def load_ipc(self, handles, entries):
+            self.handles, self.entries = handles, entries
+
+    backend = Backend()
+    receiver = IpcReceiver(NoStore())
+    assert asyncio.run(receiver.load(1, backend, streamed["direct"]))[0] == 1
+    assert backend.handles == streamed["direct"]["ipc"][:1]
+    assert backend.entries == entries_of(streamed["direct"])
+    publisher.close()

@@ -60,8 +60,12 @@ class GeneratorActor(Actor):
         self.receiver = receiver(path, self.store, build.device(), connection, timeout_s)
 
     @endpoint
-    async def update_weights(self, version: int) -> dict[str, float]:
+    async def update_weights(
+        self, version: int, direct: dict[str, Any] | None = None
+    ) -> dict[str, float]:
         """Load policy `version` (or a newer one already pushed here), replacing the previous one.
+        `direct`: the `direct` entry of the version's manifest, handed over by the controller
+        from the publish (a direct path's receiver then does not fetch it from the store).
 
         Endpoints run one at a time, so this starts only after the generation in flight has
         returned: no completion mixes two versions. Returns the version loaded, the bytes and
@@ -77,7 +81,7 @@ class GeneratorActor(Actor):
         # The receiver's awaits only wait for the bytes; the load itself (backend.load_weights)
         # runs on this actor's thread without yielding, as `generate` does: a version written
         # over the one before in place (vLLM's LoRA slot) never lands inside a generation.
-        loaded, nbytes = await self.receiver.load(version, self.backend)
+        loaded, nbytes = await self.receiver.load(version, self.backend, direct)
         self.backend.policy_version = loaded
         out = {"version": loaded, "bytes": nbytes, "seconds": time.perf_counter() - start}
         # a LoRA version into vLLM from memory, in parts: its build (vLLM's LoRAModel) and slot

@@ -190,7 +190,7 @@ class Controller:
                 self.progress.version += 1
                 self.progress.training = False
                 pub = await s.publish(self.version)
-            self.policy.switch(self.version, trained_at)
+            self.policy.switch(self.version, trained_at, pub.get("direct"))
             say_recompiles(
                 stats, self.step, _printed, first=self.step == (self.resumed_from or 0) + 1
             )

@@ -52,11 +52,15 @@ class ServiceHandles(Protocol):
 
     async def train_step(self, batch: dict[str, Any]) -> dict[str, float]: ...
 
-    async def publish(self, version: int) -> dict[str, float]:
-        """Make the trainer's weights `version` (bytes, seconds, per-path figures)."""
+    async def publish(self, version: int) -> dict[str, Any]:
+        """Make the trainer's weights `version` (bytes, seconds, per-path figures, and the
+        manifest's `direct` entry where a direct path is in use)."""
 
-    async def load_version(self, replica: int, version: int) -> dict[str, float]:
-        """Load `version` (or a newer one at hand) on a generator: version, bytes, seconds."""
+    async def load_version(
+        self, replica: int, version: int, direct: dict[str, Any] | None = None
+    ) -> dict[str, float]:
+        """Load `version` (or a newer one at hand) on a generator: version, bytes, seconds.
+        `direct`: the publish's `direct` entry, handed to the generator's receiver."""
 
     async def version_loaded(self, version: int) -> None:
         """Every generator has loaded `version`: the trainer frees its direct-path buffers."""

@@ -4,12 +4,15 @@ generate calls, by the path chosen for it when the run starts (runtime/weights/t
 After each step the trainer publishes version v; every generator loads v once the call in
 flight returns (its endpoints run one at a time), so no sequence mixes versions; then the
 trainer frees v's direct-path buffers (the generators hold their copies) and v-1 is dropped. The loads run in the background: the trainer goes on with its next step meanwhile.
+Each load takes the publish's `direct` entry of v's manifest with it (where a direct path is in
+use), so a generator's receiver does not fetch it from the store (TorchStore) before loading.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from runtime.control.handles import ServiceHandles
 from runtime.control.progress import Progress
@@ -65,21 +68,30 @@ class PolicySync:
     async def publish_and_load(self, version: int) -> None:
         """Publish `version` and load it on every generator now (the start of a run)."""
         s = self.services
-        await s.publish(version)
-        loads = await asyncio.gather(*(s.load_version(r, version) for r in range(s.generators)))
+        direct = (await s.publish(version)).get("direct")
+        loads = await asyncio.gather(
+            *(s.load_version(r, version, direct) for r in range(s.generators))
+        )
         self._took(loads)
         self.progress.loaded = [int(r["version"]) for r in loads]
         await s.version_loaded(version)
 
-    def switch(self, version: int, trained_at: float | None = None) -> None:
+    def switch(
+        self,
+        version: int,
+        trained_at: float | None = None,
+        direct: dict[str, Any] | None = None,
+    ) -> None:
         """Every generator loads `version` after its generation in flight; then v-1 is dropped.
-        `trained_at`: when the step that made it ended (time.perf_counter), for `last_ready_s`."""
+        `trained_at`: when the step that made it ended (time.perf_counter), for `last_ready_s`;
+        `direct`: the publish's `direct` entry of the version's manifest, handed to each
+        generator with its load (a fetch from the store less before it samples anew)."""
         s = self.services
         since = time.perf_counter() if trained_at is None else trained_at
 
         async def load(replica: int) -> dict[str, float]:
             async with self.turns.turn(f"generator{replica}"):
-                result = await s.load_version(replica, version)
+                result = await s.load_version(replica, version, direct)
             # A generator that received a newer version already loads that one.
             loaded = self.progress.loaded
             loaded[replica] = max(loaded[replica], int(result["version"]))

@@ -200,12 +200,14 @@ class Services:
         """Rank 0's figures over every rank's (`rank_figures`)."""
         return rank_figures(await self.train_calls("train_step", batch))
 
-    async def publish(self, version: int) -> dict[str, float]:
+    async def publish(self, version: int) -> dict[str, Any]:
         return await self.train_call("publish", version)
 
-    async def load_version(self, replica: int, version: int) -> dict[str, float]:
+    async def load_version(
+        self, replica: int, version: int, direct: dict[str, Any] | None = None
+    ) -> dict[str, float]:
         gen = self.generator_actors[replica]
-        call = gen.update_weights.call_one(version)
+        call = gen.update_weights.call_one(version, direct)
         return await self.call(f"generator{replica}", call, kind="load")
 
     async def version_loaded(self, version: int) -> None:

@@ -196,13 +196,17 @@ class IpcReceiver:
     def __init__(self, store: Any, connection: tuple[int, int] = (0, 1)) -> None:
         self.store = store
         self.first, self.count = connection
-        # the last load in parts: the manifest's wait and fetch, the handle's opening (where
-        # the backend says), the load into the backend with the mapping's closing
+        # the last load in parts: the manifest's wait and fetch (0 where it came with the
+        # call), the handle's opening (where the backend says), the load into the backend with
+        # the mapping's closing
         self.timings: dict[str, float] = {}
 
-    async def load(self, version: int, backend: Any) -> tuple[int, int]:
+    async def load(
+        self, version: int, backend: Any, direct: dict[str, Any] | None = None
+    ) -> tuple[int, int]:
         start = time.perf_counter()
-        direct = await self.store.direct(version, wait_s=60.0)
+        if direct is None:  # not handed over with the call: the version's manifest in the store
+            direct = await self.store.direct(version, wait_s=60.0)
         fetched = time.perf_counter()
         if direct is None or "ipc" not in direct:
             raise RuntimeError(f"policy version {version} has no CUDA IPC handle in its manifest")

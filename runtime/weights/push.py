@@ -430,13 +430,17 @@ class PushReceiver:
             )
         return self.version
 
-    async def load(self, version: int, backend: Any) -> tuple[int, int]:
-        """Load `version` (or a newer one already here) into `backend`: (version, bytes)."""
+    async def load(
+        self, version: int, backend: Any, direct: dict[str, Any] | None = None
+    ) -> tuple[int, int]:
+        """Load `version` (or a newer one already here) into `backend`: (version, bytes).
+        `direct`: the version's manifest entry where the call brings it (else the store's)."""
         import asyncio
 
         if backend.policy_version >= version:
             return backend.policy_version, 0  # a newer version came with an earlier call
-        direct = await self.store.direct(version, wait_s=60.0)
+        if direct is None:
+            direct = await self.store.direct(version, wait_s=60.0)
         if direct is None:
             raise RuntimeError(f"policy version {version} has no direct entry in its manifest")
         entries = entries_of(direct)

@@ -455,7 +455,10 @@ class StoreReceiver:
     def __init__(self, store: WeightStore) -> None:
         self.store = store
 
-    async def load(self, version: int, backend: Any) -> tuple[int, int]:
+    async def load(
+        self, version: int, backend: Any, direct: dict[str, Any] | None = None
+    ) -> tuple[int, int]:
+        # the bytes are the store's own: a direct entry handed over has nothing for this path
         fetched = await self.store.fetch(version, wait_s=60.0)
         backend.load_weights(fetched.state_dict)
         return version, fetched.stats.bytes

@@ -108,9 +108,13 @@ class Receiver(Protocol):
 
     name: str
 
-    async def load(self, version: int, backend: Any) -> tuple[int, int]:
+    async def load(
+        self, version: int, backend: Any, direct: dict[str, Any] | None = None
+    ) -> tuple[int, int]:
         """Load `version` (or a newer one already received) into the generator backend;
-        returns the version loaded and the bytes it took."""
+        returns the version loaded and the bytes it took. `direct`: the `direct` entry of the
+        version's manifest where the caller has it (the publish hands it to the controller),
+        which a direct path then does not fetch from the store."""
 
     def close(self) -> None: ...
 
@@ -260,8 +264,9 @@ class Publisher:
         """Start every path's sender; what their receivers need, by path."""
         return {s.name: s.open() for s in self.senders}
 
-    async def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> dict[str, float]:
-        """Send `version` by every path and index it; bytes and seconds, per path too."""
+    async def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        """Send `version` by every path and index it; bytes and seconds, per path too, and the
+        manifest's `direct` entry where a direct path is in use."""
         start = time.perf_counter()
         entries, _ = flat_layout(state)
         if self.entries is None:
@@ -286,11 +291,12 @@ class Publisher:
         has_store = any(s.name == "store" for s in self.senders)
         await self.store.put_manifest(version, manifest, check=not has_store)
         nbytes = sum(e.nbytes for e in entries.values())
-        return {"bytes": nbytes, "seconds": time.perf_counter() - start, **stats}
+        handed = {"direct": manifest["direct"]} if direct else {}
+        return {"bytes": nbytes, "seconds": time.perf_counter() - start, **stats, **handed}
 
     async def publish_groups(
         self, version: int, groups: Iterable[Mapping[str, torch.Tensor]]
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
         """`publish` from a version handed over a group at a time (`hf_groups` of a sharded
         trainer). With the store path alone each group is written and dropped before the next
         is gathered, so the trainer never holds the whole version; the direct paths send one
@@ -319,7 +325,7 @@ class Publisher:
 
     async def _stream_direct(
         self, version: int, groups: Iterable[Mapping[str, torch.Tensor]]
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
         """Direct paths only, layout known: each group goes into every sender's flat buffer as
         it is gathered and is dropped before the next, so the trainer holds the buffer and one
         group, never a second whole copy of the version."""
@@ -348,7 +354,14 @@ class Publisher:
             stats.update(sender.stats())
         await self.store.put_manifest(version, manifest, check=True)
         nbytes = sum(e.nbytes for e in self.entries.values())
-        return {"bytes": nbytes, "seconds": time.perf_counter() - start, **stats}
+        # the receivers' part of the manifest, for the controller to hand them with the load
+        # (a fetch from the store less on the way to the new version)
+        return {
+            "bytes": nbytes,
+            "seconds": time.perf_counter() - start,
+            **stats,
+            "direct": manifest["direct"],
+        }
 
     def loaded(self, version: int) -> None:
         """Every generator has loaded `version`: the direct paths let go of its buffers (the
