@@ -582,26 +582,18 @@ def summarize(
         # policy.py): with on-policy steps, how soon sampling uses the new policy
         "sync_ready_s": mean([r["sync/ready_s"] for r in measured if r.get("sync/ready_s")]),
         "publish_s": mean([r["time/publish_s"] for r in measured if "time/publish_s" in r]),
-        # of which the version put on its paths (the rest: its manifest into the store)
-        **(
-            {"publish_stage_s": mean(staged)}
-            if (
-                staged := [
-                    r["time/publish_stage_s"] for r in measured if "time/publish_stage_s" in r
-                ]
-            )
-            else {}
-        ),
         # each mean over the steps that had it: a LoRA version's load into vLLM in parts, added
         # anew (vLLM's LoRAModel build, its activation into a slot) or written in place (the
         # plan, made once, and the write); a CUDA IPC receipt in parts, the manifest from the
         # store, the handle's opening, the load into the engine with the mapping's closing
-        # (the open is inside the load)
+        # (the open is inside the load); and the publish's part that put the version on its
+        # paths (the rest of publish_s: its manifest into the store)
         **{
             f"{kind}_{part}_s": mean([r[k] for r in measured if k in r])
             for kind, parts in (
                 ("adapter", ("build", "activate", "plan", "write")),
                 ("receive", ("manifest", "open", "load")),
+                ("publish", ("stage",)),
             )
             for part in parts
             for k in [f"time/{kind}_{part}_s"]

@@ -163,8 +163,10 @@ def held_model(recipe: Any, folder: Path) -> dict[str, Any] | None:
 
 
 def runtime_args(name: str, gpus: int, folder: Path, run_dir: Path, sets: list[str]) -> list[str]:
+    """`sets`: the bench's settings after `layout.share` and the model folder (`short(name)`
+    and the caller's)."""
     args = ["--recipe", name, "--gpus", str(gpus), "--run-dir", str(run_dir)]
-    for s in ("layout.share=all", f"model.hf_id={folder}", *short(name), *sets):
+    for s in ("layout.share=all", f"model.hf_id={folder}", *sets):
         args += ["--set", s]
     return args
 
@@ -477,7 +479,13 @@ def main(argv: list[str] | None = None) -> int:
     logs = out.parent
     folder = Path(a.model_dir) if a.model_dir else work / f"{a.recipe}-hf"
     run_dir = work / f"{a.recipe}-run"
-    sets = [*a.sets, f"grpo.steps={a.steps}", f"grpo.checkpoint_interval={a.every}"]
+    # the bench's settings (SHORT as the recipe takes them), then the caller's
+    sets = [
+        *short(a.recipe),
+        *a.sets,
+        f"grpo.steps={a.steps}",
+        f"grpo.checkpoint_interval={a.every}",
+    ]
     resume_gpus = a.resume_gpus or a.gpus
     result: dict[str, Any] = {
         "recipe": a.recipe,
@@ -495,7 +503,6 @@ def main(argv: list[str] | None = None) -> int:
         "settings_changed": [
             "layout.share=all",
             "model.hf_id=<random HF folder>",
-            *short(a.recipe),
             *sets,
         ],
     }
@@ -504,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     accelerator = "H200" if "H200" in str(result["device"]) else "H100"
     recipe = apply_overrides(
         load_recipe(a.recipe),
-        ["layout.share=all", f"model.hf_id={folder}", *short(a.recipe), *sets],
+        ["layout.share=all", f"model.hf_id={folder}", *sets],
     )
     if a.write_model:  # in a child process: its CUDA context ends with it
         info = random_model_once(recipe, Path(a.write_model))
