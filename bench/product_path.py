@@ -304,7 +304,7 @@ def run_b(args: list[str], run_dir: Path, log: Path, every: int, make_room: bool
         if run.proc.poll() is None:
             run.kill()
     assert code == 0, f"run B exited {code}:\n{run.output[-4000:]}"
-    assert "model -> " in run.output, run.output[-4000:]
+    assert wrote_model(run.output, run_dir), run.output[-4000:]
     left = session_pids(run.proc.pid)
     assert not left, f"processes of run B left: {left}"
     return {
@@ -314,6 +314,16 @@ def run_b(args: list[str], run_dir: Path, log: Path, every: int, make_room: bool
         "exit_code": code,
         "checkpoint_removed_to_make_room": removed,
     }
+
+
+def wrote_model(output: str, run_dir: Path) -> bool:
+    """Whether a run's output says it wrote RUN_DIR/model: a full model, or a LoRA run's adapter
+    (the line `runtime.control.run` prints for each)."""
+    model = run_dir / "model"
+    return any(
+        line.startswith((f"model -> {model} ", f"adapter -> {model} "))
+        for line in output.splitlines()
+    )
 
 
 def servable(run_dir: Path) -> tuple[Path, dict[str, Any] | None]:

@@ -178,3 +178,22 @@ def test_the_product_path_serves_a_lora_run_merged(tiny_lora_run, tmp_path):
     (full / "model").mkdir(parents=True)
     (full / "model" / "config.json").write_text("{}")
     assert product_path.servable(full) == (full / "model", None)
+
+
+@pytest.mark.parametrize("recipe", ["tiny", "tiny-lora"])
+def test_the_product_path_knows_the_line_each_run_writes_its_model_with(recipe, tmp_path):
+    """bench/product_path.py's run B checks that the run wrote RUN_DIR/model by the line the
+    runtime prints: a LoRA run's says `adapter -> `, a full run's `model -> ` (a check for the
+    second alone failed the 14B LoRA run after it had trained and written its adapter)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import product_path
+
+    from runtime.control.run import _model_words
+
+    run = tmp_path / "run"
+    line = _model_words(parse_config(lock_step_args(run, recipe=recipe)))[2]
+    assert product_path.wrote_model(f"step 8/8\n{line}\nfinished at step 8\n", run)
+    assert not product_path.wrote_model(f"step 8/8\n{line}\n", tmp_path / "other")
+    assert not product_path.wrote_model("step 8/8\nfinished at step 8\n", run)
