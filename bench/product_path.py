@@ -319,11 +319,12 @@ def run_b(args: list[str], run_dir: Path, log: Path, every: int, make_room: bool
 def wrote_model(output: str, run_dir: Path) -> bool:
     """Whether a run's output says it wrote RUN_DIR/model: a full model, or a LoRA run's adapter
     (the line `runtime.control.run` prints for each)."""
-    model = run_dir / "model"
-    return any(
-        line.startswith((f"model -> {model} ", f"adapter -> {model} "))
+    said = (
+        line.split(" -> ", 1)[1].partition(" (")[0]
         for line in output.splitlines()
+        if line.startswith(("model -> ", "adapter -> "))
     )
+    return any(Path(path).resolve() == (run_dir / "model").resolve() for path in said)
 
 
 def servable(run_dir: Path) -> tuple[Path, dict[str, Any] | None]:

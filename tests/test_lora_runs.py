@@ -197,3 +197,5 @@ def test_the_product_path_knows_the_line_each_run_writes_its_model_with(recipe, 
     assert product_path.wrote_model(f"step 8/8\n{line}\nfinished at step 8\n", run)
     assert not product_path.wrote_model(f"step 8/8\n{line}\n", tmp_path / "other")
     assert not product_path.wrote_model("step 8/8\nfinished at step 8\n", run)
+    # the same folder named another way (the bench's --work given relative) is the same folder
+    assert product_path.wrote_model(line, tmp_path / "other" / ".." / "run")
