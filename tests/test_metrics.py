@@ -301,6 +301,27 @@ def test_a_recovery_carries_the_clock_and_counts_the_time_lost(tmp_path):
     assert 3.5 <= record["cost/usd"] < 4.0  # $3 before, $0.5 since
 
 
+@pytest.mark.parametrize("resumes", [1, 2])
+def test_the_runs_last_line_counts_its_recoveries_in_words(tmp_path, resumes):
+    """The run's last line: `1 recovery`, `2 recoveries`."""
+    from recipes import load_recipe, plan
+    from runtime.control.run import summary_line
+
+    tiny = load_recipe("tiny")
+    first = MetricsLogger(tmp_path, stream=io.StringIO())
+    for step in (1, 2):
+        first.log(step, step_metrics(step))
+    first.close()
+    for _ in range(resumes):  # each resumes from step 1 and redoes step 2
+        logger = MetricsLogger(tmp_path, stream=io.StringIO(), resumed_from=1)
+        logger.log(2, step_metrics(2))
+        line = summary_line(logger, tiny, plan(tiny, 0), 2, 16)
+        logger.close()
+    assert line.rpartition("; ")[2].startswith(
+        "1 recovery, " if resumes == 1 else "2 recoveries, "
+    ), line
+
+
 def test_the_clock_carries_the_latest_time_when_a_redone_step_came_last(tmp_path):
     with (tmp_path / "metrics.jsonl").open("w") as f:
         # steps 1-3, then a restart from step 1 redid step 2 before the next stop

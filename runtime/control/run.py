@@ -425,7 +425,10 @@ def summary_line(metrics: Any, recipe: Any, run_plan: Any, step: int, samples: i
             f"${done['usd_per_1k_samples']:,.4f} per 1,000 samples"
         )
     if done["recoveries"]:
-        words += f"; {done['recoveries']} recoveries, {done['recovery_lost_s']:.0f} s lost"
+        n = done["recoveries"]
+        words += (
+            f"; {n} {'recovery' if n == 1 else 'recoveries'}, {done['recovery_lost_s']:.0f} s lost"
+        )
     return words
 
 
